@@ -1,0 +1,74 @@
+"""adapterprobe: fast, model-free health checks for LoRA adapters and fine-tuning runs.
+
+Importing this package never imports torch: the names that need torch
+(extraction, the GAP monitor) load their modules on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from adapterprobe._core import __version__
+from adapterprobe.errors import (
+    AdapterProbeError,
+    ExtractionError,
+    HeaderError,
+    IntegrityError,
+    LayerGroupingError,
+    LogFormatError,
+    MissingExtraError,
+    MissingFileError,
+    MonitorConfigError,
+    TrainingStateError,
+    UnsafePickleError,
+    UsageError,
+)
+from adapterprobe.result import ProbeResult, Verdict
+
+# name -> module that defines it; imported on first attribute access.
+_LAZY = {
+    "extract_lora": "adapterprobe.extract",
+    "ExtractionReport": "adapterprobe.extract",
+    "ParasiticExtractor": "adapterprobe.parasitic",
+    "ParasiticConfig": "adapterprobe.parasitic",
+    "apply_adapter": "adapterprobe.parasitic",
+    "GAPMonitor": "adapterprobe.monitor",
+    "GradientDump": "adapterprobe.monitor",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'adapterprobe' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = [  # noqa: RUF022 - grouped by area, not alphabetically
+    "__version__",
+    # errors
+    "AdapterProbeError",
+    "ExtractionError",
+    "HeaderError",
+    "IntegrityError",
+    "LayerGroupingError",
+    "LogFormatError",
+    "MissingExtraError",
+    "MissingFileError",
+    "MonitorConfigError",
+    "TrainingStateError",
+    "UnsafePickleError",
+    "UsageError",
+    # results
+    "ProbeResult",
+    "Verdict",
+    # torch-backed (lazy)
+    *_LAZY,
+]

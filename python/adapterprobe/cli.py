@@ -1,0 +1,75 @@
+"""The ``adapterprobe`` command line.
+
+Each subcommand is a pair of functions: ``_add_<name>(subparsers)`` declares
+its arguments and ``_run_<name>(args) -> int`` does the work and returns the
+exit code. Exit codes: 0 healthy, 1 a verdict reached ``--fail-on``,
+2 usage errors (bad arguments, missing paths, missing optional extras).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from adapterprobe.errors import AdapterProbeError, MissingExtraError, MissingFileError, UsageError
+
+EXIT_OK = 0
+EXIT_UNHEALTHY = 1
+EXIT_USAGE = 2
+
+_EPILOG = """\
+examples:
+  adapterprobe scan                         scan the bundled demo store
+  adapterprobe scan /data/adapters          every store under a directory
+  adapterprobe scan /data --format json     machine-readable records
+  adapterprobe check /data/store/adapter/versions/v0003
+  adapterprobe extract --base base/ --tuned tuned/ --out lora/
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="adapterprobe",
+        description=(
+            "Fast, model-free health checks for LoRA adapters and fine-tuning runs. "
+            "Reads safetensors headers, training logs and optimizer states without "
+            "loading a model or importing torch."
+        ),
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    from adapterprobe import __version__
+
+    parser.add_argument("--version", action="version", version=f"adapterprobe {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in _SUBCOMMANDS:
+        add(sub)
+    return parser
+
+
+# Filled in as subcommands are defined below (each _add_* appends itself).
+_SUBCOMMANDS: list = []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return int(args.run(args))
+    except (UsageError, MissingFileError, MissingExtraError) as exc:
+        print(f"adapterprobe {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except AdapterProbeError as exc:
+        print(f"adapterprobe {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_UNHEALTHY
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,12 @@
+//! adapterprobe's Rust core: pure-Rust kernels with no Python in them.
+//!
+//! Every module here is plain Rust with its own unit tests; `py.rs` (built
+//! only with the `python` feature) is the one thin layer that converts
+//! types and errors for Python.
+
+pub mod error;
+
+#[cfg(feature = "python")]
+mod py;
+
+pub use error::{Area, Error, Result};
