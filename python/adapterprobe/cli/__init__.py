@@ -1,14 +1,15 @@
 """The ``adapterprobe`` command line.
 
-Each subcommand is a pair of functions: ``_add_<name>(subparsers)`` declares
-its arguments and ``_run_<name>(args) -> int`` does the work and returns the
-exit code. Exit codes: 0 healthy, 1 a verdict reached ``--fail-on``,
+Each subcommand is a module of this package with ``add_parser(subparsers)``,
+which declares its arguments and sets ``run(args) -> int`` as the handler.
+Subcommand modules must import nothing heavy (no torch) at module level. Exit codes: 0 healthy, 1 a verdict reached ``--fail-on``,
 2 usage errors (bad arguments, missing paths, missing optional extras).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 
@@ -43,13 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"adapterprobe {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in _SUBCOMMANDS:
-        add(sub)
+    for name in _SUBCOMMANDS:
+        importlib.import_module(f"adapterprobe.cli.{name}").add_parser(sub)
     return parser
 
 
-# Filled in as subcommands are defined below (each _add_* appends itself).
-_SUBCOMMANDS: list = []
+# Subcommand modules, in the order `--help` lists them.
+_SUBCOMMANDS = ("extract",)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
