@@ -31,6 +31,9 @@ fn to_py_err(err: Error) -> PyErr {
     }
 }
 
+// ==== training_state bindings (read_training_state) ====
+// ==== end training_state bindings ====
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -44,6 +47,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MissingFileError", py.get_type::<MissingFileError>())?;
     m.add("UsageError", py.get_type::<UsageError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // ==== register training_state ====
+    // ==== end register training_state ====
     let _ = to_py_err;
     Ok(())
 }
