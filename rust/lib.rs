@@ -10,3 +10,8 @@ pub mod error;
 mod py;
 
 pub use error::{Area, Error, Result};
+pub mod json_line;
+pub mod layers;
+pub mod loss_log;
+pub mod metrics;
+pub mod safetensors_header;

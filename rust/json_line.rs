@@ -1,0 +1,586 @@
+//! Classify one dlm log line the way `json.loads` + the drift probe would.
+//!
+//! A line is a step only when it is a complete, valid JSON document (Python's
+//! dialect: `NaN`/`Infinity`/`-Infinity` allowed, strict strings) whose
+//! top-level object has `"type": "step"`. Only the three keys we need are
+//! decoded; every other value is validated and skipped without allocation.
+//! Duplicate keys resolve to the last occurrence, as in a Python dict.
+
+/// What a line means for the loss curve.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LineKind {
+    /// Not a JSON document at all (torn, garbage, bad UTF-8).
+    Invalid,
+    /// Valid JSON that is not a usable step record.
+    Other,
+    /// A step record: (step, loss).
+    Step(i64, f64),
+}
+
+/// Deepest nesting accepted; deeper documents are treated as unreadable
+/// (Python's own parser gives up near its recursion limit too).
+const MAX_DEPTH: usize = 512;
+
+/// A top-level value of one of the keys we care about.
+#[derive(Debug, Clone, PartialEq)]
+enum Scalar<'a> {
+    /// Raw number text, already checked against the JSON grammar.
+    Number(&'a [u8]),
+    NaN,
+    PosInf,
+    NegInf,
+    /// String contents with escapes decoded (lone surrogates become U+FFFD).
+    Str(std::borrow::Cow<'a, str>),
+    Bool(bool),
+    /// null, an array or an object: never a usable step or loss.
+    Unusable,
+}
+
+struct Scanner<'a> {
+    b: &'a [u8],
+    i: usize,
+}
+
+type Parse<T> = Result<T, ()>;
+
+impl<'a> Scanner<'a> {
+    #[inline]
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.i).copied()
+    }
+
+    #[inline]
+    fn ws(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+            self.i += 1;
+        }
+    }
+
+    #[inline]
+    fn eat(&mut self, c: u8) -> Parse<()> {
+        if self.peek() == Some(c) {
+            self.i += 1;
+            Ok(())
+        } else {
+            Err(())
+        }
+    }
+
+    fn literal(&mut self, word: &[u8]) -> Parse<()> {
+        if self.b[self.i..].starts_with(word) {
+            self.i += word.len();
+            Ok(())
+        } else {
+            Err(())
+        }
+    }
+
+    /// Scan a string body after the opening quote; returns the raw bytes
+    /// between the quotes and whether it holds escapes.
+    fn string_raw(&mut self) -> Parse<(&'a [u8], bool)> {
+        let start = self.i;
+        let mut escaped = false;
+        let mut non_ascii = false;
+        loop {
+            let c = *self.b.get(self.i).ok_or(())?;
+            match c {
+                b'"' => break,
+                b'\\' => {
+                    escaped = true;
+                    let e = *self.b.get(self.i + 1).ok_or(())?;
+                    match e {
+                        b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => self.i += 2,
+                        b'u' => {
+                            let hex = self.b.get(self.i + 2..self.i + 6).ok_or(())?;
+                            if !hex.iter().all(u8::is_ascii_hexdigit) {
+                                return Err(());
+                            }
+                            self.i += 6;
+                        }
+                        _ => return Err(()),
+                    }
+                }
+                0x00..=0x1f => return Err(()),
+                0x80.. => {
+                    non_ascii = true;
+                    self.i += 1;
+                }
+                _ => self.i += 1,
+            }
+        }
+        let raw = &self.b[start..self.i];
+        self.i += 1; // closing quote
+        if non_ascii && std::str::from_utf8(raw).is_err() {
+            return Err(());
+        }
+        Ok((raw, escaped))
+    }
+
+    fn string(&mut self) -> Parse<std::borrow::Cow<'a, str>> {
+        let (raw, escaped) = self.string_raw()?;
+        if !escaped {
+            // Validated as UTF-8 (or pure ASCII) by string_raw.
+            return std::str::from_utf8(raw).map(Into::into).map_err(|_| ());
+        }
+        Ok(unescape(raw).into())
+    }
+
+    /// Check a number against JSON's grammar; returns its text.
+    fn number(&mut self) -> Parse<&'a [u8]> {
+        let start = self.i;
+        if self.peek() == Some(b'-') {
+            self.i += 1;
+        }
+        match self.peek() {
+            Some(b'0') => self.i += 1,
+            Some(b'1'..=b'9') => self.digits(),
+            _ => return Err(()),
+        }
+        if self.peek() == Some(b'.') {
+            self.i += 1;
+            if !matches!(self.peek(), Some(b'0'..=b'9')) {
+                return Err(());
+            }
+            self.digits();
+        }
+        if let Some(b'e' | b'E') = self.peek() {
+            self.i += 1;
+            if let Some(b'+' | b'-') = self.peek() {
+                self.i += 1;
+            }
+            if !matches!(self.peek(), Some(b'0'..=b'9')) {
+                return Err(());
+            }
+            self.digits();
+        }
+        Ok(&self.b[start..self.i])
+    }
+
+    #[inline]
+    fn digits(&mut self) {
+        while let Some(b'0'..=b'9') = self.peek() {
+            self.i += 1;
+        }
+    }
+
+    /// Parse a value we care about.
+    fn scalar(&mut self) -> Parse<Scalar<'a>> {
+        Ok(match self.peek().ok_or(())? {
+            b'"' => {
+                self.i += 1;
+                Scalar::Str(self.string()?)
+            }
+            b't' => {
+                self.literal(b"true")?;
+                Scalar::Bool(true)
+            }
+            b'f' => {
+                self.literal(b"false")?;
+                Scalar::Bool(false)
+            }
+            b'N' => {
+                self.literal(b"NaN")?;
+                Scalar::NaN
+            }
+            b'I' => {
+                self.literal(b"Infinity")?;
+                Scalar::PosInf
+            }
+            b'-' if self.b[self.i..].starts_with(b"-Infinity") => {
+                self.i += 9;
+                Scalar::NegInf
+            }
+            b'-' | b'0'..=b'9' => Scalar::Number(self.number()?),
+            b'{' | b'[' | b'n' => {
+                self.skip_value(1)?;
+                Scalar::Unusable
+            }
+            _ => return Err(()),
+        })
+    }
+
+    /// Validate and skip any value.
+    fn skip_value(&mut self, depth: usize) -> Parse<()> {
+        if depth > MAX_DEPTH {
+            return Err(());
+        }
+        match self.peek().ok_or(())? {
+            b'{' => {
+                self.i += 1;
+                self.ws();
+                if self.peek() == Some(b'}') {
+                    self.i += 1;
+                    return Ok(());
+                }
+                loop {
+                    self.eat(b'"')?;
+                    self.string_raw()?;
+                    self.ws();
+                    self.eat(b':')?;
+                    self.ws();
+                    self.skip_value(depth + 1)?;
+                    self.ws();
+                    match self.peek() {
+                        Some(b',') => {
+                            self.i += 1;
+                            self.ws();
+                        }
+                        Some(b'}') => {
+                            self.i += 1;
+                            return Ok(());
+                        }
+                        _ => return Err(()),
+                    }
+                }
+            }
+            b'[' => {
+                self.i += 1;
+                self.ws();
+                if self.peek() == Some(b']') {
+                    self.i += 1;
+                    return Ok(());
+                }
+                loop {
+                    self.skip_value(depth + 1)?;
+                    self.ws();
+                    match self.peek() {
+                        Some(b',') => {
+                            self.i += 1;
+                            self.ws();
+                        }
+                        Some(b']') => {
+                            self.i += 1;
+                            return Ok(());
+                        }
+                        _ => return Err(()),
+                    }
+                }
+            }
+            b'"' => {
+                self.i += 1;
+                self.string_raw().map(|_| ())
+            }
+            b'n' => self.literal(b"null"),
+            b't' | b'f' | b'N' | b'I' | b'-' | b'0'..=b'9' => self.scalar().map(|_| ()),
+            _ => Err(()),
+        }
+    }
+}
+
+/// Decode JSON escapes (the input is known to be well formed).
+fn unescape(raw: &[u8]) -> String {
+    let mut units: Vec<u16> = Vec::with_capacity(raw.len());
+    let text = String::from_utf8_lossy(raw);
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            let mut buf = [0u16; 2];
+            units.extend_from_slice(c.encode_utf16(&mut buf));
+            continue;
+        }
+        let unit = match chars.next() {
+            Some('b') => 0x08,
+            Some('f') => 0x0c,
+            Some('n') => 0x0a,
+            Some('r') => 0x0d,
+            Some('t') => 0x09,
+            Some('u') => {
+                let hex: String = chars.by_ref().take(4).collect();
+                u16::from_str_radix(&hex, 16).unwrap_or(0xfffd)
+            }
+            Some(other) => other as u16,
+            None => 0xfffd,
+        };
+        units.push(unit);
+    }
+    String::from_utf16_lossy(&units)
+}
+
+/// The step number Python's `int(value)` would give, if it fits in i64.
+fn to_step(v: &Scalar) -> Option<i64> {
+    match v {
+        Scalar::Bool(b) => Some(i64::from(*b)),
+        Scalar::Number(text) => {
+            let text = std::str::from_utf8(text).ok()?;
+            if text.bytes().any(|c| matches!(c, b'.' | b'e' | b'E')) {
+                float_to_step(text.parse::<f64>().ok()?)
+            } else {
+                text.parse::<i64>().ok()
+            }
+        }
+        Scalar::Str(s) => python_int(s),
+        _ => None,
+    }
+}
+
+fn float_to_step(x: f64) -> Option<i64> {
+    const TWO_63: f64 = 9_223_372_036_854_775_808.0; // exactly 2^63
+    let t = x.trunc();
+    // i64 covers [-2^63, 2^63); NaN and infinities fall outside.
+    if (-TWO_63..TWO_63).contains(&t) {
+        Some(t as i64)
+    } else {
+        None
+    }
+}
+
+/// The loss Python's `float(value)` would give.
+fn to_loss(v: &Scalar) -> Option<f64> {
+    match v {
+        Scalar::Bool(b) => Some(f64::from(u8::from(*b))),
+        Scalar::Number(text) => std::str::from_utf8(text).ok()?.parse::<f64>().ok(),
+        Scalar::NaN => Some(f64::NAN),
+        Scalar::PosInf => Some(f64::INFINITY),
+        Scalar::NegInf => Some(f64::NEG_INFINITY),
+        Scalar::Str(s) => python_float(s),
+        Scalar::Unusable => None,
+    }
+}
+
+fn strip_py(s: &str) -> &str {
+    s.trim_matches(|c: char| c.is_whitespace() || ('\x1c'..='\x1f').contains(&c))
+}
+
+/// Remove underscores that sit between two digits; None if any other does.
+fn without_digit_underscores(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = String::with_capacity(s.len());
+    for (i, &c) in b.iter().enumerate() {
+        if c == b'_' {
+            let ok =
+                i > 0 && b[i - 1].is_ascii_digit() && b.get(i + 1).is_some_and(u8::is_ascii_digit);
+            if !ok {
+                return None;
+            }
+        } else {
+            out.push(c as char);
+        }
+    }
+    Some(out)
+}
+
+/// `int(s)` for a decimal string (ASCII digits), if it fits in i64.
+fn python_int(s: &str) -> Option<i64> {
+    let s = strip_py(s);
+    if !s.is_ascii() {
+        return None;
+    }
+    let cleaned = without_digit_underscores(s)?;
+    let digits = cleaned.strip_prefix(['+', '-']).unwrap_or(&cleaned);
+    if digits.is_empty() || !digits.bytes().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    cleaned.parse::<i64>().ok()
+}
+
+/// `float(s)` for the usual spellings: decimal/exponent forms, inf, nan.
+fn python_float(s: &str) -> Option<f64> {
+    let s = strip_py(s);
+    if !s.is_ascii() {
+        return None;
+    }
+    let cleaned = without_digit_underscores(s)?;
+    let body = cleaned.strip_prefix(['+', '-']).unwrap_or(&cleaned);
+    let lower = body.to_ascii_lowercase();
+    if matches!(lower.as_str(), "inf" | "infinity" | "nan") {
+        return cleaned.to_ascii_lowercase().parse::<f64>().ok();
+    }
+    // Digits with at most one dot, then an optional exponent.
+    let (mantissa, exponent) = match lower.find('e') {
+        Some(p) => (&lower[..p], Some(&lower[p + 1..])),
+        None => (lower.as_str(), None),
+    };
+    let dots = mantissa.bytes().filter(|&c| c == b'.').count();
+    let mant_digits = mantissa.bytes().filter(u8::is_ascii_digit).count();
+    if dots > 1 || mant_digits == 0 || mant_digits + dots != mantissa.len() {
+        return None;
+    }
+    if let Some(exp) = exponent {
+        let exp = exp.strip_prefix(['+', '-']).unwrap_or(exp);
+        if exp.is_empty() || !exp.bytes().all(|c| c.is_ascii_digit()) {
+            return None;
+        }
+    }
+    cleaned.parse::<f64>().ok()
+}
+
+/// Classify one line (without its line terminator).
+pub fn classify(line: &[u8]) -> LineKind {
+    match parse_top(line) {
+        Ok(Some((step, loss))) => match (to_step(&step), to_loss(&loss)) {
+            (Some(s), Some(l)) => LineKind::Step(s, l),
+            _ => LineKind::Other,
+        },
+        Ok(None) => LineKind::Other,
+        Err(()) => LineKind::Invalid,
+    }
+}
+
+/// Parse a whole document; Some((step, loss)) when it is a step object that
+/// has both keys.
+fn parse_top(line: &[u8]) -> Parse<Option<(Scalar<'_>, Scalar<'_>)>> {
+    let mut s = Scanner { b: line, i: 0 };
+    s.ws();
+    if s.peek() != Some(b'{') {
+        s.skip_value(0)?;
+        s.ws();
+        return if s.i == line.len() { Ok(None) } else { Err(()) };
+    }
+    s.i += 1;
+    let (mut kind, mut step, mut loss) = (None, None, None);
+    s.ws();
+    if s.peek() == Some(b'}') {
+        s.i += 1;
+    } else {
+        loop {
+            s.eat(b'"')?;
+            let key = s.string()?;
+            s.ws();
+            s.eat(b':')?;
+            s.ws();
+            match key.as_ref() {
+                "type" => kind = Some(s.scalar()?),
+                "step" => step = Some(s.scalar()?),
+                "loss" => loss = Some(s.scalar()?),
+                _ => s.skip_value(1)?,
+            }
+            s.ws();
+            match s.peek() {
+                Some(b',') => {
+                    s.i += 1;
+                    s.ws();
+                }
+                Some(b'}') => {
+                    s.i += 1;
+                    break;
+                }
+                _ => return Err(()),
+            }
+        }
+    }
+    s.ws();
+    if s.i != line.len() {
+        return Err(());
+    }
+    let is_step = matches!(&kind, Some(Scalar::Str(t)) if t == "step");
+    Ok(match (is_step, step, loss) {
+        (true, Some(st), Some(lo)) => Some((st, lo)),
+        _ => None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LineKind::*;
+    use super::*;
+
+    fn c(s: &str) -> LineKind {
+        classify(s.as_bytes())
+    }
+
+    #[test]
+    fn dlm_lines() {
+        let line = r#"{"grad_norm": null, "loss": 2.5, "lr": 0.0001, "step": 3, "timestamp": "2025-01-01T00:00:00", "tokens_per_sec": 10.0, "type": "step", "val_loss": null}"#;
+        assert_eq!(c(line), Step(3, 2.5));
+        assert_eq!(
+            c(r#"{"type":"step","step":10.0,"loss":NaN}"#).to_string_kind(),
+            "step"
+        );
+        assert!(
+            matches!(c(r#"{"type":"step","step":10.0,"loss":NaN}"#), Step(10, l) if l.is_nan())
+        );
+        assert_eq!(
+            c(r#"{"loss": Infinity, "step": 1, "type": "step"}"#),
+            Step(1, f64::INFINITY)
+        );
+        assert_eq!(
+            c(r#"{"loss": -Infinity, "step": 1, "type": "step"}"#),
+            Step(1, f64::NEG_INFINITY)
+        );
+        assert_eq!(
+            c(r#"{"type": "banner", "plan": {"type": "step", "step": 1, "loss": 1}}"#),
+            Other
+        );
+        assert_eq!(c(r#"{"type": "note", "msg": "\"type\": \"step\""}"#), Other);
+        assert_eq!(
+            c(r#"{"typ\u0065": "st\u0065p", "step": 2, "loss": 1}"#),
+            Step(2, 1.0)
+        );
+        assert_eq!(
+            c(r#"{"type": "step", "step": 2, "loss": 1, "type": "x"}"#),
+            Other
+        );
+        assert_eq!(c(r#"{"type": "step", "step": 2}"#), Other);
+        assert_eq!(c(r#"[1, 2]"#), Other);
+        assert_eq!(
+            c(r#"{"type": "step", "step": 2, "loss": 1}  "#),
+            Step(2, 1.0)
+        );
+    }
+
+    #[test]
+    fn python_conversions() {
+        assert_eq!(
+            c(r#"{"type":"step","step":"12","loss":"1.5"}"#),
+            Step(12, 1.5)
+        );
+        assert_eq!(
+            c(r#"{"type":"step","step":" 1_000 ","loss":" 1e3 "}"#),
+            Step(1000, 1000.0)
+        );
+        assert_eq!(
+            c(r#"{"type":"step","step":true,"loss":false}"#),
+            Step(1, 0.0)
+        );
+        assert_eq!(c(r#"{"type":"step","step":-7.9,"loss":1}"#), Step(-7, 1.0));
+        assert_eq!(c(r#"{"type":"step","step":1e300,"loss":1}"#), Other);
+        assert_eq!(c(r#"{"type":"step","step":NaN,"loss":1}"#), Other);
+        assert_eq!(c(r#"{"type":"step","step":"1.0","loss":1}"#), Other);
+        assert_eq!(c(r#"{"type":"step","step":1,"loss":null}"#), Other);
+        assert_eq!(c(r#"{"type":"step","step":1,"loss":[1]}"#), Other);
+        assert_eq!(c(r#"{"type":"step","step":1,"loss":"1__0"}"#), Other);
+        assert!(matches!(c(r#"{"type":"step","step":1,"loss":"-nan"}"#), Step(1, l) if l.is_nan()));
+        assert_eq!(
+            c(r#"{"type":"step","step":1,"loss":1e400}"#),
+            Step(1, f64::INFINITY)
+        );
+    }
+
+    #[test]
+    fn invalid_documents() {
+        for bad in [
+            r#"{"loss": 1.5, "step": 1"#,
+            r#"{"a": 01}"#,
+            r#"{"a": 1.}"#,
+            r#"{"a": .5}"#,
+            r#"{"a": +1}"#,
+            r#"{"a": -NaN}"#,
+            r#"{"a": "\x"}"#,
+            r#"{"a": "\u12"}"#,
+            "{\"a\": \"tab\there\"}",
+            r#"{"a": 1} x"#,
+            r#"{"a": 1,}"#,
+            r#"{a: 1}"#,
+            r#"{"a" 1}"#,
+            r#"[1,]"#,
+            "",
+            "nul",
+        ] {
+            assert_eq!(c(bad), Invalid, "{bad}");
+        }
+        assert_eq!(classify(b"{\"a\": \"\xff\"}"), Invalid);
+        assert_eq!(classify("{\"a\": \"é\"}".as_bytes()), Other);
+        let deep = "[".repeat(100_000);
+        assert_eq!(c(&deep), Invalid);
+    }
+
+    impl LineKind {
+        fn to_string_kind(self) -> &'static str {
+            match self {
+                Invalid => "invalid",
+                Other => "other",
+                Step(..) => "step",
+            }
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! Read a safetensors header without touching the tensor data.
+//!
+//! The format is an 8-byte little-endian length N, N bytes of JSON, then the
+//! data. We read exactly 8 + N bytes, refuse N beyond a cap or beyond the
+//! file, and check every tensor's offsets against the data section.
+
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::error::{Area, Error, Result};
+
+/// Largest header we accept (the reference implementation uses the same cap).
+pub const MAX_HEADER_BYTES: u64 = 100 * 1024 * 1024;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorInfo {
+    pub name: String,
+    pub dtype: String,
+    pub shape: Vec<u64>,
+    pub data_offsets: (u64, u64),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Header {
+    /// Tensors in the order the header lists them.
+    pub tensors: Vec<TensorInfo>,
+    /// The `__metadata__` map, when present.
+    pub metadata: Option<Vec<(String, String)>>,
+    /// Bytes of the data section (file size - 8 - N).
+    pub data_len: u64,
+}
+
+/// Byte width of a safetensors dtype, or None for an unknown one.
+fn dtype_bits(dtype: &str) -> Option<u64> {
+    Some(match dtype {
+        "BOOL" | "U8" | "I8" | "F8_E5M2" | "F8_E4M3" | "F8_E8M0" => 8,
+        "I16" | "U16" | "F16" | "BF16" => 16,
+        "I32" | "U32" | "F32" => 32,
+        "I64" | "U64" | "F64" | "C64" => 64,
+        "F4" => 4,
+        "F6_E2M3" | "F6_E3M2" => 6,
+        _ => return None,
+    })
+}
+
+/// Read and validate the header of the safetensors file at `path`.
+pub fn read_header(path: &Path) -> Result<Header> {
+    let err = |msg: String| Error::new(Area::Header, path, msg);
+    let mut file = File::open(path).map_err(|e| Error::io(Area::Header, path, &e))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| Error::io(Area::Header, path, &e))?;
+    if meta.is_dir() {
+        return Err(err("is a directory, expected a .safetensors file".into()));
+    }
+    let file_len = meta.len();
+    if file_len < 8 {
+        return Err(err(format!(
+            "truncated: {file_len} bytes, a safetensors file starts with an 8-byte header length"
+        )));
+    }
+    let mut len_bytes = [0u8; 8];
+    file.read_exact(&mut len_bytes)
+        .map_err(|e| err(format!("cannot read the header length: {e}")))?;
+    let n = u64::from_le_bytes(len_bytes);
+    if n > MAX_HEADER_BYTES {
+        return Err(err(format!(
+            "header length {n} exceeds the {MAX_HEADER_BYTES}-byte limit (corrupt or hostile file)"
+        )));
+    }
+    if n > file_len - 8 {
+        return Err(err(format!(
+            "header length {n} runs past the end of the file ({file_len} bytes)"
+        )));
+    }
+    let mut buf = vec![0u8; n as usize];
+    file.read_exact(&mut buf)
+        .map_err(|e| err(format!("cannot read the {n}-byte header: {e}")))?;
+    parse_header(&buf, file_len - 8 - n).map_err(err)
+}
+
+/// Parse header JSON; `data_len` is the size of the data section that follows.
+pub fn parse_header(json: &[u8], data_len: u64) -> std::result::Result<Header, String> {
+    let text = std::str::from_utf8(json).map_err(|e| format!("header is not UTF-8: {e}"))?;
+    let value: Value =
+        serde_json::from_str(text).map_err(|e| format!("header is not valid JSON: {e}"))?;
+    let Value::Object(map) = value else {
+        return Err("header is not a JSON object".into());
+    };
+    let mut tensors = Vec::with_capacity(map.len());
+    let mut metadata = None;
+    for (name, entry) in map {
+        if name == "__metadata__" {
+            metadata = Some(parse_metadata(&entry)?);
+            continue;
+        }
+        tensors.push(parse_tensor(name, &entry, data_len)?);
+    }
+    Ok(Header {
+        tensors,
+        metadata,
+        data_len,
+    })
+}
+
+fn parse_metadata(entry: &Value) -> std::result::Result<Vec<(String, String)>, String> {
+    let Value::Object(map) = entry else {
+        return Err("__metadata__ is not an object of strings".into());
+    };
+    map.iter()
+        .map(|(k, v)| match v {
+            Value::String(s) => Ok((k.clone(), s.clone())),
+            _ => Err(format!("__metadata__[{k:?}] is not a string")),
+        })
+        .collect()
+}
+
+fn parse_tensor(
+    name: String,
+    entry: &Value,
+    data_len: u64,
+) -> std::result::Result<TensorInfo, String> {
+    let bad = |what: &str| format!("tensor {name:?}: {what}");
+    let Value::Object(fields) = entry else {
+        return Err(bad("entry is not an object"));
+    };
+    let dtype = match fields.get("dtype") {
+        Some(Value::String(s)) => s.clone(),
+        _ => return Err(bad("missing or non-string \"dtype\"")),
+    };
+    let bits = dtype_bits(&dtype).ok_or_else(|| bad(&format!("unknown dtype {dtype:?}")))?;
+    let shape: Vec<u64> = match fields.get("shape") {
+        Some(Value::Array(dims)) => dims
+            .iter()
+            .map(|d| d.as_u64().ok_or_else(|| bad("shape holds a non-integer")))
+            .collect::<std::result::Result<_, _>>()?,
+        _ => return Err(bad("missing or non-list \"shape\"")),
+    };
+    let (begin, end) = match fields.get("data_offsets") {
+        Some(Value::Array(pair)) if pair.len() == 2 => match (pair[0].as_u64(), pair[1].as_u64()) {
+            (Some(b), Some(e)) => (b, e),
+            _ => return Err(bad("data_offsets are not non-negative integers")),
+        },
+        _ => return Err(bad("missing \"data_offsets\" pair")),
+    };
+    if begin > end || end > data_len {
+        return Err(bad(&format!(
+            "data_offsets [{begin}, {end}] fall outside the {data_len}-byte data section"
+        )));
+    }
+    let numel = shape
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| bad("shape overflows"))?;
+    let expected_bytes = numel
+        .checked_mul(bits)
+        .map(|b| b.div_ceil(8))
+        .ok_or_else(|| bad("shape overflows"))?;
+    if expected_bytes != end - begin {
+        return Err(bad(&format!(
+            "{dtype} shape {shape:?} needs {expected_bytes} bytes but data_offsets span {}",
+            end - begin
+        )));
+    }
+    Ok(TensorInfo {
+        name,
+        dtype,
+        shape,
+        data_offsets: (begin, end),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn write_file(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> std::path::PathBuf {
+        let path = dir.path().join(name);
+        std::fs::File::create(&path)
+            .unwrap()
+            .write_all(bytes)
+            .unwrap();
+        path
+    }
+
+    fn safetensors(header: &str, data_len: usize) -> Vec<u8> {
+        let mut out = (header.len() as u64).to_le_bytes().to_vec();
+        out.extend_from_slice(header.as_bytes());
+        out.extend(std::iter::repeat_n(0u8, data_len));
+        out
+    }
+
+    #[test]
+    fn reads_a_valid_header() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = r#"{"__metadata__":{"format":"pt"},"a.lora_A.weight":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}}"#;
+        let path = write_file(&dir, "x.safetensors", &safetensors(h, 24));
+        let header = read_header(&path).unwrap();
+        assert_eq!(header.tensors.len(), 1);
+        assert_eq!(header.tensors[0].shape, vec![2, 3]);
+        assert_eq!(header.tensors[0].data_offsets, (0, 24));
+        assert_eq!(
+            header.metadata,
+            Some(vec![("format".to_string(), "pt".to_string())])
+        );
+    }
+
+    #[test]
+    fn refuses_huge_header_length_without_allocating() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut bytes = (1u64 << 62).to_le_bytes().to_vec();
+        bytes.extend_from_slice(b"{}");
+        let path = write_file(&dir, "huge.safetensors", &bytes);
+        let e = read_header(&path).unwrap_err();
+        assert_eq!(e.area, Area::Header);
+        assert!(e.message.contains("limit"), "{e}");
+    }
+
+    #[test]
+    fn refuses_length_past_end_of_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut bytes = 1000u64.to_le_bytes().to_vec();
+        bytes.extend_from_slice(b"{}");
+        let path = write_file(&dir, "short.safetensors", &bytes);
+        assert!(read_header(&path)
+            .unwrap_err()
+            .message
+            .contains("past the end"));
+    }
+
+    #[test]
+    fn refuses_truncated_file_and_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_file(&dir, "t.safetensors", b"abc");
+        assert!(read_header(&path)
+            .unwrap_err()
+            .message
+            .contains("truncated"));
+        assert!(read_header(dir.path())
+            .unwrap_err()
+            .message
+            .contains("directory"));
+    }
+
+    #[test]
+    fn refuses_bad_json_utf8_and_offsets() {
+        assert!(parse_header(b"{not json", 0).unwrap_err().contains("JSON"));
+        assert!(parse_header(b"{\"\xff\":1}", 0)
+            .unwrap_err()
+            .contains("UTF-8"));
+        let out_of_range = br#"{"t":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#;
+        assert!(parse_header(out_of_range, 8)
+            .unwrap_err()
+            .contains("outside"));
+        let wrong_size = br#"{"t":{"dtype":"F32","shape":[4],"data_offsets":[0,8]}}"#;
+        assert!(parse_header(wrong_size, 8)
+            .unwrap_err()
+            .contains("needs 16 bytes"));
+        let reversed = br#"{"t":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}}"#;
+        assert!(parse_header(reversed, 8).is_err());
+        let bad_dtype = br#"{"t":{"dtype":"Q9","shape":[1],"data_offsets":[0,1]}}"#;
+        assert!(parse_header(bad_dtype, 8)
+            .unwrap_err()
+            .contains("unknown dtype"));
+        assert!(parse_header(b"[]", 0).unwrap_err().contains("object"));
+    }
+
+    #[test]
+    fn overflowing_shape_is_an_error() {
+        let h = br#"{"t":{"dtype":"F64","shape":[4294967296,4294967296,16],"data_offsets":[0,8]}}"#;
+        assert!(parse_header(h, 8).unwrap_err().contains("overflow"));
+    }
+}
