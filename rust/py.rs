@@ -7,15 +7,60 @@ use pyo3::prelude::*;
 
 use crate::error::{Area, Error};
 
-create_exception!(adapterprobe, AdapterProbeError, PyException, "Base of every error adapterprobe raises.");
-create_exception!(adapterprobe, HeaderError, AdapterProbeError, "A safetensors header is truncated, oversized or malformed.");
-create_exception!(adapterprobe, LogFormatError, AdapterProbeError, "A training log cannot be read as dlm JSONL.");
-create_exception!(adapterprobe, LayerGroupingError, AdapterProbeError, "Adapter keys cannot be attributed to transformer layers.");
-create_exception!(adapterprobe, TrainingStateError, AdapterProbeError, "A training_state.pt file is corrupt or of an unknown shape.");
-create_exception!(adapterprobe, UnsafePickleError, TrainingStateError, "A pickle names a global outside the allow-list; nothing was executed.");
-create_exception!(adapterprobe, IntegrityError, TrainingStateError, "A file's sha256 disagrees with the digest recorded beside it.");
-create_exception!(adapterprobe, MissingFileError, AdapterProbeError, "A file or directory the call needs does not exist.");
-create_exception!(adapterprobe, UsageError, AdapterProbeError, "The arguments of a call are invalid.");
+create_exception!(
+    adapterprobe,
+    AdapterProbeError,
+    PyException,
+    "Base of every error adapterprobe raises."
+);
+create_exception!(
+    adapterprobe,
+    HeaderError,
+    AdapterProbeError,
+    "A safetensors header is truncated, oversized or malformed."
+);
+create_exception!(
+    adapterprobe,
+    LogFormatError,
+    AdapterProbeError,
+    "A training log cannot be read as dlm JSONL."
+);
+create_exception!(
+    adapterprobe,
+    LayerGroupingError,
+    AdapterProbeError,
+    "Adapter keys cannot be attributed to transformer layers."
+);
+create_exception!(
+    adapterprobe,
+    TrainingStateError,
+    AdapterProbeError,
+    "A training_state.pt file is corrupt or of an unknown shape."
+);
+create_exception!(
+    adapterprobe,
+    UnsafePickleError,
+    TrainingStateError,
+    "A pickle names a global outside the allow-list; nothing was executed."
+);
+create_exception!(
+    adapterprobe,
+    IntegrityError,
+    TrainingStateError,
+    "A file's sha256 disagrees with the digest recorded beside it."
+);
+create_exception!(
+    adapterprobe,
+    MissingFileError,
+    AdapterProbeError,
+    "A file or directory the call needs does not exist."
+);
+create_exception!(
+    adapterprobe,
+    UsageError,
+    AdapterProbeError,
+    "The arguments of a call are invalid."
+);
 
 fn to_py_err(err: Error) -> PyErr {
     let msg = err.to_string();
@@ -30,6 +75,282 @@ fn to_py_err(err: Error) -> PyErr {
         Area::Usage => UsageError::new_err(msg),
     }
 }
+
+// ==== core bindings: headers, layers, loss curves, metrics ====
+
+use std::path::PathBuf;
+
+use numpy::{PyArray1, PyReadonlyArray1};
+use pyo3::types::{PyDict, PyTuple};
+
+use crate::{layers, loss_log, metrics, safetensors_header};
+
+/// One tensor entry of a safetensors header.
+#[pyclass(frozen, module = "adapterprobe._core")]
+pub struct TensorInfo {
+    #[pyo3(get)]
+    name: String,
+    #[pyo3(get)]
+    dtype: String,
+    shape: Vec<u64>,
+    data_offsets: (u64, u64),
+}
+
+#[pymethods]
+impl TensorInfo {
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, &self.shape)
+    }
+    #[getter]
+    fn data_offsets(&self) -> (u64, u64) {
+        self.data_offsets
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "TensorInfo(name={:?}, dtype={:?}, shape={:?}, data_offsets={:?})",
+            self.name, self.dtype, self.shape, self.data_offsets
+        )
+    }
+}
+
+/// A parsed safetensors header: `tensors` maps name -> TensorInfo.
+#[pyclass(frozen, get_all, module = "adapterprobe._core")]
+pub struct SafetensorsHeader {
+    tensors: Py<PyDict>,
+    metadata: Option<Py<PyDict>>,
+    data_len: u64,
+}
+
+#[pymethods]
+impl SafetensorsHeader {
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!("SafetensorsHeader({} tensors)", self.tensors.bind(py).len())
+    }
+}
+
+#[pyfunction]
+fn read_safetensors_header(py: Python<'_>, path: PathBuf) -> PyResult<SafetensorsHeader> {
+    let header = py
+        .detach(|| safetensors_header::read_header(&path))
+        .map_err(to_py_err)?;
+    let tensors = PyDict::new(py);
+    for t in header.tensors {
+        let name = t.name.clone();
+        let info = TensorInfo {
+            name: t.name,
+            dtype: t.dtype,
+            shape: t.shape,
+            data_offsets: t.data_offsets,
+        };
+        tensors.set_item(name, Py::new(py, info)?)?;
+    }
+    let metadata = match header.metadata {
+        Some(pairs) => {
+            let d = PyDict::new(py);
+            for (k, v) in pairs {
+                d.set_item(k, v)?;
+            }
+            Some(d.unbind())
+        }
+        None => None,
+    };
+    Ok(SafetensorsHeader {
+        tensors: tensors.unbind(),
+        metadata,
+        data_len: header.data_len,
+    })
+}
+
+/// Layer attribution of optimizer param ids (see `group_layers`).
+#[pyclass(frozen, module = "adapterprobe._core")]
+pub struct LayerGrouping {
+    inner: layers::LayerGrouping,
+}
+
+#[pymethods]
+impl LayerGrouping {
+    #[getter]
+    fn layer_indices<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, &self.inner.layer_indices)
+    }
+    #[getter]
+    fn params_per_layer(&self) -> u64 {
+        self.inner.params_per_layer
+    }
+    #[getter]
+    fn num_layers(&self) -> usize {
+        self.inner.layer_indices.len()
+    }
+    /// Optimizer param id -> layer index, for the layered param ids.
+    #[getter]
+    fn layer_of<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (param_id, layer) in self.inner.layer_of.iter().enumerate() {
+            d.set_item(param_id, layer)?;
+        }
+        Ok(d)
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "LayerGrouping(num_layers={}, params_per_layer={})",
+            self.inner.layer_indices.len(),
+            self.inner.params_per_layer
+        )
+    }
+}
+
+#[pyfunction]
+#[pyo3(signature = (adapter, num_params=None))]
+fn group_layers(
+    py: Python<'_>,
+    adapter: PathBuf,
+    num_params: Option<u64>,
+) -> PyResult<LayerGrouping> {
+    let inner = py
+        .detach(|| layers::group_layers(&adapter, num_params))
+        .map_err(to_py_err)?;
+    Ok(LayerGrouping { inner })
+}
+
+/// A deduplicated loss curve: `steps` (int64) and `losses` (float64, +inf
+/// where the logged loss was not finite).
+#[pyclass(frozen, get_all, module = "adapterprobe._core")]
+pub struct LossCurve {
+    steps: Py<PyArray1<i64>>,
+    losses: Py<PyArray1<f64>>,
+    num_files: usize,
+    files: Vec<PathBuf>,
+    num_steps: usize,
+}
+
+#[pymethods]
+impl LossCurve {
+    fn __len__(&self) -> usize {
+        self.num_steps
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "LossCurve({} steps from {} files)",
+            self.num_steps, self.num_files
+        )
+    }
+}
+
+/// Resolve `source` (one path or a list of paths) to log files.
+fn log_files(source: &Bound<'_, PyAny>) -> PyResult<Vec<PathBuf>> {
+    if let Ok(path) = source.extract::<PathBuf>() {
+        return Ok(vec![path]);
+    }
+    source.extract::<Vec<PathBuf>>().map_err(|_| {
+        UsageError::new_err("source must be a path or a list of paths to .jsonl files")
+    })
+}
+
+#[pyfunction]
+fn read_loss_curve(py: Python<'_>, source: &Bound<'_, PyAny>) -> PyResult<LossCurve> {
+    let given = log_files(source)?;
+    let single_source = source.extract::<PathBuf>().is_ok();
+    let (curve, files) = py
+        .detach(|| -> crate::Result<_> {
+            let files = if single_source {
+                loss_log::resolve_source(&given[0])?
+            } else {
+                given
+            };
+            Ok((loss_log::read_loss_curve(&files)?, files))
+        })
+        .map_err(to_py_err)?;
+    Ok(LossCurve {
+        num_steps: curve.steps.len(),
+        steps: PyArray1::from_vec(py, curve.steps).unbind(),
+        losses: PyArray1::from_vec(py, curve.losses).unbind(),
+        num_files: curve.num_files,
+        files,
+    })
+}
+
+/// Values of a float64 array (copied) or of any sequence of numbers.
+fn f64_values(obj: &Bound<'_, PyAny>) -> PyResult<Vec<f64>> {
+    if let Ok(array) = obj.extract::<PyReadonlyArray1<'_, f64>>() {
+        return Ok(array.as_array().to_vec());
+    }
+    obj.extract::<Vec<f64>>()
+        .map_err(|_| UsageError::new_err("expected a 1-D sequence of numbers"))
+}
+
+fn check_window(window: usize, sigma: f64) -> PyResult<()> {
+    if window < 1 {
+        return Err(UsageError::new_err("window must be at least 1"));
+    }
+    if !(sigma > 0.0 && sigma.is_finite()) {
+        return Err(UsageError::new_err(format!(
+            "sigma must be a positive number, got {sigma}"
+        )));
+    }
+    Ok(())
+}
+
+#[pyfunction]
+#[pyo3(signature = (losses, *, rolling_window=10, spike_sigma=3.0))]
+fn curve_metrics<'py>(
+    py: Python<'py>,
+    losses: &Bound<'py, PyAny>,
+    rolling_window: usize,
+    spike_sigma: f64,
+) -> PyResult<Bound<'py, PyDict>> {
+    check_window(rolling_window, spike_sigma)?;
+    let values = f64_values(losses)?;
+    let m = py.detach(|| metrics::curve_metrics(&values, rolling_window, spike_sigma));
+    let d = PyDict::new(py);
+    d.set_item("initial_loss", m.initial_loss)?;
+    d.set_item("final_loss", m.final_loss)?;
+    d.set_item("convergence_ratio", m.convergence_ratio)?;
+    d.set_item("smoothness", m.smoothness)?;
+    d.set_item("instability_events", m.instability_events)?;
+    d.set_item(
+        "spike_points",
+        PyArray1::from_vec(py, to_i64(m.spike_points)),
+    )?;
+    d.set_item(
+        "nonfinite_points",
+        PyArray1::from_vec(py, to_i64(m.nonfinite_points)),
+    )?;
+    Ok(d)
+}
+
+fn to_i64(v: Vec<usize>) -> Vec<i64> {
+    v.into_iter().map(|i| i as i64).collect()
+}
+
+#[pyfunction]
+#[pyo3(signature = (deltas, *, window=10, sigma=3.0))]
+fn count_spikes(
+    py: Python<'_>,
+    deltas: &Bound<'_, PyAny>,
+    window: usize,
+    sigma: f64,
+) -> PyResult<usize> {
+    check_window(window, sigma)?;
+    let values = f64_values(deltas)?;
+    Ok(py.detach(|| metrics::count_spikes(&values, window, sigma)))
+}
+
+#[pyfunction]
+#[pyo3(signature = (deltas, *, window=10, sigma=3.0))]
+fn spike_indices<'py>(
+    py: Python<'py>,
+    deltas: &Bound<'py, PyAny>,
+    window: usize,
+    sigma: f64,
+) -> PyResult<Bound<'py, PyArray1<i64>>> {
+    check_window(window, sigma)?;
+    let values = f64_values(deltas)?;
+    let found = py.detach(|| metrics::spike_indices(&values, window, sigma));
+    Ok(PyArray1::from_vec(py, to_i64(found)))
+}
+
+// ==== end core bindings ====
 
 // ==== training_state bindings (read_training_state) ====
 // ==== end training_state bindings ====
@@ -47,8 +368,17 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MissingFileError", py.get_type::<MissingFileError>())?;
     m.add("UsageError", py.get_type::<UsageError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<TensorInfo>()?;
+    m.add_class::<SafetensorsHeader>()?;
+    m.add_class::<LayerGrouping>()?;
+    m.add_class::<LossCurve>()?;
+    m.add_function(wrap_pyfunction!(read_safetensors_header, m)?)?;
+    m.add_function(wrap_pyfunction!(group_layers, m)?)?;
+    m.add_function(wrap_pyfunction!(read_loss_curve, m)?)?;
+    m.add_function(wrap_pyfunction!(curve_metrics, m)?)?;
+    m.add_function(wrap_pyfunction!(count_spikes, m)?)?;
+    m.add_function(wrap_pyfunction!(spike_indices, m)?)?;
     // ==== register training_state ====
     // ==== end register training_state ====
-    let _ = to_py_err;
     Ok(())
 }

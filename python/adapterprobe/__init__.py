@@ -9,7 +9,20 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from adapterprobe._core import __version__
+from adapterprobe._core import (
+    LayerGrouping,
+    LossCurve,
+    SafetensorsHeader,
+    TensorInfo,
+    __version__,
+    count_spikes,
+    curve_metrics,
+    group_layers,
+    read_loss_curve,
+    read_safetensors_header,
+    spike_indices,
+)
+from adapterprobe.drift import training_drift
 from adapterprobe.errors import (
     AdapterProbeError,
     ExtractionError,
@@ -51,7 +64,7 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-__all__ = [  # noqa: RUF022 - grouped by area, not alphabetically
+__all__ = [
     "__version__",
     # errors
     "AdapterProbeError",
@@ -69,6 +82,19 @@ __all__ = [  # noqa: RUF022 - grouped by area, not alphabetically
     # results
     "ProbeResult",
     "Verdict",
+    # readers and kernels
+    "LayerGrouping",
+    "LossCurve",
+    "SafetensorsHeader",
+    "TensorInfo",
+    "count_spikes",
+    "curve_metrics",
+    "group_layers",
+    "read_loss_curve",
+    "read_safetensors_header",
+    "spike_indices",
+    # probes
+    "training_drift",
     # torch-backed (lazy)
     *_LAZY,
 ]

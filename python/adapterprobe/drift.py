@@ -1,0 +1,161 @@
+"""training_drift: did this run's loss curve descend smoothly?
+
+Reads a store's dlm logs (``logs/train-*.jsonl``) with the Rust streaming
+reader and judges the curve on three thresholds: smoothness (how small
+step-to-step jitter is next to the overall descent), convergence ratio
+(final / initial loss) and instability events (non-finite losses plus loss
+increases far above their neighbourhood's typical movement). PASS needs all
+three; anything else is WARN. Missing or too-short logs SKIP; unreadable
+logs are an ERROR result, never an exception.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from adapterprobe import _core
+from adapterprobe.errors import AdapterProbeError, UsageError
+from adapterprobe.result import ProbeResult, Verdict
+
+KIND = "training_drift"
+CURVE_SAMPLE_CAP = 512
+
+
+def _check_options(
+    min_steps: int,
+    rolling_window: int,
+    spike_sigma: float,
+    smoothness_gte: float,
+    convergence_ratio_lte: float,
+    instability_events_lte: int,
+) -> None:
+    problems = []
+    if min_steps < 2:
+        problems.append(f"min_steps must be >= 2, got {min_steps}")
+    if rolling_window < 2:
+        problems.append(f"rolling_window must be >= 2, got {rolling_window}")
+    if not spike_sigma > 0:
+        problems.append(f"spike_sigma must be > 0, got {spike_sigma}")
+    if not 0.0 <= smoothness_gte <= 1.0:
+        problems.append(f"assert_smoothness_gte must be in [0, 1], got {smoothness_gte}")
+    if not convergence_ratio_lte > 0:
+        problems.append(f"assert_convergence_ratio_lte must be > 0, got {convergence_ratio_lte}")
+    if instability_events_lte < 0:
+        problems.append(f"assert_instability_events_lte must be >= 0, got {instability_events_lte}")
+    if problems:
+        raise UsageError("; ".join(problems))
+
+
+def sample_curve(steps: np.ndarray, losses: np.ndarray, cap: int = CURVE_SAMPLE_CAP) -> list:
+    """At most about ``cap`` evenly strided (step, loss) points, first and last always kept."""
+    n = len(losses)
+    if n <= cap:
+        idx = range(n)
+    else:
+        stride = -(-n // cap)
+        idx = list(range(0, n, stride))
+        if idx[-1] != n - 1:
+            idx.append(n - 1)
+    return [(int(steps[i]), float(losses[i])) for i in idx]
+
+
+def training_drift(
+    store_path: str | Path | None,
+    *,
+    min_steps: int = 10,
+    rolling_window: int = 10,
+    spike_sigma: float = 3.0,
+    assert_smoothness_gte: float = 0.7,
+    assert_convergence_ratio_lte: float = 0.7,
+    assert_instability_events_lte: int = 0,
+    name: str = KIND,
+) -> ProbeResult:
+    """Judge the loss curve logged under ``store_path/logs``.
+
+    Raises UsageError only for invalid options; every problem with the
+    store itself is reported in the returned result.
+    """
+    _check_options(
+        min_steps,
+        rolling_window,
+        spike_sigma,
+        assert_smoothness_gte,
+        assert_convergence_ratio_lte,
+        assert_instability_events_lte,
+    )
+
+    def result(verdict: Verdict, message: str, **kw) -> ProbeResult:
+        return ProbeResult(name=name, kind=KIND, verdict=verdict, message=message, **kw)
+
+    if store_path is None:
+        return result(Verdict.SKIP, "no store path given, so there is no loss curve to read")
+    store = Path(store_path).expanduser().resolve()
+    logs_dir = store / "logs"
+    if not logs_dir.is_dir():
+        return result(Verdict.SKIP, f"{store} has no logs/ directory")
+    try:
+        curve = _core.read_loss_curve(str(logs_dir))
+    except AdapterProbeError as exc:
+        return result(
+            Verdict.ERROR,
+            str(exc),
+            evidence={"log_paths": [str(p) for p in sorted(logs_dir.glob("train-*.jsonl"))]},
+        )
+    if curve.num_files == 0:
+        return result(Verdict.SKIP, f"no train-*.jsonl files in {logs_dir}")
+    num_steps = len(curve)
+    if num_steps < min_steps:
+        return result(
+            Verdict.SKIP,
+            f"{num_steps} step records, fewer than min_steps={min_steps}: "
+            "too short a curve to judge",
+            evidence={"num_steps": num_steps, "num_log_files": curve.num_files},
+        )
+
+    steps, losses = curve.steps, curve.losses
+    m = _core.curve_metrics(losses, rolling_window=rolling_window, spike_sigma=spike_sigma)
+    smooth, conv = m["smoothness"], m["convergence_ratio"]
+    events = int(m["instability_events"])
+
+    shortfalls = []
+    if not smooth >= assert_smoothness_gte:
+        shortfalls.append(f"smoothness {smooth:.2f} is below {assert_smoothness_gte}")
+    if not conv <= assert_convergence_ratio_lte:
+        shortfalls.append(f"convergence_ratio {conv:.2f} is above {assert_convergence_ratio_lte}")
+    if not events <= assert_instability_events_lte:
+        shortfalls.append(f"{events} instability events, more than {assert_instability_events_lte}")
+    summary = (
+        f"smoothness={smooth:.2f}, convergence_ratio={conv:.2f}, "
+        f"instability_events={events}, final_loss={m['final_loss']:.3f}"
+    )
+    if shortfalls:
+        verdict, score = Verdict.WARN, min(1.0, max(0.0, smooth * 0.5))
+        message = f"{summary}; " + "; ".join(shortfalls)
+    else:
+        verdict, score, message = Verdict.PASS, min(1.0, max(0.0, smooth)), summary
+
+    return result(
+        verdict,
+        message,
+        score=score,
+        raw=smooth,
+        evidence={
+            "final_loss": m["final_loss"],
+            "initial_loss": m["initial_loss"],
+            "convergence_ratio": conv,
+            "smoothness": smooth,
+            "instability_events": events,
+            "spike_steps": [int(s) for s in steps[m["spike_points"]]],
+            "nonfinite_steps": [int(s) for s in steps[m["nonfinite_points"]]],
+            "num_steps": num_steps,
+            "num_log_files": curve.num_files,
+            "curve_sampled": sample_curve(steps, losses),
+            "thresholds": {
+                "smoothness_gte": assert_smoothness_gte,
+                "convergence_ratio_lte": assert_convergence_ratio_lte,
+                "instability_events_lte": assert_instability_events_lte,
+            },
+        },
+    )
