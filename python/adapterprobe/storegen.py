@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import math
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -82,6 +83,9 @@ class TinyRun:
     best_val_loss: float | None = None
     records: list[dict[str, Any]] = field(default_factory=list)
     started: datetime = DEFAULT_START
+    first_step: int = 0  # global_step when this process started (non-zero after a resume)
+    lr: float = 1e-2
+    use_qlora: bool = False
 
     @property
     def epoch(self) -> float:
@@ -102,11 +106,12 @@ class TinyRun:
             )
         new: list[dict[str, Any]] = []
         self.model.train()
-        while self.global_step < step:
-            self.global_step += 1
-            record = self._one_step(torch)
-            self.records.append(record)
-            new.append(record)
+        with _single_thread(torch):
+            while self.global_step < step:
+                self.global_step += 1
+                record = self._one_step(torch)
+                self.records.append(record)
+                new.append(record)
         return new
 
     def _one_step(self, torch: Any) -> dict[str, Any]:
@@ -150,8 +155,12 @@ class TinyRun:
             "grad_norm": float(grad_norm),
             "tokens_per_sec": tokens / SECONDS_PER_STEP,
             "val_loss": val_loss,
-            "timestamp": _stamp(self.started + timedelta(seconds=SECONDS_PER_STEP * step)),
+            "timestamp": _stamp(self.clock(step)),
         }
+
+    def clock(self, step: int) -> datetime:
+        """Simulated time at which ``step`` finished (the run starts at ``started``)."""
+        return self.started + timedelta(seconds=SECONDS_PER_STEP * (step - self.first_step))
 
     def _poisoned_loss(self, torch: Any, batch: Any) -> Any:
         """Forward a batch whose first embedding overflowed (as fp16 can): loss is NaN."""
@@ -165,6 +174,19 @@ class TinyRun:
             value = float(self.model(input_ids=self.val_ids, labels=self.val_ids).loss)
         self.model.train()
         return value
+
+
+@contextlib.contextmanager
+def _single_thread(torch: Any) -> Iterator[None]:
+    """Run torch on one thread: the matrices are tiny, so extra threads only spin,
+    and a fixed thread count keeps float reductions (hence the stores) identical
+    on machines with different core counts."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def _stamp(moment: datetime) -> str:
@@ -274,6 +296,7 @@ def train_tiny_lora(
         spike_steps=frozenset(spike_steps),
         nan_steps=frozenset(nan_steps),
         started=started,
+        lr=lr,
     )
     if resume_from is not None:
         _restore(run, Path(resume_from), lr=lr)
@@ -295,6 +318,7 @@ def _restore(run: TinyRun, version_dir: Path, *, lr: float) -> None:
         run.scaler.load_state_dict(state["scaler_state_dict"])
     torch.set_rng_state(state["torch_rng_state"])
     run.global_step = int(state["global_step"])
+    run.first_step = run.global_step
     run.best_val_loss = state["best_val_loss"]
     # A resumed run may change its peak learning rate; re-derive the current
     # one from the schedule so the first resumed step already uses it.
@@ -404,3 +428,291 @@ def save_training_state(
         os.replace(staged, path)
         os.replace(sidecar, path.with_name(path.name + ".sha256"))
     return digest
+
+
+def training_plan(run: TinyRun) -> dict[str, Any]:
+    """The run's settings in the shape of dlm's banner ``plan`` (free-form, nested).
+
+    ``eval`` deliberately carries a nested ``"type": "step"``: only a line's
+    top-level ``type`` makes it a step record, and readers must not be fooled.
+    """
+    return {
+        "base_model": {
+            "arch": "LlamaForCausalLM",
+            "hidden_size": _HIDDEN,
+            "num_hidden_layers": run.layers,
+            "vocab_size": _VOCAB,
+            "source": "config",
+        },
+        "lora": {"r": 4, "lora_alpha": 8, "target_modules": list(_TARGET_MODULES)},
+        "optimizer": {"type": "adamw", "lr": run.lr, "max_grad_norm": _MAX_GRAD_NORM},
+        "schedule": {"type": "linear", "warmup_steps": _WARMUP_STEPS},
+        "eval": {"type": "step", "every": _EVAL_EVERY},
+        "data": {"batch": _BATCH, "seq_len": _SEQ_LEN, "full_batch": True},
+        "total_steps": run.total_steps,
+        "amp_scaler": run.scaler is not None,
+    }
+
+
+def _plan_hash(plan: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()
+
+
+def _adapter_root(store: Path, name: str | None) -> Path:
+    return store / "adapter" if name is None else store / "adapter" / name
+
+
+def write_adapter_version(
+    store: str | os.PathLike[str], version: int, run: TinyRun, *, name: str | None = None
+) -> Path:
+    """Write ``adapter/[<name>/]versions/vNNNN/`` from a run and point ``current.txt`` at it.
+
+    The directory holds PEFT's own ``save_pretrained`` output (weights and
+    config; its generated README is dropped, dlm keeps none), the training
+    state with its sidecar, and ``training_run.json``. It is assembled in a
+    staging directory and renamed into place; an existing version is never
+    overwritten.
+    """
+    if version < 1:
+        raise UsageError(f"adapter versions start at 1, got {version}")
+    root = _adapter_root(Path(store), name)
+    label = f"v{version:04d}"
+    final = root / "versions" / label
+    if final.exists():
+        raise UsageError(f"adapter version already exists, refusing to overwrite: {final}")
+    plan = training_plan(run)
+    with _staging_dir(final.parent) as tmp:
+        staged = tmp / label
+        run.model.save_pretrained(str(staged))
+        (staged / "README.md").unlink(missing_ok=True)
+        _sort_target_modules(staged / "adapter_config.json")
+        save_training_state(
+            staged / "training_state.pt",
+            run.optimizer,
+            global_step=run.global_step,
+            epoch=run.epoch,
+            best_val_loss=run.best_val_loss,
+            use_qlora=run.use_qlora,
+            scheduler=run.scheduler,
+            scaler=run.scaler,
+            dlm_manifest_hash=_plan_hash(plan),
+        )
+        run_info = json.dumps({"use_qlora": run.use_qlora}, sort_keys=True)
+        (staged / "training_run.json").write_text(run_info + "\n", encoding="utf-8")
+        os.rename(staged, final)
+    _write_text_atomic(root / "current.txt", f"versions/{label}")
+    return final
+
+
+def _sort_target_modules(config_path: Path) -> None:
+    """PEFT keeps ``target_modules`` as a set, so its JSON order follows the string
+    hash seed; sort it (same content, PEFT's own formatting) for reproducible bytes."""
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    if isinstance(config.get("target_modules"), list):
+        config["target_modules"] = sorted(config["target_modules"])
+        config_path.write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
+
+
+def log_file_name(run_id: int, started: datetime) -> str:
+    """``train-<run_id:06d>-<UTC YYYYMMDDTHHMMSS>.jsonl``: sorted names are chronological."""
+    stamp = started.astimezone(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    return f"train-{run_id:06d}-{stamp}.jsonl"
+
+
+def write_log(
+    store: str | os.PathLike[str],
+    run_id: int,
+    records: Sequence[dict[str, Any]],
+    *,
+    started: datetime = DEFAULT_START,
+    seed: int = 0,
+    plan: dict[str, Any] | None = None,
+    complete: bool = True,
+    torn_tail: bool = False,
+) -> Path:
+    """Write one run's JSONL log under ``logs/`` the way dlm does.
+
+    A banner line, one ``json.dumps(record, sort_keys=True)`` line per record
+    (a NaN loss stays the bare ``NaN`` token), then a ``run_complete`` event
+    unless ``complete`` is false (a crashed run). ``torn_tail`` cuts the last
+    line in half and drops its newline, as a trainer killed mid-write leaves it.
+    """
+    if started.tzinfo is None:
+        raise UsageError("write_log needs a timezone-aware start time (log names are UTC)")
+    banner = {
+        "type": "banner",
+        "run_id": run_id,
+        "seed": seed,
+        "determinism_class": "strict",
+        "determinism_notes": [
+            "cpu, full-batch training on a fixed synthetic dataset",
+            "timestamps and tokens_per_sec come from a simulated clock",
+        ],
+        "pinned_versions": pinned_versions(),
+        "plan": plan if plan is not None else {},
+    }
+    lines = [json.dumps(banner, sort_keys=True)]
+    lines += [json.dumps(dict(rec), sort_keys=True) for rec in records]
+    if complete and records:
+        last = records[-1]
+        finished = datetime.strptime(last["timestamp"], "%Y-%m-%dT%H:%M:%S")
+        event = {
+            "type": "run_complete",
+            "timestamp": _stamp(finished.replace(tzinfo=timezone.utc) + timedelta(seconds=1)),
+            "global_step": last["step"],
+            "final_loss": last["loss"],
+        }
+        lines.append(json.dumps(event, sort_keys=True))
+    text = "\n".join(lines) + "\n"
+    if torn_tail:
+        head, last_line = "\n".join(lines[:-1]), lines[-1]
+        text = head + "\n" + last_line[: len(last_line) // 2]
+    path = Path(store) / "logs" / log_file_name(run_id, started)
+    _write_text_atomic(path, text)
+    return path
+
+
+# ---------------------------------------------------------------------------
+# Scenarios
+# ---------------------------------------------------------------------------
+
+#: What the two probes should say on each scenario's store (current adapter).
+EXPECTED_VERDICTS: dict[str, dict[str, str]] = {
+    "healthy": {"training_drift": "pass", "gradient_ghost": "pass"},
+    "smoke": {"training_drift": "skip", "gradient_ghost": "fail"},
+    "spiky": {"training_drift": "warn", "gradient_ghost": "pass"},
+    "resumed": {"training_drift": "pass", "gradient_ghost": "pass"},
+    "multi": {"training_drift": "pass", "gradient_ghost": "pass"},
+}
+
+#: Demo store directory name -> scenario, as bundled in ``adapterprobe/demo_store``.
+DEMO_STORES: dict[str, str] = {
+    "healthy": "healthy",
+    "smoke-test": "smoke",
+    "spiky-nan": "spiky",
+    "resumed-torn": "resumed",
+}
+
+#: Multi-adapter scenario: adapter name -> (seed offset, layers).
+MULTI_ADAPTERS: dict[str, tuple[int, int]] = {"chat": (0, 2), "code": (2, 2)}
+
+HEALTHY_STEPS = 80
+SMOKE_STEPS = 5
+SPIKE_STEPS = (25, 50)
+NAN_STEPS = (65,)
+RESUME_CHECKPOINT = 30  # run 1 saves v0001 here ...
+RESUME_CRASH = 40  # ... and dies while writing this step's log line
+RESUME_LR = 5e-3  # run 2 resumes from v0001 with a lower peak learning rate
+_RESUME_GAP = timedelta(minutes=10)
+
+
+def write_store(
+    root: str | os.PathLike[str],
+    scenario: str,
+    *,
+    seed: int = 0,
+    started: datetime = DEFAULT_START,
+) -> Path:
+    """Train and write one complete store for ``scenario`` (see :data:`SCENARIOS`).
+
+    - ``healthy``: 80 smooth steps; both probes pass.
+    - ``smoke``: 5 steps; too short for the drift probe, far below the
+      gradient probe's 50-step floor.
+    - ``spiky``: 80 steps under a real grad scaler, with garbage batches at
+      steps 25 and 50 (loss spikes) and an overflowing batch at step 65 (NaN
+      loss, update skipped).
+    - ``resumed``: run 1 checkpoints v0001 at step 30 and crashes at step 40
+      with a torn last log line; run 2 resumes from v0001 at a lower learning
+      rate, repeats steps 31-40 and finishes as v0002 (``current.txt``).
+    - ``multi``: two named adapters (``adapter/chat``, ``adapter/code``), one
+      run each.
+
+    The store is built in a staging directory and renamed to ``root``, which
+    must not exist yet.
+    """
+    if scenario not in SCENARIOS:
+        raise UsageError(f"unknown store scenario {scenario!r}; expected one of {SCENARIOS}")
+    root = Path(root)
+    if root.exists():
+        raise UsageError(f"store directory already exists, refusing to overwrite: {root}")
+    with _staging_dir(root.parent) as tmp:
+        store = tmp / root.name
+        store.mkdir()
+        _SCENARIO_WRITERS[scenario](store, seed, started)
+        os.rename(store, root)
+    return root
+
+
+def _single_run(store: Path, seed: int, started: datetime, *, steps: int, **train: Any) -> TinyRun:
+    run = train_tiny_lora(steps=steps, seed=seed, started=started, **train)
+    write_adapter_version(store, 1, run)
+    write_log(store, 1, run.records, started=started, seed=seed, plan=training_plan(run))
+    return run
+
+
+def _write_healthy(store: Path, seed: int, started: datetime) -> None:
+    _single_run(store, seed, started, steps=HEALTHY_STEPS)
+
+
+def _write_smoke(store: Path, seed: int, started: datetime) -> None:
+    _single_run(store, seed, started, steps=SMOKE_STEPS)
+
+
+def _write_spiky(store: Path, seed: int, started: datetime) -> None:
+    _single_run(
+        store,
+        seed,
+        started,
+        steps=HEALTHY_STEPS,
+        spike_steps=SPIKE_STEPS,
+        nan_steps=NAN_STEPS,
+        amp_scaler=True,
+    )
+
+
+def _write_resumed(store: Path, seed: int, started: datetime) -> None:
+    first = train_tiny_lora(
+        steps=RESUME_CHECKPOINT, total_steps=HEALTHY_STEPS, seed=seed, started=started
+    )
+    v1 = write_adapter_version(store, 1, first)
+    first.train_until(RESUME_CRASH)
+    write_log(
+        store,
+        1,
+        first.records,
+        started=started,
+        seed=seed,
+        plan=training_plan(first),
+        complete=False,
+        torn_tail=True,
+    )
+    restarted = first.clock(RESUME_CRASH) + _RESUME_GAP
+    second = train_tiny_lora(
+        steps=HEALTHY_STEPS,
+        seed=seed,
+        lr=RESUME_LR,
+        resume_from=v1,
+        started=restarted,
+    )
+    write_adapter_version(store, 2, second)
+    write_log(store, 2, second.records, started=restarted, seed=seed, plan=training_plan(second))
+
+
+def _write_multi(store: Path, seed: int, started: datetime) -> None:
+    begin = started
+    for run_id, (name, (offset, layers)) in enumerate(MULTI_ADAPTERS.items(), start=1):
+        run = train_tiny_lora(steps=HEALTHY_STEPS, seed=seed + offset, layers=layers, started=begin)
+        write_adapter_version(store, 1, run, name=name)
+        write_log(
+            store, run_id, run.records, started=begin, seed=seed + offset, plan=training_plan(run)
+        )
+        begin = run.clock(HEALTHY_STEPS) + _RESUME_GAP
+
+
+_SCENARIO_WRITERS = {
+    "healthy": _write_healthy,
+    "smoke": _write_smoke,
+    "spiky": _write_spiky,
+    "resumed": _write_resumed,
+    "multi": _write_multi,
+}
