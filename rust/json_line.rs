@@ -36,6 +36,50 @@ enum Scalar<'a> {
     Unusable,
 }
 
+const PLAIN: u8 = 0;
+const QUOTE: u8 = 1;
+const BACKSLASH: u8 = 2;
+const CONTROL: u8 = 3;
+const HIGH: u8 = 4;
+
+/// How a byte behaves inside a JSON string.
+static STRING_CLASS: [u8; 256] = {
+    let mut t = [PLAIN; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = match i {
+            0x00..=0x1f => CONTROL,
+            0x22 => QUOTE,
+            0x5c => BACKSLASH,
+            0x80..=0xff => HIGH,
+            _ => PLAIN,
+        };
+        i += 1;
+    }
+    t
+};
+
+/// The top-level keys that matter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Field {
+    Type,
+    Step,
+    Loss,
+    Other,
+}
+
+impl Field {
+    #[inline]
+    fn of(key: &[u8]) -> Field {
+        match key {
+            b"type" => Field::Type,
+            b"step" => Field::Step,
+            b"loss" => Field::Loss,
+            _ => Field::Other,
+        }
+    }
+}
+
 struct Scanner<'a> {
     b: &'a [u8],
     i: usize,
@@ -77,15 +121,24 @@ impl<'a> Scanner<'a> {
 
     /// Scan a string body after the opening quote; returns the raw bytes
     /// between the quotes and whether it holds escapes.
+    #[inline]
     fn string_raw(&mut self) -> Parse<(&'a [u8], bool)> {
         let start = self.i;
         let mut escaped = false;
         let mut non_ascii = false;
         loop {
+            // Plain bytes are the common case: skip them in a tight loop.
+            while self
+                .b
+                .get(self.i)
+                .is_some_and(|&c| STRING_CLASS[c as usize] == PLAIN)
+            {
+                self.i += 1;
+            }
             let c = *self.b.get(self.i).ok_or(())?;
-            match c {
-                b'"' => break,
-                b'\\' => {
+            match STRING_CLASS[c as usize] {
+                QUOTE => break,
+                BACKSLASH => {
                     escaped = true;
                     let e = *self.b.get(self.i + 1).ok_or(())?;
                     match e {
@@ -100,12 +153,11 @@ impl<'a> Scanner<'a> {
                         _ => return Err(()),
                     }
                 }
-                0x00..=0x1f => return Err(()),
-                0x80.. => {
+                HIGH => {
                     non_ascii = true;
                     self.i += 1;
                 }
-                _ => self.i += 1,
+                _ => return Err(()), // a raw control character
             }
         }
         let raw = &self.b[start..self.i];
@@ -123,6 +175,17 @@ impl<'a> Scanner<'a> {
             return std::str::from_utf8(raw).map(Into::into).map_err(|_| ());
         }
         Ok(unescape(raw).into())
+    }
+
+    /// Whether the string equals `want` (escapes decoded only when present).
+    #[inline]
+    fn string_eq(&mut self, want: &[u8]) -> Parse<bool> {
+        let (raw, escaped) = self.string_raw()?;
+        Ok(if escaped {
+            unescape(raw).as_bytes() == want
+        } else {
+            raw == want
+        })
     }
 
     /// Check a number against JSON's grammar; returns its text.
@@ -434,15 +497,29 @@ fn parse_top(line: &[u8]) -> Parse<Option<(Scalar<'_>, Scalar<'_>)>> {
     } else {
         loop {
             s.eat(b'"')?;
-            let key = s.string()?;
+            let (raw, escaped) = s.string_raw()?;
+            let field = if escaped {
+                Field::of(unescape(raw).as_bytes())
+            } else {
+                Field::of(raw)
+            };
             s.ws();
             s.eat(b':')?;
             s.ws();
-            match key.as_ref() {
-                "type" => kind = Some(s.scalar()?),
-                "step" => step = Some(s.scalar()?),
-                "loss" => loss = Some(s.scalar()?),
-                _ => s.skip_value(1)?,
+            match field {
+                Field::Type => {
+                    // Only a string equal to "step" matters; anything else is "not step".
+                    kind = Some(if s.peek() == Some(b'"') {
+                        s.i += 1;
+                        s.string_eq(b"step")?
+                    } else {
+                        s.skip_value(1)?;
+                        false
+                    });
+                }
+                Field::Step => step = Some(s.scalar()?),
+                Field::Loss => loss = Some(s.scalar()?),
+                Field::Other => s.skip_value(1)?,
             }
             s.ws();
             match s.peek() {
@@ -462,8 +539,7 @@ fn parse_top(line: &[u8]) -> Parse<Option<(Scalar<'_>, Scalar<'_>)>> {
     if s.i != line.len() {
         return Err(());
     }
-    let is_step = matches!(&kind, Some(Scalar::Str(t)) if t == "step");
-    Ok(match (is_step, step, loss) {
+    Ok(match (kind == Some(true), step, loss) {
         (true, Some(st), Some(lo)) => Some((st, lo)),
         _ => None,
     })

@@ -13,8 +13,10 @@ use std::path::{Path, PathBuf};
 use crate::error::{Area, Error, Result};
 use crate::json_line::{classify, LineKind};
 
-/// Read buffer size.
-const CHUNK: usize = 1 << 20;
+/// Bytes read per batch; each batch is parsed in parallel pieces.
+const BATCH: usize = 8 << 20;
+/// Target size of one parallel piece.
+const PIECE: usize = 512 << 10;
 /// Longest line kept; a longer one is unreadable (and skipped).
 pub const MAX_LINE: usize = 16 << 20;
 
@@ -60,77 +62,6 @@ pub fn resolve_source(source: &Path) -> Result<Vec<PathBuf>> {
     }
 }
 
-/// Call `on_line(line_number, bytes)` for every line of `reader` (1-based
-/// numbers; the bytes exclude the terminator). A line longer than
-/// `MAX_LINE` is passed as `None` and its bytes are discarded.
-pub fn for_each_line<R: Read>(
-    mut reader: R,
-    mut on_line: impl FnMut(usize, Option<&[u8]>),
-) -> std::io::Result<()> {
-    let mut buf: Vec<u8> = Vec::with_capacity(CHUNK);
-    let mut line_no = 0usize;
-    // A `\r` ended the previous chunk: a `\n` starting the next one belongs to it.
-    let mut skip_lf = false;
-    // Inside an over-long line: drop bytes up to the next terminator.
-    let mut discarding = false;
-    let mut chunk = vec![0u8; CHUNK];
-    loop {
-        let n = reader.read(&mut chunk)?;
-        if n == 0 {
-            break;
-        }
-        let mut data = &chunk[..n];
-        if skip_lf {
-            if data[0] == b'\n' {
-                data = &data[1..];
-            }
-            skip_lf = false;
-        }
-        let mut start = 0;
-        while let Some(pos) = memchr::memchr2(b'\n', b'\r', &data[start..]) {
-            let end = start + pos;
-            line_no += 1;
-            if discarding {
-                discarding = false;
-                on_line(line_no, None);
-            } else if buf.is_empty() {
-                on_line(line_no, Some(&data[start..end]));
-            } else {
-                buf.extend_from_slice(&data[start..end]);
-                if buf.len() > MAX_LINE {
-                    on_line(line_no, None);
-                } else {
-                    on_line(line_no, Some(&buf));
-                }
-                buf.clear();
-            }
-            start = end + 1;
-            if data[end] == b'\r' {
-                match data.get(start) {
-                    Some(b'\n') => start += 1,
-                    Some(_) => {}
-                    None => skip_lf = true,
-                }
-            }
-        }
-        let rest = &data[start..];
-        if !discarding {
-            if buf.len() + rest.len() > MAX_LINE {
-                buf.clear();
-                discarding = true;
-            } else {
-                buf.extend_from_slice(rest);
-            }
-        }
-    }
-    if discarding {
-        on_line(line_no + 1, None);
-    } else if !buf.is_empty() {
-        on_line(line_no + 1, Some(&buf));
-    }
-    Ok(())
-}
-
 /// The ASCII characters Python's `str.strip()` removes (no terminators remain here).
 fn is_py_space(c: &u8) -> bool {
     matches!(c, b' ' | b'\t' | b'\x0b' | b'\x0c' | b'\x1c'..=b'\x1f')
@@ -149,7 +80,110 @@ fn strip(line: &[u8]) -> &[u8] {
     &line[start..end]
 }
 
-/// Append the step records of one file to `out` in file order.
+/// Classify one line; None for a blank one.
+fn line_kind(line: &[u8]) -> Option<LineKind> {
+    match strip(line) {
+        [] => None,
+        stripped => Some(classify(stripped)),
+    }
+}
+
+/// Step records of a run of complete lines. `\r` and `\n` both end a line;
+/// the empty "line" inside `\r\n` is blank and skipped, which is exactly
+/// what universal newlines give (only line 1's identity matters, below).
+fn steps_in(lines: &[u8], out: &mut Vec<(i64, f64)>) {
+    for line in lines.split(|&c| c == b'\n' || c == b'\r') {
+        if let Some(LineKind::Step(step, loss)) = line_kind(line) {
+            out.push((step, loss));
+        }
+    }
+}
+
+/// `steps_in` over a large region, split at line ends and run in parallel.
+fn steps_in_parallel(region: &[u8], out: &mut Vec<(i64, f64)>) {
+    use rayon::prelude::*;
+    if region.len() < 2 * PIECE {
+        return steps_in(region, out);
+    }
+    let mut pieces = Vec::with_capacity(region.len() / PIECE + 1);
+    let mut start = 0;
+    while start < region.len() {
+        let nominal = (start + PIECE).min(region.len());
+        let end =
+            memchr::memchr(b'\n', &region[nominal..]).map_or(region.len(), |p| nominal + p + 1);
+        pieces.push(&region[start..end]);
+        start = end;
+    }
+    let parts: Vec<Vec<(i64, f64)>> = pieces
+        .par_iter()
+        .map(|piece| {
+            let mut v = Vec::with_capacity(piece.len() / 128);
+            steps_in(piece, &mut v);
+            v
+        })
+        .collect();
+    for part in parts {
+        out.extend(part);
+    }
+}
+
+/// Append the step records of one log to `out` in file order. Memory stays
+/// bounded by one batch plus one line, whatever the file size.
+pub fn read_steps_from<R: Read>(
+    mut reader: R,
+    out: &mut Vec<(i64, f64)>,
+) -> std::result::Result<(), String> {
+    let mut buf: Vec<u8> = Vec::with_capacity(BATCH + PIECE);
+    let mut first_line_seen = false;
+    // Inside an over-long line: drop bytes up to the next terminator.
+    let mut discarding = false;
+    loop {
+        let got = (&mut reader)
+            .take(BATCH as u64)
+            .read_to_end(&mut buf)
+            .map_err(|e| format!("failed to read: {e}"))?;
+        let eof = got < BATCH;
+        let end = if eof {
+            buf.len()
+        } else {
+            memchr::memrchr2(b'\n', b'\r', &buf).map_or(0, |p| p + 1)
+        };
+        let mut region = &buf[..end];
+        if discarding && !region.is_empty() {
+            match memchr::memchr2(b'\n', b'\r', region) {
+                Some(p) => {
+                    region = &region[p + 1..];
+                    discarding = false;
+                }
+                None => region = &[],
+            }
+        }
+        if !first_line_seen && !region.is_empty() {
+            let first_end = memchr::memchr2(b'\n', b'\r', region).unwrap_or(region.len());
+            match line_kind(&region[..first_end]) {
+                Some(LineKind::Invalid) => return Err("first line is not valid JSON".into()),
+                Some(LineKind::Step(step, loss)) => out.push((step, loss)),
+                _ => {}
+            }
+            first_line_seen = true;
+            region = &region[first_end..];
+        }
+        steps_in_parallel(region, out);
+        buf.drain(..end);
+        if buf.len() > MAX_LINE {
+            if !first_line_seen {
+                return Err(format!("first line is longer than {MAX_LINE} bytes"));
+            }
+            buf.clear();
+            discarding = true;
+        }
+        if eof {
+            return Ok(());
+        }
+    }
+}
+
+/// Append the step records of the log at `path` to `out` in file order.
 pub fn read_steps(path: &Path, out: &mut Vec<(i64, f64)>) -> Result<()> {
     let file = File::open(path).map_err(|e| Error::io(Area::LogFormat, path, &e))?;
     if file.metadata().map(|m| m.is_dir()).unwrap_or(false) {
@@ -159,31 +193,11 @@ pub fn read_steps(path: &Path, out: &mut Vec<(i64, f64)>) -> Result<()> {
             "is a directory, expected a .jsonl file",
         ));
     }
-    let mut first_line_bad = false;
-    for_each_line(file, |line_no, line| {
-        let kind = match line {
-            Some(l) => match strip(l) {
-                [] => return,
-                stripped => classify(stripped),
-            },
-            None => LineKind::Invalid,
-        };
-        match kind {
-            LineKind::Step(step, loss) => out.push((step, loss)),
-            LineKind::Invalid if line_no == 1 => first_line_bad = true,
-            _ => {}
-        }
-    })
-    .map_err(|e| Error::new(Area::LogFormat, path, format!("failed to read: {e}")))?;
-    if first_line_bad {
+    read_steps_from(file, out).map_err(|msg| {
         let name = path.file_name().unwrap_or_default().to_string_lossy();
-        return Err(Error::new(
-            Area::LogFormat,
-            path,
-            format!("first line of {name} is not valid JSON"),
-        ));
-    }
-    Ok(())
+        let msg = msg.replace("first line", &format!("first line of {name}"));
+        Error::new(Area::LogFormat, path, msg)
+    })
 }
 
 /// Build the curve from records in reading order: sort by step, keep the
@@ -227,43 +241,60 @@ pub fn read_loss_curve(files: &[PathBuf]) -> Result<LossCurve> {
 mod tests {
     use super::*;
 
-    fn lines_of(data: &[u8], chunk_reader: bool) -> Vec<(usize, Option<Vec<u8>>)> {
-        let mut out = vec![];
-        // A reader that returns one byte at a time exercises every boundary.
-        struct Trickle<'a>(&'a [u8]);
-        impl Read for Trickle<'_> {
-            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-                if self.0.is_empty() || buf.is_empty() {
-                    return Ok(0);
-                }
-                buf[0] = self.0[0];
-                self.0 = &self.0[1..];
-                Ok(1)
+    /// A reader that returns one byte at a time exercises every boundary.
+    struct Trickle<'a>(&'a [u8]);
+    impl Read for Trickle<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            if self.0.is_empty() || buf.is_empty() {
+                return Ok(0);
             }
+            buf[0] = self.0[0];
+            self.0 = &self.0[1..];
+            Ok(1)
         }
-        let cb = |n: usize, l: Option<&[u8]>| out.push((n, l.map(<[u8]>::to_vec)));
-        if chunk_reader {
-            for_each_line(Trickle(data), cb).unwrap();
-        } else {
-            for_each_line(data, cb).unwrap();
-        }
-        out
+    }
+
+    fn step(s: i64, l: f64) -> String {
+        format!(r#"{{"loss": {l}, "step": {s}, "type": "step"}}"#)
     }
 
     #[test]
-    fn universal_newlines() {
-        let data = b"a\r\nb\rc\n\nd";
+    fn universal_newlines_and_blank_lines() {
+        let data = format!(
+            "\r\n{}\r{}\n\n  \r\n{}",
+            step(1, 1.0),
+            step(2, 2.0),
+            step(3, 3.0)
+        );
         for trickle in [false, true] {
-            let got = lines_of(data, trickle);
-            let want: Vec<(usize, Option<Vec<u8>>)> = vec![
-                (1, Some(b"a".to_vec())),
-                (2, Some(b"b".to_vec())),
-                (3, Some(b"c".to_vec())),
-                (4, Some(b"".to_vec())),
-                (5, Some(b"d".to_vec())),
-            ];
-            assert_eq!(got, want, "trickle={trickle}");
+            let mut out = vec![];
+            if trickle {
+                read_steps_from(Trickle(data.as_bytes()), &mut out).unwrap();
+            } else {
+                read_steps_from(data.as_bytes(), &mut out).unwrap();
+            }
+            assert_eq!(out, vec![(1, 1.0), (2, 2.0), (3, 3.0)], "trickle={trickle}");
         }
+    }
+
+    #[test]
+    fn a_lone_cr_splits_the_first_line() {
+        // Python reads "{...}\r garbage" as two lines: a valid first line.
+        let data = format!("{}\rgarbage\n", step(1, 1.0));
+        let mut out = vec![];
+        read_steps_from(data.as_bytes(), &mut out).unwrap();
+        assert_eq!(out, vec![(1, 1.0)]);
+        let mut out = vec![];
+        assert!(read_steps_from(&b"garbage\r{}"[..], &mut out).is_err());
+    }
+
+    #[test]
+    fn many_batches_keep_order() {
+        let body: String = (0..200_000).map(|i| step(i, i as f64) + "\n").collect();
+        let mut out = vec![];
+        read_steps_from(body.as_bytes(), &mut out).unwrap();
+        assert_eq!(out.len(), 200_000);
+        assert!(out.iter().enumerate().all(|(i, &(s, _))| s == i as i64));
     }
 
     #[test]
@@ -316,9 +347,16 @@ mod tests {
 
     #[test]
     fn overlong_line_is_discarded() {
-        let mut data = vec![b'x'; MAX_LINE + 10];
-        data.extend_from_slice(b"\nok");
-        let got = lines_of(&data, false);
-        assert_eq!(got, vec![(1, None), (2, Some(b"ok".to_vec()))]);
+        let mut data = step(1, 1.0).into_bytes();
+        data.push(b'\n');
+        data.extend(std::iter::repeat_n(b'x', MAX_LINE + BATCH));
+        data.push(b'\n');
+        data.extend(step(2, 2.0).into_bytes());
+        let mut out = vec![];
+        read_steps_from(&data[..], &mut out).unwrap();
+        assert_eq!(out, vec![(1, 1.0), (2, 2.0)]);
+        let mut out = vec![];
+        let long_first = vec![b'x'; MAX_LINE + BATCH];
+        assert!(read_steps_from(&long_first[..], &mut out).is_err());
     }
 }

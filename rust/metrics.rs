@@ -59,7 +59,8 @@ fn median_of_sorted(sorted: &[f64], has_nan: bool) -> f64 {
 }
 
 /// A multiset of window values kept sorted: binary-search insert/remove,
-/// NaNs counted apart (any NaN makes the median NaN, as in numpy).
+/// NaNs counted apart (any NaN makes the median NaN, as in numpy). Sliding
+/// by one is a single `replace`: O(log w) comparisons and one short memmove.
 #[derive(Default)]
 struct SortedWindow {
     values: Vec<f64>,
@@ -82,6 +83,25 @@ impl SortedWindow {
         } else {
             let at = self.values.partition_point(|&v| v < x);
             self.values.remove(at);
+        }
+    }
+
+    /// Remove `old` and insert `new`, shifting only the values between them.
+    fn replace(&mut self, old: f64, new: f64) {
+        if old.is_nan() || new.is_nan() {
+            self.remove(old);
+            self.insert(new);
+            return;
+        }
+        let from = self.values.partition_point(|&v| v < old);
+        let to = self.values.partition_point(|&v| v < new);
+        if to > from {
+            // `new` lands after `old`: shift (from, to) left by one.
+            self.values.copy_within(from + 1..to, from);
+            self.values[to - 1] = new;
+        } else {
+            self.values.copy_within(to..from, to + 1);
+            self.values[to] = new;
         }
     }
 
@@ -125,24 +145,25 @@ pub fn spike_indices(deltas: &[f64], window: usize, sigma: f64) -> Vec<usize> {
     // Invariant at each test: `win` holds abs[lo..hi] without abs[i]; with
     // half >= 1 and n >= 2 that is never empty.
     let mut win = SortedWindow::default();
-    let (mut lo, mut hi) = (0usize, 0usize);
+    let mut hi = (half + 1).min(n);
+    for j in 1..hi {
+        win.insert(abs(j));
+    }
+    let mut lo = 0usize;
     let mut spikes = vec![];
-    #[allow(clippy::needless_range_loop)] // i drives lo/hi as well as indexing
-    for i in 0..n {
+    for (i, &d) in deltas.iter().enumerate() {
         if i > 0 {
-            win.insert(abs(i - 1));
+            // The old centre returns and the new one leaves.
+            win.replace(abs(i), abs(i - 1));
+            let (new_lo, new_hi) = (i.saturating_sub(half), (i + half + 1).min(n));
+            match (new_lo > lo, new_hi > hi) {
+                (true, true) => win.replace(abs(lo), abs(hi)),
+                (true, false) => win.remove(abs(lo)),
+                (false, true) => win.insert(abs(hi)),
+                (false, false) => {}
+            }
+            (lo, hi) = (new_lo, new_hi);
         }
-        let (new_lo, new_hi) = (i.saturating_sub(half), (i + half + 1).min(n));
-        while lo < new_lo {
-            win.remove(abs(lo));
-            lo += 1;
-        }
-        while hi < new_hi {
-            win.insert(abs(hi));
-            hi += 1;
-        }
-        win.remove(abs(i));
-        let d = deltas[i];
         // `d <= 0` skips; a NaN delta is not skipped but only counts when
         // the baseline is exactly zero (every comparison with NaN is false).
         if d > 0.0 || d.is_nan() {
