@@ -1,0 +1,622 @@
+"""Parasitic LoRA extraction: snapshot adapters out of a running full fine-tune.
+
+At training start :meth:`ParasiticExtractor.snapshot_base` copies the weights
+``W0`` of every Linear module. At interesting points (periodic, loss plateau,
+validation improvement; see :meth:`ParasiticExtractor.should_extract`) the
+delta ``W_t - W0`` of each changed module is factored into LoRA matrices with
+the same randomized SVD and rank rule as :func:`adapterprobe.extract_lora`
+(:func:`adapterprobe.extract.factorize_delta`). The adapters go into an
+:class:`AdapterLibrary` that saves as safetensors + JSON (never pickle) and
+can export any adapter as a PEFT adapter directory.
+
+Extraction runs under ``torch.no_grad`` with a private RNG stream, so it does
+not change the training run's random numbers or autograd state.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from adapterprobe.errors import ExtractionError, MissingFileError, UsageError, require
+from adapterprobe.extract import (
+    ADAPTER_FILE,
+    CONFIG_FILE,
+    DEFAULT_NITER,
+    DEFAULT_OVERSAMPLE,
+    LowRankFactors,
+    _as_patterns,
+    _fail,
+    _matches,
+    _resolve_dtype,
+    _SafetensorsWriter,
+    _write_json,
+    atomic_dir,
+    factorize_delta,
+    peft_config,
+    peft_key,
+)
+from adapterprobe.result import json_safe
+
+torch = require("torch", "torch")
+
+__all__ = [
+    "AdapterLibrary",
+    "ExtractedAdapter",
+    "ParasiticConfig",
+    "ParasiticExtractor",
+    "apply_adapter",
+]
+
+LIBRARY_FILE = "library.json"
+LIBRARY_FORMAT = "adapterprobe.parasitic-library/1"
+
+
+@dataclass(frozen=True)
+class ParasiticConfig:
+    """Settings of :class:`ParasiticExtractor` (the seed's ``QLoRAConfig``).
+
+    Rank rule (as :func:`adapterprobe.extract_lora`): ``min_rank``,
+    ``max_rank``, ``explained_variance`` (of the whole ``||dW||_F^2``).
+
+    Triggers: every ``interval_steps`` steps (0 disables; never at step 0,
+    where the delta is zero); when ``detect_triggers``, also on a loss plateau
+    (the last ``plateau_window`` finite losses span less than
+    ``plateau_threshold`` of their mean; at most once per window) and on a
+    validation score beating the best so far by more than
+    ``val_improvement``.
+
+    ``include``/``exclude``: glob patterns on module paths. ``snapshot_device``:
+    where ``W0`` is kept ("cpu"; None keeps it beside each parameter).
+    ``factor_dtype``: dtype of stored factors (None: float32). ``quantize_int8``
+    rounds factors to a per-row absmax int8 grid (stored dequantized).
+    """
+
+    min_rank: int = 8
+    max_rank: int = 64
+    explained_variance: float = 0.95
+    interval_steps: int = 50
+    detect_triggers: bool = True
+    plateau_window: int = 10
+    plateau_threshold: float = 0.005
+    val_improvement: float = 0.01
+    quantize_int8: bool = False
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    snapshot_device: str | None = "cpu"
+    factor_dtype: Any = None
+    niter: int = DEFAULT_NITER
+    oversample: int = DEFAULT_OVERSAMPLE
+    seed: int | None = 0
+
+    def __post_init__(self) -> None:
+        if not (1 <= self.min_rank <= self.max_rank):
+            raise UsageError(
+                f"need 1 <= min_rank <= max_rank, got {self.min_rank} and {self.max_rank}"
+            )
+        if not (0.0 < self.explained_variance <= 1.0):
+            raise UsageError(f"explained_variance must be in (0, 1], got {self.explained_variance}")
+        if self.interval_steps < 0 or self.plateau_window < 2:
+            raise UsageError("interval_steps must be >= 0 and plateau_window >= 2")
+        object.__setattr__(self, "include", _as_patterns(self.include, "include"))
+        object.__setattr__(self, "exclude", _as_patterns(self.exclude, "exclude"))
+        _resolve_dtype(self.factor_dtype)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["factor_dtype"] = (
+            None if self.factor_dtype is None else str(self.factor_dtype).replace("torch.", "")
+        )
+        d["include"] = list(self.include)
+        d["exclude"] = list(self.exclude)
+        return json_safe(d)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ParasiticConfig:
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        for k in ("include", "exclude"):
+            if k in known:
+                known[k] = tuple(known[k] or ())
+        return cls(**known)
+
+
+@dataclass
+class ExtractedAdapter:
+    """One adapter taken from a training run: factors per parameter name
+    (``model.layers.0.self_attn.q_proj.weight``) plus the step's metrics."""
+
+    adapter_id: str
+    step: int
+    trigger: str = "manual"
+    loss: float | None = None
+    val_score: float | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    tags: list[str] = field(default_factory=list)
+    layers: dict[str, LowRankFactors] = field(default_factory=dict)
+    seconds: float = 0.0
+    created_at: float = 0.0
+
+    @property
+    def ranks(self) -> dict[str, int]:
+        return {name: f.rank for name, f in self.layers.items()}
+
+    @property
+    def mean_rank(self) -> float:
+        return sum(self.ranks.values()) / len(self.layers) if self.layers else 0.0
+
+    @property
+    def energy_kept(self) -> float:
+        """Energy kept over all layers, weighted by each delta's energy."""
+        total = sum(f.delta_norm**2 for f in self.layers.values())
+        if total <= 0:
+            return 1.0
+        return sum(f.energy_kept * f.delta_norm**2 for f in self.layers.values()) / total
+
+    def total_params(self) -> int:
+        return sum(f.num_params() for f in self.layers.values())
+
+    def compression_ratio(self, original_params: int) -> float:
+        n = self.total_params()
+        return float("inf") if n == 0 else original_params / n
+
+    def meta(self) -> dict[str, Any]:
+        """JSON-safe description (no tensors)."""
+        return json_safe(
+            {
+                "adapter_id": self.adapter_id,
+                "step": self.step,
+                "trigger": self.trigger,
+                "loss": self.loss,
+                "val_score": self.val_score,
+                "metrics": self.metrics,
+                "tags": self.tags,
+                "seconds": self.seconds,
+                "created_at": self.created_at,
+                "mean_rank": self.mean_rank,
+                "energy_kept": self.energy_kept,
+                "params": self.total_params(),
+                "layers": {
+                    name: {
+                        "rank": f.rank,
+                        "shape": list(f.shape),
+                        "energy_kept": f.energy_kept,
+                        "rel_error": f.rel_error,
+                        "delta_norm": f.delta_norm,
+                        "target_reached": f.target_reached,
+                    }
+                    for name, f in self.layers.items()
+                },
+            }
+        )
+
+    def save_peft(self, out_dir: str | Path, *, overwrite: bool = False) -> Path:
+        """Write this adapter as a PEFT LoRA directory (alpha = rank, scaling 1)."""
+        ranks: dict[str, int] = {}
+        with atomic_dir(out_dir, overwrite=overwrite) as tmp:
+            writer = _SafetensorsWriter(tmp / ADAPTER_FILE)
+            try:
+                for name, f in self.layers.items():
+                    module = name[: -len(".weight")] if name.endswith(".weight") else name
+                    writer.add(peft_key(module, "lora_A"), f.lora_A)
+                    writer.add(peft_key(module, "lora_B"), f.lora_B)
+                    ranks[module] = f.rank
+                writer.finish(
+                    {"format": "pt", "adapter_id": self.adapter_id, "step": str(self.step)}
+                )
+            except BaseException:
+                writer.abort()
+                raise
+            _write_json(tmp / CONFIG_FILE, peft_config(ranks))
+        return Path(out_dir)
+
+
+class AdapterLibrary:
+    """The adapters a run produced, in extraction order."""
+
+    def __init__(
+        self,
+        adapters: Iterable[ExtractedAdapter] = (),
+        *,
+        config: ParasiticConfig | None = None,
+        stats: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.adapters: list[ExtractedAdapter] = list(adapters)
+        self.config = config
+        self.stats: dict[str, Any] = dict(stats or {})
+
+    def __len__(self) -> int:
+        return len(self.adapters)
+
+    def __iter__(self):
+        return iter(self.adapters)
+
+    def __getitem__(self, key: int | str) -> ExtractedAdapter:
+        if isinstance(key, str):
+            for a in self.adapters:
+                if a.adapter_id == key:
+                    return a
+            raise KeyError(key)
+        return self.adapters[key]
+
+    def add(self, adapter: ExtractedAdapter) -> None:
+        self.adapters.append(adapter)
+
+    def best(self, by: Literal["loss", "val_score"] = "loss") -> ExtractedAdapter | None:
+        """The adapter with the lowest loss (``by="loss"``) or the highest
+        validation score (``by="val_score"``); None when none has that metric."""
+        if by not in ("loss", "val_score"):
+            raise UsageError(f"best(by=...) must be 'loss' or 'val_score', got {by!r}")
+        scored = [
+            a for a in self.adapters if getattr(a, by) is not None and math.isfinite(getattr(a, by))
+        ]
+        if not scored:
+            return None
+        if by == "loss":
+            return min(scored, key=lambda a: a.loss)
+        return max(scored, key=lambda a: a.val_score)
+
+    def summary(self) -> dict[str, Any]:
+        return json_safe(
+            {
+                "count": len(self.adapters),
+                **self.stats,
+                "adapters": [
+                    {
+                        "id": a.adapter_id,
+                        "step": a.step,
+                        "trigger": a.trigger,
+                        "loss": a.loss,
+                        "val_score": a.val_score,
+                        "n_layers": len(a.layers),
+                        "mean_rank": a.mean_rank,
+                        "energy_kept": a.energy_kept,
+                        "params": a.total_params(),
+                        "seconds": a.seconds,
+                    }
+                    for a in self.adapters
+                ],
+            }
+        )
+
+    def save_library(self, path: str | Path, *, overwrite: bool = True) -> Path:
+        """Save to a directory: ``library.json`` plus one safetensors file per adapter.
+        Written atomically; replaces an existing library at ``path``."""
+        with atomic_dir(path, overwrite=overwrite) as tmp:
+            entries = []
+            for i, a in enumerate(self.adapters):
+                fname = f"adapter-{i:04d}.safetensors"
+                writer = _SafetensorsWriter(tmp / fname)
+                try:
+                    for name, f in a.layers.items():
+                        writer.add(f"{name}::lora_A", f.lora_A)
+                        writer.add(f"{name}::lora_B", f.lora_B)
+                        writer.add(f"{name}::singular_values", f.singular_values)
+                    writer.finish({"format": "pt", "adapter_id": a.adapter_id})
+                except BaseException:
+                    writer.abort()
+                    raise
+                entries.append({"file": fname, **a.meta()})
+            _write_json(
+                tmp / LIBRARY_FILE,
+                {
+                    "format": LIBRARY_FORMAT,
+                    "config": self.config.to_dict() if self.config else None,
+                    "stats": self.stats,
+                    "adapters": entries,
+                },
+            )
+        return Path(path)
+
+    @classmethod
+    def load_library(cls, path: str | Path) -> AdapterLibrary:
+        """Load a library saved by :meth:`save_library` (no pickle involved)."""
+        load_file = require("safetensors.torch", "torch").load_file
+        root = Path(path)
+        index = root / LIBRARY_FILE
+        if not index.is_file():
+            raise MissingFileError(f"{root} is not an adapter library (no {LIBRARY_FILE})")
+        try:
+            data = json.loads(index.read_text())
+            if data.get("format") != LIBRARY_FORMAT:
+                raise ValueError(f"unknown format {data.get('format')!r}")
+            entries = data["adapters"]
+        except (OSError, ValueError, KeyError, AttributeError) as exc:
+            raise ExtractionError(f"bad adapter library {index}: {exc}") from exc
+        adapters = []
+        for e in entries:
+            fpath = root / e["file"]
+            if not fpath.is_file():
+                raise MissingFileError(f"adapter library {root}: {e['file']} is missing")
+            tensors = load_file(str(fpath))
+            layers = {}
+            for name, lm in e.get("layers", {}).items():
+                try:
+                    layers[name] = LowRankFactors(
+                        name=name,
+                        lora_A=tensors[f"{name}::lora_A"],
+                        lora_B=tensors[f"{name}::lora_B"],
+                        singular_values=tensors[f"{name}::singular_values"],
+                        energy_kept=lm.get("energy_kept") or 0.0,
+                        rel_error=lm.get("rel_error") or 0.0,
+                        target_reached=bool(lm.get("target_reached", True)),
+                        delta_norm=lm.get("delta_norm") or 0.0,
+                    )
+                except KeyError as exc:
+                    raise _fail(name, f"adapter library {root}: {e['file']} lacks {exc}") from exc
+            adapters.append(
+                ExtractedAdapter(
+                    adapter_id=e["adapter_id"],
+                    step=int(e["step"]),
+                    trigger=e.get("trigger", "manual"),
+                    loss=e.get("loss"),
+                    val_score=e.get("val_score"),
+                    metrics=dict(e.get("metrics") or {}),
+                    tags=list(e.get("tags") or []),
+                    layers=layers,
+                    seconds=float(e.get("seconds") or 0.0),
+                    created_at=float(e.get("created_at") or 0.0),
+                )
+            )
+        cfg = ParasiticConfig.from_dict(data["config"]) if data.get("config") else None
+        return cls(adapters, config=cfg, stats=data.get("stats") or {})
+
+
+def _scalar(v: Any) -> Any:
+    if isinstance(v, (bool, int, float, str)) or v is None:
+        return v
+    if hasattr(v, "item"):
+        try:
+            return v.item()
+        except (ValueError, RuntimeError):
+            pass
+    return str(v)
+
+
+def _quantize_int8(t: Any) -> Any:
+    """Per-row absmax int8 rounding, returned dequantized in the input dtype."""
+    x = t.float()
+    scale = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-30) / 127.0
+    return ((x / scale).round().clamp(-127, 127) * scale).to(t.dtype)
+
+
+class ParasiticExtractor:
+    """Extract LoRA adapters during full fine-tuning.
+
+    Typical loop::
+
+        px = ParasiticExtractor(ParasiticConfig(interval_steps=100))
+        px.snapshot_base(model)
+        for step in ...:
+            loss = train_step()
+            if px.should_extract(step, loss, val_score):
+                px.extract(model, step, {"loss": loss, "val_score": val_score})
+        px.update_training_time(total_seconds)
+        px.save_library("adapters/")
+    """
+
+    def __init__(self, config: ParasiticConfig | None = None) -> None:
+        self.config = config or ParasiticConfig()
+        self.base_weights: dict[str, Any] = {}
+        self.library = AdapterLibrary(config=self.config)
+        self._losses: deque[float] = deque(maxlen=self.config.plateau_window)
+        self._best_val: float | None = None
+        self._last_plateau_step: int | None = None
+        self._pending: tuple[int, str] | None = None
+        self._extraction_count = 0
+        self._extraction_seconds = 0.0
+        self._training_seconds = 0.0
+
+    # ---- snapshot
+
+    def _tracked(self, model: Any) -> list[tuple[str, Any]]:
+        """(parameter name, parameter) for Linear weights selected by the config,
+        leaving out weights shared between modules (tied heads)."""
+        counts: dict[int, int] = {}
+        for _, mod in model.named_modules(remove_duplicate=False):
+            w = getattr(mod, "weight", None)
+            if isinstance(w, torch.nn.Parameter):
+                counts[id(w)] = counts.get(id(w), 0) + 1
+        out = []
+        for mname, mod in model.named_modules():
+            if not isinstance(mod, torch.nn.Linear) or mod.weight.dim() != 2:
+                continue
+            if counts.get(id(mod.weight), 0) > 1:
+                continue
+            if self.config.include and not _matches(mname, self.config.include):
+                continue
+            if self.config.exclude and _matches(mname, self.config.exclude):
+                continue
+            out.append((f"{mname}.weight" if mname else "weight", mod.weight))
+        return out
+
+    def snapshot_base(self, model: Any) -> int:
+        """Copy ``W0`` of every tracked Linear weight; returns how many."""
+        self.base_weights.clear()
+        dev = self.config.snapshot_device
+        with torch.no_grad():
+            for name, p in self._tracked(model):
+                self.base_weights[name] = p.detach().to(dev or p.device, copy=True)
+        if not self.base_weights:
+            raise ExtractionError("snapshot_base: the model has no Linear weights to track")
+        return len(self.base_weights)
+
+    # ---- triggers
+
+    def should_extract(self, step: int, loss: float, val_score: float | None = None) -> bool:
+        """Record this step's loss (and validation score) and say whether to extract now."""
+        cfg = self.config
+        loss = float(loss)
+        if math.isfinite(loss):
+            self._losses.append(loss)
+        reason = None
+        if step > 0 and cfg.interval_steps > 0 and step % cfg.interval_steps == 0:
+            reason = "periodic"
+        if cfg.detect_triggers and step > 0:
+            if self._plateau(step):
+                reason = "plateau"
+                self._last_plateau_step = step
+            if val_score is not None and math.isfinite(float(val_score)):
+                v = float(val_score)
+                if self._best_val is not None and v - self._best_val > cfg.val_improvement:
+                    reason = "val_improvement"
+                self._best_val = v if self._best_val is None else max(self._best_val, v)
+        elif val_score is not None and math.isfinite(float(val_score)):
+            v = float(val_score)
+            self._best_val = v if self._best_val is None else max(self._best_val, v)
+        self._pending = (step, reason) if reason else None
+        return reason is not None
+
+    def _plateau(self, step: int) -> bool:
+        cfg = self.config
+        if len(self._losses) < cfg.plateau_window:
+            return False
+        if (
+            self._last_plateau_step is not None
+            and step - self._last_plateau_step < cfg.plateau_window
+        ):
+            return False
+        mean = abs(sum(self._losses) / len(self._losses))
+        return mean > 0 and (max(self._losses) - min(self._losses)) / mean < cfg.plateau_threshold
+
+    # ---- extraction
+
+    def extract(
+        self, model: Any, step: int, metrics: Mapping[str, Any] | None = None
+    ) -> ExtractedAdapter:
+        """Factor ``W - W0`` of every changed tracked weight and add the adapter to
+        the library. ``metrics`` (loss, val_score, anything JSON-able) are kept with it."""
+        if not self.base_weights:
+            raise ExtractionError("extract() before snapshot_base(model)")
+        t0 = time.perf_counter()
+        cfg = self.config
+        metrics = dict(metrics or {})
+        trigger = "manual"
+        if self._pending is not None and self._pending[0] == step:
+            trigger = self._pending[1]
+        self._extraction_count += 1
+        prefix = str(metrics.get("optimizer") or "adapter")
+        loss = metrics.pop("loss", None)
+        val = metrics.pop("val_score", None)
+        tags = metrics.pop("tags", None)
+        adapter = ExtractedAdapter(
+            adapter_id=f"{prefix}_step{step}_{self._extraction_count}",
+            step=int(step),
+            trigger=trigger,
+            loss=None if loss is None else float(loss),
+            val_score=None if val is None else float(val),
+            metrics={str(k): _scalar(v) for k, v in metrics.items()},
+            tags=[str(t) for t in tags] if isinstance(tags, (list, tuple)) else [],
+            created_at=time.time(),
+        )
+        out_dtype = _resolve_dtype(cfg.factor_dtype)
+        params = dict(self._tracked(model))
+        with torch.no_grad():
+            for name, w0 in self.base_weights.items():
+                p = params.get(name)
+                if p is None:
+                    raise _fail(name, f"extract: {name!r} was snapshotted but is not in the model")
+                if tuple(p.shape) != tuple(w0.shape):
+                    raise _fail(
+                        name,
+                        f"extract: shape of {name!r} changed from {list(w0.shape)} "
+                        f"to {list(p.shape)}",
+                    )
+                dw = p.detach().float() - w0.to(p.device, torch.float32)
+                norm = float(torch.linalg.vector_norm(dw))
+                if not math.isfinite(norm):
+                    raise _fail(name, f"extract: non-finite delta in {name!r} at step {step}")
+                if norm == 0.0:
+                    continue
+                f = factorize_delta(
+                    dw,
+                    min_rank=cfg.min_rank,
+                    max_rank=cfg.max_rank,
+                    explained_variance=cfg.explained_variance,
+                    niter=cfg.niter,
+                    oversample=cfg.oversample,
+                    seed=cfg.seed,
+                    name=name,
+                    out_dtype=torch.float32,
+                    consume=True,
+                )
+                del dw
+                a, b = f.lora_A, f.lora_B
+                if cfg.quantize_int8:
+                    a, b = _quantize_int8(a), _quantize_int8(b)
+                fdtype = p.dtype if out_dtype == "base" else out_dtype
+                f.lora_A = a.to(fdtype).cpu()
+                f.lora_B = b.to(fdtype).cpu()
+                adapter.layers[name] = f
+        adapter.seconds = time.perf_counter() - t0
+        self._extraction_seconds += adapter.seconds
+        self.library.add(adapter)
+        self.library.stats = self._stats()
+        return adapter
+
+    # ---- overhead and library
+
+    def update_training_time(self, elapsed: float) -> None:
+        """Tell the extractor the training run's wall time so far (seconds)."""
+        self._training_seconds = float(elapsed)
+        self.library.stats = self._stats()
+
+    def overhead_pct(self) -> float:
+        """Extraction time as a percentage of the training time given to
+        :meth:`update_training_time` (0 until that is known)."""
+        if self._training_seconds <= 0:
+            return 0.0
+        return 100.0 * self._extraction_seconds / self._training_seconds
+
+    @property
+    def extraction_seconds(self) -> float:
+        return self._extraction_seconds
+
+    def _stats(self) -> dict[str, Any]:
+        return {
+            "extractions": self._extraction_count,
+            "extraction_seconds": self._extraction_seconds,
+            "training_seconds": self._training_seconds,
+            "overhead_pct": self.overhead_pct(),
+        }
+
+    def best(self, by: Literal["loss", "val_score"] = "loss") -> ExtractedAdapter | None:
+        return self.library.best(by)
+
+    def summary(self) -> dict[str, Any]:
+        self.library.stats = self._stats()
+        return self.library.summary()
+
+    def save_library(self, path: str | Path) -> Path:
+        self.library.stats = self._stats()
+        return self.library.save_library(path)
+
+    @staticmethod
+    def load_library(path: str | Path) -> AdapterLibrary:
+        return AdapterLibrary.load_library(path)
+
+
+def apply_adapter(model: Any, adapter: ExtractedAdapter, scale: float = 1.0) -> int:
+    """Add ``scale * B @ A`` to each weight the adapter covers (in place);
+    returns how many weights changed. A layer the model lacks, or a shape that
+    differs, raises :class:`ExtractionError` naming it before anything changes."""
+    params = dict(model.named_parameters())
+    for name, f in adapter.layers.items():
+        p = params.get(name)
+        if p is None:
+            raise _fail(name, f"apply_adapter: model has no parameter {name!r}")
+        if tuple(p.shape) != f.shape:
+            raise _fail(
+                name, f"apply_adapter: {name!r} is {list(p.shape)}, adapter has {list(f.shape)}"
+            )
+    with torch.no_grad():
+        for name, f in adapter.layers.items():
+            p = params[name]
+            delta = f.lora_B.to(p.device, torch.float32) @ f.lora_A.to(p.device, torch.float32)
+            p.add_((delta * float(scale)).to(p.dtype))
+    return len(adapter.layers)
