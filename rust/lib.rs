@@ -14,4 +14,7 @@ pub mod json_line;
 pub mod layers;
 pub mod loss_log;
 pub mod metrics;
+pub mod pickle;
 pub mod safetensors_header;
+pub mod scan;
+pub mod torch_state;

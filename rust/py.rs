@@ -261,13 +261,7 @@ fn read_loss_curve(py: Python<'_>, source: &Bound<'_, PyAny>) -> PyResult<LossCu
             Ok((loss_log::read_loss_curve(&files)?, files))
         })
         .map_err(to_py_err)?;
-    Ok(LossCurve {
-        num_steps: curve.steps.len(),
-        steps: PyArray1::from_vec(py, curve.steps).unbind(),
-        losses: PyArray1::from_vec(py, curve.losses).unbind(),
-        num_files: curve.num_files,
-        files,
-    })
+    Ok(loss_curve_to_py(py, curve, files))
 }
 
 /// Values of a float64 array (copied) or of any sequence of numbers.
@@ -350,9 +344,376 @@ fn spike_indices<'py>(
     Ok(PyArray1::from_vec(py, to_i64(found)))
 }
 
+// ---- probe inputs and store scans ----
+
+use crate::scan;
+
+fn error_kind(err: &Error) -> &'static str {
+    match err.area {
+        Area::Header => "HeaderError",
+        Area::LogFormat => "LogFormatError",
+        Area::LayerGrouping => "LayerGroupingError",
+        Area::TrainingState => "TrainingStateError",
+        Area::UnsafePickle => "UnsafePickleError",
+        Area::Integrity => "IntegrityError",
+        Area::Missing => "MissingFileError",
+        Area::Usage => "UsageError",
+    }
+}
+
+fn loss_curve_to_py(py: Python<'_>, curve: loss_log::LossCurve, files: Vec<PathBuf>) -> LossCurve {
+    LossCurve {
+        num_steps: curve.steps.len(),
+        steps: PyArray1::from_vec(py, curve.steps).unbind(),
+        losses: PyArray1::from_vec(py, curve.losses).unbind(),
+        num_files: curve.num_files,
+        files,
+    }
+}
+
+/// What `training_drift` needs about one store. `status` is one of
+/// "no_logs_dir", "no_files", "curve" or "failed".
+#[pyclass(frozen, get_all, module = "adapterprobe._core")]
+pub struct DriftInput {
+    store: PathBuf,
+    logs_dir: PathBuf,
+    files: Vec<PathBuf>,
+    status: &'static str,
+    curve: Option<Py<LossCurve>>,
+    error: Option<String>,
+}
+
+fn drift_input_to_py(py: Python<'_>, input: scan::DriftInput) -> PyResult<DriftInput> {
+    let (status, curve, error) = match input.outcome {
+        scan::LogsOutcome::NoLogsDir => ("no_logs_dir", None, None),
+        scan::LogsOutcome::NoFiles => ("no_files", None, None),
+        scan::LogsOutcome::Failed(e) => ("failed", None, Some(e.to_string())),
+        scan::LogsOutcome::Curve(c) => {
+            let curve = loss_curve_to_py(py, c, input.files.clone());
+            ("curve", Some(Py::new(py, curve)?), None)
+        }
+    };
+    Ok(DriftInput {
+        store: input.store,
+        logs_dir: input.logs_dir,
+        files: input.files,
+        status,
+        curve,
+        error,
+    })
+}
+
+#[pyfunction]
+fn drift_input(py: Python<'_>, store: PathBuf) -> PyResult<DriftInput> {
+    let input = py.detach(|| scan::drift_input(&store));
+    drift_input_to_py(py, input)
+}
+
+/// What `gradient_ghost` needs about one adapter version: the state (or the
+/// error class name and message), and the layer grouping when it worked.
+#[pyclass(frozen, get_all, module = "adapterprobe._core")]
+pub struct GhostInput {
+    adapter: PathBuf,
+    state: Option<Py<PyTrainingState>>,
+    error_kind: Option<&'static str>,
+    error: Option<String>,
+    grouping: Option<Py<LayerGrouping>>,
+    grouping_error: Option<String>,
+}
+
+fn ghost_input_to_py(py: Python<'_>, input: scan::GhostInput) -> PyResult<GhostInput> {
+    let (state, error_kind, error) = match input.state {
+        Ok(s) => (Some(Py::new(py, training_state_to_py(py, s)?)?), None, None),
+        Err(e) => (None, Some(error_kind(&e)), Some(e.to_string())),
+    };
+    let (grouping, grouping_error) = match input.grouping {
+        Some(Ok(g)) => (Some(Py::new(py, LayerGrouping { inner: g })?), None),
+        Some(Err(e)) => (None, Some(e.to_string())),
+        None => (None, None),
+    };
+    Ok(GhostInput {
+        adapter: input.adapter,
+        state,
+        error_kind,
+        error,
+        grouping,
+        grouping_error,
+    })
+}
+
+#[pyfunction]
+fn ghost_input(py: Python<'_>, adapter: PathBuf) -> PyResult<GhostInput> {
+    let input = py.detach(|| scan::ghost_input(&adapter));
+    ghost_input_to_py(py, input)
+}
+
+/// One store (and the adapter versions in it) that a scan will probe.
+#[pyclass(frozen, from_py_object, module = "adapterprobe._core")]
+#[derive(Clone)]
+pub struct Target {
+    inner: scan::Target,
+}
+
+#[pymethods]
+impl Target {
+    #[new]
+    #[pyo3(signature = (store, versions, broken=Vec::new(), with_logs=true))]
+    fn new(
+        store: PathBuf,
+        versions: Vec<PathBuf>,
+        broken: Vec<(PathBuf, String)>,
+        with_logs: bool,
+    ) -> Self {
+        Target {
+            inner: scan::Target {
+                store,
+                versions,
+                broken,
+                with_logs,
+            },
+        }
+    }
+    #[getter]
+    fn store(&self) -> PathBuf {
+        self.inner.store.clone()
+    }
+    #[getter]
+    fn versions(&self) -> Vec<PathBuf> {
+        self.inner.versions.clone()
+    }
+    #[getter]
+    fn broken(&self) -> Vec<(PathBuf, String)> {
+        self.inner.broken.clone()
+    }
+    #[getter]
+    fn with_logs(&self) -> bool {
+        self.inner.with_logs
+    }
+    /// Pickle support, so targets can travel to other processes (Ray tasks).
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
+        let t = &slf.get().inner;
+        let args = (
+            t.store.clone(),
+            t.versions.clone(),
+            t.broken.clone(),
+            t.with_logs,
+        );
+        Ok((slf.get_type().into_any(), args.into_pyobject(slf.py())?))
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "Target(store={:?}, versions={})",
+            self.inner.store.display().to_string(),
+            self.inner.versions.len()
+        )
+    }
+}
+
+/// Find stores under `roots`; returns (targets, problems) where problems
+/// are (path, message) pairs for what could not be searched.
+#[pyfunction]
+#[pyo3(signature = (roots, *, all_versions=false, workers=None))]
+#[allow(clippy::type_complexity)]
+fn discover(
+    py: Python<'_>,
+    roots: Vec<PathBuf>,
+    all_versions: bool,
+    workers: Option<usize>,
+) -> PyResult<(Vec<Target>, Vec<(PathBuf, String)>)> {
+    let found = py
+        .detach(|| {
+            scan::pool(workers).map(|pool| pool.install(|| scan::discover(&roots, all_versions)))
+        })
+        .map_err(to_py_err)?;
+    let targets = found
+        .targets
+        .into_iter()
+        .map(|inner| Target { inner })
+        .collect();
+    let problems = found
+        .problems
+        .into_iter()
+        .map(|p| (p.path, p.message))
+        .collect();
+    Ok((targets, problems))
+}
+
+/// Probe inputs for one target.
+#[pyclass(frozen, get_all, module = "adapterprobe._core")]
+pub struct TargetInputs {
+    store: PathBuf,
+    drift: Option<Py<DriftInput>>,
+    ghosts: Vec<Py<GhostInput>>,
+    broken: Vec<(PathBuf, String)>,
+}
+
+/// Gather probe inputs for `targets` in parallel (GIL released), in order.
+#[pyfunction]
+#[pyo3(signature = (targets, *, drift=true, ghost=true, workers=None))]
+fn probe_targets(
+    py: Python<'_>,
+    targets: Vec<Target>,
+    drift: bool,
+    ghost: bool,
+    workers: Option<usize>,
+) -> PyResult<Vec<TargetInputs>> {
+    let plain: Vec<scan::Target> = targets.into_iter().map(|t| t.inner).collect();
+    let gathered = py
+        .detach(|| {
+            scan::pool(workers)
+                .map(|pool| pool.install(|| scan::probe_targets(&plain, drift, ghost)))
+        })
+        .map_err(to_py_err)?;
+    gathered
+        .into_iter()
+        .map(|t| {
+            let drift = match t.drift {
+                Some(d) => Some(Py::new(py, drift_input_to_py(py, d)?)?),
+                None => None,
+            };
+            let ghosts = t
+                .ghosts
+                .into_iter()
+                .map(|g| Py::new(py, ghost_input_to_py(py, g)?))
+                .collect::<PyResult<_>>()?;
+            Ok(TargetInputs {
+                store: t.store,
+                drift,
+                ghosts,
+                broken: t.broken,
+            })
+        })
+        .collect()
+}
+
+/// Convert a Rust training state to its Python class.
+fn training_state_to_py(
+    py: Python<'_>,
+    state: crate::torch_state::TrainingState,
+) -> PyResult<PyTrainingState> {
+    let stats = state
+        .per_param
+        .into_iter()
+        .map(|p| {
+            Py::new(
+                py,
+                PyParamStat {
+                    param_id: p.param_id,
+                    numel: p.numel,
+                    exp_avg_sq_mean: p.exp_avg_sq_mean,
+                    nonfinite: p.nonfinite,
+                },
+            )
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok(PyTrainingState {
+        path: state.path,
+        global_step: state.global_step,
+        epoch: state.epoch,
+        best_val_loss: state.best_val_loss,
+        use_qlora: state.use_qlora,
+        per_param: pyo3::types::PyList::new(py, stats)?.unbind(),
+    })
+}
+
 // ==== end core bindings ====
 
 // ==== training_state bindings (read_training_state) ====
+
+/// Python-style float text (nan, inf) for reprs.
+fn py_float_repr(x: f64) -> String {
+    if x.is_nan() {
+        "nan".into()
+    } else if x.is_infinite() {
+        if x > 0.0 { "inf" } else { "-inf" }.into()
+    } else {
+        format!("{x:?}")
+    }
+}
+
+/// Adam second-moment statistics of one optimizer parameter.
+#[pyclass(frozen, get_all, name = "ParamStat", module = "adapterprobe._core")]
+pub struct PyParamStat {
+    param_id: i64,
+    numel: u64,
+    exp_avg_sq_mean: f64,
+    nonfinite: u64,
+}
+
+#[pymethods]
+impl PyParamStat {
+    fn __repr__(&self) -> String {
+        format!(
+            "ParamStat(param_id={}, numel={}, exp_avg_sq_mean={}, nonfinite={})",
+            self.param_id,
+            self.numel,
+            py_float_repr(self.exp_avg_sq_mean),
+            self.nonfinite
+        )
+    }
+}
+
+/// What gradient_ghost needs from a training_state.pt, read without torch.
+#[pyclass(frozen, get_all, name = "TrainingState", module = "adapterprobe._core")]
+pub struct PyTrainingState {
+    path: std::path::PathBuf,
+    global_step: i64,
+    epoch: Option<f64>,
+    best_val_loss: f64,
+    use_qlora: bool,
+    per_param: Py<pyo3::types::PyList>,
+}
+
+#[pymethods]
+impl PyTrainingState {
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
+            "TrainingState(path={:?}, global_step={}, epoch={}, best_val_loss={}, \
+             use_qlora={}, per_param=<{} params>)",
+            self.path.display().to_string(),
+            self.global_step,
+            self.epoch.map_or("None".into(), py_float_repr),
+            py_float_repr(self.best_val_loss),
+            if self.use_qlora { "True" } else { "False" },
+            self.per_param.bind(py).len()
+        )
+    }
+}
+
+/// Read a dlm training_state.pt (or the adapter version dir holding it)
+/// with the allow-listed pickle reader; the GIL is released while reading.
+#[pyfunction]
+fn read_training_state(py: Python<'_>, path: std::path::PathBuf) -> PyResult<PyTrainingState> {
+    let state = py
+        .detach(|| crate::torch_state::read_training_state(&path))
+        .map_err(to_py_err)?;
+    let stats = state
+        .per_param
+        .into_iter()
+        .map(|p| {
+            Py::new(
+                py,
+                PyParamStat {
+                    param_id: p.param_id,
+                    numel: p.numel,
+                    exp_avg_sq_mean: p.exp_avg_sq_mean,
+                    nonfinite: p.nonfinite,
+                },
+            )
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok(PyTrainingState {
+        path: state.path,
+        global_step: state.global_step,
+        epoch: state.epoch,
+        best_val_loss: state.best_val_loss,
+        use_qlora: state.use_qlora,
+        per_param: pyo3::types::PyList::new(py, stats)?.unbind(),
+    })
+}
+
 // ==== end training_state bindings ====
 
 #[pymodule]
@@ -378,7 +739,18 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(curve_metrics, m)?)?;
     m.add_function(wrap_pyfunction!(count_spikes, m)?)?;
     m.add_function(wrap_pyfunction!(spike_indices, m)?)?;
+    m.add_class::<DriftInput>()?;
+    m.add_class::<GhostInput>()?;
+    m.add_class::<Target>()?;
+    m.add_class::<TargetInputs>()?;
+    m.add_function(wrap_pyfunction!(drift_input, m)?)?;
+    m.add_function(wrap_pyfunction!(ghost_input, m)?)?;
+    m.add_function(wrap_pyfunction!(discover, m)?)?;
+    m.add_function(wrap_pyfunction!(probe_targets, m)?)?;
     // ==== register training_state ====
+    m.add_class::<PyParamStat>()?;
+    m.add_class::<PyTrainingState>()?;
+    m.add_function(wrap_pyfunction!(read_training_state, m)?)?;
     // ==== end register training_state ====
     Ok(())
 }

@@ -12,14 +12,17 @@ from typing import Any
 from adapterprobe._core import (
     LayerGrouping,
     LossCurve,
+    ParamStat,
     SafetensorsHeader,
     TensorInfo,
+    TrainingState,
     __version__,
     count_spikes,
     curve_metrics,
     group_layers,
     read_loss_curve,
     read_safetensors_header,
+    read_training_state,
     spike_indices,
 )
 from adapterprobe.drift import training_drift
@@ -37,7 +40,9 @@ from adapterprobe.errors import (
     UnsafePickleError,
     UsageError,
 )
+from adapterprobe.ghost import gradient_ghost
 from adapterprobe.result import ProbeResult, Verdict
+from adapterprobe.scan import ScanRecord, ScanReport, scan
 
 # name -> module that defines it; imported on first attribute access.
 _LAZY = {
@@ -85,6 +90,7 @@ __all__ = [
     # readers and kernels
     "LayerGrouping",
     "LossCurve",
+    "ParamStat",
     "SafetensorsHeader",
     "TensorInfo",
     "count_spikes",
@@ -92,9 +98,15 @@ __all__ = [
     "group_layers",
     "read_loss_curve",
     "read_safetensors_header",
+    "read_training_state",
     "spike_indices",
-    # probes
+    "TrainingState",
+    # probes and scans
+    "gradient_ghost",
     "training_drift",
+    "scan",
+    "ScanRecord",
+    "ScanReport",
     # torch-backed (lazy)
     *_LAZY,
 ]

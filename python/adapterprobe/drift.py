@@ -12,25 +12,31 @@ logs are an ERROR result, never an exception.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from adapterprobe import _core
-from adapterprobe.errors import AdapterProbeError, UsageError
+from adapterprobe.errors import UsageError
 from adapterprobe.result import ProbeResult, Verdict
 
 KIND = "training_drift"
 CURVE_SAMPLE_CAP = 512
 
 
-def _check_options(
+def check_options(
+    *,
     min_steps: int,
     rolling_window: int,
     spike_sigma: float,
-    smoothness_gte: float,
-    convergence_ratio_lte: float,
-    instability_events_lte: int,
+    assert_smoothness_gte: float,
+    assert_convergence_ratio_lte: float,
+    assert_instability_events_lte: int,
 ) -> None:
+    """Raise UsageError for options outside their documented ranges."""
+    smoothness_gte = assert_smoothness_gte
+    convergence_ratio_lte = assert_convergence_ratio_lte
+    instability_events_lte = assert_instability_events_lte
     problems = []
     if min_steps < 2:
         problems.append(f"min_steps must be >= 2, got {min_steps}")
@@ -61,8 +67,8 @@ def sample_curve(steps: np.ndarray, losses: np.ndarray, cap: int = CURVE_SAMPLE_
     return [(int(steps[i]), float(losses[i])) for i in idx]
 
 
-def training_drift(
-    store_path: str | Path | None,
+def judge_drift(
+    inputs: Any,
     *,
     min_steps: int = 10,
     rolling_window: int = 10,
@@ -72,39 +78,20 @@ def training_drift(
     assert_instability_events_lte: int = 0,
     name: str = KIND,
 ) -> ProbeResult:
-    """Judge the loss curve logged under ``store_path/logs``.
+    """The verdict for one store from its gathered inputs (a ``DriftInput``)."""
 
-    Raises UsageError only for invalid options; every problem with the
-    store itself is reported in the returned result.
-    """
-    _check_options(
-        min_steps,
-        rolling_window,
-        spike_sigma,
-        assert_smoothness_gte,
-        assert_convergence_ratio_lte,
-        assert_instability_events_lte,
-    )
-
-    def result(verdict: Verdict, message: str, **kw) -> ProbeResult:
+    def result(verdict: Verdict, message: str, **kw: Any) -> ProbeResult:
         return ProbeResult(name=name, kind=KIND, verdict=verdict, message=message, **kw)
 
-    if store_path is None:
-        return result(Verdict.SKIP, "no store path given, so there is no loss curve to read")
-    store = Path(store_path).expanduser().resolve()
-    logs_dir = store / "logs"
-    if not logs_dir.is_dir():
-        return result(Verdict.SKIP, f"{store} has no logs/ directory")
-    try:
-        curve = _core.read_loss_curve(str(logs_dir))
-    except AdapterProbeError as exc:
+    if inputs.status == "no_logs_dir":
+        return result(Verdict.SKIP, f"{inputs.store} has no logs/ directory")
+    if inputs.status == "no_files":
+        return result(Verdict.SKIP, f"no train-*.jsonl files in {inputs.logs_dir}")
+    if inputs.status == "failed":
         return result(
-            Verdict.ERROR,
-            str(exc),
-            evidence={"log_paths": [str(p) for p in sorted(logs_dir.glob("train-*.jsonl"))]},
+            Verdict.ERROR, inputs.error, evidence={"log_paths": [str(p) for p in inputs.files]}
         )
-    if curve.num_files == 0:
-        return result(Verdict.SKIP, f"no train-*.jsonl files in {logs_dir}")
+    curve = inputs.curve
     num_steps = len(curve)
     if num_steps < min_steps:
         return result(
@@ -159,3 +146,39 @@ def training_drift(
             },
         },
     )
+
+
+def training_drift(
+    store_path: str | Path | None,
+    *,
+    min_steps: int = 10,
+    rolling_window: int = 10,
+    spike_sigma: float = 3.0,
+    assert_smoothness_gte: float = 0.7,
+    assert_convergence_ratio_lte: float = 0.7,
+    assert_instability_events_lte: int = 0,
+    name: str = KIND,
+) -> ProbeResult:
+    """Judge the loss curve logged under ``store_path/logs``.
+
+    Raises UsageError only for invalid options; every problem with the
+    store itself is reported in the returned result.
+    """
+    options = {
+        "min_steps": min_steps,
+        "rolling_window": rolling_window,
+        "spike_sigma": spike_sigma,
+        "assert_smoothness_gte": assert_smoothness_gte,
+        "assert_convergence_ratio_lte": assert_convergence_ratio_lte,
+        "assert_instability_events_lte": assert_instability_events_lte,
+    }
+    check_options(**options)
+    if store_path is None:
+        return ProbeResult(
+            name=name,
+            kind=KIND,
+            verdict=Verdict.SKIP,
+            message="no store path given, so there is no loss curve to read",
+        )
+    store = Path(store_path).expanduser().resolve()
+    return judge_drift(_core.drift_input(str(store)), name=name, **options)

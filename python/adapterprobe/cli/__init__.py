@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Subcommand modules, in the order `--help` lists them.
-_SUBCOMMANDS = ("extract",)
+_SUBCOMMANDS = ("scan", "check", "extract")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
