@@ -80,8 +80,11 @@ fn strip(line: &[u8]) -> &[u8] {
     &line[start..end]
 }
 
-/// Classify one line; None for a blank one.
+/// Classify one line; None for a blank one. Over-long lines are unreadable.
 fn line_kind(line: &[u8]) -> Option<LineKind> {
+    if line.len() > MAX_LINE {
+        return Some(LineKind::Invalid);
+    }
     match strip(line) {
         [] => None,
         stripped => Some(classify(stripped)),
