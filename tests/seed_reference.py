@@ -147,3 +147,49 @@ def group_layers(keys: list[str], num_params: int | None):
     if num_params is not None and num_params < expected:
         raise ReferenceGroupingError("fewer params")
     return layers, per_layer, {p: layers[p // per_layer] for p in range(expected)}
+
+
+def ghost_verdict(
+    global_step: int,
+    means: list[float],
+    grouping,
+    min_steps: int = 50,
+    ratio: float = 2.0,
+    fail_frac: float = 0.3,
+):
+    """(verdict, score, raw, frac, worst_layers) of the gradient_ghost ladder.
+
+    ``means``: per-param exp_avg_sq means ordered by param id; ``grouping``:
+    (layer_indices, layer_of) or None.
+    """
+    import statistics
+
+    if global_step < min_steps:
+        return "fail", 0.0, float(global_step), None, None
+    finite = [m for m in means if math.isfinite(m)]
+    if not finite:
+        return "fail", 0.0, 0.0, None, None
+    overall = statistics.fmean(finite)
+    per_layer: dict[int, float] = {}
+    flagged: list[int] = []
+    floor = 0.0
+    layer_count = len(grouping[0]) if grouping else 0
+    if grouping and overall > 0.0:
+        layers, layer_of = grouping
+        collected: dict[int, list[float]] = {layer: [] for layer in layers}
+        for pid, m in enumerate(means):
+            if math.isfinite(m) and pid in layer_of:
+                collected[layer_of[pid]].append(m)
+        per_layer = {k: statistics.fmean(v) for k, v in collected.items() if v}
+        if per_layer:
+            floor = min(per_layer.values())
+            if floor > 0.0:
+                flagged = [k for k, m in per_layer.items() if m > ratio * floor]
+    frac = len(flagged) / layer_count if layer_count else 0.0
+    top = sorted(per_layer.items(), key=lambda kv: -kv[1])[:3]
+    worst = [{"layer": k, "ratio": (m / floor) if floor > 0 else None} for k, m in top]
+    if frac > fail_frac:
+        return "fail", 0.3, frac, frac, worst
+    if flagged:
+        return "warn", 0.7, frac, frac, worst
+    return "pass", 0.9, frac, frac, worst
