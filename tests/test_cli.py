@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from adapterprobe.scan import DEMO_STORE
 
 

@@ -11,9 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import adapterprobe as ap
+import pytest
 from adapterprobe.scan import DEMO_STORE
 
 RECORD_KEYS = {"store", "adapter", "probe", "verdict", "score", "message", "evidence"}

@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import venv
 from pathlib import Path
 
@@ -30,7 +29,7 @@ def wheel(tmp_path_factory) -> Path:
         subprocess.run([maturin, "build", "--out", str(out), "-q"], cwd=ROOT, check=True)
         wheels = sorted(out.glob("adapterprobe-*.whl"))
     assert len(wheels) == 1, wheels
-    assert "abi3" in wheels[0].name and "manylinux" in wheels[0].name or not given
+    assert ("abi3" in wheels[0].name and "manylinux" in wheels[0].name) or not given
     return wheels[0]
 
 
