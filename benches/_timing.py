@@ -21,8 +21,7 @@ def report(name: str, ours: float, reference_name: str, reference: float, extra:
     ratio = reference / ours if ours > 0 else float("inf")
     tail = f"  {extra}" if extra else ""
     print(
-        f"{name}: ours {ours:.4f} s, {reference_name} {reference:.4f} s, "
-        f"ratio {ratio:.1f}x{tail}",
+        f"{name}: ours {ours:.4f} s, {reference_name} {reference:.4f} s, ratio {ratio:.1f}x{tail}",
         flush=True,
     )
     return ratio

@@ -22,10 +22,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 
-import seed_reference  # noqa: E402
-from _timing import best_of, report  # noqa: E402
-
-import adapterprobe as ap  # noqa: E402
+import adapterprobe as ap
+import seed_reference
+from _timing import best_of, report
 
 DATA = Path(__file__).parent / ".data"
 
@@ -137,11 +136,18 @@ def bench_headers(files: int) -> None:
             with safe_open(p, framework="numpy") as fh:
                 fh.keys()
 
-    report(f"read_safetensors_header ({files} files)", best_of(ours), "safe_open().keys()", best_of(theirs))
+    report(
+        f"read_safetensors_header ({files} files)",
+        best_of(ours),
+        "safe_open().keys()",
+        best_of(theirs),
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--lines", type=int, default=1_000_000)
     parser.add_argument("--deltas", type=int, default=100_000)
     parser.add_argument("--files", type=int, default=2000)

@@ -134,9 +134,11 @@ fn steps_in_parallel(region: &[u8], out: &mut Vec<(i64, f64)>) {
 /// bounded by one batch plus one line, whatever the file size.
 pub fn read_steps_from<R: Read>(
     mut reader: R,
+    size_hint: usize,
     out: &mut Vec<(i64, f64)>,
 ) -> std::result::Result<(), String> {
-    let mut buf: Vec<u8> = Vec::with_capacity(BATCH + PIECE);
+    // Small logs (the common case in a store scan) get a small buffer.
+    let mut buf: Vec<u8> = Vec::with_capacity(size_hint.min(BATCH) + 1);
     let mut first_line_seen = false;
     // Inside an over-long line: drop bytes up to the next terminator.
     let mut discarding = false;
@@ -196,7 +198,10 @@ pub fn read_steps(path: &Path, out: &mut Vec<(i64, f64)>) -> Result<()> {
             "is a directory, expected a .jsonl file",
         ));
     }
-    read_steps_from(file, out).map_err(|msg| {
+    let size = file
+        .metadata()
+        .map_or(BATCH, |m| m.len().min(BATCH as u64) as usize);
+    read_steps_from(file, size, out).map_err(|msg| {
         let name = path.file_name().unwrap_or_default().to_string_lossy();
         let msg = msg.replace("first line", &format!("first line of {name}"));
         Error::new(Area::LogFormat, path, msg)
@@ -272,9 +277,9 @@ mod tests {
         for trickle in [false, true] {
             let mut out = vec![];
             if trickle {
-                read_steps_from(Trickle(data.as_bytes()), &mut out).unwrap();
+                read_steps_from(Trickle(data.as_bytes()), 0, &mut out).unwrap();
             } else {
-                read_steps_from(data.as_bytes(), &mut out).unwrap();
+                read_steps_from(data.as_bytes(), 0, &mut out).unwrap();
             }
             assert_eq!(out, vec![(1, 1.0), (2, 2.0), (3, 3.0)], "trickle={trickle}");
         }
@@ -285,17 +290,17 @@ mod tests {
         // Python reads "{...}\r garbage" as two lines: a valid first line.
         let data = format!("{}\rgarbage\n", step(1, 1.0));
         let mut out = vec![];
-        read_steps_from(data.as_bytes(), &mut out).unwrap();
+        read_steps_from(data.as_bytes(), 0, &mut out).unwrap();
         assert_eq!(out, vec![(1, 1.0)]);
         let mut out = vec![];
-        assert!(read_steps_from(&b"garbage\r{}"[..], &mut out).is_err());
+        assert!(read_steps_from(&b"garbage\r{}"[..], 0, &mut out).is_err());
     }
 
     #[test]
     fn many_batches_keep_order() {
         let body: String = (0..200_000).map(|i| step(i, i as f64) + "\n").collect();
         let mut out = vec![];
-        read_steps_from(body.as_bytes(), &mut out).unwrap();
+        read_steps_from(body.as_bytes(), 0, &mut out).unwrap();
         assert_eq!(out.len(), 200_000);
         assert!(out.iter().enumerate().all(|(i, &(s, _))| s == i as i64));
     }
@@ -356,10 +361,10 @@ mod tests {
         data.push(b'\n');
         data.extend(step(2, 2.0).into_bytes());
         let mut out = vec![];
-        read_steps_from(&data[..], &mut out).unwrap();
+        read_steps_from(&data[..], 0, &mut out).unwrap();
         assert_eq!(out, vec![(1, 1.0), (2, 2.0)]);
         let mut out = vec![];
         let long_first = vec![b'x'; MAX_LINE + BATCH];
-        assert!(read_steps_from(&long_first[..], &mut out).is_err());
+        assert!(read_steps_from(&long_first[..], 0, &mut out).is_err());
     }
 }

@@ -81,6 +81,7 @@ fn to_py_err(err: Error) -> PyErr {
 use std::path::PathBuf;
 
 use numpy::{PyArray1, PyReadonlyArray1};
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple};
 
 use crate::{layers, loss_log, metrics, safetensors_header};
@@ -214,25 +215,91 @@ fn group_layers(
 }
 
 /// A deduplicated loss curve: `steps` (int64) and `losses` (float64, +inf
-/// where the logged loss was not finite).
-#[pyclass(frozen, get_all, module = "adapterprobe._core")]
+/// where the logged loss was not finite). The NumPy arrays are made on first
+/// access, so scans that only need metrics never import NumPy.
+#[pyclass(frozen, module = "adapterprobe._core")]
 pub struct LossCurve {
-    steps: Py<PyArray1<i64>>,
-    losses: Py<PyArray1<f64>>,
-    num_files: usize,
+    curve: loss_log::LossCurve,
     files: Vec<PathBuf>,
-    num_steps: usize,
+    steps_array: PyOnceLock<Py<PyArray1<i64>>>,
+    losses_array: PyOnceLock<Py<PyArray1<f64>>>,
 }
 
 #[pymethods]
 impl LossCurve {
+    #[getter]
+    fn steps(&self, py: Python<'_>) -> Py<PyArray1<i64>> {
+        self.steps_array
+            .get_or_init(py, || PyArray1::from_slice(py, &self.curve.steps).unbind())
+            .clone_ref(py)
+    }
+    #[getter]
+    fn losses(&self, py: Python<'_>) -> Py<PyArray1<f64>> {
+        self.losses_array
+            .get_or_init(py, || PyArray1::from_slice(py, &self.curve.losses).unbind())
+            .clone_ref(py)
+    }
+    #[getter]
+    fn num_files(&self) -> usize {
+        self.curve.num_files
+    }
+    #[getter]
+    fn files(&self) -> Vec<PathBuf> {
+        self.files.clone()
+    }
+    /// Drift metrics of this curve, with `spike_steps` and `nonfinite_steps`
+    /// as step numbers (see `curve_metrics`).
+    #[pyo3(signature = (*, rolling_window=10, spike_sigma=3.0))]
+    fn metrics<'py>(
+        &self,
+        py: Python<'py>,
+        rolling_window: usize,
+        spike_sigma: f64,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        check_window(rolling_window, spike_sigma)?;
+        let m = metrics::curve_metrics(&self.curve.losses, rolling_window, spike_sigma);
+        let steps_at = |points: &[usize]| -> Vec<i64> {
+            points.iter().map(|&i| self.curve.steps[i]).collect()
+        };
+        let d = PyDict::new(py);
+        d.set_item("initial_loss", m.initial_loss)?;
+        d.set_item("final_loss", m.final_loss)?;
+        d.set_item("convergence_ratio", m.convergence_ratio)?;
+        d.set_item("smoothness", m.smoothness)?;
+        d.set_item("instability_events", m.instability_events)?;
+        d.set_item("spike_steps", steps_at(&m.spike_points))?;
+        d.set_item("nonfinite_steps", steps_at(&m.nonfinite_points))?;
+        Ok(d)
+    }
+    /// At most about `cap` evenly strided (step, loss) points, the first and
+    /// last always kept; a non-finite loss is None.
+    #[pyo3(signature = (cap=512))]
+    fn sample(&self, cap: usize) -> PyResult<Vec<(i64, Option<f64>)>> {
+        if cap == 0 {
+            return Err(UsageError::new_err("cap must be at least 1"));
+        }
+        let n = self.curve.steps.len();
+        let stride = if n <= cap { 1 } else { n.div_ceil(cap) };
+        let mut idx: Vec<usize> = (0..n).step_by(stride).collect();
+        if n > 0 && idx.last() != Some(&(n - 1)) {
+            idx.push(n - 1);
+        }
+        Ok(idx
+            .into_iter()
+            .map(|i| {
+                let loss = self.curve.losses[i];
+                (self.curve.steps[i], loss.is_finite().then_some(loss))
+            })
+            .collect())
+    }
     fn __len__(&self) -> usize {
-        self.num_steps
+        self.curve.steps.len()
     }
     fn __repr__(&self) -> String {
         format!(
             "LossCurve({} steps from {} files)",
-            self.num_steps, self.num_files
+            self.curve.steps.len(),
+            self.curve.num_files
         )
     }
 }
@@ -261,7 +328,7 @@ fn read_loss_curve(py: Python<'_>, source: &Bound<'_, PyAny>) -> PyResult<LossCu
             Ok((loss_log::read_loss_curve(&files)?, files))
         })
         .map_err(to_py_err)?;
-    Ok(loss_curve_to_py(py, curve, files))
+    Ok(loss_curve_to_py(curve, files))
 }
 
 /// Values of a float64 array (copied) or of any sequence of numbers.
@@ -361,13 +428,12 @@ fn error_kind(err: &Error) -> &'static str {
     }
 }
 
-fn loss_curve_to_py(py: Python<'_>, curve: loss_log::LossCurve, files: Vec<PathBuf>) -> LossCurve {
+fn loss_curve_to_py(curve: loss_log::LossCurve, files: Vec<PathBuf>) -> LossCurve {
     LossCurve {
-        num_steps: curve.steps.len(),
-        steps: PyArray1::from_vec(py, curve.steps).unbind(),
-        losses: PyArray1::from_vec(py, curve.losses).unbind(),
-        num_files: curve.num_files,
+        curve,
         files,
+        steps_array: PyOnceLock::new(),
+        losses_array: PyOnceLock::new(),
     }
 }
 
@@ -389,7 +455,7 @@ fn drift_input_to_py(py: Python<'_>, input: scan::DriftInput) -> PyResult<DriftI
         scan::LogsOutcome::NoFiles => ("no_files", None, None),
         scan::LogsOutcome::Failed(e) => ("failed", None, Some(e.to_string())),
         scan::LogsOutcome::Curve(c) => {
-            let curve = loss_curve_to_py(py, c, input.files.clone());
+            let curve = loss_curve_to_py(c, input.files.clone());
             ("curve", Some(Py::new(py, curve)?), None)
         }
     };

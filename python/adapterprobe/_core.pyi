@@ -2,6 +2,7 @@
 
 from collections.abc import Sequence
 from os import PathLike
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -62,7 +63,13 @@ class LossCurve:
     @property
     def num_files(self) -> int: ...
     @property
-    def files(self) -> list[str]: ...
+    def files(self) -> list[Path]: ...
+    def metrics(
+        self, *, rolling_window: int = 10, spike_sigma: float = 3.0
+    ) -> dict[str, float | int | list[int]]:
+        """Drift metrics; spike_steps/nonfinite_steps are step numbers."""
+    def sample(self, cap: int = 512) -> list[tuple[int, float | None]]:
+        """About `cap` evenly strided (step, loss) points, ends kept, non-finite as None."""
     def __len__(self) -> int: ...
 
 def read_loss_curve(source: _Path | Sequence[_Path]) -> LossCurve:
@@ -80,3 +87,82 @@ def count_spikes(
 def spike_indices(
     deltas: Sequence[float] | npt.NDArray[np.floating], *, window: int = 10, sigma: float = 3.0
 ) -> npt.NDArray[np.int64]: ...
+
+class ParamStat:
+    @property
+    def param_id(self) -> int: ...
+    @property
+    def numel(self) -> int: ...
+    @property
+    def exp_avg_sq_mean(self) -> float: ...
+    @property
+    def nonfinite(self) -> int: ...
+
+class TrainingState:
+    @property
+    def path(self) -> Path: ...
+    @property
+    def global_step(self) -> int: ...
+    @property
+    def epoch(self) -> float | None: ...
+    @property
+    def best_val_loss(self) -> float: ...
+    @property
+    def use_qlora(self) -> bool: ...
+    @property
+    def per_param(self) -> list[ParamStat]: ...
+
+def read_training_state(path: _Path) -> TrainingState:
+    """Read training_state.pt (or a version dir) without torch; checks a .sha256 sidecar."""
+
+class DriftInput:
+    """What training_drift needs about one store."""
+
+    store: Path
+    logs_dir: Path
+    files: list[Path]
+    status: str  # "no_logs_dir" | "no_files" | "curve" | "failed"
+    curve: LossCurve | None
+    error: str | None
+
+class GhostInput:
+    """What gradient_ghost needs about one adapter version."""
+
+    adapter: Path
+    state: TrainingState | None
+    error_kind: str | None
+    error: str | None
+    grouping: LayerGrouping | None
+    grouping_error: str | None
+
+class Target:
+    def __init__(
+        self,
+        store: _Path,
+        versions: Sequence[_Path],
+        broken: Sequence[tuple[_Path, str]] = (),
+        with_logs: bool = True,
+    ) -> None: ...
+    @property
+    def store(self) -> Path: ...
+    @property
+    def versions(self) -> list[Path]: ...
+    @property
+    def broken(self) -> list[tuple[Path, str]]: ...
+    @property
+    def with_logs(self) -> bool: ...
+
+class TargetInputs:
+    store: Path
+    drift: DriftInput | None
+    ghosts: list[GhostInput]
+    broken: list[tuple[Path, str]]
+
+def drift_input(store: _Path) -> DriftInput: ...
+def ghost_input(adapter: _Path) -> GhostInput: ...
+def discover(
+    roots: Sequence[_Path], *, all_versions: bool = False, workers: int | None = None
+) -> tuple[list[Target], list[tuple[Path, str]]]: ...
+def probe_targets(
+    targets: Sequence[Target], *, drift: bool = True, ghost: bool = True, workers: int | None = None
+) -> list[TargetInputs]: ...

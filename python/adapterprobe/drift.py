@@ -14,8 +14,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from adapterprobe import _core
 from adapterprobe.errors import UsageError
 from adapterprobe.result import ProbeResult, Verdict
@@ -54,19 +52,6 @@ def check_options(
         raise UsageError("; ".join(problems))
 
 
-def sample_curve(steps: np.ndarray, losses: np.ndarray, cap: int = CURVE_SAMPLE_CAP) -> list:
-    """At most about ``cap`` evenly strided (step, loss) points, first and last always kept."""
-    n = len(losses)
-    if n <= cap:
-        idx = range(n)
-    else:
-        stride = -(-n // cap)
-        idx = list(range(0, n, stride))
-        if idx[-1] != n - 1:
-            idx.append(n - 1)
-    return [(int(steps[i]), float(losses[i])) for i in idx]
-
-
 def judge_drift(
     inputs: Any,
     *,
@@ -101,8 +86,7 @@ def judge_drift(
             evidence={"num_steps": num_steps, "num_log_files": curve.num_files},
         )
 
-    steps, losses = curve.steps, curve.losses
-    m = _core.curve_metrics(losses, rolling_window=rolling_window, spike_sigma=spike_sigma)
+    m = curve.metrics(rolling_window=rolling_window, spike_sigma=spike_sigma)
     smooth, conv = m["smoothness"], m["convergence_ratio"]
     events = int(m["instability_events"])
 
@@ -134,11 +118,11 @@ def judge_drift(
             "convergence_ratio": conv,
             "smoothness": smooth,
             "instability_events": events,
-            "spike_steps": [int(s) for s in steps[m["spike_points"]]],
-            "nonfinite_steps": [int(s) for s in steps[m["nonfinite_points"]]],
+            "spike_steps": m["spike_steps"],
+            "nonfinite_steps": m["nonfinite_steps"],
             "num_steps": num_steps,
             "num_log_files": curve.num_files,
-            "curve_sampled": sample_curve(steps, losses),
+            "curve_sampled": curve.sample(CURVE_SAMPLE_CAP),
             "thresholds": {
                 "smoothness_gte": assert_smoothness_gte,
                 "convergence_ratio_lte": assert_convergence_ratio_lte,

@@ -74,6 +74,22 @@ class ScanRecord:
         )
 
 
+def _record_json(record: ScanRecord) -> str:
+    raw = {
+        "store": record.store,
+        "adapter": record.adapter,
+        "probe": record.probe,
+        "verdict": record.verdict.value,
+        "score": record.score,
+        "message": record.message,
+        "evidence": record.evidence,
+    }
+    try:
+        return json.dumps(raw, allow_nan=False)
+    except (ValueError, TypeError):
+        return json.dumps(record.to_dict(), allow_nan=False)
+
+
 class ScanReport(Sequence[ScanRecord]):
     """The records of a scan, in store order, plus what could not be searched."""
 
@@ -114,6 +130,11 @@ class ScanReport(Sequence[ScanRecord]):
         return [r.to_dict() for r in self.records]
 
     def to_json(self, indent: int | None = None) -> str:
+        """A JSON array of the flat records (NaN and infinities as null)."""
+        if indent is None:
+            # One record per line: readable, and no recursive clean-up pass
+            # unless some number really is NaN or infinite.
+            return "[\n" + ",\n".join(_record_json(r) for r in self.records) + "\n]"
         return json.dumps(self.to_dicts(), indent=indent, allow_nan=False)
 
     def to_csv(self) -> str:

@@ -48,7 +48,7 @@ def print_report(report: ScanReport, fmt: str | None, fail_on: str) -> int:
     """Write the report to stdout in `fmt`; problems go to stderr. Returns the exit code."""
     fmt = fmt or ("table" if sys.stdout.isatty() else "json")
     if fmt == "json":
-        sys.stdout.write(report.to_json(indent=2) + "\n")
+        sys.stdout.write(report.to_json() + "\n")
     elif fmt == "csv":
         sys.stdout.write(report.to_csv())
     else:

@@ -1,0 +1,125 @@
+"""Store-scan benchmark against the seed's plain-Python path, in the same run.
+
+    python benches/bench_scan.py [--stores 360] [--big 10000]
+
+- `adapterprobe scan --format json` as a whole process over N stores vs the
+  seed path (torch.load + json.loads loop + safe_open) run in one warm
+  process with torch already imported; then `--workers 1` vs `--workers 2`.
+- A scan over `--big` stores: completes, with its peak RSS printed.
+Stores are hard-linked copies of the bundled demo stores (little disk).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+
+import seed_reference
+from _timing import report
+from adapterprobe.scan import DEMO_STORE
+
+DATA = Path(__file__).parent / ".data"
+
+
+def make_tree(n: int) -> Path:
+    root = DATA / f"stores-{n}"
+    if root.exists() and sum(1 for _ in root.iterdir()) == n:
+        return root
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    demos = sorted(p for p in DEMO_STORE.iterdir() if p.is_dir())
+    for i in range(n):
+        shutil.copytree(demos[i % len(demos)], root / f"store-{i:05d}", copy_function=os.link)
+    return root
+
+
+def seed_path(root: Path) -> list[tuple[str, str]]:
+    """What the seed does per store, in plain Python with torch."""
+    import numpy as np
+    import torch
+    from safetensors import safe_open
+
+    out = []
+    for store in sorted(root.iterdir()):
+        logs = sorted((store / "logs").glob("train-*.jsonl"))
+        steps = seed_reference.collect_steps(logs)
+        ordered = sorted(steps.items())
+        if len(ordered) >= 10:
+            metrics = seed_reference.curve_metrics(np.array([v for _, v in ordered]), 10, 3.0)
+            out.append((store.name, seed_reference.drift_verdict(metrics)[0]))
+        else:
+            out.append((store.name, "skip"))
+        version = store / "adapter" / (store / "adapter" / "current.txt").read_text().strip()
+        payload = torch.load(version / "training_state.pt", map_location="cpu", weights_only=False)
+        state = payload["optimizer_state_dict"]["state"]
+        means = [float(state[k]["exp_avg_sq"].double().mean()) for k in sorted(state)]
+        with safe_open(str(version / "adapter_model.safetensors"), framework="numpy") as fh:
+            keys = list(fh.keys())
+        try:
+            layers, _, layer_of = seed_reference.group_layers(keys, len(means))
+            grouping = (layers, layer_of)
+        except seed_reference.ReferenceGroupingError:
+            grouping = None
+        out.append(
+            (store.name, seed_reference.ghost_verdict(payload["global_step"], means, grouping)[0])
+        )
+    return out
+
+
+def cli_scan(root: Path, *extra: str) -> tuple[float, list, int]:
+    """Wall time, records and peak RSS (KiB) of a whole `adapterprobe scan` process."""
+    start = time.perf_counter()
+    out = subprocess.run(
+        [sys.executable, "-m", "adapterprobe", "scan", str(root), "--format", "json", *extra],
+        capture_output=True,
+        text=True,
+    )
+    elapsed = time.perf_counter() - start
+    if out.returncode not in (0, 1):
+        raise SystemExit(out.stderr)
+    return elapsed, json.loads(out.stdout), resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--stores", type=int, default=360)
+    parser.add_argument("--big", type=int, default=10_000)
+    args = parser.parse_args()
+
+    root = make_tree(args.stores)
+    import torch  # noqa: F401  (the reference runs warm, torch already imported)
+
+    seed_path(root)  # warm-up
+    start = time.perf_counter()
+    expected = seed_path(root)
+    reference = time.perf_counter() - start
+    ours, records, _ = cli_scan(root)
+    assert len(records) == len(expected), (len(records), len(expected))
+    report(f"scan {args.stores} stores (whole process)", ours, "seed path, warm torch", reference)
+    one, _, _ = cli_scan(root, "--workers", "1")
+    two, _, _ = cli_scan(root, "--workers", "2")
+    report(f"scan {args.stores} stores", two, "--workers 1", one, "(speed-up of --workers 2)")
+
+    if args.big:
+        big = make_tree(args.big)
+        elapsed, records, rss = cli_scan(big)
+        print(
+            f"scan {args.big} stores: {elapsed:.2f} s, {len(records)} records, "
+            f"peak RSS {rss / 1024:.0f} MiB"
+        )
+
+
+if __name__ == "__main__":
+    main()

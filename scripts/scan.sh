@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The main job in one command: build adapterprobe into .venv (no torch needed)
+# and run `adapterprobe scan`. With no arguments it scans the bundled demo
+# store; any arguments go to `adapterprobe scan`, e.g.
+#   bash scripts/scan.sh /data/adapters --format json
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+# shellcheck disable=SC1091
+. .venv/bin/activate
+if ! python -c "import adapterprobe" 2>/dev/null || [ -n "$(find rust python Cargo.toml -newer .venv/.built 2>/dev/null | head -1)" ] || [ ! -f .venv/.built ]; then
+  echo "building adapterprobe (first run, or sources changed) ..." >&2
+  python -m pip install -q --upgrade pip "maturin>=1.16,<2"
+  python -m pip install -q .
+  touch .venv/.built
+fi
+exec adapterprobe scan "$@"
