@@ -134,9 +134,10 @@ def svd_only(base: Path, tuned: Path, rank: int, device: torch.device, repeats: 
     for _ in range(repeats):
         t = 0.0
         for d in deltas:
+            work = d.clone()  # factorize_delta overwrites its input with the residual
             sync(device)
             t0 = time.perf_counter()
-            factorize_delta(d, min_rank=rank, max_rank=rank)
+            factorize_delta(work, min_rank=rank, max_rank=rank, consume=True)
             sync(device)
             t += time.perf_counter() - t0
         ours.append(t)

@@ -404,6 +404,39 @@ def test_paths_are_read_lazily(tmp_path, monkeypatch):
     assert rep.num_modules == 2
 
 
+def test_paths_stream_a_few_tensors_at_a_time(tmp_path, monkeypatch):
+    import gc
+    import weakref
+
+    from adapterprobe import extract as ex
+
+    base = tiny_llama()
+    tuned, _ = plant(base, rank=2)
+    base.save_pretrained(tmp_path / "base", max_shard_size="40KB")
+    tuned.save_pretrained(tmp_path / "tuned", max_shard_size="40KB")
+    live: set[int] = set()
+    peak = [0, 0]
+    real_get = ex._SafetensorsSource.get
+
+    def tracking_get(self, key):
+        t = real_get(self, key)
+        ident = id(t)
+        live.add(ident)
+        weakref.finalize(t, live.discard, ident)
+        peak[0] = max(peak[0], len(live))
+        peak[1] += 1
+        return t
+
+    monkeypatch.setattr(ex._SafetensorsSource, "get", tracking_get)
+    gc.disable()  # only reference counting frees tensors: what the code holds is what is live
+    try:
+        adapterprobe.extract_lora(tmp_path / "base", tmp_path / "tuned", tmp_path / "o")
+    finally:
+        gc.enable()
+    assert peak[1] == 2 * len(tuned.state_dict())  # every tensor read once per side
+    assert peak[0] <= 2  # base and tuned of one tensor at a time
+
+
 def test_missing_checkpoint_paths(tmp_path):
     base = tiny_llama()
     with pytest.raises(MissingFileError, match="does not exist"):
@@ -638,3 +671,51 @@ def test_cli_without_torch_exits_2_with_install_hint(tmp_path):
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
     )
     assert proc.returncode == 0 and "--rank-max" in proc.stdout
+
+
+# ---------------------------------------------------------------- Conv1D (GPT-2)
+
+
+def test_gpt2_conv1d_round_trip_from_module_and_path(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(n_embd=48, n_layer=2, n_head=4, n_positions=32, vocab_size=80)
+    torch.manual_seed(0)
+    base = transformers.GPT2LMHeadModel(cfg).eval()
+    tuned = copy.deepcopy(base)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for mod in tuned.modules():
+            if type(mod).__name__ == "Conv1D":
+                i, o = mod.weight.shape  # Conv1D stores (in, out)
+                mod.weight += 0.05 * torch.randn(i, 3, generator=g) @ torch.randn(3, o, generator=g)
+    base.save_pretrained(tmp_path / "base")
+    tuned.save_pretrained(tmp_path / "tuned")
+    ids = torch.randint(0, 80, (2, 10), generator=g)
+    for src in ("module", "path"):
+        args = (base, tuned) if src == "module" else (tmp_path / "base", tmp_path / "tuned")
+        out = tmp_path / f"lora-{src}"
+        rep = adapterprobe.extract_lora(
+            *args, out, min_rank=1, max_rank=8, explained_variance=0.999
+        )
+        assert rep.num_modules == 8 and set(rep.ranks.values()) == {3}
+        assert rep.ranks["transformer.h.0.mlp.c_fc"] == 3
+        assert next(m for m in rep.modules if m.name.endswith("mlp.c_fc")).shape == (192, 48)
+        cfg_json = json.loads((out / "adapter_config.json").read_text())
+        assert cfg_json["fan_in_fan_out"] is True
+        got = _logits(_peft_load(base, out), ids)
+        assert torch.allclose(got, _logits(tuned, ids), atol=1e-4), src
+
+
+def test_mixed_conv1d_and_linear_is_an_error(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(n_embd=32, n_layer=1, n_head=4, n_positions=16, vocab_size=40)
+    base = transformers.GPT2LMHeadModel(cfg)
+    base.extra = torch.nn.Linear(32, 32)
+    tuned = copy.deepcopy(base)
+    with torch.no_grad():
+        tuned.extra.weight += 0.1
+        tuned.transformer.h[0].attn.c_attn.weight += 0.1
+    with pytest.raises(ExtractionError, match="Conv1D"):
+        adapterprobe.extract_lora(base, tuned, tmp_path / "o")
+    rep = adapterprobe.extract_lora(base, tuned, tmp_path / "o", exclude="extra", min_rank=1)
+    assert list(rep.ranks) == ["transformer.h.0.attn.c_attn"]

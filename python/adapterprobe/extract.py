@@ -362,6 +362,7 @@ class _SafetensorsSource(_Source):
         files = _resolve_checkpoint(path, label)
         self._where: dict[str, Path] = {}
         self._handles: dict[Path, Any] = {}
+        self._conv1d = _config_uses_conv1d(path if path.is_dir() else path.parent)
         if isinstance(files, dict):
             for key, f in files.items():
                 self._where[key] = f
@@ -405,8 +406,30 @@ class _SafetensorsSource(_Source):
     def get(self, key: str) -> Any:
         return self._handle(self._where[key]).get_tensor(key)
 
+    def module_kind(self, module: str) -> str | None:
+        if self._conv1d and module.rsplit(".", 1)[-1] in _CONV1D_LEAVES:
+            return "conv1d"
+        return None
+
     def close(self) -> None:
         self._handles.clear()
+
+
+# transformers models whose attention/MLP projections are Conv1D (weight stored
+# as (in, out)); a checkpoint dir's config.json names the model type.
+_CONV1D_MODEL_TYPES = frozenset({"gpt2", "openai-gpt", "imagegpt", "decision_transformer"})
+_CONV1D_LEAVES = frozenset({"c_attn", "c_proj", "c_fc", "q_attn"})
+
+
+def _config_uses_conv1d(folder: Path) -> bool:
+    cfg = folder / "config.json"
+    if not cfg.is_file():
+        return False
+    try:
+        model_type = json.loads(cfg.read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return model_type in _CONV1D_MODEL_TYPES
 
 
 def _resolve_checkpoint(path: Path, label: str) -> Path | dict[str, Path]:
@@ -579,6 +602,7 @@ def peft_config(
     *,
     modules_to_save: Sequence[str] = (),
     base_model_name_or_path: str | None = None,
+    fan_in_fan_out: bool = False,
 ) -> dict[str, Any]:
     """An ``adapter_config.json`` for per-module ranks with alpha = rank (scaling 1)."""
     r = Counter(ranks.values()).most_common(1)[0][0] if ranks else 8
@@ -593,7 +617,7 @@ def peft_config(
         "alpha_pattern": {m: int(k) for m, k in ranks.items()},
         "lora_dropout": 0.0,
         "bias": "none",
-        "fan_in_fan_out": False,
+        "fan_in_fan_out": bool(fan_in_fan_out),
         "modules_to_save": sorted(modules_to_save) or None,
         "init_lora_weights": True,
         "use_rslora": False,
@@ -895,7 +919,11 @@ def extract_lora(
     the smallest keeping ``explained_variance`` of ``||dW||_F^2``, clamped to
     ``[min_rank, max_rank]`` (``min_rank == max_rank`` gives a fixed rank).
     Embeddings and output heads are skipped, or with ``embeddings="save"``
-    stored whole as ``modules_to_save``. ``include``/``exclude`` are glob
+    stored whole as ``modules_to_save``. transformers' ``Conv1D`` projections
+    (GPT-2 family; known from the module, or from a checkpoint dir's
+    ``config.json``) are factored transposed and the adapter gets
+    ``fan_in_fan_out``; one adapter cannot mix them with Linear modules.
+    ``include``/``exclude`` are glob
     patterns on module paths (``"q_proj"`` matches ``*.q_proj``).
 
     ``device``: where the SVDs run (None: CUDA when available). ``dtype``: of
@@ -971,6 +999,7 @@ def extract_lora(
                 report.ranks,
                 modules_to_save=report.modules_to_save,
                 base_model_name_or_path=_label_of(base),
+                fan_in_fan_out=any(i.transpose for i in plan if i.action == "lora"),
             )
             _write_json(tmp / CONFIG_FILE, cfg)
             report.seconds = time.perf_counter() - t_start
@@ -988,6 +1017,7 @@ class _Item:
     shape: tuple[int, ...]
     action: str  # "lora", "save", "measure", "skip"
     reason: str = ""
+    transpose: bool = False  # Conv1D: weight is (in, out), PEFT's fan_in_fan_out
 
 
 def _plan(base: _Source, tuned: _Source, inc: tuple[str, ...], exc: tuple[str, ...]) -> list[_Item]:
@@ -1035,15 +1065,34 @@ def _plan(base: _Source, tuned: _Source, inc: tuple[str, ...], exc: tuple[str, .
             items.append(_Item(key, module, mt.shape, "save", "embedding or output head"))
             continue
         if kind == "conv1d":
-            items.append(
-                _Item(key, module, mt.shape, "measure", "Conv1D (fan_in_fan_out) not supported")
-            )
+            items.append(_Item(key, module, mt.shape, "lora", transpose=True))
             continue
         if kind == "other":
             items.append(_Item(key, module, mt.shape, "measure", "not a Linear module"))
             continue
         items.append(_Item(key, module, mt.shape, "lora"))
+    lora = [i for i in items if i.action == "lora"]
+    if lora and any(i.transpose for i in lora) and not all(i.transpose for i in lora):
+        conv = next(i for i in lora if i.transpose)
+        lin = next(i for i in lora if not i.transpose)
+        raise _fail(
+            conv.key,
+            f"{conv.module!r} is a Conv1D (fan_in_fan_out) and {lin.module!r} a Linear: one PEFT "
+            "adapter cannot hold both; use include/exclude to extract them separately",
+        )
     return items
+
+
+def _chunked_delta_norm(tuned: Any, base: Any, dev: Any, chunk_bytes: int = 64 << 20) -> float:
+    """||tuned - base||_F in float32 chunks (no full-size float32 copies); NaN if non-finite."""
+    a = tuned.reshape(tuned.shape[0], -1) if tuned.dim() > 1 else tuned.reshape(1, -1)
+    b = base.reshape(a.shape)
+    step = max(1, chunk_bytes // max(1, 4 * a.shape[1]))
+    total = 0.0
+    for i in range(0, a.shape[0], step):
+        d = a[i : i + step].to(dev, torch.float32) - b[i : i + step].to(dev, torch.float32)
+        total += float(torch.linalg.vector_norm(d)) ** 2
+    return math.sqrt(total) if math.isfinite(total) else float("nan")
 
 
 def _run_plan(
@@ -1073,15 +1122,21 @@ def _run_plan(
             w_base = src_base.get(item.key)
             w_tuned = src_tuned.get(item.key)
             base_dtype = w_base.dtype
-            dw = w_tuned.to(dev, torch.float32) - w_base.to(dev, torch.float32)
+            if item.action == "lora":
+                # one float32 tensor on the device, plus the base in its own dtype
+                dw = w_tuned.to(dev, torch.float32, copy=True)
+                dw.sub_(w_base.to(dev))
+                if item.transpose:  # Conv1D stores (in, out); PEFT factors (out, in)
+                    dw = dw.mT.contiguous()
+                norm = float(torch.linalg.vector_norm(dw))
+            else:
+                dw = None
+                norm = _chunked_delta_norm(w_tuned, w_base, dev)
             del w_base
-            norm = float(torch.linalg.vector_norm(dw))
             if not math.isfinite(norm):
-                bad = int((~torch.isfinite(dw)).sum())
                 raise _fail(
                     item.key,
-                    f"non-finite delta in {item.key!r}: {bad} of {dw.numel()} entries are NaN or "
-                    "infinite in base or tuned",
+                    f"non-finite delta in {item.key!r}: NaN or infinite values in base or tuned",
                 )
             if norm == 0.0:
                 report.skipped.append(SkippedTensor(item.key, item.shape, "unchanged", 0.0))
@@ -1116,7 +1171,7 @@ def _run_plan(
                 report.modules.append(
                     ModuleReport(
                         name=item.module,
-                        shape=(int(item.shape[0]), int(item.shape[1])),
+                        shape=(int(dw.shape[0]), int(dw.shape[1])),
                         rank=f.rank,
                         energy_kept=f.energy_kept,
                         rel_error=f.rel_error,
