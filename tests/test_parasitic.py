@@ -67,8 +67,10 @@ def test_config_validation():
     with pytest.raises(UsageError):
         ParasiticConfig(plateau_window=1)
     cfg = ParasiticConfig(include=["up"], factor_dtype=torch.bfloat16)
-    assert cfg.include == ("up",)
-    assert ParasiticConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))).include == ("up",)
+    assert cfg.include == ("up",) and cfg.factor_dtype == "bfloat16"
+    assert ParasiticConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    with pytest.raises(UsageError):
+        ParasiticConfig(factor_dtype="int8")
 
 
 def test_periodic_trigger_not_at_step_zero():

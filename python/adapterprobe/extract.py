@@ -186,11 +186,12 @@ def factorize_delta(
 ) -> LowRankFactors:
     """Factor a 2-D delta into LoRA factors with the explained-variance rank rule.
 
-    The delta is converted to float32 on its own device. A randomized SVD of
-    ``t + oversample`` directions is computed,
-    starting at ``t = max(min_rank, max_rank // 2)``; when the target energy is
-    not reached inside the ``t`` leading directions and ``t < max_rank``, the
-    subspace is doubled and recomputed. Small matrices use the exact SVD.
+    The delta is converted to float32 on its own device. A randomized SVD
+    (``torch.svd_lowrank``) of ``t + oversample`` directions with ``niter``
+    power iterations is computed, starting at ``t = max(min_rank,
+    ceil(max_rank / 2))``; when the target energy is not reached inside the
+    ``t`` leading directions and ``t < max_rank``, the subspace is doubled and
+    recomputed. Matrices too small for a sketch to pay use the exact SVD.
     ``seed`` makes the random sketch reproducible without touching the global
     RNG streams (None: use and advance the global RNG). With ``consume`` the
     caller gives up ``delta`` and it is overwritten by the residual.

@@ -106,13 +106,12 @@ class ParasiticConfig:
             raise UsageError("interval_steps must be >= 0 and plateau_window >= 2")
         object.__setattr__(self, "include", _as_patterns(self.include, "include"))
         object.__setattr__(self, "exclude", _as_patterns(self.exclude, "exclude"))
-        _resolve_dtype(self.factor_dtype)
+        dt = _resolve_dtype(self.factor_dtype)
+        if self.factor_dtype is not None and dt != "base":  # canonical name: JSON round trip
+            object.__setattr__(self, "factor_dtype", str(dt).replace("torch.", ""))
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        d["factor_dtype"] = (
-            None if self.factor_dtype is None else str(self.factor_dtype).replace("torch.", "")
-        )
         d["include"] = list(self.include)
         d["exclude"] = list(self.exclude)
         return json_safe(d)
