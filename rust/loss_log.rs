@@ -95,10 +95,12 @@ fn line_kind(line: &[u8]) -> Option<LineKind> {
 /// the empty "line" inside `\r\n` is blank and skipped, which is exactly
 /// what universal newlines give (only line 1's identity matters, below).
 fn steps_in(lines: &[u8], out: &mut Vec<(i64, f64)>) {
-    for line in lines.split(|&c| c == b'\n' || c == b'\r') {
-        if let Some(LineKind::Step(step, loss)) = line_kind(line) {
+    let mut start = 0;
+    for end in memchr::memchr2_iter(b'\n', b'\r', lines).chain(std::iter::once(lines.len())) {
+        if let Some(LineKind::Step(step, loss)) = line_kind(&lines[start..end]) {
             out.push((step, loss));
         }
+        start = end + 1;
     }
 }
 
