@@ -10,6 +10,7 @@ pub mod error;
 mod py;
 
 pub use error::{Area, Error, Result};
+pub mod files;
 pub mod json_line;
 pub mod layers;
 pub mod loss_log;

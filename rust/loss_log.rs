@@ -6,11 +6,11 @@
 //! one (a resumed run repeats steps). Lines split like Python's universal
 //! newlines: `\n`, `\r\n` and a lone `\r` all end a line.
 
-use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Area, Error, Result};
+use crate::files::open_regular;
 use crate::json_line::{classify, LineKind};
 
 /// Bytes read per batch; each batch is parsed in parallel pieces.
@@ -192,14 +192,7 @@ pub fn read_steps_from<R: Read>(
 
 /// Append the step records of the log at `path` to `out` in file order.
 pub fn read_steps(path: &Path, out: &mut Vec<(i64, f64)>) -> Result<()> {
-    let file = File::open(path).map_err(|e| Error::io(Area::LogFormat, path, &e))?;
-    if file.metadata().map(|m| m.is_dir()).unwrap_or(false) {
-        return Err(Error::new(
-            Area::LogFormat,
-            path,
-            "is a directory, expected a .jsonl file",
-        ));
-    }
+    let file = open_regular(path, Area::LogFormat)?;
     let size = file
         .metadata()
         .map_or(BATCH, |m| m.len().min(BATCH as u64) as usize);

@@ -4,13 +4,13 @@
 //! data. We read exactly 8 + N bytes, refuse N beyond a cap or beyond the
 //! file, and check every tensor's offsets against the data section.
 
-use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
 use serde_json::Value;
 
 use crate::error::{Area, Error, Result};
+use crate::files::open_regular;
 
 /// Largest header we accept (the reference implementation uses the same cap).
 pub const MAX_HEADER_BYTES: u64 = 100 * 1024 * 1024;
@@ -49,14 +49,11 @@ fn dtype_bits(dtype: &str) -> Option<u64> {
 /// Read and validate the header of the safetensors file at `path`.
 pub fn read_header(path: &Path) -> Result<Header> {
     let err = |msg: String| Error::new(Area::Header, path, msg);
-    let mut file = File::open(path).map_err(|e| Error::io(Area::Header, path, &e))?;
-    let meta = file
+    let mut file = open_regular(path, Area::Header)?;
+    let file_len = file
         .metadata()
-        .map_err(|e| Error::io(Area::Header, path, &e))?;
-    if meta.is_dir() {
-        return Err(err("is a directory, expected a .safetensors file".into()));
-    }
-    let file_len = meta.len();
+        .map_err(|e| Error::io(Area::Header, path, &e))?
+        .len();
     if file_len < 8 {
         return Err(err(format!(
             "truncated: {file_len} bytes, a safetensors file starts with an 8-byte header length"

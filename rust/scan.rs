@@ -83,6 +83,9 @@ fn current_version(adapter_root: &Path) -> std::result::Result<PathBuf, String> 
          probe every version)"
             .to_string()
     })?;
+    if !meta.is_file() {
+        return Err("current.txt is not a regular file".into());
+    }
     if meta.len() > MAX_POINTER_BYTES {
         return Err(format!(
             "current.txt is {} bytes, not a version pointer",

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Area, Error, Result};
+use crate::files::open_regular;
 use crate::pickle::{self, DType, Tensor, Unpickled, Value};
 
 /// File name inside an adapter version directory.
@@ -103,10 +104,10 @@ fn sidecar_path(file: &Path) -> PathBuf {
 /// The lowercase hex digest recorded beside `file`, if there is a sidecar.
 fn read_sidecar(file: &Path) -> Result<Option<String>> {
     let side = sidecar_path(file);
-    let handle = match File::open(&side) {
+    let handle = match open_regular(&side, Area::Integrity) {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io(Area::Integrity, &side, &e)),
+        Err(e) if e.area == Area::Missing => return Ok(None),
+        Err(e) => return Err(e),
     };
     let mut text = Vec::new();
     handle
@@ -129,7 +130,7 @@ fn read_sidecar(file: &Path) -> Result<Option<String>> {
 }
 
 fn sha256_file(file: &Path) -> Result<String> {
-    let mut f = File::open(file).map_err(|e| Error::io(Area::TrainingState, file, &e))?;
+    let mut f = open_regular(file, Area::TrainingState)?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
@@ -225,7 +226,7 @@ impl Archive {
     }
 
     fn open(path: &Path) -> Result<Archive> {
-        let file = File::open(path).map_err(|e| Error::io(Area::TrainingState, path, &e))?;
+        let file = open_regular(path, Area::TrainingState)?;
         let len = file
             .metadata()
             .map_err(|e| Error::io(Area::TrainingState, path, &e))?

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import json
 import time
 from pathlib import Path
@@ -74,3 +75,28 @@ def test_hostile_store_makes_drift_error_not_raise(tmp_path):
     result = ap.training_drift(tmp_path)
     assert result.verdict == "error"
     assert "first line" in result.message
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_fifos_are_refused_not_waited_on(tmp_path):
+    import shutil
+
+    from adapterprobe.scan import DEMO_STORE
+
+    store = tmp_path / "store"
+    shutil.copytree(DEMO_STORE / "healthy", store)
+    version = store / "adapter" / "versions" / "v0001"
+    (version / "training_state.pt").unlink()
+    os.mkfifo(version / "training_state.pt")
+    log = sorted((store / "logs").iterdir())[0]
+    log.unlink()
+    os.mkfifo(log)
+    fifo_header = tmp_path / "x.safetensors"
+    os.mkfifo(fifo_header)
+    started = time.perf_counter()
+    with pytest.raises(ap.HeaderError, match="FIFO"):
+        ap.read_safetensors_header(fifo_header)
+    report = ap.scan(store)
+    assert {r.verdict.value for r in report} == {"error"}
+    assert all("not a regular file" in r.message for r in report)
+    assert time.perf_counter() - started < 10
