@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import json
+import os
 import time
 from pathlib import Path
 
-import adapterprobe as ap
 import pytest
+
+import adapterprobe as ap
 
 HOSTILE = Path(__file__).parent / "hostile"
 MANIFEST = json.loads((HOSTILE / "manifest.json").read_text())
