@@ -22,9 +22,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 
-import adapterprobe as ap
 import seed_reference
 from _timing import best_of, report
+
+import adapterprobe as ap
 
 DATA = Path(__file__).parent / ".data"
 

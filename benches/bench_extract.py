@@ -31,11 +31,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import adapterprobe
 import torch
-from adapterprobe.extract import factorize_delta
 from safetensors import safe_open
 from safetensors.torch import save_file
+
+import adapterprobe
+from adapterprobe.extract import factorize_delta
 
 TARGET_SPEEDUP = 3.0
 TARGET_ERROR_RATIO = 1.02

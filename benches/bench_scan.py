@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 
 import seed_reference
 from _timing import report
+
 from adapterprobe.scan import DEMO_STORE
 
 DATA = Path(__file__).parent / ".data"

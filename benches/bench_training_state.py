@@ -66,6 +66,7 @@ def make_state(mb: float) -> tuple[Path, Path]:
     plain = DATA / f"layers{layers}-plain.pt"
     if not (verified.exists() and plain.exists()):
         import torch
+
         from adapterprobe.storegen import save_training_state
 
         torch.manual_seed(0)

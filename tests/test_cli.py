@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+
 from adapterprobe.scan import DEMO_STORE
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import math
 
-import adapterprobe as ap
 import numpy as np
 import pytest
 import seed_reference as ref
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+
+import adapterprobe as ap
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
 any_float = st.one_of(finite, st.sampled_from([math.nan, math.inf, -math.inf, 0.0, -0.0]))

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import math
 
-import adapterprobe as ap
 import numpy as np
 import pytest
 import seed_reference as ref
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+import adapterprobe as ap
 
 
 def write_log(store, name, losses, *, start=0, torn=False):

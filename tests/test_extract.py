@@ -14,10 +14,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
+from safetensors.torch import load_file, save_file  # noqa: E402
+
 import adapterprobe  # noqa: E402
 from adapterprobe import ExtractionError, MissingFileError, UsageError  # noqa: E402
 from adapterprobe.extract import choose_rank, factorize_delta  # noqa: E402
-from safetensors.torch import load_file, save_file  # noqa: E402
 
 TINY = dict(
     vocab_size=96,

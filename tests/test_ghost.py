@@ -9,13 +9,14 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-import adapterprobe as ap
 import pytest
 import seed_reference as ref
-from adapterprobe.ghost import judge_ghost
-from adapterprobe.scan import DEMO_STORE
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+import adapterprobe as ap
+from adapterprobe.ghost import judge_ghost
+from adapterprobe.scan import DEMO_STORE
 
 
 def current(store: Path) -> Path:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import struct
 
-import adapterprobe as ap
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+
+import adapterprobe as ap
 
 np = pytest.importorskip("numpy")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")

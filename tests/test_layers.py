@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import adapterprobe as ap
 import pytest
 import seed_reference as ref
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+import adapterprobe as ap
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 np = pytest.importorskip("numpy")

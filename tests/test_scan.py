@@ -11,8 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import adapterprobe as ap
 import pytest
+
+import adapterprobe as ap
 from adapterprobe.scan import DEMO_STORE
 
 RECORD_KEYS = {"store", "adapter", "probe", "verdict", "score", "message", "evidence"}

@@ -19,6 +19,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
 from adapterprobe._core import (  # noqa: E402
     IntegrityError,
     MissingFileError,
@@ -27,8 +30,6 @@ from adapterprobe._core import (  # noqa: E402
     read_training_state,
 )
 from adapterprobe.storegen import save_training_state, train_tiny_lora  # noqa: E402
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
 VERSIONS = {"torch": str(torch.__version__), "bitsandbytes": None}
 
