@@ -14,9 +14,10 @@ import pytest
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
+from torch import nn  # noqa: E402
+
 from adapterprobe import GAPMonitor, GradientDump, MonitorConfigError  # noqa: E402
 from adapterprobe.sinks import JsonlSink, step_record  # noqa: E402
-from torch import nn  # noqa: E402
 
 STATS = ("mean", "var", "max_abs", "l2_norm", "nonfinite")
 
@@ -131,6 +132,24 @@ def test_activation_stats_reduce_per_instance_and_match_direct_computation():
     assert not any(key.startswith(("gap/params/", "gap/grads/")) for key in monitor.latest)
 
 
+def test_in_place_modules_and_shared_outputs_get_their_own_values():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(inplace=True), nn.Identity(), nn.Linear(16, 4))
+    monitor = GAPMonitor(model, kinds=("activation", "activation_grad"))
+    x = torch.randn(5, 8)
+    pre = model[0](x)
+    post = torch.relu(pre)
+    loss = model[3](post).pow(2).mean()
+    pre_grad, post_grad = torch.autograd.grad(loss, [pre, post])
+    with monitor.step(0):
+        model(x).pow(2).mean().backward()
+    assert_stats(monitor.latest, "gap/activations/0", per_instance([pre]))
+    assert_stats(monitor.latest, "gap/activations/1", per_instance([post]))
+    assert_stats(monitor.latest, "gap/activations/2", per_instance([post]))  # same tensor
+    assert_stats(monitor.latest, "gap/activation_grads/0", per_instance([pre_grad]))
+    assert_stats(monitor.latest, "gap/activation_grads/2", per_instance([post_grad]))
+
+
 def test_gradient_accumulation_reports_the_accumulated_gradient_and_all_instances():
     model = mlp()
     monitor = GAPMonitor(model)
@@ -157,6 +176,16 @@ def test_bf16_model_stats_are_computed_in_float32():
     # A bf16 result would carry 8 bits of mantissa; float32 keeps the exact value.
     mean = monitor.latest["gap/params/0.weight/mean"]
     assert mean != torch.tensor(mean, dtype=torch.bfloat16).item()
+
+
+def test_variance_keeps_its_precision_under_a_large_mean():
+    model = nn.Linear(64, 64)
+    with torch.no_grad():
+        model.weight.copy_(1000 + torch.randn(64, 64) * 0.1)  # |mean| / std = 1e4
+    monitor = GAPMonitor(model, kinds="param")
+    with monitor.step(0):
+        pass
+    assert_stats(monitor.latest, "gap/params/weight", whole(model.weight), rel=1e-6)
 
 
 def test_no_grad_evaluation_records_activations_only():
@@ -507,8 +536,9 @@ def test_unwritable_log_path_is_a_clear_error(tmp_path):
 
 def test_tensorboard_sink_writes_scalars(tmp_path):
     pytest.importorskip("tensorboard")
-    from adapterprobe.sinks import TensorBoardSink
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from adapterprobe.sinks import TensorBoardSink
 
     model = mlp()
     monitor = GAPMonitor(model, kinds="grad", sink=TensorBoardSink(tmp_path))
