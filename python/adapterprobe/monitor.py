@@ -28,10 +28,12 @@ Design choices, each answering a complaint about such monitors:
 Statistics (``monitor.latest`` keys ``gap/{params|grads|activations|activation_grads}/
 {name}/{stat}``): ``mean``, ``var`` (unbiased), ``max_abs``, ``l2_norm``, ``nonfinite``.
 Parameters and gradients are reduced over the whole tensor. Activations and their
-gradients are reduced per instance (along dim 0) and then averaged over all instances
-seen in the step (every forward call and micro-batch), except ``max_abs`` (the maximum)
-and ``nonfinite`` (the total). Half-precision tensors are reduced in float32. Tensors
-with a single element (per instance, for activations) have no variance and are skipped.
+gradients are reduced per instance (dim 0 is taken as the instance) and then averaged
+over all instances seen in the step (every forward call and micro-batch), except
+``max_abs`` (the maximum) and ``nonfinite`` (the total). Sums accumulate in float64
+whatever the tensor's dtype (float32 on MPS). Tensors with a single element (per
+instance, for activations) have no variance and are skipped, and so are float8,
+complex and tensor-subclass values (DTensor): single-process, plain tensors only.
 
 Summaries, under ``gap/summary/{kind}s/``: ``max_abs``, ``nonfinite``,
 ``nonfinite_tensors`` and, for params and grads, the global ``l2_norm`` (for grads:
@@ -39,6 +41,10 @@ the norm gradient clipping sees); the same per layer as ``layers/{layer}/{stat}`
 where a layer is a name's prefix up to its first numeric component
 (``model.layers.3``); and the ``top_k`` largest offenders as ``top_l2_norm/{name}``
 (params, grads) or ``top_max_abs/{name}`` (activations).
+
+Not covered: under activation checkpointing the recomputed forward is recorded again
+(averages stay, ``nonfinite`` counts double); hooks added and removed per sampled
+step make ``torch.compile`` recompile.
 """
 
 from __future__ import annotations
@@ -71,6 +77,8 @@ STATS = ("mean", "var", "max_abs", "l2_norm", "nonfinite")
 MEAN, VAR, MAX_ABS, L2_NORM, NONFINITE = range(len(STATS))
 
 _PLAIN_TENSOR_TYPES = (torch.Tensor, nn.Parameter)
+# what the reductions handle everywhere (float8 and complex tensors are skipped)
+_STAT_DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
 _SEARCH_DEPTH = 4  # how deep to look for a tensor inside a module's output
 _NOTHING = nullcontext()  # what a non-sampled step returns: shared, costs nothing
 
@@ -315,7 +323,7 @@ def _usable_activation(value: Any) -> bool:
     """A plain floating tensor with a batch dimension and at least two elements per instance."""
     return (
         type(value) in _PLAIN_TENSOR_TYPES
-        and value.is_floating_point()
+        and value.dtype in _STAT_DTYPES
         and value.layout is torch.strided
         and value.ndim >= 2
         and value.shape[0] > 0
@@ -602,7 +610,7 @@ class GAPMonitor:
         params = [
             (name, p)
             for name, p in self.model.named_parameters()
-            if self._selected(name) and p.is_floating_point() and p.device.type != "meta"
+            if self._selected(name) and p.dtype in _STAT_DTYPES and p.device.type != "meta"
         ]
         # Whole-tensor kinds: group by (device, dtype) so each group is one foreach call.
         groups: dict[tuple[str, torch.device, torch.dtype], list[tuple[str, torch.Tensor]]] = {}
@@ -612,7 +620,7 @@ class GAPMonitor:
             for name, p in params:
                 tensor = p.detach() if kind == "param" else p.grad
                 if tensor is None or tensor.numel() < 2 or type(tensor) not in _PLAIN_TENSOR_TYPES:
-                    continue
+                    continue  # no variance in one element; subclasses (DTensor, ...) skipped
                 groups.setdefault((kind, tensor.device, tensor.dtype), []).append((name, tensor))
         blocks = [
             (kind, named, _whole_tensor_stats([t for _, t in named]))
@@ -627,9 +635,8 @@ class GAPMonitor:
             sizes = np.array([tensor.numel() for _, tensor in named], dtype=np.float64)
             means, variances = _moments(sums, norms, sizes)
             max_abs = _max_abs(lows, highs)
-            for i, (name, tensor) in enumerate(named):
-                stats = [means[i], variances[i], max_abs[i], norms[i], 0.0]
-                stats = [float(value) for value in stats]
+            table = np.stack([means, variances, max_abs, norms, np.zeros_like(norms)], axis=1)
+            for (name, tensor), stats in zip(named, table.tolist(), strict=True):
                 if not math.isfinite(stats[MAX_ABS]):
                     suspects.append((stats, tensor))
                 per_kind[kind][name] = stats
