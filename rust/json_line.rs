@@ -24,8 +24,8 @@ const MAX_DEPTH: usize = 512;
 /// A top-level value of one of the keys we care about.
 #[derive(Debug, Clone, PartialEq)]
 enum Scalar<'a> {
-    /// Raw number text, already checked against the JSON grammar.
-    Number(&'a [u8]),
+    /// Number text, already checked against the JSON grammar.
+    Number(&'a str),
     NaN,
     PosInf,
     NegInf,
@@ -59,6 +59,59 @@ static STRING_CLASS: [u8; 256] = {
     t
 };
 
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGHS: u64 = 0x8080_8080_8080_8080;
+
+/// Byte lanes of `w` equal to `byte`, flagged in their high bit (the lowest
+/// flag is exact; flags above it may be spurious, so only it is used).
+#[inline]
+fn lanes_eq(w: u64, byte: u8) -> u64 {
+    let x = w ^ (ONES * byte as u64);
+    x.wrapping_sub(ONES) & !x & HIGHS
+}
+
+/// Length of the leading run of plain string bytes (not `"`, `\\`, a control
+/// character or a non-ASCII byte), eight bytes at a time.
+#[inline]
+fn plain_run(b: &[u8]) -> usize {
+    let mut i = 0;
+    while let Some(chunk) = b.get(i..i + 8) {
+        let w = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
+        let control = w.wrapping_sub(ONES * 0x20) & !w & HIGHS;
+        let special = lanes_eq(w, b'"') | lanes_eq(w, b'\\') | control | (w & HIGHS);
+        if special != 0 {
+            return i + (special.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    i + b[i..]
+        .iter()
+        .position(|&c| STRING_CLASS[c as usize] != PLAIN)
+        .unwrap_or(b.len() - i)
+}
+
+/// Length of the leading run of ASCII digits, eight bytes at a time.
+#[inline]
+fn digit_run(b: &[u8]) -> usize {
+    let mut i = 0;
+    while let Some(chunk) = b.get(i..i + 8) {
+        let w = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
+        // A lane is not a digit when it is below '0' (the subtraction
+        // borrows), above '9' (adding 0x46 reaches 0x80) or non-ASCII.
+        let below = w.wrapping_sub(ONES * 0x30) & !w & HIGHS;
+        let above = w.wrapping_add(ONES * 0x46) & HIGHS;
+        let other = below | above | (w & HIGHS);
+        if other != 0 {
+            return i + (other.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    i + b[i..]
+        .iter()
+        .position(|c| !c.is_ascii_digit())
+        .unwrap_or(b.len() - i)
+}
+
 /// The top-level keys that matter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Field {
@@ -81,7 +134,9 @@ impl Field {
 }
 
 struct Scanner<'a> {
+    /// The line, known to be valid UTF-8 (`s` is the same text).
     b: &'a [u8],
+    s: &'a str,
     i: usize,
 }
 
@@ -125,16 +180,9 @@ impl<'a> Scanner<'a> {
     fn string_raw(&mut self) -> Parse<(&'a [u8], bool)> {
         let start = self.i;
         let mut escaped = false;
-        let mut non_ascii = false;
         loop {
-            // Plain bytes are the common case: skip them in a tight loop.
-            while self
-                .b
-                .get(self.i)
-                .is_some_and(|&c| STRING_CLASS[c as usize] == PLAIN)
-            {
-                self.i += 1;
-            }
+            // Plain bytes are the common case: skip them a word at a time.
+            self.i += plain_run(self.b.get(self.i..).unwrap_or_default());
             let c = *self.b.get(self.i).ok_or(())?;
             match STRING_CLASS[c as usize] {
                 QUOTE => break,
@@ -153,18 +201,13 @@ impl<'a> Scanner<'a> {
                         _ => return Err(()),
                     }
                 }
-                HIGH => {
-                    non_ascii = true;
-                    self.i += 1;
-                }
+                // The whole line is valid UTF-8: non-ASCII bytes are text.
+                HIGH => self.i += 1,
                 _ => return Err(()), // a raw control character
             }
         }
         let raw = &self.b[start..self.i];
         self.i += 1; // closing quote
-        if non_ascii && std::str::from_utf8(raw).is_err() {
-            return Err(());
-        }
         Ok((raw, escaped))
     }
 
@@ -189,7 +232,7 @@ impl<'a> Scanner<'a> {
     }
 
     /// Check a number against JSON's grammar; returns its text.
-    fn number(&mut self) -> Parse<&'a [u8]> {
+    fn number(&mut self) -> Parse<&'a str> {
         let start = self.i;
         if self.peek() == Some(b'-') {
             self.i += 1;
@@ -216,14 +259,13 @@ impl<'a> Scanner<'a> {
             }
             self.digits();
         }
-        Ok(&self.b[start..self.i])
+        // Only ASCII bytes were consumed, so both ends are char boundaries.
+        self.s.get(start..self.i).ok_or(())
     }
 
     #[inline]
     fn digits(&mut self) {
-        while let Some(b'0'..=b'9') = self.peek() {
-            self.i += 1;
-        }
+        self.i += digit_run(self.b.get(self.i..).unwrap_or_default());
     }
 
     /// Parse a value we care about.
@@ -324,7 +366,8 @@ impl<'a> Scanner<'a> {
                 self.string_raw().map(|_| ())
             }
             b'n' => self.literal(b"null"),
-            b't' | b'f' | b'N' | b'I' | b'-' | b'0'..=b'9' => self.scalar().map(|_| ()),
+            b'0'..=b'9' => self.number().map(|_| ()),
+            b't' | b'f' | b'N' | b'I' | b'-' => self.scalar().map(|_| ()),
             _ => Err(()),
         }
     }
@@ -364,7 +407,6 @@ fn to_step(v: &Scalar) -> Option<i64> {
     match v {
         Scalar::Bool(b) => Some(i64::from(*b)),
         Scalar::Number(text) => {
-            let text = std::str::from_utf8(text).ok()?;
             if text.bytes().any(|c| matches!(c, b'.' | b'e' | b'E')) {
                 float_to_step(text.parse::<f64>().ok()?)
             } else {
@@ -391,7 +433,7 @@ fn float_to_step(x: f64) -> Option<i64> {
 fn to_loss(v: &Scalar) -> Option<f64> {
     match v {
         Scalar::Bool(b) => Some(f64::from(u8::from(*b))),
-        Scalar::Number(text) => std::str::from_utf8(text).ok()?.parse::<f64>().ok(),
+        Scalar::Number(text) => text.parse::<f64>().ok(),
         Scalar::NaN => Some(f64::NAN),
         Scalar::PosInf => Some(f64::INFINITY),
         Scalar::NegInf => Some(f64::NEG_INFINITY),
@@ -482,7 +524,12 @@ pub fn classify(line: &[u8]) -> LineKind {
 /// Parse a whole document; Some((step, loss)) when it is a step object that
 /// has both keys.
 fn parse_top(line: &[u8]) -> Parse<Option<(Scalar<'_>, Scalar<'_>)>> {
-    let mut s = Scanner { b: line, i: 0 };
+    let text = std::str::from_utf8(line).map_err(|_| ())?;
+    let mut s = Scanner {
+        b: line,
+        s: text,
+        i: 0,
+    };
     s.ws();
     if s.peek() != Some(b'{') {
         s.skip_value(0)?;
@@ -648,6 +695,38 @@ mod tests {
         assert_eq!(classify("{\"a\": \"é\"}".as_bytes()), Other);
         let deep = "[".repeat(100_000);
         assert_eq!(c(&deep), Invalid);
+    }
+
+    #[test]
+    fn word_scans_match_byte_scans() {
+        let mut state = 7u64;
+        let alphabet = b"09az\"\\\x00\x1f \x7f\x80\xff.-eE+/";
+        for len in 0..40 {
+            for _ in 0..300 {
+                let bytes: Vec<u8> = (0..len)
+                    .map(|_| {
+                        state = state.wrapping_mul(6364136223846793005).wrapping_add(1);
+                        // Mostly plain letters/digits so runs get long.
+                        let r = (state >> 33) as usize;
+                        if r % 4 == 0 {
+                            alphabet[r / 4 % alphabet.len()]
+                        } else {
+                            b"0123456789abcdef"[r % 16]
+                        }
+                    })
+                    .collect();
+                let plain = bytes
+                    .iter()
+                    .position(|&c| STRING_CLASS[c as usize] != PLAIN)
+                    .unwrap_or(len);
+                let digits = bytes
+                    .iter()
+                    .position(|c| !c.is_ascii_digit())
+                    .unwrap_or(len);
+                assert_eq!(plain_run(&bytes), plain, "{bytes:?}");
+                assert_eq!(digit_run(&bytes), digits, "{bytes:?}");
+            }
+        }
     }
 
     impl LineKind {
