@@ -58,6 +58,9 @@ fn median_of_sorted(sorted: &[f64], has_nan: bool) -> f64 {
     }
 }
 
+/// Windows up to this size locate values by counting, larger ones by binary search.
+const SMALL_WINDOW: usize = 64;
+
 /// A multiset of window values kept sorted: binary-search insert/remove,
 /// NaNs counted apart (any NaN makes the median NaN, as in numpy). Sliding
 /// by one is a single `replace`: O(log w) comparisons and one short memmove.
@@ -86,22 +89,34 @@ impl SortedWindow {
         }
     }
 
-    /// Remove `old` and insert `new`, shifting only the values between them.
+    /// Remove `old` and insert `new`, moving only the values between them.
     fn replace(&mut self, old: f64, new: f64) {
         if old.is_nan() || new.is_nan() {
             self.remove(old);
             self.insert(new);
             return;
         }
-        let from = self.values.partition_point(|&v| v < old);
-        let to = self.values.partition_point(|&v| v < new);
+        let from = self.rank(old);
+        let to = self.rank(new);
+        let v = &mut self.values;
         if to > from {
             // `new` lands after `old`: shift (from, to) left by one.
-            self.values.copy_within(from + 1..to, from);
-            self.values[to - 1] = new;
+            v.copy_within(from + 1..to, from);
+            v[to - 1] = new;
         } else {
-            self.values.copy_within(to..from, to + 1);
-            self.values[to] = new;
+            v.copy_within(to..from, to + 1);
+            v[to] = new;
+        }
+    }
+
+    /// How many values are below `x`. Small windows count without branches
+    /// (random losses make a binary search mispredict at every step).
+    #[inline]
+    fn rank(&self, x: f64) -> usize {
+        if self.values.len() <= SMALL_WINDOW {
+            self.values.iter().map(|&v| usize::from(v < x)).sum()
+        } else {
+            self.values.partition_point(|&v| v < x)
         }
     }
 
@@ -164,8 +179,8 @@ pub fn spike_indices(deltas: &[f64], window: usize, sigma: f64) -> Vec<usize> {
             }
             (lo, hi) = (new_lo, new_hi);
         }
-        // `d <= 0` skips; a NaN delta is not skipped but only counts when
-        // the baseline is exactly zero (every comparison with NaN is false).
+        // `d <= 0` never counts; a NaN delta counts only when the baseline is
+        // exactly zero (every comparison with NaN is false).
         if d > 0.0 || d.is_nan() {
             let baseline = win.median();
             if baseline == 0.0 || d > sigma * baseline {

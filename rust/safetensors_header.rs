@@ -7,6 +7,8 @@
 use std::io::Read;
 use std::path::Path;
 
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::error::{Area, Error, Result};
@@ -82,25 +84,154 @@ pub fn read_header(path: &Path) -> Result<Header> {
 /// Parse header JSON; `data_len` is the size of the data section that follows.
 pub fn parse_header(json: &[u8], data_len: u64) -> std::result::Result<Header, String> {
     let text = std::str::from_utf8(json).map_err(|e| format!("header is not UTF-8: {e}"))?;
-    let value: Value =
-        serde_json::from_str(text).map_err(|e| format!("header is not valid JSON: {e}"))?;
-    let Value::Object(map) = value else {
+    let mut de = serde_json::Deserializer::from_str(text);
+    let top = TopLevel::deserialize(&mut de)
+        .and_then(|top| de.end().map(|()| top))
+        .map_err(|e| format!("header is not valid JSON: {e}"))?;
+    let TopLevel::Object(entries) = top else {
         return Err("header is not a JSON object".into());
     };
-    let mut tensors = Vec::with_capacity(map.len());
+    let mut tensors = Vec::with_capacity(entries.len());
     let mut metadata = None;
-    for (name, entry) in map {
-        if name == "__metadata__" {
-            metadata = Some(parse_metadata(&entry)?);
-            continue;
+    let mut seen = std::collections::HashSet::with_capacity(entries.len());
+    for (name, entry) in entries {
+        if !seen.insert(name.clone()) {
+            return Err(format!("tensor {name:?} appears twice in the header"));
         }
-        tensors.push(parse_tensor(name, &entry, data_len)?);
+        match entry {
+            RawEntry::Metadata(value) => metadata = Some(parse_metadata(&value)?),
+            RawEntry::Tensor(fields) => tensors.push(parse_tensor(name, fields, data_len)?),
+            RawEntry::NotObject => return Err(format!("tensor {name:?}: entry is not an object")),
+        }
     }
     Ok(Header {
         tensors,
         metadata,
         data_len,
     })
+}
+
+// ---- one-pass deserialization: no generic map per entry, no key strings ----
+
+/// The header document: an object of entries, or something else.
+enum TopLevel {
+    Object(Vec<(String, RawEntry)>),
+    Other,
+}
+
+/// One entry's value: `__metadata__`, a tensor's three fields, or not an object.
+enum RawEntry {
+    Metadata(Value),
+    Tensor(RawTensor),
+    NotObject,
+}
+
+#[derive(Default)]
+struct RawTensor {
+    dtype: Option<Value>,
+    shape: Option<Value>,
+    data_offsets: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "snake_case")]
+enum TensorField {
+    Dtype,
+    Shape,
+    DataOffsets,
+    #[serde(other)]
+    Other,
+}
+
+/// Accept any JSON value; maps are handed to `on_map`, anything else gives `other`.
+macro_rules! non_map_visits {
+    ($other:expr) => {
+        fn visit_bool<E: de::Error>(self, _: bool) -> std::result::Result<Self::Value, E> {
+            Ok($other)
+        }
+        fn visit_i64<E: de::Error>(self, _: i64) -> std::result::Result<Self::Value, E> {
+            Ok($other)
+        }
+        fn visit_u64<E: de::Error>(self, _: u64) -> std::result::Result<Self::Value, E> {
+            Ok($other)
+        }
+        fn visit_f64<E: de::Error>(self, _: f64) -> std::result::Result<Self::Value, E> {
+            Ok($other)
+        }
+        fn visit_str<E: de::Error>(self, _: &str) -> std::result::Result<Self::Value, E> {
+            Ok($other)
+        }
+        fn visit_unit<E: de::Error>(self) -> std::result::Result<Self::Value, E> {
+            Ok($other)
+        }
+        fn visit_seq<A: de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> std::result::Result<Self::Value, A::Error> {
+            while seq.next_element::<de::IgnoredAny>()?.is_some() {}
+            Ok($other)
+        }
+    };
+}
+
+impl<'de> Deserialize<'de> for TopLevel {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = TopLevel;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            non_map_visits!(TopLevel::Other);
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<TopLevel, A::Error> {
+                let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(0));
+                while let Some(name) = map.next_key::<String>()? {
+                    let entry = if name == "__metadata__" {
+                        RawEntry::Metadata(map.next_value()?)
+                    } else {
+                        map.next_value()?
+                    };
+                    entries.push((name, entry));
+                }
+                Ok(TopLevel::Object(entries))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl<'de> Deserialize<'de> for RawEntry {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawEntry;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a tensor entry")
+            }
+            non_map_visits!(RawEntry::NotObject);
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<RawEntry, A::Error> {
+                let mut t = RawTensor::default();
+                while let Some(field) = map.next_key::<TensorField>()? {
+                    match field {
+                        TensorField::Dtype => t.dtype = Some(map.next_value()?),
+                        TensorField::Shape => t.shape = Some(map.next_value()?),
+                        TensorField::DataOffsets => t.data_offsets = Some(map.next_value()?),
+                        TensorField::Other => {
+                            map.next_value::<de::IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(RawEntry::Tensor(t))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 fn parse_metadata(entry: &Value) -> std::result::Result<Vec<(String, String)>, String> {
@@ -117,26 +248,23 @@ fn parse_metadata(entry: &Value) -> std::result::Result<Vec<(String, String)>, S
 
 fn parse_tensor(
     name: String,
-    entry: &Value,
+    fields: RawTensor,
     data_len: u64,
 ) -> std::result::Result<TensorInfo, String> {
     let bad = |what: &str| format!("tensor {name:?}: {what}");
-    let Value::Object(fields) = entry else {
-        return Err(bad("entry is not an object"));
-    };
-    let dtype = match fields.get("dtype") {
-        Some(Value::String(s)) => s.clone(),
+    let dtype = match fields.dtype {
+        Some(Value::String(s)) => s,
         _ => return Err(bad("missing or non-string \"dtype\"")),
     };
     let bits = dtype_bits(&dtype).ok_or_else(|| bad(&format!("unknown dtype {dtype:?}")))?;
-    let shape: Vec<u64> = match fields.get("shape") {
+    let shape: Vec<u64> = match fields.shape {
         Some(Value::Array(dims)) => dims
             .iter()
             .map(|d| d.as_u64().ok_or_else(|| bad("shape holds a non-integer")))
             .collect::<std::result::Result<_, _>>()?,
         _ => return Err(bad("missing or non-list \"shape\"")),
     };
-    let (begin, end) = match fields.get("data_offsets") {
+    let (begin, end) = match fields.data_offsets {
         Some(Value::Array(pair)) if pair.len() == 2 => match (pair[0].as_u64(), pair[1].as_u64()) {
             (Some(b), Some(e)) => (b, e),
             _ => return Err(bad("data_offsets are not non-negative integers")),
@@ -259,6 +387,8 @@ mod tests {
             .contains("needs 16 bytes"));
         let reversed = br#"{"t":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}}"#;
         assert!(parse_header(reversed, 8).is_err());
+        let twice = br#"{"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"t":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}"#;
+        assert!(parse_header(twice, 8).unwrap_err().contains("twice"));
         let bad_dtype = br#"{"t":{"dtype":"Q9","shape":[1],"data_offsets":[0,1]}}"#;
         assert!(parse_header(bad_dtype, 8)
             .unwrap_err()

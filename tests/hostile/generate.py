@@ -58,7 +58,8 @@ SAFETENSORS = {
         "overflow",
     ),
     "metadata_not_strings.safetensors": (st_file(j({"__metadata__": {"a": 1}})), "__metadata__"),
-    "deep_nesting.safetensors": (st_file(b"[" * 100_000 + b"]" * 100_000), "not valid JSON"),
+    "deep_nesting.safetensors": (st_file(b"[" * 100_000 + b"]" * 100_000), "not a JSON object"),
+    "deep_nesting_unclosed.safetensors": (st_file(b'{"a": ' + b"[" * 100_000), "not valid JSON"),
     "entry_not_object.safetensors": (st_file(j({"w": [1, 2]})), "not an object"),
 }
 
