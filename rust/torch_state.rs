@@ -132,7 +132,10 @@ fn read_sidecar(file: &Path) -> Result<Option<String>> {
 fn sha256_file(file: &Path) -> Result<String> {
     let mut f = open_regular(file, Area::TrainingState)?;
     let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
+    // A buffer the size of the file, up to 1 MiB: small states (most of a
+    // store scan) must not pay for zeroing a large buffer each.
+    let len = f.metadata().map_or(1 << 20, |m| m.len());
+    let mut buf = vec![0u8; len.clamp(4096, 1 << 20) as usize];
     loop {
         let n = f
             .read(&mut buf)
