@@ -528,6 +528,27 @@ def test_jsonl_sink_writes_gap_records_and_dlm_step_lines(tmp_path):
     assert '"loss": NaN' in lines[-1]
 
 
+def test_training_drift_reads_a_monitored_run(tmp_path):
+    from adapterprobe.drift import training_drift
+
+    torch.manual_seed(0)
+    model = nn.Linear(8, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = torch.randn(64, 8), torch.randn(64, 4)
+    monitor = GAPMonitor(model, interval=3, sink=JsonlSink.for_store(tmp_path, 1))
+    for step in range(12):
+        with monitor.step(step):
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        monitor.log_step(step, float("nan") if step == 7 else loss, lr=0.05)
+    monitor.close()
+    result = training_drift(tmp_path)
+    assert result.evidence["num_steps"] == 12  # gap records are not steps
+    assert result.evidence["nonfinite_steps"] == [7]
+
+
 def test_log_step_needs_a_sink_and_valid_fields(tmp_path):
     with pytest.raises(MonitorConfigError, match="needs a sink"):
         GAPMonitor(mlp()).log_step(0, 1.0)
