@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
 
@@ -10,18 +9,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from test_monitor import hook_count, read_jsonl, tiny_llama  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, Dataset, TensorDataset  # noqa: E402
 
 from adapterprobe import GAPMonitor, MonitorConfigError  # noqa: E402
-
-
-def read_jsonl(path):
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def hook_count(model):
-    return sum(len(m._forward_hooks) for m in model.modules())
 
 
 def grad_norm(parameters):
@@ -48,17 +40,7 @@ def test_hf_trainer_callback_records_sampled_steps_and_step_lines(tmp_path):
     transformers = pytest.importorskip("transformers")
     from adapterprobe.integrations.transformers import GAPCallback
 
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        vocab_size=64,
-        max_position_embeddings=32,
-    )
-    model = transformers.LlamaForCausalLM(config)
+    model = tiny_llama()
     log = tmp_path / "gap.jsonl"
     monitor = GAPMonitor(model, interval=2, kinds=("grad", "activation"), sink=log)
     args = transformers.TrainingArguments(
