@@ -90,6 +90,42 @@ def _record_json(record: ScanRecord) -> str:
         return json.dumps(record.to_dict(), allow_nan=False)
 
 
+def json_chunks(records: Iterable[ScanRecord], first: bool = True, last: bool = True):
+    """The JSON array of `records` as text pieces, one record per line, so
+    output can be streamed; `first`/`last` say whether to open/close it."""
+    opened = not first
+    if first:
+        yield "["
+    for record in records:
+        yield (",\n" if opened else "\n") + _record_json(record)
+        opened = True
+    if last:
+        yield "\n]" if opened else "]"
+
+
+CSV_COLUMNS = ["store", "adapter", "probe", "verdict", "score", "message", "evidence"]
+
+
+def write_csv(out: Any, records: Iterable[ScanRecord], header: bool) -> None:
+    """Write `records` as CSV rows (evidence as a JSON string) to a text stream."""
+    writer = csv.writer(out, lineterminator="\n")
+    if header:
+        writer.writerow(CSV_COLUMNS)
+    for record in records:
+        d = record.to_dict()
+        writer.writerow(
+            [
+                d["store"],
+                d["adapter"] or "",
+                d["probe"],
+                d["verdict"],
+                "" if d["score"] is None else d["score"],
+                d["message"],
+                json.dumps(d["evidence"], sort_keys=True),
+            ]
+        )
+
+
 class ScanReport(Sequence[ScanRecord]):
     """The records of a scan, in store order, plus what could not be searched."""
 
@@ -132,28 +168,13 @@ class ScanReport(Sequence[ScanRecord]):
     def to_json(self, indent: int | None = None) -> str:
         """A JSON array of the flat records (NaN and infinities as null)."""
         if indent is None:
-            # One record per line: readable, and no recursive clean-up pass
-            # unless some number really is NaN or infinite.
-            return "[\n" + ",\n".join(_record_json(r) for r in self.records) + "\n]"
+            return "".join(json_chunks(self.records))
         return json.dumps(self.to_dicts(), indent=indent, allow_nan=False)
 
     def to_csv(self) -> str:
         """CSV with one row per record; evidence as a JSON string."""
         out = io.StringIO()
-        writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(["store", "adapter", "probe", "verdict", "score", "message", "evidence"])
-        for d in self.to_dicts():
-            writer.writerow(
-                [
-                    d["store"],
-                    d["adapter"] or "",
-                    d["probe"],
-                    d["verdict"],
-                    "" if d["score"] is None else d["score"],
-                    d["message"],
-                    json.dumps(d["evidence"], sort_keys=True),
-                ]
-            )
+        write_csv(out, self.records, header=True)
         return out.getvalue()
 
     def to_pandas(self):
@@ -236,6 +257,40 @@ def discover(*roots: str | Path, all_versions: bool = False, workers: int | None
     return targets, [(str(p), m) for p, m in problems]
 
 
+def scan_batches(
+    targets: Sequence[Any],
+    *,
+    probes: Sequence[str] = PROBES,
+    workers: int | None = None,
+    engine: str = "local",
+    address: str | None = None,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
+    progress: Progress | None = None,
+) -> Iterator[list[ScanRecord]]:
+    """Records of discovered `targets`, a batch at a time and in order, so a
+    caller can write them out without holding a whole large scan in memory."""
+    options = dict(options or {})
+    probes = tuple(probes)
+    _check(probes, options)
+    if workers is not None and workers < 1:
+        raise UsageError(f"workers must be at least 1, got {workers}")
+    if engine == "ray":
+        from adapterprobe.ray_engine import run_on_ray
+
+        yield run_on_ray(targets, probes, options, address=address, progress=progress)
+        return
+    if engine != "local":
+        raise UsageError(f"engine must be 'local' or 'ray', got {engine!r}")
+    total = len(targets)
+    if progress:
+        progress(0, total)
+    for start in range(0, total, BATCH):
+        batch = targets[start : start + BATCH]
+        yield judge_batch(batch, probes, options, workers)
+        if progress:
+            progress(start + len(batch), total)
+
+
 def scan(
     *roots: str | Path,
     probes: Sequence[str] = PROBES,
@@ -255,26 +310,15 @@ def scan(
     thresholds keyed by probe name, e.g. ``{"training_drift":
     {"min_steps": 20}}``. ``progress(done, total)`` is called as stores finish.
     """
-    options = dict(options or {})
-    probes = tuple(probes)
-    _check(probes, options)
-    if workers is not None and workers < 1:
-        raise UsageError(f"workers must be at least 1, got {workers}")
+    _check(tuple(probes), dict(options or {}))
     targets, problems = discover(*roots, all_versions=all_versions, workers=workers)
-    if engine == "ray":
-        from adapterprobe.ray_engine import run_on_ray
-
-        records = run_on_ray(targets, probes, options, address=address, progress=progress)
-        return ScanReport(records, problems)
-    if engine != "local":
-        raise UsageError(f"engine must be 'local' or 'ray', got {engine!r}")
-    records: list[ScanRecord] = []
-    total = len(targets)
-    if progress:
-        progress(0, total)
-    for start in range(0, total, BATCH):
-        batch = targets[start : start + BATCH]
-        records.extend(judge_batch(batch, probes, options, workers))
-        if progress:
-            progress(start + len(batch), total)
-    return ScanReport(records, problems)
+    batches = scan_batches(
+        targets,
+        probes=probes,
+        workers=workers,
+        engine=engine,
+        address=address,
+        options=options,
+        progress=progress,
+    )
+    return ScanReport((r for batch in batches for r in batch), problems)

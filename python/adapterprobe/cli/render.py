@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 from adapterprobe.result import Verdict
-from adapterprobe.scan import FAIL_ON, ScanReport
+from adapterprobe.scan import FAIL_ON, ScanRecord, ScanReport, json_chunks, write_csv
 
 STYLE = {
     Verdict.ERROR: "bold magenta",
@@ -44,18 +45,40 @@ def _short(path: str | None, base: str) -> str:
     return path if rel.startswith("..") else rel
 
 
-def print_report(report: ScanReport, fmt: str | None, fail_on: str) -> int:
-    """Write the report to stdout in `fmt`; problems go to stderr. Returns the exit code."""
+def print_batches(
+    batches: Iterable[list[ScanRecord]],
+    problems: list[tuple[str, str]],
+    fmt: str | None,
+    fail_on: str,
+) -> int:
+    """Write records to stdout as batches arrive (JSON and CSV stream; the
+    table, sorted worst first, waits for all). Problems go to stderr.
+    Returns the exit code."""
     fmt = fmt or ("table" if sys.stdout.isatty() else "json")
-    if fmt == "json":
-        sys.stdout.write(report.to_json() + "\n")
-    elif fmt == "csv":
-        sys.stdout.write(report.to_csv())
-    else:
+    out = sys.stdout
+    seen = ScanReport([], problems)
+    if fmt == "table":
+        report = ScanReport((r for batch in batches for r in batch), problems)
         _print_table(report, fail_on)
-    for path, message in report.problems:
+        code = report.exit_code(fail_on)
+    else:
+        code, first = 0, True
+        for batch in batches:
+            seen.records = batch
+            code = max(code, seen.exit_code(fail_on))
+            if fmt == "json":
+                out.writelines(json_chunks(batch, first=first, last=False))
+            else:
+                write_csv(out, batch, header=first)
+            first = False
+            out.flush()
+        if fmt == "json":
+            out.write("[\n]\n" if first else "\n]\n")
+        elif first:
+            write_csv(out, [], header=True)
+    for path, message in problems:
         print(f"adapterprobe: not searched: {path}: {message}", file=sys.stderr)
-    return report.exit_code(fail_on)
+    return code
 
 
 def _print_table(report: ScanReport, fail_on: str) -> None:

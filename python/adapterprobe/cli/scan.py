@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from adapterprobe.cli.render import add_output_options, print_report
+from adapterprobe.cli.render import add_output_options, print_batches
 
 EPILOG = """\
 examples:
@@ -79,18 +79,18 @@ def _positive_int(text: str) -> int:
 
 
 def run_scan(roots: list[str], args: argparse.Namespace) -> int:
-    from adapterprobe.scan import scan
+    from adapterprobe.scan import discover, scan_batches
 
+    targets, problems = discover(*roots, all_versions=args.all_versions, workers=args.workers)
     with _progress_bar() as progress:
-        report = scan(
-            *roots,
-            all_versions=args.all_versions,
+        batches = scan_batches(
+            targets,
             workers=args.workers,
             engine=args.engine,
             address=args.address,
             progress=progress,
         )
-    return print_report(report, args.format, args.fail_on)
+        return print_batches(batches, problems, args.format, args.fail_on)
 
 
 def run(args: argparse.Namespace) -> int:
