@@ -54,8 +54,6 @@ import fnmatch
 import functools
 import math
 import os
-import shutil
-import tempfile
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -68,6 +66,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from adapterprobe.errors import MonitorConfigError, require
+from adapterprobe.extract import atomic_dir
 from adapterprobe.sinks import GapSink, JsonlSink, TensorBoardSink, step_record
 
 __all__ = ["KINDS", "STATS", "GAPMonitor", "GradientDump", "JsonlSink", "TensorBoardSink"]
@@ -180,38 +179,18 @@ class GradientDump:
         save_file = require("safetensors.torch", "torch").save_file
         final = self.directory / f"step{step}"
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            staging = Path(tempfile.mkdtemp(prefix=f".step{step}-", dir=self.directory))
+            with atomic_dir(final, overwrite=True) as staging:
+                for name, grad in grads:
+                    tensor = grad.detach()
+                    full_shape = list(tensor.shape)
+                    if self.first_n is not None and tensor.ndim:
+                        tensor = tensor[tuple(slice(0, self.first_n) for _ in full_shape)]
+                    file = staging / f"{name.replace('/', '_').replace(os.sep, '_')}.safetensors"
+                    meta = {"parameter": name, "step": str(step), "full_shape": str(full_shape)}
+                    save_file({"gradient": tensor.to("cpu").contiguous()}, str(file), metadata=meta)
         except OSError as exc:
-            raise MonitorConfigError(f"cannot create gradient dump {final}: {exc}") from exc
-        try:
-            for name, grad in grads:
-                tensor = grad.detach()
-                full_shape = list(tensor.shape)
-                if self.first_n is not None and tensor.ndim:
-                    tensor = tensor[tuple(slice(0, self.first_n) for _ in full_shape)]
-                file = staging / f"{name.replace('/', '_').replace(os.sep, '_')}.safetensors"
-                metadata = {"parameter": name, "step": str(step), "full_shape": str(full_shape)}
-                save_file({"gradient": tensor.to("cpu").contiguous()}, str(file), metadata=metadata)
-            _replace_dir(staging, final)
-        except OSError as exc:
-            shutil.rmtree(staging, ignore_errors=True)
             raise MonitorConfigError(f"cannot write gradient dump {final}: {exc}") from exc
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
         return final
-
-
-def _replace_dir(staging: Path, final: Path) -> None:
-    """Move a finished directory into place, replacing an older one of the same name."""
-    if not final.exists():
-        os.replace(staging, final)
-        return
-    trash = Path(tempfile.mkdtemp(prefix=f".old-{final.name}-", dir=final.parent))
-    os.replace(final, trash / final.name)
-    os.replace(staging, final)
-    shutil.rmtree(trash, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------
