@@ -304,6 +304,25 @@ impl<'a> Scanner<'a> {
         })
     }
 
+    /// After a container item: true at `close` (consumed), false after a
+    /// comma (consumed, whitespace skipped); anything else is an error.
+    #[inline]
+    fn closes(&mut self, close: u8) -> Parse<bool> {
+        self.ws();
+        match self.peek() {
+            Some(b',') => {
+                self.i += 1;
+                self.ws();
+                Ok(false)
+            }
+            Some(c) if c == close => {
+                self.i += 1;
+                Ok(true)
+            }
+            _ => Err(()),
+        }
+    }
+
     /// Validate and skip any value.
     fn skip_value(&mut self, depth: usize) -> Parse<()> {
         if depth > MAX_DEPTH {
@@ -324,17 +343,8 @@ impl<'a> Scanner<'a> {
                     self.eat(b':')?;
                     self.ws();
                     self.skip_value(depth + 1)?;
-                    self.ws();
-                    match self.peek() {
-                        Some(b',') => {
-                            self.i += 1;
-                            self.ws();
-                        }
-                        Some(b'}') => {
-                            self.i += 1;
-                            return Ok(());
-                        }
-                        _ => return Err(()),
+                    if self.closes(b'}')? {
+                        return Ok(());
                     }
                 }
             }
@@ -347,17 +357,8 @@ impl<'a> Scanner<'a> {
                 }
                 loop {
                     self.skip_value(depth + 1)?;
-                    self.ws();
-                    match self.peek() {
-                        Some(b',') => {
-                            self.i += 1;
-                            self.ws();
-                        }
-                        Some(b']') => {
-                            self.i += 1;
-                            return Ok(());
-                        }
-                        _ => return Err(()),
+                    if self.closes(b']')? {
+                        return Ok(());
                     }
                 }
             }
@@ -568,17 +569,8 @@ fn parse_top(line: &[u8]) -> Parse<Option<(Scalar<'_>, Scalar<'_>)>> {
                 Field::Loss => loss = Some(s.scalar()?),
                 Field::Other => s.skip_value(1)?,
             }
-            s.ws();
-            match s.peek() {
-                Some(b',') => {
-                    s.i += 1;
-                    s.ws();
-                }
-                Some(b'}') => {
-                    s.i += 1;
-                    break;
-                }
-                _ => return Err(()),
+            if s.closes(b'}')? {
+                break;
             }
         }
     }

@@ -755,29 +755,7 @@ fn read_training_state(py: Python<'_>, path: std::path::PathBuf) -> PyResult<PyT
     let state = py
         .detach(|| crate::torch_state::read_training_state(&path))
         .map_err(to_py_err)?;
-    let stats = state
-        .per_param
-        .into_iter()
-        .map(|p| {
-            Py::new(
-                py,
-                PyParamStat {
-                    param_id: p.param_id,
-                    numel: p.numel,
-                    exp_avg_sq_mean: p.exp_avg_sq_mean,
-                    nonfinite: p.nonfinite,
-                },
-            )
-        })
-        .collect::<PyResult<Vec<_>>>()?;
-    Ok(PyTrainingState {
-        path: state.path,
-        global_step: state.global_step,
-        epoch: state.epoch,
-        best_val_loss: state.best_val_loss,
-        use_qlora: state.use_qlora,
-        per_param: pyo3::types::PyList::new(py, stats)?.unbind(),
-    })
+    training_state_to_py(py, state)
 }
 
 // ==== end training_state bindings ====

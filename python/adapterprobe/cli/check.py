@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from adapterprobe.cli import positive_int
 from adapterprobe.cli.render import add_output_options
-from adapterprobe.cli.scan import _positive_int, run_scan
+from adapterprobe.cli.scan import run_scan
 from adapterprobe.errors import UsageError
 
 EPILOG = """\
@@ -29,7 +30,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_output_options(p)
     p.add_argument("--all-versions", action="store_true", help="probe every version of the store")
     p.add_argument(
-        "--workers", type=_positive_int, default=None, metavar="N", help=argparse.SUPPRESS
+        "--workers", type=positive_int, default=None, metavar="N", help=argparse.SUPPRESS
     )
     p.set_defaults(run=run, engine="local", address=None)
 

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from adapterprobe.cli import positive_int
+
 _DESCRIPTION = """\
 Extract a PEFT LoRA adapter from the difference between a base and a fully
 fine-tuned checkpoint. Each changed Linear weight delta is factored with a
@@ -21,16 +23,6 @@ examples:
   adapterprobe extract --base base/ --tuned tuned/ --out lora/ --rank-min 32 --rank-max 32
   adapterprobe extract --base b.safetensors --tuned t.safetensors --out lora/ --device cuda
 """
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def _fraction(text: str) -> float:
@@ -62,10 +54,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", required=True, metavar="DIR", help="PEFT adapter directory to write")
     p.add_argument(
-        "--rank-min", type=_positive_int, default=8, metavar="R", help="smallest rank (default 8)"
+        "--rank-min", type=positive_int, default=8, metavar="R", help="smallest rank (default 8)"
     )
     p.add_argument(
-        "--rank-max", type=_positive_int, default=64, metavar="R", help="largest rank (default 64)"
+        "--rank-max", type=positive_int, default=64, metavar="R", help="largest rank (default 64)"
     )
     p.add_argument(
         "--explained-variance",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from adapterprobe.cli import positive_int
 from adapterprobe.cli.render import add_output_options, print_batches
 
 EPILOG = """\
@@ -52,7 +53,7 @@ def add_scan_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--workers",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         metavar="N",
         help="threads to read with (default: one per core)",
@@ -66,16 +67,6 @@ def add_scan_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--address", default=None, metavar="ADDR", help="Ray cluster to join (with --engine ray)"
     )
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def run_scan(roots: list[str], args: argparse.Namespace) -> int:
