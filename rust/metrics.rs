@@ -109,6 +109,26 @@ impl SortedWindow {
         }
     }
 
+    /// The median of the window with one copy of `x` (which it holds) left
+    /// out, read from the order statistics without removing anything.
+    fn median_without(&self, x: f64) -> f64 {
+        if x.is_nan() {
+            return median_of_sorted(&self.values, self.nans > 1);
+        }
+        if self.nans > 0 || self.values.len() < 2 {
+            return f64::NAN;
+        }
+        // values[r] is a copy of x; the remaining k-th value skips index r.
+        let r = self.rank(x);
+        let pick = |k: usize| self.values[k + usize::from(k >= r)];
+        let n = self.values.len() - 1;
+        if n % 2 == 1 {
+            pick(n / 2)
+        } else {
+            (pick(n / 2 - 1) + pick(n / 2)) / 2.0
+        }
+    }
+
     /// How many values are below `x`. Small windows count without branches
     /// (random losses make a binary search mispredict at every step).
     #[inline]
@@ -118,10 +138,6 @@ impl SortedWindow {
         } else {
             self.values.partition_point(|&v| v < x)
         }
-    }
-
-    fn median(&self) -> f64 {
-        median_of_sorted(&self.values, self.nans > 0)
     }
 }
 
@@ -157,32 +173,28 @@ pub fn spike_indices(deltas: &[f64], window: usize, sigma: f64) -> Vec<usize> {
             .collect();
     }
     let abs = |i: usize| deltas[i].abs();
-    // Invariant at each test: `win` holds abs[lo..hi] without abs[i]; with
-    // half >= 1 and n >= 2 that is never empty.
+    // The window holds abs[lo..hi], the centre included; the centre is left
+    // out when the median is read. Sliding is at most one replace per step.
     let mut win = SortedWindow::default();
     let mut hi = (half + 1).min(n);
-    for j in 1..hi {
+    for j in 0..hi {
         win.insert(abs(j));
     }
     let mut lo = 0usize;
     let mut spikes = vec![];
     for (i, &d) in deltas.iter().enumerate() {
-        if i > 0 {
-            // The old centre returns and the new one leaves.
-            win.replace(abs(i), abs(i - 1));
-            let (new_lo, new_hi) = (i.saturating_sub(half), (i + half + 1).min(n));
-            match (new_lo > lo, new_hi > hi) {
-                (true, true) => win.replace(abs(lo), abs(hi)),
-                (true, false) => win.remove(abs(lo)),
-                (false, true) => win.insert(abs(hi)),
-                (false, false) => {}
-            }
-            (lo, hi) = (new_lo, new_hi);
+        let (new_lo, new_hi) = (i.saturating_sub(half), (i + half + 1).min(n));
+        match (new_lo > lo, new_hi > hi) {
+            (true, true) => win.replace(abs(lo), abs(hi)),
+            (true, false) => win.remove(abs(lo)),
+            (false, true) => win.insert(abs(hi)),
+            (false, false) => {}
         }
+        (lo, hi) = (new_lo, new_hi);
         // `d <= 0` never counts; a NaN delta counts only when the baseline is
         // exactly zero (every comparison with NaN is false).
         if d > 0.0 || d.is_nan() {
-            let baseline = win.median();
+            let baseline = win.median_without(abs(i));
             if baseline == 0.0 || d > sigma * baseline {
                 spikes.push(i);
             }
