@@ -26,35 +26,18 @@ import hashlib
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from _timing import best_of, report
 
 DATA = Path(__file__).parent / ".data" / "training_state"
 
 HIDDEN = 1536
 RANK = 16
 MODULES = 7  # q, k, v, o, gate, up, down
-
-
-def best_of(fn: Callable[[], object], repeat: int) -> float:
-    """Best wall time of `repeat` runs: the least disturbed by a shared machine."""
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def report(name: str, ours: float, reference_name: str, reference: float, extra: str = "") -> None:
-    ratio = reference / ours if ours > 0 else float("inf")
-    tail = f"  {extra}" if extra else ""
-    print(
-        f"{name}: ours {ours:.4f} s, {reference_name} {reference:.4f} s, ratio {ratio:.1f} x{tail}",
-        flush=True,
-    )
 
 
 def make_state(mb: float) -> tuple[Path, Path]:
