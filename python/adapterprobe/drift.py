@@ -16,7 +16,7 @@ from typing import Any
 
 from adapterprobe import _core
 from adapterprobe.errors import UsageError
-from adapterprobe.result import ProbeResult, Verdict
+from adapterprobe.result import ProbeResult, Verdict, option_defaults
 
 KIND = "training_drift"
 CURVE_SAMPLE_CAP = 512
@@ -32,9 +32,6 @@ def check_options(
     assert_instability_events_lte: int,
 ) -> None:
     """Raise UsageError for options outside their documented ranges."""
-    smoothness_gte = assert_smoothness_gte
-    convergence_ratio_lte = assert_convergence_ratio_lte
-    instability_events_lte = assert_instability_events_lte
     problems = []
     if min_steps < 2:
         problems.append(f"min_steps must be >= 2, got {min_steps}")
@@ -42,12 +39,16 @@ def check_options(
         problems.append(f"rolling_window must be >= 2, got {rolling_window}")
     if not spike_sigma > 0:
         problems.append(f"spike_sigma must be > 0, got {spike_sigma}")
-    if not 0.0 <= smoothness_gte <= 1.0:
-        problems.append(f"assert_smoothness_gte must be in [0, 1], got {smoothness_gte}")
-    if not convergence_ratio_lte > 0:
-        problems.append(f"assert_convergence_ratio_lte must be > 0, got {convergence_ratio_lte}")
-    if instability_events_lte < 0:
-        problems.append(f"assert_instability_events_lte must be >= 0, got {instability_events_lte}")
+    if not 0.0 <= assert_smoothness_gte <= 1.0:
+        problems.append(f"assert_smoothness_gte must be in [0, 1], got {assert_smoothness_gte}")
+    if not assert_convergence_ratio_lte > 0:
+        problems.append(
+            f"assert_convergence_ratio_lte must be > 0, got {assert_convergence_ratio_lte}"
+        )
+    if assert_instability_events_lte < 0:
+        problems.append(
+            f"assert_instability_events_lte must be >= 0, got {assert_instability_events_lte}"
+        )
     if problems:
         raise UsageError("; ".join(problems))
 
@@ -130,6 +131,9 @@ def judge_drift(
             },
         },
     )
+
+
+DEFAULTS = option_defaults(judge_drift)
 
 
 def training_drift(

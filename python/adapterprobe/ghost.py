@@ -28,20 +28,22 @@ from typing import Any
 
 from adapterprobe import _core
 from adapterprobe.errors import UsageError
-from adapterprobe.result import ProbeResult, Verdict
+from adapterprobe.result import ProbeResult, Verdict, option_defaults
 
 KIND = "gradient_ghost"
 
 
-def check_options(min_steps_threshold: int, ratio: float, frac: float) -> None:
+def check_options(
+    *, min_steps_threshold: int, undertrained_layer_ratio: float, layer_failure_frac: float
+) -> None:
     """Raise UsageError for options outside their documented ranges."""
     problems = []
     if min_steps_threshold < 1:
         problems.append(f"min_steps_threshold must be >= 1, got {min_steps_threshold}")
-    if not ratio > 1.0:
-        problems.append(f"undertrained_layer_ratio must be > 1, got {ratio}")
-    if not 0.0 <= frac <= 1.0:
-        problems.append(f"layer_failure_frac must be in [0, 1], got {frac}")
+    if not undertrained_layer_ratio > 1.0:
+        problems.append(f"undertrained_layer_ratio must be > 1, got {undertrained_layer_ratio}")
+    if not 0.0 <= layer_failure_frac <= 1.0:
+        problems.append(f"layer_failure_frac must be in [0, 1], got {layer_failure_frac}")
     if problems:
         raise UsageError("; ".join(problems))
 
@@ -177,6 +179,9 @@ def judge_ghost(
     )
 
 
+DEFAULTS = option_defaults(judge_ghost)
+
+
 def gradient_ghost(
     adapter_path: str | Path,
     *,
@@ -189,7 +194,11 @@ def gradient_ghost(
 
     Raises UsageError only for invalid options.
     """
-    check_options(min_steps_threshold, undertrained_layer_ratio, layer_failure_frac)
+    check_options(
+        min_steps_threshold=min_steps_threshold,
+        undertrained_layer_ratio=undertrained_layer_ratio,
+        layer_failure_frac=layer_failure_frac,
+    )
     inputs = _core.ghost_input(str(Path(adapter_path).expanduser()))
     return judge_ghost(
         inputs,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import enum
+import inspect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +35,16 @@ _SEVERITY = {
     Verdict.FAIL: 3,
     Verdict.ERROR: 4,
 }
+
+
+def option_defaults(judge: Callable[..., Any]) -> dict[str, Any]:
+    """A probe's threshold options and their defaults, read from its judge's
+    keyword-only parameters (``name`` excluded), so they are stated once."""
+    return {
+        p.name: p.default
+        for p in inspect.signature(judge).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name != "name"
+    }
 
 
 def json_safe(value: Any) -> Any:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from adapterprobe import _core
+from adapterprobe import _core, drift, ghost
 from adapterprobe.drift import check_options as check_drift_options
 from adapterprobe.drift import judge_drift
 from adapterprobe.errors import UsageError, require
@@ -193,7 +193,7 @@ def _records_for(
         r = judge_drift(inputs.drift, **options.get("training_drift", {}))
         out.append(ScanRecord.of(store, None, r))
     if "gradient_ghost" in probes:
-        ghost = [
+        per_adapter = [
             (str(g.adapter), judge_ghost(g, **options.get("gradient_ghost", {})))
             for g in inputs.ghosts
         ]
@@ -201,11 +201,9 @@ def _records_for(
             broken = ProbeResult(
                 name="gradient_ghost", kind="gradient_ghost", verdict=Verdict.ERROR, message=reason
             )
-            ghost.append((str(adapter), broken))
-        for adapter, r in sorted(ghost, key=lambda item: item[0]):
-            out.append(
-                ScanRecord(store, adapter, r.kind, r.verdict, r.score, r.message, r.evidence)
-            )
+            per_adapter.append((str(adapter), broken))
+        for adapter, r in sorted(per_adapter, key=lambda item: item[0]):
+            out.append(ScanRecord.of(store, adapter, r))
     return out
 
 
@@ -213,19 +211,8 @@ def _check(probes: Sequence[str], options: Mapping[str, Mapping[str, Any]]) -> N
     unknown = [p for p in probes if p not in PROBES]
     if unknown or not probes:
         raise UsageError(f"probes must be a non-empty subset of {PROBES}, got {list(probes)}")
-    drift = {
-        "min_steps": 10,
-        "rolling_window": 10,
-        "spike_sigma": 3.0,
-        "assert_smoothness_gte": 0.7,
-        "assert_convergence_ratio_lte": 0.7,
-        "assert_instability_events_lte": 0,
-    }
-    drift.update(options.get("training_drift", {}))
-    check_drift_options(**drift)
-    ghost = {"min_steps_threshold": 50, "undertrained_layer_ratio": 2.0, "layer_failure_frac": 0.3}
-    ghost.update(options.get("gradient_ghost", {}))
-    check_ghost_options(*ghost.values())
+    check_drift_options(**{**drift.DEFAULTS, **options.get("training_drift", {})})
+    check_ghost_options(**{**ghost.DEFAULTS, **options.get("gradient_ghost", {})})
 
 
 def judge_batch(
