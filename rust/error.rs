@@ -25,6 +25,9 @@ pub enum Area {
     Missing,
     /// Bad arguments from the caller (not bad data).
     Usage,
+    /// Adapter weights (tensor data) or an `adapter_config.json` that is
+    /// unreadable or disagrees with the weights.
+    Weights,
 }
 
 #[derive(Debug, Clone)]

@@ -57,6 +57,12 @@ create_exception!(
 );
 create_exception!(
     adapterprobe,
+    WeightsError,
+    AdapterProbeError,
+    "Adapter weights or adapter_config.json are unreadable or disagree with each other."
+);
+create_exception!(
+    adapterprobe,
     UsageError,
     AdapterProbeError,
     "The arguments of a call are invalid."
@@ -73,6 +79,7 @@ fn to_py_err(err: Error) -> PyErr {
         Area::Integrity => IntegrityError::new_err(msg),
         Area::Missing => MissingFileError::new_err(msg),
         Area::Usage => UsageError::new_err(msg),
+        Area::Weights => WeightsError::new_err(msg),
     }
 }
 
@@ -425,6 +432,7 @@ fn error_kind(err: &Error) -> &'static str {
         Area::Integrity => "IntegrityError",
         Area::Missing => "MissingFileError",
         Area::Usage => "UsageError",
+        Area::Weights => "WeightsError",
     }
 }
 
@@ -772,6 +780,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("IntegrityError", py.get_type::<IntegrityError>())?;
     m.add("MissingFileError", py.get_type::<MissingFileError>())?;
     m.add("UsageError", py.get_type::<UsageError>())?;
+    m.add("WeightsError", py.get_type::<WeightsError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<TensorInfo>()?;
     m.add_class::<SafetensorsHeader>()?;
