@@ -36,7 +36,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import adapterprobe
-from adapterprobe.extract import factorize_delta
+from adapterprobe.lora.factorize import factorize_delta
 
 TARGET_SPEEDUP = 3.0
 TARGET_ERROR_RATIO = 1.02

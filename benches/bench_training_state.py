@@ -5,7 +5,7 @@
 
 The state is real: LoRA-shaped float32 parameters (r=16, hidden 1536, seven
 target modules per layer, as in a ~1.5B model's adapter) get two AdamW steps,
-and storegen.save_training_state writes the payload with torch.save plus its
+and realruns.dlm.save_training_state writes the payload with torch.save plus its
 sha256 sidecar. Layers are added until exp_avg + exp_avg_sq reach --mb.
 
 Comparisons (each printed as `name: ours X s, reference Y s, ratio Z x`):
@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
 from _timing import best_of, report
 
@@ -50,7 +51,7 @@ def make_state(mb: float) -> tuple[Path, Path]:
     if not (verified.exists() and plain.exists()):
         import torch
 
-        from adapterprobe.storegen import save_training_state
+        from realruns.dlm import save_training_state
 
         torch.manual_seed(0)
         params = []

@@ -30,11 +30,17 @@ pub enum Area {
     Weights,
 }
 
+/// An error with structured fields: the Python binding raises the area's
+/// exception class with `path`, `reason` (the message) and the `details`
+/// as attributes, so callers need not parse the text.
 #[derive(Debug, Clone)]
 pub struct Error {
     pub area: Area,
+    /// The file or directory involved; empty when the error is about none.
     pub path: PathBuf,
     pub message: String,
+    /// Facts specific to the error, e.g. `("global_name", "os.system")`.
+    pub details: Vec<(&'static str, String)>,
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -45,7 +51,14 @@ impl Error {
             area,
             path: path.as_ref().to_path_buf(),
             message: message.into(),
+            details: Vec::new(),
         }
+    }
+
+    /// The same error with one more structured detail.
+    pub fn with(mut self, key: &'static str, value: impl Into<String>) -> Self {
+        self.details.push((key, value.into()));
+        self
     }
 
     /// Wrap an I/O failure, keeping "not found" distinct from the rest.

@@ -13,6 +13,11 @@ use crate::safetensors_header::read_header;
 
 pub const ADAPTER_WEIGHTS: &str = "adapter_model.safetensors";
 
+/// Layer attribution of optimizer param ids (see `group_layers`).
+#[cfg_attr(
+    feature = "python",
+    pyo3::pyclass(frozen, skip_from_py_object, module = "adapterprobe._core")
+)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LayerGrouping {
     /// Sorted, distinct layer indices the adapter touches.

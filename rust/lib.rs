@@ -11,6 +11,7 @@ mod py;
 
 pub use error::{Area, Error, Result};
 pub mod files;
+pub mod float_reduce;
 pub mod json_line;
 pub mod layers;
 pub mod loss_log;
@@ -19,3 +20,4 @@ pub mod pickle;
 pub mod safetensors_header;
 pub mod scan;
 pub mod torch_state;
+pub mod zip_archive;

@@ -20,6 +20,12 @@ const PIECE: usize = 512 << 10;
 /// Longest line kept; a longer one is unreadable (and skipped).
 pub const MAX_LINE: usize = 16 << 20;
 
+/// A deduplicated loss curve. Python sees `steps` and `losses` as NumPy
+/// arrays (made in the binding), `num_files` and `files`.
+#[cfg_attr(
+    feature = "python",
+    pyo3::pyclass(frozen, skip_from_py_object, module = "adapterprobe._core")
+)]
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LossCurve {
     /// Ascending, distinct step numbers.
@@ -27,6 +33,41 @@ pub struct LossCurve {
     /// The loss at each step; non-finite losses are stored as +inf.
     pub losses: Vec<f64>,
     pub num_files: usize,
+    /// The files read, in reading order.
+    pub files: Vec<PathBuf>,
+}
+
+impl LossCurve {
+    /// The step numbers at curve indices `points`.
+    pub fn steps_at(&self, points: &[usize]) -> Vec<i64> {
+        points
+            .iter()
+            .filter_map(|&i| self.steps.get(i).copied())
+            .collect()
+    }
+
+    /// At most about `cap` evenly strided (step, loss) points, the first and
+    /// last always kept; a non-finite loss is None. `cap` must be at least 1.
+    pub fn sample(&self, cap: usize) -> Result<Vec<(i64, Option<f64>)>> {
+        if cap == 0 {
+            return Err(Error::new(Area::Usage, "", "cap must be at least 1"));
+        }
+        let n = self.steps.len();
+        let stride = if n <= cap { 1 } else { n.div_ceil(cap) };
+        let mut idx: Vec<usize> = (0..n).step_by(stride).collect();
+        if n > 0 && idx.last() != Some(&(n - 1)) {
+            idx.push(n - 1);
+        }
+        Ok(idx
+            .into_iter()
+            .map(|i| {
+                (
+                    self.steps[i],
+                    self.losses[i].is_finite().then_some(self.losses[i]),
+                )
+            })
+            .collect())
+    }
 }
 
 fn is_train_log(name: &str) -> bool {
@@ -205,7 +246,7 @@ pub fn read_steps(path: &Path, out: &mut Vec<(i64, f64)>) -> Result<()> {
 
 /// Build the curve from records in reading order: sort by step, keep the
 /// last record of each step, store non-finite losses as +inf.
-pub fn assemble(mut records: Vec<(i64, f64)>, num_files: usize) -> LossCurve {
+pub fn assemble(mut records: Vec<(i64, f64)>, files: Vec<PathBuf>) -> LossCurve {
     // Stable sort keeps reading order within a step; runs of sorted steps
     // (the normal case) make this close to linear.
     records.sort_by_key(|&(step, _)| step);
@@ -225,19 +266,20 @@ pub fn assemble(mut records: Vec<(i64, f64)>, num_files: usize) -> LossCurve {
     LossCurve {
         steps,
         losses,
-        num_files,
+        num_files: files.len(),
+        files,
     }
 }
 
 /// Read the given files (sorted by file name) into one curve.
 pub fn read_loss_curve(files: &[PathBuf]) -> Result<LossCurve> {
-    let mut ordered: Vec<&PathBuf> = files.iter().collect();
+    let mut ordered: Vec<PathBuf> = files.to_vec();
     ordered.sort_by(|a, b| a.file_name().cmp(&b.file_name()).then_with(|| a.cmp(b)));
     let mut records = Vec::new();
     for path in &ordered {
         read_steps(path, &mut records)?;
     }
-    Ok(assemble(records, files.len()))
+    Ok(assemble(records, ordered))
 }
 
 #[cfg(test)]
@@ -304,7 +346,7 @@ mod tests {
     fn dedupe_keeps_the_last_record() {
         let c = assemble(
             vec![(1, 5.0), (2, 4.0), (3, f64::NAN), (2, 9.0), (0, 1.0)],
-            2,
+            vec![PathBuf::from("a"), PathBuf::from("b")],
         );
         assert_eq!(c.steps, vec![0, 1, 2, 3]);
         assert_eq!(c.losses, vec![1.0, 5.0, 9.0, f64::INFINITY]);

@@ -4,6 +4,24 @@
 //! to the last bit, not just approximately: smoothness is `1 - a/b` of two
 //! variances, where a tiny summation difference would otherwise show.
 
+use crate::error::{Area, Error, Result};
+
+/// The domain of the spike kernels' parameters: a window of at least one
+/// point and a positive, finite sigma.
+pub fn check_spike_params(window: usize, sigma: f64) -> Result<()> {
+    if window < 1 {
+        return Err(Error::new(Area::Usage, "", "window must be at least 1"));
+    }
+    if !(sigma > 0.0 && sigma.is_finite()) {
+        return Err(Error::new(
+            Area::Usage,
+            "",
+            format!("sigma must be a positive number, got {sigma}"),
+        ));
+    }
+    Ok(())
+}
+
 /// numpy's pairwise summation (`add.reduce` on a contiguous float64 array).
 pub fn pairwise_sum(a: &[f64]) -> f64 {
     const BLOCK: usize = 128;

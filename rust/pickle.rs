@@ -17,6 +17,78 @@ use std::collections::HashMap;
 
 use crate::error::Area;
 
+/// Pickle opcodes by name (protocols 0-5), as the `pickle` module calls them.
+pub mod op {
+    pub const PROTO: u8 = 0x80;
+    pub const FRAME: u8 = 0x95;
+    pub const STOP: u8 = b'.';
+    pub const MARK: u8 = b'(';
+    pub const POP: u8 = b'0';
+    pub const POP_MARK: u8 = b'1';
+    pub const DUP: u8 = b'2';
+    pub const NONE: u8 = b'N';
+    pub const NEWTRUE: u8 = 0x88;
+    pub const NEWFALSE: u8 = 0x89;
+    pub const INT: u8 = b'I';
+    pub const BININT: u8 = b'J';
+    pub const BININT1: u8 = b'K';
+    pub const BININT2: u8 = b'M';
+    pub const LONG: u8 = b'L';
+    pub const LONG1: u8 = 0x8a;
+    pub const LONG4: u8 = 0x8b;
+    pub const FLOAT: u8 = b'F';
+    pub const BINFLOAT: u8 = b'G';
+    pub const STRING: u8 = b'S';
+    pub const BINSTRING: u8 = b'T';
+    pub const SHORT_BINSTRING: u8 = b'U';
+    pub const UNICODE: u8 = b'V';
+    pub const BINUNICODE: u8 = b'X';
+    pub const SHORT_BINUNICODE: u8 = 0x8c;
+    pub const BINUNICODE8: u8 = 0x8d;
+    pub const BINBYTES: u8 = b'B';
+    pub const SHORT_BINBYTES: u8 = b'C';
+    pub const BINBYTES8: u8 = 0x8e;
+    pub const BYTEARRAY8: u8 = 0x96;
+    pub const EMPTY_TUPLE: u8 = b')';
+    pub const TUPLE: u8 = b't';
+    pub const TUPLE1: u8 = 0x85;
+    pub const TUPLE2: u8 = 0x86;
+    pub const TUPLE3: u8 = 0x87;
+    pub const EMPTY_LIST: u8 = b']';
+    pub const LIST: u8 = b'l';
+    pub const APPEND: u8 = b'a';
+    pub const APPENDS: u8 = b'e';
+    pub const EMPTY_DICT: u8 = b'}';
+    pub const DICT: u8 = b'd';
+    pub const SETITEM: u8 = b's';
+    pub const SETITEMS: u8 = b'u';
+    pub const EMPTY_SET: u8 = 0x8f;
+    pub const ADDITEMS: u8 = 0x90;
+    pub const FROZENSET: u8 = 0x91;
+    pub const GET: u8 = b'g';
+    pub const BINGET: u8 = b'h';
+    pub const LONG_BINGET: u8 = b'j';
+    pub const PUT: u8 = b'p';
+    pub const BINPUT: u8 = b'q';
+    pub const LONG_BINPUT: u8 = b'r';
+    pub const MEMOIZE: u8 = 0x94;
+    pub const GLOBAL: u8 = b'c';
+    pub const STACK_GLOBAL: u8 = 0x93;
+    pub const INST: u8 = b'i';
+    pub const OBJ: u8 = b'o';
+    pub const NEWOBJ: u8 = 0x81;
+    pub const NEWOBJ_EX: u8 = 0x92;
+    pub const REDUCE: u8 = b'R';
+    pub const BUILD: u8 = b'b';
+    pub const BINPERSID: u8 = b'Q';
+    pub const PERSID: u8 = b'P';
+    pub const EXT1: u8 = 0x82;
+    pub const EXT2: u8 = 0x83;
+    pub const EXT4: u8 = 0x84;
+    pub const NEXT_BUFFER: u8 = 0x97;
+    pub const READONLY_BUFFER: u8 = 0x98;
+}
+
 /// Index of a value in the arena.
 pub type Id = u32;
 
@@ -379,6 +451,8 @@ pub struct PickleError {
     /// Byte offset of the opcode that failed.
     pub offset: usize,
     pub message: String,
+    /// `module.name` of a refused global, when that is the reason.
+    pub global: Option<String>,
 }
 
 impl std::fmt::Display for PickleError {
@@ -466,6 +540,7 @@ pub fn unpickle_with(data: &[u8], limits: Limits) -> PResult<Unpickled> {
                 data.len(),
                 limits.max_pickle_bytes
             ),
+            global: None,
         });
     }
     let mut m = Machine {
@@ -509,6 +584,7 @@ impl<'a> Machine<'a> {
             area: Area::TrainingState,
             offset: self.op_start,
             message: message.into(),
+            global: None,
         }
     }
 
@@ -522,6 +598,7 @@ impl<'a> Machine<'a> {
                 "pickle names the global {module}.{name}, which is not on the allow-list; \
                  refusing the file (nothing was imported or executed)"
             ),
+            global: Some(format!("{module}.{name}")),
         }
     }
 
@@ -578,6 +655,7 @@ impl<'a> Machine<'a> {
             area: Area::TrainingState,
             offset: self.op_start,
             message: "text argument is not UTF-8".into(),
+            global: None,
         })
     }
 
@@ -1023,18 +1101,18 @@ impl<'a> Machine<'a> {
                 .u8()
                 .map_err(|_| self.err("pickle ends without a STOP opcode"))?;
             match op {
-                0x80 => {
+                op::PROTO => {
                     let proto = self.u8()?;
                     if proto > 5 {
                         return Err(self.err(format!("unsupported pickle protocol {proto}")));
                     }
                 }
-                0x95 => {
+                op::FRAME => {
                     // FRAME: only a length hint for buffered readers.
                     self.fixed::<8>()?;
                 }
-                b'.' => return self.pop(),
-                b'(' => {
+                op::STOP => return self.pop(),
+                op::MARK => {
                     if self.marks.len() >= self.limits.max_marks {
                         return Err(
                             self.err(format!("more than {} nested MARKs", self.limits.max_marks))
@@ -1042,24 +1120,24 @@ impl<'a> Machine<'a> {
                     }
                     self.marks.push(self.stack.len());
                 }
-                b'0' => {
+                op::POP => {
                     if self.stack.len() > self.floor() {
                         self.stack.pop();
                     } else {
                         self.pop_mark()?;
                     }
                 }
-                b'1' => {
+                op::POP_MARK => {
                     self.pop_mark()?;
                 }
-                b'2' => {
+                op::DUP => {
                     let top = self.top()?;
                     self.push(top)?;
                 }
-                b'N' => self.push(NONE_ID)?,
-                0x88 => self.push(TRUE_ID)?,
-                0x89 => self.push(FALSE_ID)?,
-                b'I' => {
+                op::NONE => self.push(NONE_ID)?,
+                op::NEWTRUE => self.push(TRUE_ID)?,
+                op::NEWFALSE => self.push(FALSE_ID)?,
+                op::INT => {
                     let text = self.line_str()?.to_owned();
                     match text.as_str() {
                         "00" => self.push(FALSE_ID)?,
@@ -1070,59 +1148,59 @@ impl<'a> Machine<'a> {
                         }
                     }
                 }
-                b'J' => {
+                op::BININT => {
                     let v = i32::from_le_bytes(self.fixed::<4>()?);
                     self.push_new(Value::Int(i64::from(v)))?
                 }
-                b'K' => {
+                op::BININT1 => {
                     let v = self.u8()?;
                     self.push_new(Value::Int(i64::from(v)))?
                 }
-                b'M' => {
+                op::BININT2 => {
                     let v = u16::from_le_bytes(self.fixed::<2>()?);
                     self.push_new(Value::Int(i64::from(v)))?
                 }
-                b'L' => {
+                op::LONG => {
                     let text = self.line_str()?.to_owned();
                     let v = self.parse_int_text(&text)?;
                     self.push_new(v)?
                 }
-                0x8a => {
+                op::LONG1 => {
                     let n = self.u8()?;
                     self.push_int_bytes(u64::from(n))?
                 }
-                0x8b => {
+                op::LONG4 => {
                     let n = i32::from_le_bytes(self.fixed::<4>()?);
                     let n = u64::try_from(n).map_err(|_| self.err("negative LONG4 length"))?;
                     self.push_int_bytes(n)?
                 }
-                b'F' => {
+                op::FLOAT => {
                     let text = self.line_str()?.trim().to_owned();
                     let v: f64 = text
                         .parse()
                         .map_err(|_| self.err(format!("malformed float literal {text:?}")))?;
                     self.push_new(Value::Float(v))?
                 }
-                b'G' => {
+                op::BINFLOAT => {
                     let v = f64::from_be_bytes(self.fixed::<8>()?);
                     self.push_new(Value::Float(v))?
                 }
-                b'S' => {
+                op::STRING => {
                     let line = self.line()?.to_vec();
                     let inner = self.quoted(&line)?;
                     let v = self.make_str(inner)?;
                     self.push_new(v)?
                 }
-                b'T' => {
+                op::BINSTRING => {
                     let n = i32::from_le_bytes(self.fixed::<4>()?);
                     let n = u64::try_from(n).map_err(|_| self.err("negative BINSTRING length"))?;
                     self.binary_str(n)?
                 }
-                b'U' => {
+                op::SHORT_BINSTRING => {
                     let n = self.u8()?;
                     self.binary_str(u64::from(n))?
                 }
-                b'V' => {
+                op::UNICODE => {
                     let line = self.line()?.to_vec();
                     if line.contains(&b'\\') {
                         return Err(self.err("UNICODE with escape sequences is not supported"));
@@ -1130,38 +1208,38 @@ impl<'a> Machine<'a> {
                     let v = self.make_str(line)?;
                     self.push_new(v)?
                 }
-                b'X' => {
+                op::BINUNICODE => {
                     let n = u32::from_le_bytes(self.fixed::<4>()?);
                     self.binary_str(u64::from(n))?
                 }
-                0x8c => {
+                op::SHORT_BINUNICODE => {
                     let n = self.u8()?;
                     self.binary_str(u64::from(n))?
                 }
-                0x8d => {
+                op::BINUNICODE8 => {
                     let n = u64::from_le_bytes(self.fixed::<8>()?);
                     self.binary_str(n)?
                 }
-                b'B' => {
+                op::BINBYTES => {
                     let n = u32::from_le_bytes(self.fixed::<4>()?);
                     self.binary_bytes(u64::from(n))?
                 }
-                b'C' => {
+                op::SHORT_BINBYTES => {
                     let n = self.u8()?;
                     self.binary_bytes(u64::from(n))?
                 }
-                0x8e | 0x96 => {
+                op::BINBYTES8 | op::BYTEARRAY8 => {
                     let n = u64::from_le_bytes(self.fixed::<8>()?);
                     self.binary_bytes(n)?
                 }
-                b')' => self.push_new(Value::Tuple(Vec::new()))?,
-                b't' => {
+                op::EMPTY_TUPLE => self.push_new(Value::Tuple(Vec::new()))?,
+                op::TUPLE => {
                     let items = self.pop_mark()?;
                     self.check_len(items.len())?;
                     self.push_new(Value::Tuple(items))?
                 }
-                0x85..=0x87 => {
-                    let n = usize::from(op - 0x84);
+                op::TUPLE1..=op::TUPLE3 => {
+                    let n = usize::from(op - op::TUPLE1) + 1;
                     let mut items = Vec::with_capacity(n);
                     for _ in 0..n {
                         items.push(self.pop()?);
@@ -1169,92 +1247,92 @@ impl<'a> Machine<'a> {
                     items.reverse();
                     self.push_new(Value::Tuple(items))?
                 }
-                b']' => self.push_new(Value::List(Vec::new()))?,
-                b'l' => {
+                op::EMPTY_LIST => self.push_new(Value::List(Vec::new()))?,
+                op::LIST => {
                     let items = self.pop_mark()?;
                     self.check_len(items.len())?;
                     self.push_new(Value::List(items))?
                 }
-                b'a' => {
+                op::APPEND => {
                     let item = self.pop()?;
                     let list = self.top()?;
                     self.extend_list(list, vec![item])?
                 }
-                b'e' => {
+                op::APPENDS => {
                     let items = self.pop_mark()?;
                     let list = self.top()?;
                     self.extend_list(list, items)?
                 }
-                b'}' => self.push_new(Value::Dict(Vec::new()))?,
-                b'd' => {
+                op::EMPTY_DICT => self.push_new(Value::Dict(Vec::new()))?,
+                op::DICT => {
                     let items = self.pop_mark()?;
                     self.check_len(items.len() / 2)?;
                     let dict = self.alloc(Value::Dict(Vec::new()))?;
                     self.set_items(dict, items)?;
                     self.push(dict)?
                 }
-                b's' => {
+                op::SETITEM => {
                     let value = self.pop()?;
                     let key = self.pop()?;
                     let dict = self.top()?;
                     self.set_items(dict, vec![key, value])?
                 }
-                b'u' => {
+                op::SETITEMS => {
                     let items = self.pop_mark()?;
                     let dict = self.top()?;
                     self.set_items(dict, items)?
                 }
-                0x8f => self.push_new(Value::Set(Vec::new()))?,
-                0x90 => {
+                op::EMPTY_SET => self.push_new(Value::Set(Vec::new()))?,
+                op::ADDITEMS => {
                     let items = self.pop_mark()?;
                     let set = self.top()?;
                     self.extend_list(set, items)?
                 }
-                0x91 => {
+                op::FROZENSET => {
                     let items = self.pop_mark()?;
                     self.check_len(items.len())?;
                     self.push_new(Value::Set(items))?
                 }
-                b'g' => {
+                op::GET => {
                     let text = self.line_str()?.trim().to_owned();
                     let index: u64 = text
                         .parse()
                         .map_err(|_| self.err(format!("malformed memo index {text:?}")))?;
                     self.memo_get(index)?
                 }
-                b'h' => {
+                op::BINGET => {
                     let i = self.u8()?;
                     self.memo_get(u64::from(i))?
                 }
-                b'j' => {
+                op::LONG_BINGET => {
                     let i = u32::from_le_bytes(self.fixed::<4>()?);
                     self.memo_get(u64::from(i))?
                 }
-                b'p' => {
+                op::PUT => {
                     let text = self.line_str()?.trim().to_owned();
                     let index: u64 = text
                         .parse()
                         .map_err(|_| self.err(format!("malformed memo index {text:?}")))?;
                     self.memo_put(index)?
                 }
-                b'q' => {
+                op::BINPUT => {
                     let i = self.u8()?;
                     self.memo_put(u64::from(i))?
                 }
-                b'r' => {
+                op::LONG_BINPUT => {
                     let i = u32::from_le_bytes(self.fixed::<4>()?);
                     self.memo_put(u64::from(i))?
                 }
-                0x94 => {
+                op::MEMOIZE => {
                     let index = self.memo.len() as u64;
                     self.memo_put(index)?
                 }
-                b'c' => {
+                op::GLOBAL => {
                     let module = self.line_str()?.to_owned();
                     let name = self.line_str()?.to_owned();
                     self.global(&module, &name)?
                 }
-                0x93 => {
+                op::STACK_GLOBAL => {
                     let name = self.pop()?;
                     let module = self.pop()?;
                     let global = match (self.value(module), self.value(name)) {
@@ -1265,7 +1343,7 @@ impl<'a> Machine<'a> {
                     };
                     self.push_new(Value::Global(global))?
                 }
-                b'i' => {
+                op::INST => {
                     let module = self.line_str()?.to_owned();
                     let name = self.line_str()?.to_owned();
                     if resolve_global(&module, &name).is_none() {
@@ -1275,16 +1353,16 @@ impl<'a> Machine<'a> {
                         "INST of {module}.{name}: instantiating classes is not supported"
                     )));
                 }
-                b'o' | 0x81 | 0x92 => {
+                op::OBJ | op::NEWOBJ | op::NEWOBJ_EX => {
                     let name = match op {
-                        b'o' => "OBJ",
-                        0x81 => "NEWOBJ",
+                        op::OBJ => "OBJ",
+                        op::NEWOBJ => "NEWOBJ",
                         _ => "NEWOBJ_EX",
                     };
                     return Err(self.err(format!("{name}: instantiating classes is not supported")));
                 }
-                b'R' => self.reduce()?,
-                b'b' => {
+                op::REDUCE => self.reduce()?,
+                op::BUILD => {
                     let state = self.pop()?;
                     let target = self.top()?;
                     let empty = match self.value(state) {
@@ -1299,22 +1377,27 @@ impl<'a> Machine<'a> {
                         )));
                     }
                 }
-                b'Q' => {
+                op::BINPERSID => {
                     let pid = self.pop()?;
                     let storage = self.persistent_load(pid)?;
                     self.push(storage)?
                 }
-                b'P' => return Err(self.err("text persistent ids (PERSID) are not torch storages")),
-                0x82..=0x84 => {
+                op::PERSID => {
+                    return Err(self.err("text persistent ids (PERSID) are not torch storages"))
+                }
+                op::EXT1..=op::EXT4 => {
                     return Err(PickleError {
                         area: Area::UnsafePickle,
                         offset: self.op_start,
                         message: "pickle names a global through the copyreg extension \
                                   registry (EXT opcode); refusing the file"
                             .into(),
+                        global: None,
                     })
                 }
-                0x97 | 0x98 => return Err(self.err("out-of-band pickle buffers are not supported")),
+                op::NEXT_BUFFER | op::READONLY_BUFFER => {
+                    return Err(self.err("out-of-band pickle buffers are not supported"))
+                }
                 other => {
                     return Err(self.err(format!("unknown pickle opcode 0x{other:02x}")));
                 }

@@ -1,111 +1,112 @@
-//! The Python binding: converts arguments, results and errors, and releases
-//! the GIL around every call that touches the disk. No logic lives here.
-
-use pyo3::create_exception;
-use pyo3::exceptions::PyException;
-use pyo3::prelude::*;
-
-use crate::error::{Area, Error};
-
-create_exception!(
-    adapterprobe,
-    AdapterProbeError,
-    PyException,
-    "Base of every error adapterprobe raises."
-);
-create_exception!(
-    adapterprobe,
-    HeaderError,
-    AdapterProbeError,
-    "A safetensors header is truncated, oversized or malformed."
-);
-create_exception!(
-    adapterprobe,
-    LogFormatError,
-    AdapterProbeError,
-    "A training log cannot be read as dlm JSONL."
-);
-create_exception!(
-    adapterprobe,
-    LayerGroupingError,
-    AdapterProbeError,
-    "Adapter keys cannot be attributed to transformer layers."
-);
-create_exception!(
-    adapterprobe,
-    TrainingStateError,
-    AdapterProbeError,
-    "A training_state.pt file is corrupt or of an unknown shape."
-);
-create_exception!(
-    adapterprobe,
-    UnsafePickleError,
-    TrainingStateError,
-    "A pickle names a global outside the allow-list; nothing was executed."
-);
-create_exception!(
-    adapterprobe,
-    IntegrityError,
-    TrainingStateError,
-    "A file's sha256 disagrees with the digest recorded beside it."
-);
-create_exception!(
-    adapterprobe,
-    MissingFileError,
-    AdapterProbeError,
-    "A file or directory the call needs does not exist."
-);
-create_exception!(
-    adapterprobe,
-    WeightsError,
-    AdapterProbeError,
-    "Adapter weights or adapter_config.json are unreadable or disagree with each other."
-);
-create_exception!(
-    adapterprobe,
-    UsageError,
-    AdapterProbeError,
-    "The arguments of a call are invalid."
-);
-
-fn to_py_err(err: Error) -> PyErr {
-    let msg = err.to_string();
-    match err.area {
-        Area::Header => HeaderError::new_err(msg),
-        Area::LogFormat => LogFormatError::new_err(msg),
-        Area::LayerGrouping => LayerGroupingError::new_err(msg),
-        Area::TrainingState => TrainingStateError::new_err(msg),
-        Area::UnsafePickle => UnsafePickleError::new_err(msg),
-        Area::Integrity => IntegrityError::new_err(msg),
-        Area::Missing => MissingFileError::new_err(msg),
-        Area::Usage => UsageError::new_err(msg),
-        Area::Weights => WeightsError::new_err(msg),
-    }
-}
-
-// ==== core bindings: headers, layers, loss curves, metrics ====
+//! The Python binding, and nothing else: argument and result conversion,
+//! error conversion, and releasing the GIL (`py.detach`) around every call
+//! that reads files or computes. The result types themselves are the core's
+//! own structs, made Python classes with `cfg_attr(pyclass)` where they are
+//! defined; the `#[pymethods]` here only add what Python needs on top
+//! (NumPy arrays, dicts, tuples, reprs, pickling).
 
 use std::path::PathBuf;
 
 use numpy::{PyArray1, PyReadonlyArray1};
+use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple};
 
-use crate::{layers, loss_log, metrics, safetensors_header};
+use crate::error::{Area, Error};
+use crate::layers::{self, LayerGrouping};
+use crate::loss_log::{self, LossCurve};
+use crate::safetensors_header::{self, Header, TensorInfo};
+use crate::scan::{self, Discovery, DriftInput, GhostInput, LogsStatus, Target, TargetInputs};
+use crate::torch_state::{self, ParamStat, TrainingState};
+use crate::{metrics, Result};
 
-/// One tensor entry of a safetensors header.
-#[pyclass(frozen, module = "adapterprobe._core")]
-pub struct TensorInfo {
-    #[pyo3(get)]
-    name: String,
-    #[pyo3(get)]
-    dtype: String,
-    shape: Vec<u64>,
-    data_offsets: (u64, u64),
+// ---- errors ----
+
+/// `adapterprobe.errors`, where every exception class is defined.
+static ERRORS: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+
+fn class_name(area: Area) -> &'static str {
+    match area {
+        Area::Header => "HeaderError",
+        Area::LogFormat => "LogFormatError",
+        Area::LayerGrouping => "LayerGroupingError",
+        Area::TrainingState => "TrainingStateError",
+        Area::UnsafePickle => "UnsafePickleError",
+        Area::Integrity => "IntegrityError",
+        Area::Missing => "MissingFileError",
+        Area::Usage => "UsageError",
+        Area::Weights => "WeightsError",
+    }
 }
+
+/// The exception instance for `err`: its area's class called with the
+/// reason, `path=` and the details as keyword arguments.
+fn exception<'py>(py: Python<'py>, err: &Error) -> PyResult<Bound<'py, PyAny>> {
+    let module =
+        ERRORS.get_or_try_init(py, || py.import("adapterprobe.errors").map(Bound::unbind))?;
+    let class = module.bind(py).getattr(class_name(err.area))?;
+    let kwargs = PyDict::new(py);
+    if !err.path.as_os_str().is_empty() {
+        kwargs.set_item("path", &err.path)?;
+    }
+    for (key, value) in &err.details {
+        kwargs.set_item(key, value)?;
+    }
+    class.call((&err.message,), Some(&kwargs))
+}
+
+impl From<Error> for PyErr {
+    fn from(err: Error) -> PyErr {
+        Python::attach(|py| match exception(py, &err) {
+            Ok(instance) => PyErr::from_value(instance),
+            Err(failed) => failed,
+        })
+    }
+}
+
+/// An error held in a result (e.g. `GhostInput.error`) reaches Python as the
+/// exception instance, so callers test it with `isinstance`.
+impl<'py> IntoPyObject<'py> for &Error {
+    type Target = PyAny;
+    type Output = Bound<'py, PyAny>;
+    type Error = PyErr;
+    fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        exception(py, self)
+    }
+}
+
+impl<'py> IntoPyObject<'py> for Error {
+    type Target = PyAny;
+    type Output = Bound<'py, PyAny>;
+    type Error = PyErr;
+    fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        exception(py, &self)
+    }
+}
+
+/// Python-style float text (nan, inf) for reprs.
+fn py_float(x: f64) -> String {
+    if x.is_nan() {
+        "nan".into()
+    } else if x.is_infinite() {
+        if x > 0.0 { "inf" } else { "-inf" }.into()
+    } else {
+        format!("{x:?}")
+    }
+}
+
+// ---- safetensors headers ----
 
 #[pymethods]
 impl TensorInfo {
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+    #[getter]
+    fn dtype(&self) -> &str {
+        &self.dtype
+    }
     #[getter]
     fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         PyTuple::new(py, &self.shape)
@@ -122,79 +123,64 @@ impl TensorInfo {
     }
 }
 
-/// A parsed safetensors header: `tensors` maps name -> TensorInfo.
-#[pyclass(frozen, get_all, module = "adapterprobe._core")]
-pub struct SafetensorsHeader {
-    tensors: Py<PyDict>,
-    metadata: Option<Py<PyDict>>,
-    data_len: u64,
-}
-
 #[pymethods]
-impl SafetensorsHeader {
-    fn __repr__(&self, py: Python<'_>) -> String {
-        format!("SafetensorsHeader({} tensors)", self.tensors.bind(py).len())
+impl Header {
+    /// Tensor name -> TensorInfo, in header order.
+    #[getter]
+    fn tensors<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for t in &self.tensors {
+            d.set_item(&t.name, t.clone())?;
+        }
+        Ok(d)
+    }
+    #[getter]
+    fn metadata<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(pairs) = &self.metadata else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        for (k, v) in pairs {
+            d.set_item(k, v)?;
+        }
+        Ok(Some(d))
+    }
+    /// Bytes of the data section (file size - 8 - header length).
+    #[getter]
+    fn data_len(&self) -> u64 {
+        self.data_len
+    }
+    fn __repr__(&self) -> String {
+        format!("SafetensorsHeader({} tensors)", self.tensors.len())
     }
 }
 
 #[pyfunction]
-fn read_safetensors_header(py: Python<'_>, path: PathBuf) -> PyResult<SafetensorsHeader> {
-    let header = py
-        .detach(|| safetensors_header::read_header(&path))
-        .map_err(to_py_err)?;
-    let tensors = PyDict::new(py);
-    for t in header.tensors {
-        let name = t.name.clone();
-        let info = TensorInfo {
-            name: t.name,
-            dtype: t.dtype,
-            shape: t.shape,
-            data_offsets: t.data_offsets,
-        };
-        tensors.set_item(name, Py::new(py, info)?)?;
-    }
-    let metadata = match header.metadata {
-        Some(pairs) => {
-            let d = PyDict::new(py);
-            for (k, v) in pairs {
-                d.set_item(k, v)?;
-            }
-            Some(d.unbind())
-        }
-        None => None,
-    };
-    Ok(SafetensorsHeader {
-        tensors: tensors.unbind(),
-        metadata,
-        data_len: header.data_len,
-    })
+fn read_safetensors_header(py: Python<'_>, path: PathBuf) -> Result<Header> {
+    py.detach(|| safetensors_header::read_header(&path))
 }
 
-/// Layer attribution of optimizer param ids (see `group_layers`).
-#[pyclass(frozen, module = "adapterprobe._core")]
-pub struct LayerGrouping {
-    inner: layers::LayerGrouping,
-}
+// ---- layer grouping ----
 
 #[pymethods]
 impl LayerGrouping {
     #[getter]
     fn layer_indices<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        PyTuple::new(py, &self.inner.layer_indices)
+        PyTuple::new(py, &self.layer_indices)
     }
     #[getter]
     fn params_per_layer(&self) -> u64 {
-        self.inner.params_per_layer
+        self.params_per_layer
     }
     #[getter]
     fn num_layers(&self) -> usize {
-        self.inner.layer_indices.len()
+        self.layer_indices.len()
     }
     /// Optimizer param id -> layer index, for the layered param ids.
     #[getter]
     fn layer_of<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
-        for (param_id, layer) in self.inner.layer_of.iter().enumerate() {
+        for (param_id, layer) in self.layer_of.iter().enumerate() {
             d.set_item(param_id, layer)?;
         }
         Ok(d)
@@ -202,8 +188,8 @@ impl LayerGrouping {
     fn __repr__(&self) -> String {
         format!(
             "LayerGrouping(num_layers={}, params_per_layer={})",
-            self.inner.layer_indices.len(),
-            self.inner.params_per_layer
+            self.layer_indices.len(),
+            self.params_per_layer
         )
     }
 }
@@ -214,42 +200,53 @@ fn group_layers(
     py: Python<'_>,
     adapter: PathBuf,
     num_params: Option<u64>,
-) -> PyResult<LayerGrouping> {
-    let inner = py
-        .detach(|| layers::group_layers(&adapter, num_params))
-        .map_err(to_py_err)?;
-    Ok(LayerGrouping { inner })
+) -> Result<LayerGrouping> {
+    py.detach(|| layers::group_layers(&adapter, num_params))
 }
 
-/// A deduplicated loss curve: `steps` (int64) and `losses` (float64, +inf
-/// where the logged loss was not finite). The NumPy arrays are made on first
-/// access, so scans that only need metrics never import NumPy.
-#[pyclass(frozen, module = "adapterprobe._core")]
-pub struct LossCurve {
-    curve: loss_log::LossCurve,
-    files: Vec<PathBuf>,
-    steps_array: PyOnceLock<Py<PyArray1<i64>>>,
-    losses_array: PyOnceLock<Py<PyArray1<f64>>>,
+// ---- loss curves and their metrics ----
+
+/// The metrics of `losses` as the dict Python sees; `points` turns curve
+/// indices into what the caller wants (step numbers, or index arrays).
+fn metrics_dict<'py>(
+    py: Python<'py>,
+    m: &metrics::CurveMetrics,
+    points: impl Fn(&[usize]) -> PyResult<Bound<'py, PyAny>>,
+    names: (&str, &str),
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("initial_loss", m.initial_loss)?;
+    d.set_item("final_loss", m.final_loss)?;
+    d.set_item("convergence_ratio", m.convergence_ratio)?;
+    d.set_item("smoothness", m.smoothness)?;
+    d.set_item("instability_events", m.instability_events)?;
+    d.set_item(names.0, points(&m.spike_points)?)?;
+    d.set_item(names.1, points(&m.nonfinite_points)?)?;
+    Ok(d)
+}
+
+fn index_array<'py>(py: Python<'py>, points: &[usize]) -> PyResult<Bound<'py, PyAny>> {
+    let v: Vec<i64> = points.iter().map(|&i| i as i64).collect();
+    Ok(PyArray1::from_vec(py, v).into_any())
 }
 
 #[pymethods]
 impl LossCurve {
+    /// Step numbers (int64 array, a fresh copy).
     #[getter]
-    fn steps(&self, py: Python<'_>) -> Py<PyArray1<i64>> {
-        self.steps_array
-            .get_or_init(py, || PyArray1::from_slice(py, &self.curve.steps).unbind())
-            .clone_ref(py)
+    fn steps<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
+        PyArray1::from_slice(py, &self.steps)
     }
+    /// Losses (float64 array, +inf where the logged loss was not finite).
     #[getter]
-    fn losses(&self, py: Python<'_>) -> Py<PyArray1<f64>> {
-        self.losses_array
-            .get_or_init(py, || PyArray1::from_slice(py, &self.curve.losses).unbind())
-            .clone_ref(py)
+    fn losses<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<f64>> {
+        PyArray1::from_slice(py, &self.losses)
     }
     #[getter]
     fn num_files(&self) -> usize {
-        self.curve.num_files
+        self.num_files
     }
+    /// The log files read, in reading order.
     #[getter]
     fn files(&self) -> Vec<PathBuf> {
         self.files.clone()
@@ -263,100 +260,60 @@ impl LossCurve {
         rolling_window: usize,
         spike_sigma: f64,
     ) -> PyResult<Bound<'py, PyDict>> {
-        check_window(rolling_window, spike_sigma)?;
-        let m = metrics::curve_metrics(&self.curve.losses, rolling_window, spike_sigma);
-        let steps_at = |points: &[usize]| -> Vec<i64> {
-            points.iter().map(|&i| self.curve.steps[i]).collect()
-        };
-        let d = PyDict::new(py);
-        d.set_item("initial_loss", m.initial_loss)?;
-        d.set_item("final_loss", m.final_loss)?;
-        d.set_item("convergence_ratio", m.convergence_ratio)?;
-        d.set_item("smoothness", m.smoothness)?;
-        d.set_item("instability_events", m.instability_events)?;
-        d.set_item("spike_steps", steps_at(&m.spike_points))?;
-        d.set_item("nonfinite_steps", steps_at(&m.nonfinite_points))?;
-        Ok(d)
+        metrics::check_spike_params(rolling_window, spike_sigma)?;
+        let m = py.detach(|| metrics::curve_metrics(&self.losses, rolling_window, spike_sigma));
+        let steps = |p: &[usize]| Ok(self.steps_at(p).into_pyobject(py)?.into_any());
+        metrics_dict(py, &m, steps, ("spike_steps", "nonfinite_steps"))
     }
     /// At most about `cap` evenly strided (step, loss) points, the first and
     /// last always kept; a non-finite loss is None.
-    #[pyo3(signature = (cap=512))]
-    fn sample(&self, cap: usize) -> PyResult<Vec<(i64, Option<f64>)>> {
-        if cap == 0 {
-            return Err(UsageError::new_err("cap must be at least 1"));
-        }
-        let n = self.curve.steps.len();
-        let stride = if n <= cap { 1 } else { n.div_ceil(cap) };
-        let mut idx: Vec<usize> = (0..n).step_by(stride).collect();
-        if n > 0 && idx.last() != Some(&(n - 1)) {
-            idx.push(n - 1);
-        }
-        Ok(idx
-            .into_iter()
-            .map(|i| {
-                let loss = self.curve.losses[i];
-                (self.curve.steps[i], loss.is_finite().then_some(loss))
-            })
-            .collect())
+    #[pyo3(name = "sample", signature = (cap=512))]
+    fn sample_py(&self, cap: usize) -> Result<Vec<(i64, Option<f64>)>> {
+        self.sample(cap)
     }
     fn __len__(&self) -> usize {
-        self.curve.steps.len()
+        self.steps.len()
     }
     fn __repr__(&self) -> String {
         format!(
             "LossCurve({} steps from {} files)",
-            self.curve.steps.len(),
-            self.curve.num_files
+            self.steps.len(),
+            self.num_files
         )
     }
 }
 
-/// Resolve `source` (one path or a list of paths) to log files.
-fn log_files(source: &Bound<'_, PyAny>) -> PyResult<Vec<PathBuf>> {
-    if let Ok(path) = source.extract::<PathBuf>() {
-        return Ok(vec![path]);
-    }
-    source.extract::<Vec<PathBuf>>().map_err(|_| {
-        UsageError::new_err("source must be a path or a list of paths to .jsonl files")
+#[pyfunction]
+fn read_loss_curve(py: Python<'_>, source: &Bound<'_, PyAny>) -> Result<LossCurve> {
+    let (single, list) = match source.extract::<PathBuf>() {
+        Ok(path) => (Some(path), vec![]),
+        Err(_) => (
+            None,
+            source.extract::<Vec<PathBuf>>().map_err(|_| {
+                usage_error("source must be a path or a list of paths to .jsonl files")
+            })?,
+        ),
+    };
+    py.detach(|| {
+        let files = match single {
+            Some(path) => loss_log::resolve_source(&path)?,
+            None => list,
+        };
+        loss_log::read_loss_curve(&files)
     })
 }
 
-#[pyfunction]
-fn read_loss_curve(py: Python<'_>, source: &Bound<'_, PyAny>) -> PyResult<LossCurve> {
-    let given = log_files(source)?;
-    let single_source = source.extract::<PathBuf>().is_ok();
-    let (curve, files) = py
-        .detach(|| -> crate::Result<_> {
-            let files = if single_source {
-                loss_log::resolve_source(&given[0])?
-            } else {
-                given
-            };
-            Ok((loss_log::read_loss_curve(&files)?, files))
-        })
-        .map_err(to_py_err)?;
-    Ok(loss_curve_to_py(curve, files))
+fn usage_error(message: &str) -> Error {
+    Error::new(Area::Usage, "", message)
 }
 
 /// Values of a float64 array (copied) or of any sequence of numbers.
-fn f64_values(obj: &Bound<'_, PyAny>) -> PyResult<Vec<f64>> {
+fn f64_values(obj: &Bound<'_, PyAny>) -> Result<Vec<f64>> {
     if let Ok(array) = obj.extract::<PyReadonlyArray1<'_, f64>>() {
         return Ok(array.as_array().to_vec());
     }
     obj.extract::<Vec<f64>>()
-        .map_err(|_| UsageError::new_err("expected a 1-D sequence of numbers"))
-}
-
-fn check_window(window: usize, sigma: f64) -> PyResult<()> {
-    if window < 1 {
-        return Err(UsageError::new_err("window must be at least 1"));
-    }
-    if !(sigma > 0.0 && sigma.is_finite()) {
-        return Err(UsageError::new_err(format!(
-            "sigma must be a positive number, got {sigma}"
-        )));
-    }
-    Ok(())
+        .map_err(|_| usage_error("expected a 1-D sequence of numbers"))
 }
 
 #[pyfunction]
@@ -367,28 +324,11 @@ fn curve_metrics<'py>(
     rolling_window: usize,
     spike_sigma: f64,
 ) -> PyResult<Bound<'py, PyDict>> {
-    check_window(rolling_window, spike_sigma)?;
+    metrics::check_spike_params(rolling_window, spike_sigma)?;
     let values = f64_values(losses)?;
     let m = py.detach(|| metrics::curve_metrics(&values, rolling_window, spike_sigma));
-    let d = PyDict::new(py);
-    d.set_item("initial_loss", m.initial_loss)?;
-    d.set_item("final_loss", m.final_loss)?;
-    d.set_item("convergence_ratio", m.convergence_ratio)?;
-    d.set_item("smoothness", m.smoothness)?;
-    d.set_item("instability_events", m.instability_events)?;
-    d.set_item(
-        "spike_points",
-        PyArray1::from_vec(py, to_i64(m.spike_points)),
-    )?;
-    d.set_item(
-        "nonfinite_points",
-        PyArray1::from_vec(py, to_i64(m.nonfinite_points)),
-    )?;
-    Ok(d)
-}
-
-fn to_i64(v: Vec<usize>) -> Vec<i64> {
-    v.into_iter().map(|i| i as i64).collect()
+    let indices = |p: &[usize]| index_array(py, p);
+    metrics_dict(py, &m, indices, ("spike_points", "nonfinite_points"))
 }
 
 #[pyfunction]
@@ -398,8 +338,8 @@ fn count_spikes(
     deltas: &Bound<'_, PyAny>,
     window: usize,
     sigma: f64,
-) -> PyResult<usize> {
-    check_window(window, sigma)?;
+) -> Result<usize> {
+    metrics::check_spike_params(window, sigma)?;
     let values = f64_values(deltas)?;
     Ok(py.detach(|| metrics::count_spikes(&values, window, sigma)))
 }
@@ -411,121 +351,61 @@ fn spike_indices<'py>(
     deltas: &Bound<'py, PyAny>,
     window: usize,
     sigma: f64,
-) -> PyResult<Bound<'py, PyArray1<i64>>> {
-    check_window(window, sigma)?;
+) -> PyResult<Bound<'py, PyAny>> {
+    metrics::check_spike_params(window, sigma)?;
     let values = f64_values(deltas)?;
     let found = py.detach(|| metrics::spike_indices(&values, window, sigma));
-    Ok(PyArray1::from_vec(py, to_i64(found)))
+    index_array(py, &found)
+}
+
+// ---- training states ----
+
+#[pymethods]
+impl ParamStat {
+    fn __repr__(&self) -> String {
+        format!(
+            "ParamStat(param_id={}, numel={}, exp_avg_sq_mean={}, nonfinite={})",
+            self.param_id,
+            self.numel,
+            py_float(self.exp_avg_sq_mean),
+            self.nonfinite
+        )
+    }
+}
+
+#[pymethods]
+impl TrainingState {
+    fn __repr__(&self) -> String {
+        format!(
+            "TrainingState(path={:?}, global_step={}, epoch={}, best_val_loss={}, \
+             use_qlora={}, per_param=<{} params>)",
+            self.path.display().to_string(),
+            self.global_step,
+            self.epoch.map_or("None".into(), py_float),
+            py_float(self.best_val_loss),
+            if self.use_qlora { "True" } else { "False" },
+            self.per_param.len()
+        )
+    }
+}
+
+/// Read a dlm training_state.pt (or the adapter version dir holding it)
+/// with the allow-listed pickle reader; the GIL is released while reading.
+#[pyfunction]
+fn read_training_state(py: Python<'_>, path: PathBuf) -> Result<TrainingState> {
+    py.detach(|| torch_state::read_training_state(&path))
 }
 
 // ---- probe inputs and store scans ----
 
-use crate::scan;
-
-fn error_kind(err: &Error) -> &'static str {
-    match err.area {
-        Area::Header => "HeaderError",
-        Area::LogFormat => "LogFormatError",
-        Area::LayerGrouping => "LayerGroupingError",
-        Area::TrainingState => "TrainingStateError",
-        Area::UnsafePickle => "UnsafePickleError",
-        Area::Integrity => "IntegrityError",
-        Area::Missing => "MissingFileError",
-        Area::Usage => "UsageError",
-        Area::Weights => "WeightsError",
-    }
-}
-
-fn loss_curve_to_py(curve: loss_log::LossCurve, files: Vec<PathBuf>) -> LossCurve {
-    LossCurve {
-        curve,
-        files,
-        steps_array: PyOnceLock::new(),
-        losses_array: PyOnceLock::new(),
-    }
-}
-
-/// What `training_drift` needs about one store. `status` is one of
-/// "no_logs_dir", "no_files", "curve" or "failed".
-#[pyclass(frozen, get_all, module = "adapterprobe._core")]
-pub struct DriftInput {
-    store: PathBuf,
-    logs_dir: PathBuf,
-    files: Vec<PathBuf>,
-    status: &'static str,
-    curve: Option<Py<LossCurve>>,
-    error: Option<String>,
-}
-
-fn drift_input_to_py(py: Python<'_>, input: scan::DriftInput) -> PyResult<DriftInput> {
-    let (status, curve, error) = match input.outcome {
-        scan::LogsOutcome::NoLogsDir => ("no_logs_dir", None, None),
-        scan::LogsOutcome::NoFiles => ("no_files", None, None),
-        scan::LogsOutcome::Failed(e) => ("failed", None, Some(e.to_string())),
-        scan::LogsOutcome::Curve(c) => {
-            let curve = loss_curve_to_py(c, input.files.clone());
-            ("curve", Some(Py::new(py, curve)?), None)
-        }
-    };
-    Ok(DriftInput {
-        store: input.store,
-        logs_dir: input.logs_dir,
-        files: input.files,
-        status,
-        curve,
-        error,
-    })
+#[pyfunction]
+fn drift_input(py: Python<'_>, store: PathBuf) -> DriftInput {
+    py.detach(|| scan::drift_input(&store))
 }
 
 #[pyfunction]
-fn drift_input(py: Python<'_>, store: PathBuf) -> PyResult<DriftInput> {
-    let input = py.detach(|| scan::drift_input(&store));
-    drift_input_to_py(py, input)
-}
-
-/// What `gradient_ghost` needs about one adapter version: the state (or the
-/// error class name and message), and the layer grouping when it worked.
-#[pyclass(frozen, get_all, module = "adapterprobe._core")]
-pub struct GhostInput {
-    adapter: PathBuf,
-    state: Option<Py<PyTrainingState>>,
-    error_kind: Option<&'static str>,
-    error: Option<String>,
-    grouping: Option<Py<LayerGrouping>>,
-    grouping_error: Option<String>,
-}
-
-fn ghost_input_to_py(py: Python<'_>, input: scan::GhostInput) -> PyResult<GhostInput> {
-    let (state, error_kind, error) = match input.state {
-        Ok(s) => (Some(Py::new(py, training_state_to_py(py, s)?)?), None, None),
-        Err(e) => (None, Some(error_kind(&e)), Some(e.to_string())),
-    };
-    let (grouping, grouping_error) = match input.grouping {
-        Some(Ok(g)) => (Some(Py::new(py, LayerGrouping { inner: g })?), None),
-        Some(Err(e)) => (None, Some(e.to_string())),
-        None => (None, None),
-    };
-    Ok(GhostInput {
-        adapter: input.adapter,
-        state,
-        error_kind,
-        error,
-        grouping,
-        grouping_error,
-    })
-}
-
-#[pyfunction]
-fn ghost_input(py: Python<'_>, adapter: PathBuf) -> PyResult<GhostInput> {
-    let input = py.detach(|| scan::ghost_input(&adapter));
-    ghost_input_to_py(py, input)
-}
-
-/// One store (and the adapter versions in it) that a scan will probe.
-#[pyclass(frozen, from_py_object, module = "adapterprobe._core")]
-#[derive(Clone)]
-pub struct Target {
-    inner: scan::Target,
+fn ghost_input(py: Python<'_>, adapter: PathBuf) -> GhostInput {
+    py.detach(|| scan::ghost_input(&adapter))
 }
 
 #[pymethods]
@@ -539,35 +419,17 @@ impl Target {
         with_logs: bool,
     ) -> Self {
         Target {
-            inner: scan::Target {
-                store,
-                versions,
-                broken,
-                with_logs,
-            },
+            store,
+            versions,
+            broken,
+            with_logs,
         }
-    }
-    #[getter]
-    fn store(&self) -> PathBuf {
-        self.inner.store.clone()
-    }
-    #[getter]
-    fn versions(&self) -> Vec<PathBuf> {
-        self.inner.versions.clone()
-    }
-    #[getter]
-    fn broken(&self) -> Vec<(PathBuf, String)> {
-        self.inner.broken.clone()
-    }
-    #[getter]
-    fn with_logs(&self) -> bool {
-        self.inner.with_logs
     }
     /// Pickle support, so targets can travel to other processes (Ray tasks).
     fn __reduce__<'py>(
         slf: &Bound<'py, Self>,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
-        let t = &slf.get().inner;
+        let t = slf.get();
         let args = (
             t.store.clone(),
             t.versions.clone(),
@@ -579,48 +441,22 @@ impl Target {
     fn __repr__(&self) -> String {
         format!(
             "Target(store={:?}, versions={})",
-            self.inner.store.display().to_string(),
-            self.inner.versions.len()
+            self.store.display().to_string(),
+            self.versions.len()
         )
     }
 }
 
-/// Find stores under `roots`; returns (targets, problems) where problems
-/// are (path, message) pairs for what could not be searched.
+/// Find stores under `roots`: the targets and what could not be searched.
 #[pyfunction]
 #[pyo3(signature = (roots, *, all_versions=false, workers=None))]
-#[allow(clippy::type_complexity)]
 fn discover(
     py: Python<'_>,
     roots: Vec<PathBuf>,
     all_versions: bool,
     workers: Option<usize>,
-) -> PyResult<(Vec<Target>, Vec<(PathBuf, String)>)> {
-    let found = py
-        .detach(|| {
-            scan::pool(workers).map(|pool| pool.install(|| scan::discover(&roots, all_versions)))
-        })
-        .map_err(to_py_err)?;
-    let targets = found
-        .targets
-        .into_iter()
-        .map(|inner| Target { inner })
-        .collect();
-    let problems = found
-        .problems
-        .into_iter()
-        .map(|p| (p.path, p.message))
-        .collect();
-    Ok((targets, problems))
-}
-
-/// Probe inputs for one target.
-#[pyclass(frozen, get_all, module = "adapterprobe._core")]
-pub struct TargetInputs {
-    store: PathBuf,
-    drift: Option<Py<DriftInput>>,
-    ghosts: Vec<Py<GhostInput>>,
-    broken: Vec<(PathBuf, String)>,
+) -> Result<Discovery> {
+    py.detach(|| scan::pool(workers).map(|p| p.install(|| scan::discover(&roots, all_versions))))
 }
 
 /// Gather probe inputs for `targets` in parallel (GIL released), in order.
@@ -632,178 +468,38 @@ fn probe_targets(
     drift: bool,
     ghost: bool,
     workers: Option<usize>,
-) -> PyResult<Vec<TargetInputs>> {
-    let plain: Vec<scan::Target> = targets.into_iter().map(|t| t.inner).collect();
-    let gathered = py
-        .detach(|| {
-            scan::pool(workers)
-                .map(|pool| pool.install(|| scan::probe_targets(&plain, drift, ghost)))
-        })
-        .map_err(to_py_err)?;
-    gathered
-        .into_iter()
-        .map(|t| {
-            let drift = match t.drift {
-                Some(d) => Some(Py::new(py, drift_input_to_py(py, d)?)?),
-                None => None,
-            };
-            let ghosts = t
-                .ghosts
-                .into_iter()
-                .map(|g| Py::new(py, ghost_input_to_py(py, g)?))
-                .collect::<PyResult<_>>()?;
-            Ok(TargetInputs {
-                store: t.store,
-                drift,
-                ghosts,
-                broken: t.broken,
-            })
-        })
-        .collect()
-}
-
-/// Convert a Rust training state to its Python class.
-fn training_state_to_py(
-    py: Python<'_>,
-    state: crate::torch_state::TrainingState,
-) -> PyResult<PyTrainingState> {
-    let stats = state
-        .per_param
-        .into_iter()
-        .map(|p| {
-            Py::new(
-                py,
-                PyParamStat {
-                    param_id: p.param_id,
-                    numel: p.numel,
-                    exp_avg_sq_mean: p.exp_avg_sq_mean,
-                    nonfinite: p.nonfinite,
-                },
-            )
-        })
-        .collect::<PyResult<Vec<_>>>()?;
-    Ok(PyTrainingState {
-        path: state.path,
-        global_step: state.global_step,
-        epoch: state.epoch,
-        best_val_loss: state.best_val_loss,
-        use_qlora: state.use_qlora,
-        per_param: pyo3::types::PyList::new(py, stats)?.unbind(),
+) -> Result<Vec<TargetInputs>> {
+    py.detach(|| {
+        scan::pool(workers).map(|p| p.install(|| scan::probe_targets(&targets, drift, ghost)))
     })
 }
 
-// ==== end core bindings ====
-
-// ==== training_state bindings (read_training_state) ====
-
-/// Python-style float text (nan, inf) for reprs.
-fn py_float_repr(x: f64) -> String {
-    if x.is_nan() {
-        "nan".into()
-    } else if x.is_infinite() {
-        if x > 0.0 { "inf" } else { "-inf" }.into()
-    } else {
-        format!("{x:?}")
-    }
-}
-
-/// Adam second-moment statistics of one optimizer parameter.
-#[pyclass(frozen, get_all, name = "ParamStat", module = "adapterprobe._core")]
-pub struct PyParamStat {
-    param_id: i64,
-    numel: u64,
-    exp_avg_sq_mean: f64,
-    nonfinite: u64,
-}
-
-#[pymethods]
-impl PyParamStat {
-    fn __repr__(&self) -> String {
-        format!(
-            "ParamStat(param_id={}, numel={}, exp_avg_sq_mean={}, nonfinite={})",
-            self.param_id,
-            self.numel,
-            py_float_repr(self.exp_avg_sq_mean),
-            self.nonfinite
-        )
-    }
-}
-
-/// What gradient_ghost needs from a training_state.pt, read without torch.
-#[pyclass(frozen, get_all, name = "TrainingState", module = "adapterprobe._core")]
-pub struct PyTrainingState {
-    path: std::path::PathBuf,
-    global_step: i64,
-    epoch: Option<f64>,
-    best_val_loss: f64,
-    use_qlora: bool,
-    per_param: Py<pyo3::types::PyList>,
-}
-
-#[pymethods]
-impl PyTrainingState {
-    fn __repr__(&self, py: Python<'_>) -> String {
-        format!(
-            "TrainingState(path={:?}, global_step={}, epoch={}, best_val_loss={}, \
-             use_qlora={}, per_param=<{} params>)",
-            self.path.display().to_string(),
-            self.global_step,
-            self.epoch.map_or("None".into(), py_float_repr),
-            py_float_repr(self.best_val_loss),
-            if self.use_qlora { "True" } else { "False" },
-            self.per_param.bind(py).len()
-        )
-    }
-}
-
-/// Read a dlm training_state.pt (or the adapter version dir holding it)
-/// with the allow-listed pickle reader; the GIL is released while reading.
-#[pyfunction]
-fn read_training_state(py: Python<'_>, path: std::path::PathBuf) -> PyResult<PyTrainingState> {
-    let state = py
-        .detach(|| crate::torch_state::read_training_state(&path))
-        .map_err(to_py_err)?;
-    training_state_to_py(py, state)
-}
-
-// ==== end training_state bindings ====
-
-#[pymodule]
+#[pymodule(gil_used = false)]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    let py = m.py();
-    m.add("AdapterProbeError", py.get_type::<AdapterProbeError>())?;
-    m.add("HeaderError", py.get_type::<HeaderError>())?;
-    m.add("LogFormatError", py.get_type::<LogFormatError>())?;
-    m.add("LayerGroupingError", py.get_type::<LayerGroupingError>())?;
-    m.add("TrainingStateError", py.get_type::<TrainingStateError>())?;
-    m.add("UnsafePickleError", py.get_type::<UnsafePickleError>())?;
-    m.add("IntegrityError", py.get_type::<IntegrityError>())?;
-    m.add("MissingFileError", py.get_type::<MissingFileError>())?;
-    m.add("UsageError", py.get_type::<UsageError>())?;
-    m.add("WeightsError", py.get_type::<WeightsError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<TensorInfo>()?;
-    m.add_class::<SafetensorsHeader>()?;
+    m.add_class::<Header>()?;
     m.add_class::<LayerGrouping>()?;
     m.add_class::<LossCurve>()?;
+    m.add_class::<ParamStat>()?;
+    m.add_class::<TrainingState>()?;
+    m.add_class::<LogsStatus>()?;
+    m.add_class::<DriftInput>()?;
+    m.add_class::<GhostInput>()?;
+    m.add_class::<Target>()?;
+    m.add_class::<TargetInputs>()?;
+    m.add_class::<Discovery>()?;
+    m.add_class::<scan::Problem>()?;
     m.add_function(wrap_pyfunction!(read_safetensors_header, m)?)?;
     m.add_function(wrap_pyfunction!(group_layers, m)?)?;
     m.add_function(wrap_pyfunction!(read_loss_curve, m)?)?;
     m.add_function(wrap_pyfunction!(curve_metrics, m)?)?;
     m.add_function(wrap_pyfunction!(count_spikes, m)?)?;
     m.add_function(wrap_pyfunction!(spike_indices, m)?)?;
-    m.add_class::<DriftInput>()?;
-    m.add_class::<GhostInput>()?;
-    m.add_class::<Target>()?;
-    m.add_class::<TargetInputs>()?;
+    m.add_function(wrap_pyfunction!(read_training_state, m)?)?;
     m.add_function(wrap_pyfunction!(drift_input, m)?)?;
     m.add_function(wrap_pyfunction!(ghost_input, m)?)?;
     m.add_function(wrap_pyfunction!(discover, m)?)?;
     m.add_function(wrap_pyfunction!(probe_targets, m)?)?;
-    // ==== register training_state ====
-    m.add_class::<PyParamStat>()?;
-    m.add_class::<PyTrainingState>()?;
-    m.add_function(wrap_pyfunction!(read_training_state, m)?)?;
-    // ==== end register training_state ====
     Ok(())
 }

@@ -17,6 +17,11 @@ use crate::files::open_regular;
 /// Largest header we accept (the reference implementation uses the same cap).
 pub const MAX_HEADER_BYTES: u64 = 100 * 1024 * 1024;
 
+/// One tensor entry of a safetensors header.
+#[cfg_attr(
+    feature = "python",
+    pyo3::pyclass(frozen, skip_from_py_object, module = "adapterprobe._core")
+)]
 #[derive(Debug, Clone, PartialEq)]
 pub struct TensorInfo {
     pub name: String,
@@ -25,6 +30,16 @@ pub struct TensorInfo {
     pub data_offsets: (u64, u64),
 }
 
+/// A parsed safetensors header (exposed to Python as `SafetensorsHeader`).
+#[cfg_attr(
+    feature = "python",
+    pyo3::pyclass(
+        frozen,
+        name = "SafetensorsHeader",
+        skip_from_py_object,
+        module = "adapterprobe._core"
+    )
+)]
 #[derive(Debug, Clone, PartialEq)]
 pub struct Header {
     /// Tensors in the order the header lists them.

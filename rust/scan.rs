@@ -24,6 +24,10 @@ const MAX_DEPTH: usize = 64;
 const MAX_POINTER_BYTES: u64 = 4096;
 
 /// One store to probe, and the adapter versions in it to probe.
+#[cfg_attr(
+    feature = "python",
+    pyo3::pyclass(frozen, get_all, from_py_object, module = "adapterprobe._core")
+)]
 #[derive(Debug, Clone, PartialEq)]
 pub struct Target {
     pub store: PathBuf,
@@ -36,12 +40,21 @@ pub struct Target {
 }
 
 /// Something the walk could not look into.
+#[cfg_attr(
+    feature = "python",
+    pyo3::pyclass(frozen, get_all, skip_from_py_object, module = "adapterprobe._core")
+)]
 #[derive(Debug, Clone, PartialEq)]
 pub struct Problem {
     pub path: PathBuf,
     pub message: String,
 }
 
+/// The targets found under some roots and what could not be searched.
+#[cfg_attr(
+    feature = "python",
+    pyo3::pyclass(frozen, get_all, skip_from_py_object, module = "adapterprobe._core")
+)]
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Discovery {
     pub targets: Vec<Target>,
@@ -282,21 +295,37 @@ pub fn discover(roots: &[PathBuf], all: bool) -> Discovery {
 }
 
 /// What reading a store's logs gave.
-#[derive(Debug, Clone)]
-pub enum LogsOutcome {
+#[cfg_attr(
+    feature = "python",
+    pyo3::pyclass(frozen, eq, eq_int, skip_from_py_object, module = "adapterprobe._core")
+)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogsStatus {
+    /// The store has no `logs/` directory.
     NoLogsDir,
+    /// `logs/` holds no training log.
     NoFiles,
-    Curve(LossCurve),
-    Failed(Error),
+    /// A curve was read.
+    Curve,
+    /// The logs exist but cannot be read (`error` says why).
+    Failed,
 }
 
 /// Everything `training_drift` needs about one store.
+#[cfg_attr(
+    feature = "python",
+    pyo3::pyclass(frozen, get_all, skip_from_py_object, module = "adapterprobe._core")
+)]
 #[derive(Debug, Clone)]
 pub struct DriftInput {
     pub store: PathBuf,
     pub logs_dir: PathBuf,
     pub files: Vec<PathBuf>,
-    pub outcome: LogsOutcome,
+    pub status: LogsStatus,
+    /// Present when `status` is `Curve`.
+    pub curve: Option<LossCurve>,
+    /// Present when `status` is `Failed`.
+    pub error: Option<Error>,
 }
 
 pub fn drift_input(store: &Path) -> DriftInput {
@@ -305,49 +334,77 @@ pub fn drift_input(store: &Path) -> DriftInput {
         store: store.to_path_buf(),
         logs_dir: logs_dir.clone(),
         files: vec![],
-        outcome: LogsOutcome::NoLogsDir,
+        status: LogsStatus::NoLogsDir,
+        curve: None,
+        error: None,
     };
     if !logs_dir.is_dir() {
         return input;
     }
-    input.outcome = match loss_log::train_logs_in(&logs_dir) {
-        Err(e) => LogsOutcome::Failed(e),
-        Ok(files) if files.is_empty() => LogsOutcome::NoFiles,
-        Ok(files) => {
-            let read = loss_log::read_loss_curve(&files);
-            input.files = files;
-            match read {
-                Ok(curve) => LogsOutcome::Curve(curve),
-                Err(e) => LogsOutcome::Failed(e),
-            }
+    let read = loss_log::train_logs_in(&logs_dir).and_then(|files| {
+        input.files = files;
+        if input.files.is_empty() {
+            Ok(None)
+        } else {
+            loss_log::read_loss_curve(&input.files).map(Some)
         }
-    };
+    });
+    match read {
+        Ok(None) => input.status = LogsStatus::NoFiles,
+        Ok(Some(curve)) => {
+            input.status = LogsStatus::Curve;
+            input.curve = Some(curve);
+        }
+        Err(e) => {
+            input.status = LogsStatus::Failed;
+            input.error = Some(e);
+        }
+    }
     input
 }
 
-/// Everything `gradient_ghost` needs about one adapter version. The layer
+/// Everything `gradient_ghost` needs about one adapter version: the state
+/// or why it could not be read, and the layer grouping when it worked. The
 /// grouping is only attempted once the state has been read.
+#[cfg_attr(
+    feature = "python",
+    pyo3::pyclass(frozen, get_all, skip_from_py_object, module = "adapterprobe._core")
+)]
 #[derive(Debug, Clone)]
 pub struct GhostInput {
     pub adapter: PathBuf,
-    pub state: Result<TrainingState>,
-    pub grouping: Option<Result<LayerGrouping>>,
+    pub state: Option<TrainingState>,
+    pub error: Option<Error>,
+    pub grouping: Option<LayerGrouping>,
+    pub grouping_error: Option<Error>,
 }
 
 pub fn ghost_input(adapter: &Path) -> GhostInput {
-    let state = torch_state::read_training_state(adapter);
-    let grouping = state
-        .as_ref()
-        .ok()
-        .map(|s| layers::group_layers(adapter, Some(s.per_param.len() as u64)));
-    GhostInput {
+    let mut input = GhostInput {
         adapter: adapter.to_path_buf(),
-        state,
-        grouping,
+        state: None,
+        error: None,
+        grouping: None,
+        grouping_error: None,
+    };
+    match torch_state::read_training_state(adapter) {
+        Ok(state) => {
+            match layers::group_layers(adapter, Some(state.per_param.len() as u64)) {
+                Ok(g) => input.grouping = Some(g),
+                Err(e) => input.grouping_error = Some(e),
+            }
+            input.state = Some(state);
+        }
+        Err(e) => input.error = Some(e),
     }
+    input
 }
 
 /// Probe inputs for one target.
+#[cfg_attr(
+    feature = "python",
+    pyo3::pyclass(frozen, get_all, skip_from_py_object, module = "adapterprobe._core")
+)]
 #[derive(Debug, Clone)]
 pub struct TargetInputs {
     pub store: PathBuf,

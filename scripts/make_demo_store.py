@@ -1,7 +1,7 @@
 """Regenerate the demo stores bundled with adapterprobe (``adapterprobe/demo_store``).
 
 Each store comes from really training a tiny LoRA adapter (see
-``adapterprobe.storegen``), so ``adapterprobe scan`` can be shown on real dlm
+``tools/realruns/dlm.py``), so ``adapterprobe scan`` can be shown on real dlm
 output without the user needing torch. Output is deterministic for a given
 seed and torch/transformers/peft version.
 
@@ -21,8 +21,10 @@ import time
 import warnings
 from pathlib import Path
 
-from adapterprobe import storegen
 from adapterprobe.errors import AdapterProbeError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from realruns import dlm as storegen  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "python" / "adapterprobe" / "demo_store"
 

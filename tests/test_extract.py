@@ -14,28 +14,19 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
+from realruns.tiny import tiny_llama as build_llama  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 import adapterprobe  # noqa: E402
 from adapterprobe import ExtractionError, MissingFileError, UsageError  # noqa: E402
-from adapterprobe.extract import choose_rank, factorize_delta  # noqa: E402
+from adapterprobe.lora.factorize import choose_rank, factorize_delta  # noqa: E402
 
-TINY = dict(
-    vocab_size=96,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-)
+TINY = dict(vocab=96, hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, max_positions=64)
 
 
 def tiny_llama(seed: int = 0, **overrides):
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(**{**TINY, "tie_word_embeddings": False, **overrides})
-    torch.manual_seed(seed)
-    return transformers.LlamaForCausalLM(cfg).eval()
+    pytest.importorskip("transformers")
+    return build_llama(seed, **{**TINY, "tie_word_embeddings": False, **overrides}).eval()
 
 
 def linear_names(model) -> list[str]:
@@ -221,7 +212,7 @@ def test_peft_round_trip_reproduces_tuned_outputs(tmp_path):
     report = json.loads((out / "extraction_report.json").read_text())
     assert report == json.loads(json.dumps(rep.to_dict()))
 
-    ids = torch.randint(0, TINY["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, TINY["vocab"], (2, 12), generator=torch.Generator().manual_seed(0))
     pm = _peft_load(base, out)
     # PEFT loaded exactly our factors into every targeted module
     state = pm.state_dict()
@@ -253,7 +244,7 @@ def test_peft_round_trip_with_truncation_and_mixed_ranks(tmp_path):
         base, tuned, out, min_rank=1, max_rank=16, explained_variance=0.99
     )
     assert len(set(rep.ranks.values())) > 1
-    ids = torch.randint(0, TINY["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, TINY["vocab"], (2, 12), generator=torch.Generator().manual_seed(1))
     want, got, before = _logits(tuned, ids), _logits(_peft_load(base, out), ids), _logits(base, ids)
     assert (got - want).abs().max() < 0.05 * (before - want).abs().max()
 
@@ -276,7 +267,7 @@ def test_embeddings_saved_as_modules_to_save(tmp_path):
     assert sorted(cfg["modules_to_save"]) == ["lm_head", "model.embed_tokens"]
     sd = load_file(out / "adapter_model.safetensors")
     assert torch.equal(sd["base_model.model.lm_head.weight"], tuned.lm_head.weight)
-    ids = torch.randint(0, TINY["vocab_size"], (1, 10), generator=torch.Generator().manual_seed(2))
+    ids = torch.randint(0, TINY["vocab"], (1, 10), generator=torch.Generator().manual_seed(2))
     assert torch.allclose(_logits(_peft_load(base, out), ids), _logits(tuned, ids), atol=1e-4)
 
 
@@ -289,7 +280,7 @@ def test_changed_non_2d_parameters_reported_as_skipped(tmp_path):
     by_name = {s.name: s for s in rep.skipped}
     assert by_name["model.norm.weight"].reason == "1-D"
     assert by_name["model.norm.weight"].delta_norm == pytest.approx(
-        0.5 * TINY["hidden_size"] ** 0.5, rel=1e-4
+        0.5 * TINY["hidden"] ** 0.5, rel=1e-4
     )
     assert by_name["model.layers.0.input_layernorm.weight"].delta_norm == 0.0
     assert "model.norm.weight" in str(rep)
@@ -409,7 +400,7 @@ def test_paths_stream_a_few_tensors_at_a_time(tmp_path, monkeypatch):
     import gc
     import weakref
 
-    from adapterprobe import extract as ex
+    from adapterprobe.lora import sources
 
     base = tiny_llama()
     tuned, _ = plant(base, rank=2)
@@ -417,7 +408,7 @@ def test_paths_stream_a_few_tensors_at_a_time(tmp_path, monkeypatch):
     tuned.save_pretrained(tmp_path / "tuned", max_shard_size="40KB")
     live: set[int] = set()
     peak = [0, 0]
-    real_get = ex._SafetensorsSource.get
+    real_get = sources.SafetensorsSource.get
 
     def tracking_get(self, key):
         t = real_get(self, key)
@@ -428,7 +419,7 @@ def test_paths_stream_a_few_tensors_at_a_time(tmp_path, monkeypatch):
         peak[1] += 1
         return t
 
-    monkeypatch.setattr(ex._SafetensorsSource, "get", tracking_get)
+    monkeypatch.setattr(sources.SafetensorsSource, "get", tracking_get)
     gc.disable()  # only reference counting frees tensors: what the code holds is what is live
     try:
         adapterprobe.extract_lora(tmp_path / "base", tmp_path / "tuned", tmp_path / "o")

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import adapterprobe as ap
-from adapterprobe.ghost import judge_ghost
+from adapterprobe.probes.ghost import GhostOptions, judge_ghost
 from adapterprobe.scan import DEMO_STORE
 
 
@@ -157,7 +157,8 @@ def test_judge_matches_reference_ladder(step, layers, per_layer, extra, data, gr
         per_param=[SimpleNamespace(param_id=i, exp_avg_sq_mean=m) for i, m in enumerate(means)],
     )
     inputs = SimpleNamespace(state=state, grouping=grouping, error=None, error_kind=None)
-    got = judge_ghost(inputs, undertrained_layer_ratio=ratio, layer_failure_frac=frac)
+    options = GhostOptions(undertrained_layer_ratio=ratio, layer_failure_frac=frac)
+    got = judge_ghost(inputs, options)
     want = ref.ghost_verdict(
         step, means, (layer_indices, layer_of) if grouped else None, 50, ratio, frac
     )

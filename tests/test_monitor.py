@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
+from realruns.tiny import tiny_llama as build_llama  # noqa: E402
 from torch import nn  # noqa: E402
 
 from adapterprobe import GAPMonitor, GradientDump, MonitorConfigError  # noqa: E402
@@ -88,18 +89,8 @@ def manual_pass(model, x):
 
 
 def tiny_llama():
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        vocab_size=64,
-        max_position_embeddings=32,
-    )
-    return transformers.LlamaForCausalLM(config)
+    pytest.importorskip("transformers")
+    return build_llama(0, max_positions=32)
 
 
 # -- exactness -----------------------------------------------------------------------
@@ -529,7 +520,7 @@ def test_jsonl_sink_writes_gap_records_and_dlm_step_lines(tmp_path):
 
 
 def test_training_drift_reads_a_monitored_run(tmp_path):
-    from adapterprobe.drift import training_drift
+    from adapterprobe import training_drift
 
     torch.manual_seed(0)
     model = nn.Linear(8, 4)

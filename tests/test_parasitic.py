@@ -18,9 +18,9 @@ from adapterprobe import (  # noqa: E402
     UsageError,
     apply_adapter,
 )
-from adapterprobe import extract as extract_mod  # noqa: E402
-from adapterprobe import parasitic as parasitic_mod  # noqa: E402
-from adapterprobe.parasitic import AdapterLibrary  # noqa: E402
+from adapterprobe.lora import factorize as factorize_mod  # noqa: E402
+from adapterprobe.lora import parasitic as parasitic_mod  # noqa: E402
+from adapterprobe.lora.parasitic import AdapterLibrary  # noqa: E402
 
 
 class TinyNet(torch.nn.Module):
@@ -55,7 +55,7 @@ def test_public_names_and_shared_svd_code():
     assert adapterprobe.ParasiticConfig is ParasiticConfig
     assert adapterprobe.apply_adapter is apply_adapter
     # one implementation of the SVD and rank rule
-    assert parasitic_mod.factorize_delta is extract_mod.factorize_delta
+    assert parasitic_mod.factorize_delta is factorize_mod.factorize_delta
     assert not hasattr(parasitic_mod, "choose_rank")
 
 

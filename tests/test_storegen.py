@@ -29,8 +29,10 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
+from conftest import TOOLS  # noqa: E402
+from realruns import dlm as storegen  # noqa: E402
+
 import adapterprobe  # noqa: E402
-from adapterprobe import storegen  # noqa: E402
 from adapterprobe.errors import UsageError  # noqa: E402
 
 DEMO_ROOT = Path(adapterprobe.__file__).parent / "demo_store"
@@ -441,7 +443,8 @@ def test_generation_ignores_the_string_hash_seed(tmp_path: Path) -> None:
     here = storegen.write_store(tmp_path / "here", "smoke")
     code = (
         "import sys, warnings; warnings.simplefilter('ignore');"
-        "from adapterprobe import storegen; storegen.write_store(sys.argv[1], 'smoke')"
+        f"sys.path.insert(0, {str(TOOLS)!r}); from realruns import dlm;"
+        "dlm.write_store(sys.argv[1], 'smoke')"
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     there = tmp_path / "there"
@@ -482,5 +485,8 @@ def test_write_log_torn_tail_and_nan_token(tmp_path: Path) -> None:
 
 
 def test_importing_storegen_does_not_import_torch() -> None:
-    code = "import sys, adapterprobe.storegen; sys.exit('torch' in sys.modules)"
+    code = (
+        f"import sys; sys.path.insert(0, {str(TOOLS)!r}); import realruns.dlm;"
+        "sys.exit('torch' in sys.modules)"
+    )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

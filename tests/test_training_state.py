@@ -1,7 +1,7 @@
 """read_training_state against torch.load on real optimizer states.
 
 The states come from actually training a tiny PEFT LoRA model with AdamW and
-saving it the way dlm does (storegen.save_training_state), then variants of
+saving it the way dlm does (realruns.dlm.save_training_state), then variants of
 that state: other float dtypes, non-contiguous views, NaN/inf, sidecars.
 Every field is compared with what torch.load gives for the same file.
 """
@@ -21,15 +21,15 @@ torch = pytest.importorskip("torch")
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from realruns.dlm import save_training_state, train_tiny_lora  # noqa: E402
 
-from adapterprobe._core import (  # noqa: E402
+from adapterprobe import (  # noqa: E402
     IntegrityError,
     MissingFileError,
     TrainingStateError,
     UnsafePickleError,
     read_training_state,
 )
-from adapterprobe.storegen import save_training_state, train_tiny_lora  # noqa: E402
 
 VERSIONS = {"torch": str(torch.__version__), "bitsandbytes": None}
 

@@ -28,7 +28,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from adapterprobe._core import (  # noqa: E402
+from adapterprobe import (  # noqa: E402
     AdapterProbeError,
     IntegrityError,
     TrainingStateError,

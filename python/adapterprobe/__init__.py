@@ -25,7 +25,6 @@ from adapterprobe._core import (
     read_training_state,
     spike_indices,
 )
-from adapterprobe.drift import training_drift
 from adapterprobe.errors import (
     AdapterProbeError,
     ExtractionError,
@@ -39,18 +38,26 @@ from adapterprobe.errors import (
     TrainingStateError,
     UnsafePickleError,
     UsageError,
+    WeightsError,
 )
-from adapterprobe.ghost import gradient_ghost
-from adapterprobe.result import ProbeResult, Verdict
-from adapterprobe.scan import ScanRecord, ScanReport, scan
+from adapterprobe.probes import (
+    DriftOptions,
+    GhostOptions,
+    ProbeResult,
+    Verdict,
+    gradient_ghost,
+    training_drift,
+)
+from adapterprobe.records import ScanRecord, ScanReport
+from adapterprobe.scan import scan
 
 # name -> module that defines it; imported on first attribute access.
 _LAZY = {
-    "extract_lora": "adapterprobe.extract",
-    "ExtractionReport": "adapterprobe.extract",
-    "ParasiticExtractor": "adapterprobe.parasitic",
-    "ParasiticConfig": "adapterprobe.parasitic",
-    "apply_adapter": "adapterprobe.parasitic",
+    "extract_lora": "adapterprobe.lora.extract",
+    "ExtractionReport": "adapterprobe.lora.extract",
+    "ParasiticExtractor": "adapterprobe.lora.parasitic",
+    "ParasiticConfig": "adapterprobe.lora.parasitic",
+    "apply_adapter": "adapterprobe.lora.parasitic",
     "GAPMonitor": "adapterprobe.monitor",
     "GradientDump": "adapterprobe.monitor",
 }
@@ -84,6 +91,7 @@ __all__ = [
     "TrainingStateError",
     "UnsafePickleError",
     "UsageError",
+    "WeightsError",
     # results
     "ProbeResult",
     "Verdict",
@@ -102,6 +110,8 @@ __all__ = [
     "spike_indices",
     "TrainingState",
     # probes and scans
+    "DriftOptions",
+    "GhostOptions",
     "gradient_ghost",
     "training_drift",
     "scan",

@@ -1,18 +1,87 @@
-"""The exception hierarchy. The classes are declared in the Rust core so that
-errors raised there and here share one base; this module re-exports them and
-adds the ones only the Python layer raises."""
+"""The exception hierarchy, shared by the Rust core and the Python layer.
 
-from adapterprobe._core import (
-    AdapterProbeError,
-    HeaderError,
-    IntegrityError,
-    LayerGroupingError,
-    LogFormatError,
-    MissingFileError,
-    TrainingStateError,
-    UnsafePickleError,
-    UsageError,
-)
+Every error adapterprobe raises is an :class:`AdapterProbeError`. Besides its
+message each one carries structured fields, so callers can act on an error
+without parsing text: ``path`` (the file or directory involved, or None),
+``reason`` (what is wrong, without the path) and ``details`` (facts specific
+to the error, also readable as attributes, e.g. ``UnsafePickleError.global_name``
+or ``ExtractionError.tensor``). The Rust core raises these same classes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+from typing import Any
+
+
+class AdapterProbeError(Exception):
+    """Base of every error adapterprobe raises.
+
+    ``str(error)`` is ``"<path>: <reason>"`` (just the reason when no path is
+    involved). Keyword details become attributes and are kept in ``details``.
+    """
+
+    path: str | None
+    reason: str
+    details: dict[str, Any]
+
+    def __init__(
+        self, reason: str = "", *, path: str | os.PathLike[str] | None = None, **details: Any
+    ) -> None:
+        self.reason = str(reason)
+        self.path = None if path is None else os.fspath(path)
+        self.details = dict(details)
+        for key, value in details.items():
+            setattr(self, key, value)
+        super().__init__(f"{self.path}: {self.reason}" if self.path else self.reason)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keep the structured fields when the error crosses a process (Ray tasks).
+        return (_rebuild, (type(self), self.reason, self.path, self.details))
+
+
+def _rebuild(
+    cls: type[AdapterProbeError], reason: str, path: str | None, details: dict[str, Any]
+) -> AdapterProbeError:
+    return cls(reason, path=path, **details)
+
+
+class HeaderError(AdapterProbeError):
+    """A safetensors header is truncated, oversized or malformed."""
+
+
+class LogFormatError(AdapterProbeError):
+    """A training log (dlm JSONL, trainer_state.json, TensorBoard events, CSV) cannot be read."""
+
+
+class LayerGroupingError(AdapterProbeError):
+    """Adapter keys cannot be attributed to transformer layers."""
+
+
+class TrainingStateError(AdapterProbeError):
+    """An optimizer or training state file is corrupt or of an unknown shape."""
+
+
+class UnsafePickleError(TrainingStateError):
+    """A pickle names a global outside the allow-list (``global_name``); nothing was executed."""
+
+
+class IntegrityError(TrainingStateError):
+    """A file's sha256 (``actual``) disagrees with the digest recorded beside it (``expected``)."""
+
+
+class MissingFileError(AdapterProbeError):
+    """A file or directory the call needs does not exist."""
+
+
+class UsageError(AdapterProbeError):
+    """The arguments of a call are invalid (bad options, not bad data)."""
+
+
+class WeightsError(AdapterProbeError):
+    """Adapter weights or adapter_config.json are unreadable or disagree with each other."""
 
 
 class ExtractionError(AdapterProbeError):
@@ -40,16 +109,16 @@ __all__ = [
     "TrainingStateError",
     "UnsafePickleError",
     "UsageError",
+    "WeightsError",
 ]
 
 
-def require(module: str, extra: str):
+def require(module: str, extra: str) -> ModuleType:
     """Import an optional dependency or raise MissingExtraError saying how to get it."""
-    import importlib
-
     try:
         return importlib.import_module(module)
     except ImportError as exc:
         raise MissingExtraError(
-            f"{module} is required for this feature: pip install 'adapterprobe[{extra}]'"
+            f"{module} is required for this feature: pip install 'adapterprobe[{extra}]'",
+            extra=extra,
         ) from exc

@@ -66,7 +66,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from adapterprobe.errors import MonitorConfigError, require
-from adapterprobe.extract import atomic_dir
+from adapterprobe._fs import atomic_dir
 from adapterprobe.sinks import GapSink, JsonlSink, TensorBoardSink, step_record
 
 __all__ = ["KINDS", "STATS", "GAPMonitor", "GradientDump", "JsonlSink", "TensorBoardSink"]

@@ -15,8 +15,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from adapterprobe.errors import require
-from adapterprobe.result import Verdict
-from adapterprobe.scan import ScanRecord, judge_batch
+from adapterprobe.judge import judge_batch
+from adapterprobe.probes import resolve_options
+from adapterprobe.probes.options import ProbeOptions
+from adapterprobe.probes.result import Verdict
+from adapterprobe.records import ScanRecord
 
 # Tasks per CPU of the cluster: enough to balance uneven stores, few enough
 # that per-task overhead stays small.
@@ -53,7 +56,7 @@ def failed_records(target: Any, probes: Sequence[str], cause: str) -> list[ScanR
 def run_on_ray(
     targets: Sequence[Any],
     probes: Sequence[str],
-    options: Mapping[str, Mapping[str, Any]],
+    options: Mapping[str, ProbeOptions | Mapping[str, Any]] | None,
     *,
     address: str | None = None,
     progress: Callable[[int, int], None] | None = None,
@@ -61,6 +64,7 @@ def run_on_ray(
 ) -> list[ScanRecord]:
     """Judge `targets` on a Ray cluster (a local one when `address` is None)."""
     ray = require("ray", "ray")
+    resolved = resolve_options(tuple(probes), options)
     started_here = not ray.is_initialized()
     if started_here:
         ray.init(
@@ -70,7 +74,7 @@ def run_on_ray(
             configure_logging=False,
         )
     try:
-        return _run(ray, list(targets), tuple(probes), dict(options), progress, max_retries)
+        return _run(ray, list(targets), tuple(probes), resolved, progress, max_retries)
     finally:
         if started_here:
             ray.shutdown()

@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     from adapterprobe.errors import UsageError, require
 
     require("torch", "torch")
-    from adapterprobe.extract import extract_lora
+    from adapterprobe.lora.extract import extract_lora
 
     if args.rank_min > args.rank_max:
         raise UsageError(f"--rank-min {args.rank_min} is larger than --rank-max {args.rank_max}")

@@ -8,8 +8,8 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from adapterprobe.result import Verdict
-from adapterprobe.scan import FAIL_ON, ScanRecord, ScanReport, json_chunks, write_csv
+from adapterprobe.probes.result import Verdict
+from adapterprobe.records import FAIL_ON, ScanRecord, ScanReport, json_chunks, write_csv
 
 STYLE = {
     Verdict.ERROR: "bold magenta",

@@ -5,7 +5,7 @@ At training start :meth:`ParasiticExtractor.snapshot_base` copies the weights
 validation improvement; see :meth:`ParasiticExtractor.should_extract`) the
 delta ``W_t - W0`` of each changed module is factored into LoRA matrices with
 the same randomized SVD and rank rule as :func:`adapterprobe.extract_lora`
-(:func:`adapterprobe.extract.factorize_delta`). The adapters go into an
+(:func:`adapterprobe.lora.factorize.factorize_delta`). The adapters go into an
 :class:`AdapterLibrary` that saves as safetensors + JSON (never pickle) and
 can export any adapter as a PEFT adapter directory.
 
@@ -24,25 +24,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from adapterprobe._fs import atomic_dir, write_json
+from adapterprobe._json import json_safe
 from adapterprobe.errors import ExtractionError, MissingFileError, UsageError, require
-from adapterprobe.extract import (
-    ADAPTER_FILE,
-    CONFIG_FILE,
+from adapterprobe.lora.factorize import (
     DEFAULT_NITER,
     DEFAULT_OVERSAMPLE,
     LowRankFactors,
-    _as_patterns,
-    _fail,
-    _matches,
-    _resolve_dtype,
-    _SafetensorsWriter,
-    _write_json,
-    atomic_dir,
     factorize_delta,
+    resolve_factor_dtype,
+)
+from adapterprobe.lora.patterns import as_patterns, matches
+from adapterprobe.lora.peft_writer import (
+    ADAPTER_FILE,
+    CONFIG_FILE,
+    SafetensorsWriter,
     peft_config,
     peft_key,
 )
-from adapterprobe.result import json_safe
 
 torch = require("torch", "torch")
 
@@ -104,9 +103,9 @@ class ParasiticConfig:
             raise UsageError(f"explained_variance must be in (0, 1], got {self.explained_variance}")
         if self.interval_steps < 0 or self.plateau_window < 2:
             raise UsageError("interval_steps must be >= 0 and plateau_window >= 2")
-        object.__setattr__(self, "include", _as_patterns(self.include, "include"))
-        object.__setattr__(self, "exclude", _as_patterns(self.exclude, "exclude"))
-        dt = _resolve_dtype(self.factor_dtype)
+        object.__setattr__(self, "include", as_patterns(self.include, "include"))
+        object.__setattr__(self, "exclude", as_patterns(self.exclude, "exclude"))
+        dt = resolve_factor_dtype(self.factor_dtype)
         if self.factor_dtype is not None and dt != "base":  # canonical name: JSON round trip
             object.__setattr__(self, "factor_dtype", str(dt).replace("torch.", ""))
 
@@ -198,7 +197,7 @@ class ExtractedAdapter:
         """Write this adapter as a PEFT LoRA directory (alpha = rank, scaling 1)."""
         ranks: dict[str, int] = {}
         with atomic_dir(out_dir, overwrite=overwrite) as tmp:
-            writer = _SafetensorsWriter(tmp / ADAPTER_FILE)
+            writer = SafetensorsWriter(tmp / ADAPTER_FILE)
             try:
                 for name, f in self.layers.items():
                     module = name[: -len(".weight")] if name.endswith(".weight") else name
@@ -211,7 +210,7 @@ class ExtractedAdapter:
             except BaseException:
                 writer.abort()
                 raise
-            _write_json(tmp / CONFIG_FILE, peft_config(ranks))
+            write_json(tmp / CONFIG_FILE, peft_config(ranks))
         return Path(out_dir)
 
 
@@ -290,7 +289,7 @@ class AdapterLibrary:
             entries = []
             for i, a in enumerate(self.adapters):
                 fname = f"adapter-{i:04d}.safetensors"
-                writer = _SafetensorsWriter(tmp / fname)
+                writer = SafetensorsWriter(tmp / fname)
                 try:
                     for name, f in a.layers.items():
                         writer.add(f"{name}::lora_A", f.lora_A)
@@ -301,7 +300,7 @@ class AdapterLibrary:
                     writer.abort()
                     raise
                 entries.append({"file": fname, **a.meta()})
-            _write_json(
+            write_json(
                 tmp / LIBRARY_FILE,
                 {
                     "format": LIBRARY_FORMAT,
@@ -347,7 +346,9 @@ class AdapterLibrary:
                         delta_norm=lm.get("delta_norm") or 0.0,
                     )
                 except KeyError as exc:
-                    raise _fail(name, f"adapter library {root}: {e['file']} lacks {exc}") from exc
+                    raise ExtractionError(
+                        f"adapter library {root}: {e['file']} lacks {exc}", tensor=name
+                    ) from exc
             adapters.append(
                 ExtractedAdapter(
                     adapter_id=e["adapter_id"],
@@ -427,9 +428,9 @@ class ParasiticExtractor:
                 continue
             if counts.get(id(mod.weight), 0) > 1:
                 continue
-            if self.config.include and not _matches(mname, self.config.include):
+            if self.config.include and not matches(mname, self.config.include):
                 continue
-            if self.config.exclude and _matches(mname, self.config.exclude):
+            if self.config.exclude and matches(mname, self.config.exclude):
                 continue
             out.append((f"{mname}.weight" if mname else "weight", mod.weight))
         return out
@@ -513,23 +514,27 @@ class ParasiticExtractor:
             tags=[str(t) for t in tags] if isinstance(tags, (list, tuple)) else [],
             created_at=time.time(),
         )
-        out_dtype = _resolve_dtype(cfg.factor_dtype)
+        out_dtype = resolve_factor_dtype(cfg.factor_dtype)
         params = dict(self._tracked(model))
         with torch.no_grad():
             for name, w0 in self.base_weights.items():
                 p = params.get(name)
                 if p is None:
-                    raise _fail(name, f"extract: {name!r} was snapshotted but is not in the model")
+                    raise ExtractionError(
+                        f"extract: {name!r} was snapshotted but is not in the model", tensor=name
+                    )
                 if tuple(p.shape) != tuple(w0.shape):
-                    raise _fail(
-                        name,
+                    raise ExtractionError(
                         f"extract: shape of {name!r} changed from {list(w0.shape)} "
                         f"to {list(p.shape)}",
+                        tensor=name,
                     )
                 dw = p.detach().float() - w0.to(p.device, torch.float32)
                 norm = float(torch.linalg.vector_norm(dw))
                 if not math.isfinite(norm):
-                    raise _fail(name, f"extract: non-finite delta in {name!r} at step {step}")
+                    raise ExtractionError(
+                        f"extract: non-finite delta in {name!r} at step {step}", tensor=name
+                    )
                 if norm == 0.0:
                     continue
                 f = factorize_delta(
@@ -608,10 +613,11 @@ def apply_adapter(model: Any, adapter: ExtractedAdapter, scale: float = 1.0) -> 
     for name, f in adapter.layers.items():
         p = params.get(name)
         if p is None:
-            raise _fail(name, f"apply_adapter: model has no parameter {name!r}")
+            raise ExtractionError(f"apply_adapter: model has no parameter {name!r}", tensor=name)
         if tuple(p.shape) != f.shape:
-            raise _fail(
-                name, f"apply_adapter: {name!r} is {list(p.shape)}, adapter has {list(f.shape)}"
+            raise ExtractionError(
+                f"apply_adapter: {name!r} is {list(p.shape)}, adapter has {list(f.shape)}",
+                tensor=name,
             )
     with torch.no_grad():
         for name, f in adapter.layers.items():

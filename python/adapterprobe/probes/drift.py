@@ -11,93 +11,79 @@ logs are an ERROR result, never an exception.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from adapterprobe import _core
-from adapterprobe.errors import UsageError
-from adapterprobe.result import ProbeResult, Verdict, option_defaults
+from adapterprobe._core import LogsStatus
+from adapterprobe.probes.options import ProbeOptions, Rule, option, with_overrides
+from adapterprobe.probes.result import ProbeResult, Verdict
 
 KIND = "training_drift"
 CURVE_SAMPLE_CAP = 512
 
 
-def check_options(
-    *,
-    min_steps: int,
-    rolling_window: int,
-    spike_sigma: float,
-    assert_smoothness_gte: float,
-    assert_convergence_ratio_lte: float,
-    assert_instability_events_lte: int,
-) -> None:
-    """Raise UsageError for options outside their documented ranges."""
-    problems = []
-    if min_steps < 2:
-        problems.append(f"min_steps must be >= 2, got {min_steps}")
-    if rolling_window < 2:
-        problems.append(f"rolling_window must be >= 2, got {rolling_window}")
-    if not spike_sigma > 0:
-        problems.append(f"spike_sigma must be > 0, got {spike_sigma}")
-    if not 0.0 <= assert_smoothness_gte <= 1.0:
-        problems.append(f"assert_smoothness_gte must be in [0, 1], got {assert_smoothness_gte}")
-    if not assert_convergence_ratio_lte > 0:
-        problems.append(
-            f"assert_convergence_ratio_lte must be > 0, got {assert_convergence_ratio_lte}"
-        )
-    if assert_instability_events_lte < 0:
-        problems.append(
-            f"assert_instability_events_lte must be >= 0, got {assert_instability_events_lte}"
-        )
-    if problems:
-        raise UsageError("; ".join(problems))
+@dataclass(frozen=True)
+class DriftOptions(ProbeOptions):
+    """Thresholds of :func:`training_drift`."""
+
+    min_steps: int = option(10, Rule(int, low=2), "fewer step records than this: SKIP")
+    rolling_window: int = option(
+        10, Rule(int, low=2), "points in the window whose median |delta loss| judges a rise"
+    )
+    spike_sigma: float = option(
+        3.0, Rule(float, low=0, low_open=True), "a rise above this many window medians is a spike"
+    )
+    assert_smoothness_gte: float = option(
+        0.7, Rule(float, low=0, high=1), "smallest smoothness that passes"
+    )
+    assert_convergence_ratio_lte: float = option(
+        0.7, Rule(float, low=0, low_open=True), "largest final/initial loss that passes"
+    )
+    assert_instability_events_lte: int = option(
+        0, Rule(int, low=0), "most instability events that pass"
+    )
 
 
-def judge_drift(
-    inputs: Any,
-    *,
-    min_steps: int = 10,
-    rolling_window: int = 10,
-    spike_sigma: float = 3.0,
-    assert_smoothness_gte: float = 0.7,
-    assert_convergence_ratio_lte: float = 0.7,
-    assert_instability_events_lte: int = 0,
-    name: str = KIND,
-) -> ProbeResult:
+def judge_drift(inputs: Any, options: DriftOptions, *, name: str = KIND) -> ProbeResult:
     """The verdict for one store from its gathered inputs (a ``DriftInput``)."""
 
     def result(verdict: Verdict, message: str, **kw: Any) -> ProbeResult:
         return ProbeResult(name=name, kind=KIND, verdict=verdict, message=message, **kw)
 
-    if inputs.status == "no_logs_dir":
+    if inputs.status == LogsStatus.NoLogsDir:
         return result(Verdict.SKIP, f"{inputs.store} has no logs/ directory")
-    if inputs.status == "no_files":
+    if inputs.status == LogsStatus.NoFiles:
         return result(Verdict.SKIP, f"no train-*.jsonl files in {inputs.logs_dir}")
-    if inputs.status == "failed":
+    if inputs.status == LogsStatus.Failed:
         return result(
-            Verdict.ERROR, inputs.error, evidence={"log_paths": [str(p) for p in inputs.files]}
+            Verdict.ERROR, str(inputs.error), evidence={"log_paths": [str(p) for p in inputs.files]}
         )
+    o = options
     curve = inputs.curve
     num_steps = len(curve)
-    if num_steps < min_steps:
+    if num_steps < o.min_steps:
         return result(
             Verdict.SKIP,
-            f"{num_steps} step records, fewer than min_steps={min_steps}: "
+            f"{num_steps} step records, fewer than min_steps={o.min_steps}: "
             "too short a curve to judge",
             evidence={"num_steps": num_steps, "num_log_files": curve.num_files},
         )
 
-    m = curve.metrics(rolling_window=rolling_window, spike_sigma=spike_sigma)
+    m = curve.metrics(rolling_window=o.rolling_window, spike_sigma=o.spike_sigma)
     smooth, conv = m["smoothness"], m["convergence_ratio"]
     events = int(m["instability_events"])
 
     shortfalls = []
-    if not smooth >= assert_smoothness_gte:
-        shortfalls.append(f"smoothness {smooth:.2f} is below {assert_smoothness_gte}")
-    if not conv <= assert_convergence_ratio_lte:
-        shortfalls.append(f"convergence_ratio {conv:.2f} is above {assert_convergence_ratio_lte}")
-    if not events <= assert_instability_events_lte:
-        shortfalls.append(f"{events} instability events, more than {assert_instability_events_lte}")
+    if not smooth >= o.assert_smoothness_gte:
+        shortfalls.append(f"smoothness {smooth:.2f} is below {o.assert_smoothness_gte}")
+    if not conv <= o.assert_convergence_ratio_lte:
+        shortfalls.append(f"convergence_ratio {conv:.2f} is above {o.assert_convergence_ratio_lte}")
+    if not events <= o.assert_instability_events_lte:
+        shortfalls.append(
+            f"{events} instability events, more than {o.assert_instability_events_lte}"
+        )
     summary = (
         f"smoothness={smooth:.2f}, convergence_ratio={conv:.2f}, "
         f"instability_events={events}, final_loss={m['final_loss']:.3f}"
@@ -125,34 +111,36 @@ def judge_drift(
             "num_log_files": curve.num_files,
             "curve_sampled": curve.sample(CURVE_SAMPLE_CAP),
             "thresholds": {
-                "smoothness_gte": assert_smoothness_gte,
-                "convergence_ratio_lte": assert_convergence_ratio_lte,
-                "instability_events_lte": assert_instability_events_lte,
+                "smoothness_gte": o.assert_smoothness_gte,
+                "convergence_ratio_lte": o.assert_convergence_ratio_lte,
+                "instability_events_lte": o.assert_instability_events_lte,
             },
         },
     )
 
 
-DEFAULTS = option_defaults(judge_drift)
-
-
 def training_drift(
     store_path: str | Path | None,
     *,
-    min_steps: int = 10,
-    rolling_window: int = 10,
-    spike_sigma: float = 3.0,
-    assert_smoothness_gte: float = 0.7,
-    assert_convergence_ratio_lte: float = 0.7,
-    assert_instability_events_lte: int = 0,
+    min_steps: int | None = None,
+    rolling_window: int | None = None,
+    spike_sigma: float | None = None,
+    assert_smoothness_gte: float | None = None,
+    assert_convergence_ratio_lte: float | None = None,
+    assert_instability_events_lte: int | None = None,
+    options: DriftOptions | None = None,
     name: str = KIND,
 ) -> ProbeResult:
     """Judge the loss curve logged under ``store_path/logs``.
 
-    Raises UsageError only for invalid options; every problem with the
-    store itself is reported in the returned result.
+    Thresholds left as None take their :class:`DriftOptions` default
+    (``options`` when given, else the defaults: min_steps=10,
+    rolling_window=10, spike_sigma=3.0, assert_smoothness_gte=0.7,
+    assert_convergence_ratio_lte=0.7, assert_instability_events_lte=0).
+    Raises UsageError only for invalid options; every problem with the store
+    itself is reported in the returned result.
     """
-    options = {
+    given = {
         "min_steps": min_steps,
         "rolling_window": rolling_window,
         "spike_sigma": spike_sigma,
@@ -160,7 +148,7 @@ def training_drift(
         "assert_convergence_ratio_lte": assert_convergence_ratio_lte,
         "assert_instability_events_lte": assert_instability_events_lte,
     }
-    check_options(**options)
+    resolved = with_overrides(options or DriftOptions(), given)
     if store_path is None:
         return ProbeResult(
             name=name,
@@ -169,4 +157,4 @@ def training_drift(
             message="no store path given, so there is no loss curve to read",
         )
     store = Path(store_path).expanduser().resolve()
-    return judge_drift(_core.drift_input(str(store)), name=name, **options)
+    return judge_drift(_core.drift_input(store), resolved, name=name)

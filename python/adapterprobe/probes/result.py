@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import enum
-import inspect
-import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from adapterprobe._json import json_safe
 
 
 class Verdict(str, enum.Enum):
@@ -35,36 +34,6 @@ _SEVERITY = {
     Verdict.FAIL: 3,
     Verdict.ERROR: 4,
 }
-
-
-def option_defaults(judge: Callable[..., Any]) -> dict[str, Any]:
-    """A probe's threshold options and their defaults, read from its judge's
-    keyword-only parameters (``name`` excluded), so they are stated once."""
-    return {
-        p.name: p.default
-        for p in inspect.signature(judge).parameters.values()
-        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name != "name"
-    }
-
-
-def json_safe(value: Any) -> Any:
-    """Recursively turn a value into plain JSON types; NaN and infinities become None."""
-    if isinstance(value, Verdict):
-        return value.value
-    if isinstance(value, bool) or value is None or isinstance(value, str):
-        return value
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    # numpy scalars and arrays without importing numpy here.
-    if hasattr(value, "tolist"):
-        return json_safe(value.tolist())
-    return str(value)
 
 
 @dataclass

@@ -12,7 +12,7 @@ spikes), and timestamps/throughput come from a simulated clock rather than the
 wall clock, so rerunning the generator reproduces the same bytes.
 
 torch, transformers and peft are imported inside the functions that need
-them: importing this module (or ``adapterprobe``) never pulls in torch.
+them, so importing this module does not pull in torch.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from adapterprobe._fs import atomic_write_text
 from adapterprobe.errors import UsageError, require
+from realruns.tiny import tiny_llama
 
 #: Payload format version dlm writes into ``_state_sidecar_version``.
 STATE_SIDECAR_VERSION = 2
@@ -225,21 +227,15 @@ def _synthetic_batches(torch: Any, seed: int) -> tuple[Any, Any, Any]:
 
 def build_tiny_peft_model(*, seed: int = 0, layers: int = 2) -> Any:
     """The tiny Llama + LoRA(q_proj, v_proj) model; same seed, same base weights."""
-    torch = require("torch", "peft")
-    transformers = require("transformers", "peft")
     peft = require("peft", "peft")
-    torch.manual_seed(seed)
-    config = transformers.LlamaConfig(
-        hidden_size=_HIDDEN,
-        intermediate_size=2 * _HIDDEN,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        vocab_size=_VOCAB,
-        max_position_embeddings=2 * _SEQ_LEN,
+    base = tiny_llama(
+        seed,
+        hidden=_HIDDEN,
+        layers=layers,
+        vocab=_VOCAB,
+        max_positions=2 * _SEQ_LEN,
         initializer_range=_INIT_RANGE,
     )
-    base = transformers.LlamaForCausalLM(config)
     lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=list(_TARGET_MODULES))
     return peft.get_peft_model(base, lora)
 
@@ -348,14 +344,6 @@ def _staging_dir(parent: Path) -> Iterator[Path]:
         yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    with _staging_dir(path.parent) as tmp:
-        staged = tmp / path.name
-        with staged.open("w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-        os.replace(staged, path)
 
 
 def _sha256_file(path: Path) -> str:
@@ -500,7 +488,7 @@ def write_adapter_version(
         run_info = json.dumps({"use_qlora": run.use_qlora}, sort_keys=True)
         (staged / "training_run.json").write_text(run_info + "\n", encoding="utf-8")
         os.rename(staged, final)
-    _write_text_atomic(root / "current.txt", f"versions/{label}")
+    atomic_write_text(root / "current.txt", f"versions/{label}")
     return final
 
 
@@ -568,7 +556,7 @@ def write_log(
         head, last_line = "\n".join(lines[:-1]), lines[-1]
         text = head + "\n" + last_line[: len(last_line) // 2]
     path = Path(store) / "logs" / log_file_name(run_id, started)
-    _write_text_atomic(path, text)
+    atomic_write_text(path, text)
     return path
 
 

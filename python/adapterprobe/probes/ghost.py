@@ -23,43 +23,40 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from adapterprobe import _core
-from adapterprobe.errors import UsageError
-from adapterprobe.result import ProbeResult, Verdict, option_defaults
+from adapterprobe.errors import MissingFileError
+from adapterprobe.probes.options import ProbeOptions, Rule, option, with_overrides
+from adapterprobe.probes.result import ProbeResult, Verdict
 
 KIND = "gradient_ghost"
 
 
-def check_options(
-    *, min_steps_threshold: int, undertrained_layer_ratio: float, layer_failure_frac: float
-) -> None:
-    """Raise UsageError for options outside their documented ranges."""
-    problems = []
-    if min_steps_threshold < 1:
-        problems.append(f"min_steps_threshold must be >= 1, got {min_steps_threshold}")
-    if not undertrained_layer_ratio > 1.0:
-        problems.append(f"undertrained_layer_ratio must be > 1, got {undertrained_layer_ratio}")
-    if not 0.0 <= layer_failure_frac <= 1.0:
-        problems.append(f"layer_failure_frac must be in [0, 1], got {layer_failure_frac}")
-    if problems:
-        raise UsageError("; ".join(problems))
+@dataclass(frozen=True)
+class GhostOptions(ProbeOptions):
+    """Thresholds of :func:`gradient_ghost`."""
+
+    min_steps_threshold: int = option(
+        50, Rule(int, low=1), "global_step below this: FAIL (severely undertrained)"
+    )
+    undertrained_layer_ratio: float = option(
+        2.0,
+        Rule(float, low=1, low_open=True),
+        "a layer's mean exp_avg_sq above this many times the calmest layer's is flagged",
+    )
+    layer_failure_frac: float = option(
+        0.3, Rule(float, low=0, high=1), "more than this share of layers flagged: FAIL"
+    )
 
 
 def _finite_or_none(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def judge_ghost(
-    inputs: Any,
-    *,
-    min_steps_threshold: int = 50,
-    undertrained_layer_ratio: float = 2.0,
-    layer_failure_frac: float = 0.3,
-    name: str = KIND,
-) -> ProbeResult:
+def judge_ghost(inputs: Any, options: GhostOptions, *, name: str = KIND) -> ProbeResult:
     """The verdict for one adapter from its gathered inputs (a ``GhostInput``)."""
 
     def result(verdict: Verdict, message: str, **kw: Any) -> ProbeResult:
@@ -67,8 +64,9 @@ def judge_ghost(
 
     state = inputs.state
     if state is None:
-        verdict = Verdict.SKIP if inputs.error_kind == "MissingFileError" else Verdict.ERROR
-        return result(verdict, inputs.error)
+        verdict = Verdict.SKIP if isinstance(inputs.error, MissingFileError) else Verdict.ERROR
+        return result(verdict, str(inputs.error))
+    o = options
 
     grouping = inputs.grouping
     num_layers = grouping.num_layers if grouping is not None else 0
@@ -76,17 +74,17 @@ def judge_ghost(
     per_param = state.per_param
     best_val_loss = _finite_or_none(state.best_val_loss)
 
-    if state.global_step < min_steps_threshold:
+    if state.global_step < o.min_steps_threshold:
         return result(
             Verdict.FAIL,
             f"severely undertrained: global_step={state.global_step} is below "
-            f"{min_steps_threshold}; scores measured on this adapter mean little until it "
+            f"{o.min_steps_threshold}; scores measured on this adapter mean little until it "
             "is trained further",
             score=0.0,
             raw=float(state.global_step),
             evidence={
                 "global_step": state.global_step,
-                "min_steps_threshold": min_steps_threshold,
+                "min_steps_threshold": o.min_steps_threshold,
                 "epoch": state.epoch,
                 "num_params": len(per_param),
                 "num_layers": num_layers,
@@ -127,7 +125,7 @@ def judge_ghost(
         if layer_means:
             baseline = min(layer_means.values())
             if baseline > 0.0:
-                limit = undertrained_layer_ratio
+                limit = o.undertrained_layer_ratio
                 undertrained = [i for i, m in layer_means.items() if m > limit * baseline]
 
     frac = len(undertrained) / num_layers if num_layers > 0 else 0.0
@@ -137,17 +135,17 @@ def judge_ghost(
         for layer, mean in ranked
     ]
     share = f"{frac:.0%} of layers ({len(undertrained)}/{num_layers})"
-    if frac > layer_failure_frac:
+    if frac > o.layer_failure_frac:
         verdict, score = Verdict.FAIL, 0.3
         message = (
             f"{share} still show high gradient variance, more than "
-            f"{layer_failure_frac:.0%} allowed: the loss has probably not flattened yet "
+            f"{o.layer_failure_frac:.0%} allowed: the loss has probably not flattened yet "
             f"(global_step={state.global_step})"
         )
     elif undertrained:
         verdict, score = Verdict.WARN, 0.7
         message = (
-            f"{share} have exp_avg_sq above {undertrained_layer_ratio:.1f}x the calmest "
+            f"{share} have exp_avg_sq above {o.undertrained_layer_ratio:.1f}x the calmest "
             f"layer: partly undertrained, other probes may still be informative "
             f"(global_step={state.global_step})"
         )
@@ -155,7 +153,7 @@ def judge_ghost(
         verdict, score = Verdict.PASS, 0.9
         message = (
             f"global_step={state.global_step}; no layer's exp_avg_sq exceeds "
-            f"{undertrained_layer_ratio:.1f}x the calmest layer: training looks converged"
+            f"{o.undertrained_layer_ratio:.1f}x the calmest layer: training looks converged"
         )
     return result(
         verdict,
@@ -179,31 +177,27 @@ def judge_ghost(
     )
 
 
-DEFAULTS = option_defaults(judge_ghost)
-
-
 def gradient_ghost(
     adapter_path: str | Path,
     *,
-    min_steps_threshold: int = 50,
-    undertrained_layer_ratio: float = 2.0,
-    layer_failure_frac: float = 0.3,
+    min_steps_threshold: int | None = None,
+    undertrained_layer_ratio: float | None = None,
+    layer_failure_frac: float | None = None,
+    options: GhostOptions | None = None,
     name: str = KIND,
 ) -> ProbeResult:
     """Judge the optimizer state of one adapter version dir (or its ``.pt`` file).
 
-    Raises UsageError only for invalid options.
+    Thresholds left as None take their :class:`GhostOptions` default
+    (``options`` when given, else min_steps_threshold=50,
+    undertrained_layer_ratio=2.0, layer_failure_frac=0.3). Raises UsageError
+    only for invalid options.
     """
-    check_options(
-        min_steps_threshold=min_steps_threshold,
-        undertrained_layer_ratio=undertrained_layer_ratio,
-        layer_failure_frac=layer_failure_frac,
-    )
-    inputs = _core.ghost_input(str(Path(adapter_path).expanduser()))
-    return judge_ghost(
-        inputs,
-        min_steps_threshold=min_steps_threshold,
-        undertrained_layer_ratio=undertrained_layer_ratio,
-        layer_failure_frac=layer_failure_frac,
-        name=name,
-    )
+    given = {
+        "min_steps_threshold": min_steps_threshold,
+        "undertrained_layer_ratio": undertrained_layer_ratio,
+        "layer_failure_frac": layer_failure_frac,
+    }
+    resolved = with_overrides(options or GhostOptions(), given)
+    inputs = _core.ghost_input(Path(adapter_path).expanduser())
+    return judge_ghost(inputs, resolved, name=name)

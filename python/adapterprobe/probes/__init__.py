@@ -1,0 +1,80 @@
+"""The probes: each reads one kind of artifact and returns a :class:`ProbeResult`.
+
+``PROBES`` lists them with their options class and judge, so ``scan``, the
+Ray engine and the CLI treat every probe the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from adapterprobe.errors import UsageError
+from adapterprobe.probes.drift import DriftOptions, judge_drift, training_drift
+from adapterprobe.probes.ghost import GhostOptions, gradient_ghost, judge_ghost
+from adapterprobe.probes.options import ProbeOptions
+from adapterprobe.probes.result import ProbeResult, Verdict
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """How a scan runs one probe: its options class, its judge, and whether it
+    judges a whole store ("store") or each adapter version ("adapter")."""
+
+    name: str
+    options: type[ProbeOptions]
+    judge: Callable[..., ProbeResult]
+    scope: str
+
+
+PROBES: dict[str, ProbeSpec] = {
+    spec.name: spec
+    for spec in (
+        ProbeSpec("gradient_ghost", GhostOptions, judge_ghost, "adapter"),
+        ProbeSpec("training_drift", DriftOptions, judge_drift, "store"),
+    )
+}
+
+
+def resolve_options(
+    probes: tuple[str, ...], options: Mapping[str, Any] | None
+) -> dict[str, ProbeOptions]:
+    """One validated options object per probe from a mapping of probe name to
+    an options object or a mapping of option values (missing probes: defaults)."""
+    unknown = [p for p in probes if p not in PROBES]
+    if unknown or not probes:
+        raise UsageError(
+            f"probes must be a non-empty subset of {tuple(PROBES)}, got {list(probes)}"
+        )
+    options = dict(options or {})
+    extra = sorted(set(options) - set(PROBES))
+    if extra:
+        raise UsageError(f"options given for unknown probe(s): {', '.join(extra)}")
+    resolved: dict[str, ProbeOptions] = {}
+    for name, spec in PROBES.items():
+        given = options.get(name)
+        if isinstance(given, spec.options):
+            resolved[name] = given
+        elif given is None or isinstance(given, Mapping):
+            resolved[name] = spec.options.from_mapping(given)
+        else:
+            raise UsageError(
+                f"options for {name} must be a {spec.options.__name__} or a mapping, "
+                f"got {type(given).__name__}"
+            )
+    return resolved
+
+
+__all__ = [
+    "PROBES",
+    "DriftOptions",
+    "GhostOptions",
+    "ProbeOptions",
+    "ProbeResult",
+    "ProbeSpec",
+    "Verdict",
+    "gradient_ghost",
+    "resolve_options",
+    "training_drift",
+]

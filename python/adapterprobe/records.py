@@ -1,0 +1,158 @@
+"""Scan records and their output formats (JSON, CSV, pandas).
+
+A :class:`ScanRecord` is one probe's verdict on one store or adapter version;
+a :class:`ScanReport` is the records of a scan. The field list is the
+dataclass's own, so JSON, CSV and pandas output can never disagree on it.
+Both the local scan and the Ray engine build on this module.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any, overload
+
+from adapterprobe._json import json_safe
+from adapterprobe.errors import UsageError, require
+from adapterprobe.probes.result import ProbeResult, Verdict
+
+FAIL_ON = ("warn", "fail", "never")
+
+
+@dataclass(frozen=True)
+class ScanRecord:
+    """One probe's verdict on one store (drift) or adapter version (ghost)."""
+
+    store: str
+    adapter: str | None
+    probe: str
+    verdict: Verdict
+    score: float | None
+    message: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, store: str, adapter: str | None, result: ProbeResult) -> ScanRecord:
+        return cls(
+            store,
+            adapter,
+            result.kind,
+            result.verdict,
+            result.score,
+            result.message,
+            result.evidence,
+        )
+
+    def _plain(self) -> dict[str, Any]:
+        d = {f: getattr(self, f) for f in RECORD_FIELDS}
+        d["verdict"] = self.verdict.value
+        return d
+
+    def to_dict(self) -> dict[str, Any]:
+        """The flat JSON record: NaN and infinities become null."""
+        return json_safe(self._plain())
+
+    def to_json(self) -> str:
+        """One compact JSON object (NaN and infinities as null)."""
+        try:  # the common case: nothing to clean, so skip the recursive copy
+            return json.dumps(self._plain(), allow_nan=False)
+        except (ValueError, TypeError):
+            return json.dumps(self.to_dict(), allow_nan=False)
+
+
+#: The record fields, in output order.
+RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ScanRecord))
+
+
+def json_chunks(
+    records: Iterable[ScanRecord], first: bool = True, last: bool = True
+) -> Iterator[str]:
+    """The JSON array of `records` as text pieces, one record per line, so
+    output can be streamed; `first`/`last` say whether to open/close it."""
+    opened = not first
+    if first:
+        yield "["
+    for record in records:
+        yield (",\n" if opened else "\n") + record.to_json()
+        opened = True
+    if last:
+        yield "\n]" if opened else "]"
+
+
+def write_csv(out: IO[str], records: Iterable[ScanRecord], header: bool) -> None:
+    """Write `records` as CSV rows (evidence as a JSON string) to a text stream."""
+    writer = csv.writer(out, lineterminator="\n")
+    if header:
+        writer.writerow(RECORD_FIELDS)
+    for record in records:
+        d = record.to_dict()
+        d["adapter"] = d["adapter"] or ""
+        d["score"] = "" if d["score"] is None else d["score"]
+        d["evidence"] = json.dumps(d["evidence"], sort_keys=True)
+        writer.writerow([d[f] for f in RECORD_FIELDS])
+
+
+class ScanReport(Sequence[ScanRecord]):
+    """The records of a scan, in store order, plus what could not be searched."""
+
+    def __init__(self, records: Iterable[ScanRecord], problems: Iterable[tuple[str, str]] = ()):
+        self.records: list[ScanRecord] = list(records)
+        self.problems: list[tuple[str, str]] = list(problems)
+
+    def __iter__(self) -> Iterator[ScanRecord]:
+        return iter(self.records)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    @overload
+    def __getitem__(self, index: int) -> ScanRecord: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[ScanRecord]: ...
+    def __getitem__(self, index: int | slice) -> ScanRecord | list[ScanRecord]:
+        return self.records[index]
+
+    def __repr__(self) -> str:
+        return f"ScanReport({len(self.records)} records, {self.counts()})"
+
+    def counts(self) -> dict[str, int]:
+        """Number of records per verdict."""
+        c = Counter(r.verdict.value for r in self.records)
+        return {v.value: c.get(v.value, 0) for v in Verdict}
+
+    def worst(self) -> Verdict | None:
+        return max((r.verdict for r in self.records), key=lambda v: v.severity, default=None)
+
+    def exit_code(self, fail_on: str = "fail") -> int:
+        """1 when some verdict reaches ``fail_on`` (error always does), else 0."""
+        if fail_on not in FAIL_ON:
+            raise UsageError(f"fail_on must be one of {FAIL_ON}, got {fail_on!r}")
+        if fail_on == "never":
+            return 0
+        floor = Verdict(fail_on).severity
+        return int(any(r.verdict.severity >= floor for r in self.records))
+
+    def to_dicts(self) -> list[dict[str, Any]]:
+        return [r.to_dict() for r in self.records]
+
+    def to_json(self, indent: int | None = None) -> str:
+        """A JSON array of the flat records (NaN and infinities as null)."""
+        if indent is None:
+            return "".join(json_chunks(self.records))
+        return json.dumps(self.to_dicts(), indent=indent, allow_nan=False)
+
+    def to_csv(self) -> str:
+        """CSV with one row per record; evidence as a JSON string."""
+        out = io.StringIO()
+        write_csv(out, self.records, header=True)
+        return out.getvalue()
+
+    def to_pandas(self) -> Any:
+        """A pandas DataFrame of the records (needs pandas installed)."""
+        pd = require("pandas", "pandas")
+        return pd.DataFrame(self.to_dicts(), columns=list(RECORD_FIELDS))

@@ -1,0 +1,9 @@
+"""Real training runs for tests, benchmarks and the bundled demo.
+
+Nothing here is shipped in the wheel. Every artifact is made by the real
+libraries (torch, transformers, PEFT) training tiny models built from
+configs on the CPU, never downloaded and never shaped by hand:
+
+- :mod:`realruns.tiny`: tiny transformers models from configs.
+- :mod:`realruns.dlm`: dlm-layout stores (PEFT adapter, optimizer state, JSONL logs).
+"""
