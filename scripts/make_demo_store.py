@@ -24,7 +24,7 @@ from pathlib import Path
 from adapterprobe.errors import AdapterProbeError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-from realruns import dlm as storegen  # noqa: E402
+from realruns import dlm as storegen
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "python" / "adapterprobe" / "demo_store"
 

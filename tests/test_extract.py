@@ -14,12 +14,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
-from realruns.tiny import tiny_llama as build_llama  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 import adapterprobe  # noqa: E402
 from adapterprobe import ExtractionError, MissingFileError, UsageError  # noqa: E402
 from adapterprobe.lora.factorize import choose_rank, factorize_delta  # noqa: E402
+from realruns.tiny import tiny_llama as build_llama  # noqa: E402
 
 TINY = dict(vocab=96, hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, max_positions=64)
 

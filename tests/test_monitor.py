@@ -14,11 +14,11 @@ import pytest
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
-from realruns.tiny import tiny_llama as build_llama  # noqa: E402
 from torch import nn  # noqa: E402
 
 from adapterprobe import GAPMonitor, GradientDump, MonitorConfigError  # noqa: E402
 from adapterprobe.sinks import JsonlSink, step_record  # noqa: E402
+from realruns.tiny import tiny_llama as build_llama  # noqa: E402
 
 STATS = ("mean", "var", "max_abs", "l2_norm", "nonfinite")
 

@@ -30,10 +30,10 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from conftest import TOOLS  # noqa: E402
-from realruns import dlm as storegen  # noqa: E402
 
 import adapterprobe  # noqa: E402
 from adapterprobe.errors import UsageError  # noqa: E402
+from realruns import dlm as storegen  # noqa: E402
 
 DEMO_ROOT = Path(adapterprobe.__file__).parent / "demo_store"
 LOG_NAME = re.compile(r"^train-(\d{6})-(\d{8}T\d{6})\.jsonl$")

@@ -21,7 +21,6 @@ torch = pytest.importorskip("torch")
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from realruns.dlm import save_training_state, train_tiny_lora  # noqa: E402
 
 from adapterprobe import (  # noqa: E402
     IntegrityError,
@@ -30,6 +29,7 @@ from adapterprobe import (  # noqa: E402
     UnsafePickleError,
     read_training_state,
 )
+from realruns.dlm import save_training_state, train_tiny_lora  # noqa: E402
 
 VERSIONS = {"torch": str(torch.__version__), "bitsandbytes": None}
 

@@ -1,26 +1,52 @@
-"""Type stubs for the Rust extension module (hand-written; keep in step with rust/py.rs)."""
+"""Type stubs for the Rust extension module (hand-written; keep in step with rust/py.rs).
+
+Errors raised here are the classes of :mod:`adapterprobe.errors`.
+"""
 
 from collections.abc import Sequence
 from os import PathLike
 from pathlib import Path
+from typing import Any, ClassVar, final
 
 import numpy as np
 import numpy.typing as npt
 
+from adapterprobe.errors import AdapterProbeError
+
+__all__ = [
+    "Discovery",
+    "DriftInput",
+    "GhostInput",
+    "LayerGrouping",
+    "LogsStatus",
+    "LossCurve",
+    "ParamStat",
+    "Problem",
+    "SafetensorsHeader",
+    "Target",
+    "TargetInputs",
+    "TensorInfo",
+    "TrainingState",
+    "__version__",
+    "count_spikes",
+    "curve_metrics",
+    "discover",
+    "drift_input",
+    "ghost_input",
+    "group_layers",
+    "probe_targets",
+    "read_loss_curve",
+    "read_safetensors_header",
+    "read_training_state",
+    "spike_indices",
+]
+
 __version__: str
 
 _Path = str | PathLike[str]
+_Floats = Sequence[float] | npt.NDArray[np.floating[Any]]
 
-class AdapterProbeError(Exception): ...
-class HeaderError(AdapterProbeError): ...
-class LogFormatError(AdapterProbeError): ...
-class LayerGroupingError(AdapterProbeError): ...
-class TrainingStateError(AdapterProbeError): ...
-class UnsafePickleError(TrainingStateError): ...
-class IntegrityError(TrainingStateError): ...
-class MissingFileError(AdapterProbeError): ...
-class UsageError(AdapterProbeError): ...
-
+@final
 class TensorInfo:
     @property
     def name(self) -> str: ...
@@ -31,6 +57,7 @@ class TensorInfo:
     @property
     def data_offsets(self) -> tuple[int, int]: ...
 
+@final
 class SafetensorsHeader:
     @property
     def tensors(self) -> dict[str, TensorInfo]: ...
@@ -42,6 +69,7 @@ class SafetensorsHeader:
 def read_safetensors_header(path: _Path) -> SafetensorsHeader:
     """Parse a safetensors header, reading only 8 + N bytes; raises HeaderError."""
 
+@final
 class LayerGrouping:
     @property
     def layer_indices(self) -> tuple[int, ...]: ...
@@ -55,6 +83,7 @@ class LayerGrouping:
 def group_layers(adapter: _Path, num_params: int | None = None) -> LayerGrouping:
     """Attribute optimizer param ids to layers from adapter keys; raises LayerGroupingError."""
 
+@final
 class LossCurve:
     @property
     def steps(self) -> npt.NDArray[np.int64]: ...
@@ -64,9 +93,7 @@ class LossCurve:
     def num_files(self) -> int: ...
     @property
     def files(self) -> list[Path]: ...
-    def metrics(
-        self, *, rolling_window: int = 10, spike_sigma: float = 3.0
-    ) -> dict[str, float | int | list[int]]:
+    def metrics(self, *, rolling_window: int = 10, spike_sigma: float = 3.0) -> dict[str, Any]:
         """Drift metrics; spike_steps/nonfinite_steps are step numbers."""
     def sample(self, cap: int = 512) -> list[tuple[int, float | None]]:
         """About `cap` evenly strided (step, loss) points, ends kept, non-finite as None."""
@@ -76,18 +103,17 @@ def read_loss_curve(source: _Path | Sequence[_Path]) -> LossCurve:
     """Read dlm JSONL logs (store dir, logs dir, file or list of files) into one curve."""
 
 def curve_metrics(
-    losses: Sequence[float] | npt.NDArray[np.floating],
+    losses: _Floats,
     *,
     rolling_window: int = 10,
     spike_sigma: float = 3.0,
-) -> dict[str, float | int | npt.NDArray[np.int64]]: ...
-def count_spikes(
-    deltas: Sequence[float] | npt.NDArray[np.floating], *, window: int = 10, sigma: float = 3.0
-) -> int: ...
+) -> dict[str, Any]: ...
+def count_spikes(deltas: _Floats, *, window: int = 10, sigma: float = 3.0) -> int: ...
 def spike_indices(
-    deltas: Sequence[float] | npt.NDArray[np.floating], *, window: int = 10, sigma: float = 3.0
+    deltas: _Floats, *, window: int = 10, sigma: float = 3.0
 ) -> npt.NDArray[np.int64]: ...
 
+@final
 class ParamStat:
     @property
     def param_id(self) -> int: ...
@@ -98,6 +124,7 @@ class ParamStat:
     @property
     def nonfinite(self) -> int: ...
 
+@final
 class TrainingState:
     @property
     def path(self) -> Path: ...
@@ -115,34 +142,57 @@ class TrainingState:
 def read_training_state(path: _Path) -> TrainingState:
     """Read training_state.pt (or a version dir) without torch; checks a .sha256 sidecar."""
 
+@final
+class LogsStatus:
+    """What reading a store's logs gave."""
+
+    NoLogsDir: ClassVar[LogsStatus]
+    NoFiles: ClassVar[LogsStatus]
+    Curve: ClassVar[LogsStatus]
+    Failed: ClassVar[LogsStatus]
+    def __int__(self) -> int: ...
+
+@final
 class DriftInput:
     """What training_drift needs about one store."""
 
-    store: Path
-    logs_dir: Path
-    files: list[Path]
-    status: str  # "no_logs_dir" | "no_files" | "curve" | "failed"
-    curve: LossCurve | None
-    error: str | None
+    @property
+    def store(self) -> Path: ...
+    @property
+    def logs_dir(self) -> Path: ...
+    @property
+    def files(self) -> list[Path]: ...
+    @property
+    def status(self) -> LogsStatus: ...
+    @property
+    def curve(self) -> LossCurve | None: ...
+    @property
+    def error(self) -> AdapterProbeError | None: ...
 
+@final
 class GhostInput:
     """What gradient_ghost needs about one adapter version."""
 
-    adapter: Path
-    state: TrainingState | None
-    error_kind: str | None
-    error: str | None
-    grouping: LayerGrouping | None
-    grouping_error: str | None
+    @property
+    def adapter(self) -> Path: ...
+    @property
+    def state(self) -> TrainingState | None: ...
+    @property
+    def error(self) -> AdapterProbeError | None: ...
+    @property
+    def grouping(self) -> LayerGrouping | None: ...
+    @property
+    def grouping_error(self) -> AdapterProbeError | None: ...
 
+@final
 class Target:
-    def __init__(
-        self,
+    def __new__(
+        cls,
         store: _Path,
         versions: Sequence[_Path],
-        broken: Sequence[tuple[_Path, str]] = (),
+        broken: Sequence[tuple[_Path, str]] = ...,
         with_logs: bool = True,
-    ) -> None: ...
+    ) -> Target: ...
     @property
     def store(self) -> Path: ...
     @property
@@ -152,17 +202,38 @@ class Target:
     @property
     def with_logs(self) -> bool: ...
 
+@final
 class TargetInputs:
-    store: Path
-    drift: DriftInput | None
-    ghosts: list[GhostInput]
-    broken: list[tuple[Path, str]]
+    @property
+    def store(self) -> Path: ...
+    @property
+    def drift(self) -> DriftInput | None: ...
+    @property
+    def ghosts(self) -> list[GhostInput]: ...
+    @property
+    def broken(self) -> list[tuple[Path, str]]: ...
+
+@final
+class Problem:
+    """A path the walk could not search, and why."""
+
+    @property
+    def path(self) -> Path: ...
+    @property
+    def message(self) -> str: ...
+
+@final
+class Discovery:
+    @property
+    def targets(self) -> list[Target]: ...
+    @property
+    def problems(self) -> list[Problem]: ...
 
 def drift_input(store: _Path) -> DriftInput: ...
 def ghost_input(adapter: _Path) -> GhostInput: ...
 def discover(
     roots: Sequence[_Path], *, all_versions: bool = False, workers: int | None = None
-) -> tuple[list[Target], list[tuple[Path, str]]]: ...
+) -> Discovery: ...
 def probe_targets(
     targets: Sequence[Target], *, drift: bool = True, ghost: bool = True, workers: int | None = None
 ) -> list[TargetInputs]: ...

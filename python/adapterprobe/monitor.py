@@ -65,8 +65,8 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from adapterprobe.errors import MonitorConfigError, require
 from adapterprobe._fs import atomic_dir
+from adapterprobe.errors import MonitorConfigError, require
 from adapterprobe.sinks import GapSink, JsonlSink, TensorBoardSink, step_record
 
 __all__ = ["KINDS", "STATS", "GAPMonitor", "GradientDump", "JsonlSink", "TensorBoardSink"]
@@ -658,8 +658,8 @@ class GAPMonitor:
         _merge_instance_rows(rows, host[len(blocks) :], per_kind)
 
         latest: dict[str, float] = {}
-        for kind, named in per_kind.items():
-            for name, stats in named.items():
+        for kind, stats_by_name in per_kind.items():
+            for name, stats in stats_by_name.items():
                 latest.update(zip(self._stat_keys(kind, name), stats, strict=True))
         latest.update(_summaries(per_kind, self.top_k))
         self.latest = latest
@@ -700,13 +700,13 @@ def _merge_instance_rows(
         strict=True,
     )
     totals: dict[tuple[str, str], list[float]] = {}  # instances, mean, var, l2, max, nonfinite
-    for (kind, name, instances, _, _), mean, var, l2, max_abs, nonfinite in per_row:
+    for (kind, name, instances, _, _), mean, var, l2, row_max, row_bad in per_row:
         acc = totals.setdefault((kind, name), [0, 0.0, 0.0, 0.0, 0.0, 0.0])
         acc[0] += instances
         acc[1] += mean
         acc[2] += var
         acc[3] += l2
-        acc[4] = _max(acc[4], max_abs)
-        acc[5] += nonfinite
-    for (kind, name), (count, mean, var, l2, max_abs, nonfinite) in totals.items():
-        per_kind[kind][name] = [mean / count, var / count, max_abs, l2 / count, nonfinite]
+        acc[4] = _max(acc[4], row_max)
+        acc[5] += row_bad
+    for (kind, name), (count, mean, var, l2, top, bad) in totals.items():
+        per_kind[kind][name] = [mean / count, var / count, top, l2 / count, bad]

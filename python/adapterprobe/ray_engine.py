@@ -86,7 +86,9 @@ def _run(ray, targets, probes, options, progress, max_retries) -> list[ScanRecor
     batches = [targets[i : i + size] for i in range(0, len(targets), size)]
     results: list[list[ScanRecord] | None] = [None] * len(batches)
     # ref -> (batch index, position inside the batch or None for the whole batch)
-    pending = {task.remote(b, probes, options): (i, None) for i, b in enumerate(batches)}
+    pending: dict[Any, tuple[int, int | None]] = {
+        task.remote(b, probes, options): (i, None) for i, b in enumerate(batches)
+    }
     # Batches split after failing: index -> per-store results.
     split: dict[int, list[list[ScanRecord] | None]] = {}
     total, done = len(targets), 0
@@ -116,7 +118,7 @@ def _run(ray, targets, probes, options, progress, max_retries) -> list[ScanRecor
                 parts = split[index]
                 parts[position] = records
                 if all(p is not None for p in parts):
-                    results[index] = [r for p in parts for r in p]
+                    results[index] = [r for p in parts for r in (p or [])]
             done += finished
             if progress:
                 progress(done, total)

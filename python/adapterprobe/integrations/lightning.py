@@ -15,12 +15,15 @@ first optimizer's learning rate and, on sampled steps, the global gradient norm.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from adapterprobe.errors import MonitorConfigError, require
 from adapterprobe.monitor import GAPMonitor
 
-Callback = require("lightning.pytorch", "lightning").Callback
+if TYPE_CHECKING:
+    from lightning.pytorch import Callback
+else:
+    Callback = require("lightning.pytorch", "lightning").Callback
 
 __all__ = ["GAPCallback"]
 

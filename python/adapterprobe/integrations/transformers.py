@@ -13,12 +13,15 @@ becomes a dlm step line in the monitor's sinks.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from adapterprobe.errors import MonitorConfigError, require
 from adapterprobe.monitor import GAPMonitor
 
-TrainerCallback = require("transformers", "peft").TrainerCallback
+if TYPE_CHECKING:
+    from transformers import TrainerCallback
+else:
+    TrainerCallback = require("transformers", "peft").TrainerCallback
 
 __all__ = ["GAPCallback"]
 

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from adapterprobe._fs import atomic_dir, write_json
 from adapterprobe._json import json_safe
@@ -256,8 +256,8 @@ class AdapterLibrary:
         if not scored:
             return None
         if by == "loss":
-            return min(scored, key=lambda a: a.loss)
-        return max(scored, key=lambda a: a.val_score)
+            return min(scored, key=lambda a: cast(float, a.loss))
+        return max(scored, key=lambda a: cast(float, a.val_score))
 
     def summary(self) -> dict[str, Any]:
         return json_safe(
