@@ -19,3 +19,4 @@ pub mod pickle;
 pub mod safetensors_header;
 pub mod scan;
 pub mod torch_state;
+pub mod trainer_state;
