@@ -60,9 +60,10 @@ def event_points(path: Path) -> dict[str, list[list]]:
                 if plugin not in ("", "scalars"):
                     continue
                 array = tensor_util.make_ndarray(value.tensor)
-                if array.ndim != 0 or array.dtype.kind != "f":
+                # One float32/float64 element, as the scalars plugin reads it.
+                if array.size != 1 or array.dtype.name not in ("float32", "float64"):
                     continue
-                v = float(array)
+                v = float(array.reshape(()))
             else:
                 continue
             points.setdefault(value.tag, []).append([event.step, rep(v)])
