@@ -18,5 +18,6 @@ pub mod metrics;
 pub mod pickle;
 pub mod safetensors_header;
 pub mod scan;
+pub mod tfevents;
 pub mod torch_state;
 pub mod trainer_state;

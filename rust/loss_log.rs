@@ -62,6 +62,57 @@ pub fn resolve_source(source: &Path) -> Result<Vec<PathBuf>> {
     }
 }
 
+/// Subdirectory levels searched below a directory for event files or a
+/// `metrics.csv` (HF: `runs/<date>_<host>/`; Lightning: `lightning_logs/version_N/`).
+pub const MAX_SEARCH_DEPTH: usize = 4;
+/// Directory entries looked at in one search before it gives up.
+pub const MAX_SEARCH_ENTRIES: usize = 100_000;
+
+/// Files whose name `matches`, in `dir` and up to `MAX_SEARCH_DEPTH`
+/// subdirectory levels below it, sorted by file name (then path). Hidden
+/// directories and symlinked directories (possible loops) are not entered.
+pub(crate) fn files_under(dir: &Path, matches: impl Fn(&str) -> bool) -> Result<Vec<PathBuf>> {
+    let mut found = vec![];
+    let mut level = vec![dir.to_path_buf()];
+    let mut seen = 0usize;
+    for depth in 0..=MAX_SEARCH_DEPTH {
+        let mut next_level = vec![];
+        for current in &level {
+            let entries =
+                std::fs::read_dir(current).map_err(|e| Error::io(Area::LogFormat, current, &e))?;
+            for entry in entries {
+                let entry = entry.map_err(|e| Error::io(Area::LogFormat, current, &e))?;
+                seen += 1;
+                if seen > MAX_SEARCH_ENTRIES {
+                    return Err(Error::new(
+                        Area::LogFormat,
+                        dir,
+                        format!(
+                            "holds more than {MAX_SEARCH_ENTRIES} entries within \
+                             {MAX_SEARCH_DEPTH} levels; point at the run's own directory"
+                        ),
+                    ));
+                }
+                let file_name = entry.file_name();
+                let Some(name) = file_name.to_str() else {
+                    continue;
+                };
+                let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+                if is_dir {
+                    if depth < MAX_SEARCH_DEPTH && !name.starts_with('.') {
+                        next_level.push(entry.path());
+                    }
+                } else if matches(name) {
+                    found.push(entry.path());
+                }
+            }
+        }
+        level = next_level;
+    }
+    found.sort_by(|a, b| a.file_name().cmp(&b.file_name()).then_with(|| a.cmp(b)));
+    Ok(found)
+}
+
 /// The ASCII characters Python's `str.strip()` removes (no terminators remain here).
 fn is_py_space(c: &u8) -> bool {
     matches!(c, b' ' | b'\t' | b'\x0b' | b'\x0c' | b'\x1c'..=b'\x1f')
