@@ -31,8 +31,9 @@ use crate::files::open_regular;
 pub const MAX_RECORD_BYTES: u64 = 64 << 20;
 
 /// Loss tags tried, in order, when the caller names none: HF Trainer,
-/// Lightning (`self.log("train_loss")`), Lightning with on_step+on_epoch,
-/// a bare `loss`, and HF-style naming of Lightning's step series.
+/// Lightning (`self.log("train_loss")`), the same logged with
+/// on_step+on_epoch, a bare `loss`, and the step series of a `train/loss`
+/// logged by Lightning with on_step+on_epoch.
 pub const DEFAULT_LOSS_TAGS: [&str; 5] = [
     "train/loss",
     "train_loss",
@@ -41,7 +42,8 @@ pub const DEFAULT_LOSS_TAGS: [&str; 5] = [
     "train/loss_step",
 ];
 
-/// Most distinct scalar tags remembered across the files of one read.
+/// Most distinct tags (scalar, and non-scalar ones) remembered across the
+/// files of one read; more is a corrupt or hostile file.
 pub const MAX_TAGS: usize = 100_000;
 
 /// Deepest nesting of (deprecated) protobuf groups skipped.
@@ -636,7 +638,12 @@ impl<'w> Collector<'w> {
 
     fn record(&mut self, step: i64, value: &SummaryValue) -> std::result::Result<(), String> {
         if let Some(plugin) = value.plugin {
-            if !plugin.is_empty() && plugin != b"scalars" {
+            if !plugin.is_empty() && plugin != b"scalars" && !self.not_scalar.contains(value.tag) {
+                if self.not_scalar.len() >= MAX_TAGS {
+                    return Err(format!(
+                        "more than {MAX_TAGS} distinct non-scalar tags (corrupt or hostile file)"
+                    ));
+                }
                 self.not_scalar.insert(value.tag.to_vec());
             }
         }
