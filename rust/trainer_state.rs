@@ -113,11 +113,13 @@ fn syntax_message(text: &str, s: &Scanner) -> String {
     if s.too_deep {
         return format!("JSON nested deeper than {MAX_DEPTH} levels (corrupt or hostile file)");
     }
-    let at = s.i.min(text.len());
-    if text[at..].trim_start().is_empty() {
+    let (before, after) = text.as_bytes().split_at(s.i.min(text.len()));
+    if after
+        .iter()
+        .all(|c| matches!(c, b' ' | b'\t' | b'\n' | b'\r'))
+    {
         return "JSON ends early (truncated file?)".into();
     }
-    let before = &text.as_bytes()[..at];
     let line = 1 + before.iter().filter(|&&c| c == b'\n').count();
     let column = 1 + before.iter().rev().take_while(|&&c| c != b'\n').count();
     format!("invalid JSON at line {line}, column {column}")
@@ -488,6 +490,8 @@ mod tests {
                 .contains("invalid JSON")
         );
         assert!(parse_err("{\"a\": \"\t\"}").contains("invalid JSON"));
+        assert!(parse_err("{\"é\": é}").contains("invalid JSON at line 1, column 8"));
+        assert!(parse_err("{\"é").contains("ends early"));
         assert!(parse_err("").contains("ends early"));
         assert!(parse_err("   ").contains("ends early"));
     }
