@@ -5,6 +5,9 @@
 //! top-level object has `"type": "step"`. Only the three keys we need are
 //! decoded; every other value is validated and skipped without allocation.
 //! Duplicate keys resolve to the last occurrence, as in a Python dict.
+//!
+//! The scanner and the `int()`/`float()` conversions are `pub(crate)`: the
+//! `trainer_state.json` and `metrics.csv` readers use the same dialect.
 
 /// What a line means for the loss curve.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -19,11 +22,11 @@ pub enum LineKind {
 
 /// Deepest nesting accepted; deeper documents are treated as unreadable
 /// (Python's own parser gives up near its recursion limit too).
-const MAX_DEPTH: usize = 512;
+pub(crate) const MAX_DEPTH: usize = 512;
 
 /// A top-level value of one of the keys we care about.
 #[derive(Debug, Clone, PartialEq)]
-enum Scalar<'a> {
+pub(crate) enum Scalar<'a> {
     /// Number text, already checked against the JSON grammar.
     Number(&'a str),
     NaN,
@@ -133,30 +136,43 @@ impl Field {
     }
 }
 
-struct Scanner<'a> {
+pub(crate) struct Scanner<'a> {
     /// The line, known to be valid UTF-8 (`s` is the same text).
     b: &'a [u8],
     s: &'a str,
-    i: usize,
+    /// Offset of the next byte to read.
+    pub(crate) i: usize,
+    /// Set when a value nested deeper than `MAX_DEPTH` stopped the scan.
+    pub(crate) too_deep: bool,
 }
 
-type Parse<T> = Result<T, ()>;
+pub(crate) type Parse<T> = Result<T, ()>;
 
 impl<'a> Scanner<'a> {
+    /// A scanner over a whole document (or line) of text.
+    pub(crate) fn new(text: &'a str) -> Self {
+        Scanner {
+            b: text.as_bytes(),
+            s: text,
+            i: 0,
+            too_deep: false,
+        }
+    }
+
     #[inline]
-    fn peek(&self) -> Option<u8> {
+    pub(crate) fn peek(&self) -> Option<u8> {
         self.b.get(self.i).copied()
     }
 
     #[inline]
-    fn ws(&mut self) {
+    pub(crate) fn ws(&mut self) {
         while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
             self.i += 1;
         }
     }
 
     #[inline]
-    fn eat(&mut self, c: u8) -> Parse<()> {
+    pub(crate) fn eat(&mut self, c: u8) -> Parse<()> {
         if self.peek() == Some(c) {
             self.i += 1;
             Ok(())
@@ -165,7 +181,7 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    fn literal(&mut self, word: &[u8]) -> Parse<()> {
+    pub(crate) fn literal(&mut self, word: &[u8]) -> Parse<()> {
         if self.b[self.i..].starts_with(word) {
             self.i += word.len();
             Ok(())
@@ -177,7 +193,7 @@ impl<'a> Scanner<'a> {
     /// Scan a string body after the opening quote; returns the raw bytes
     /// between the quotes and whether it holds escapes.
     #[inline]
-    fn string_raw(&mut self) -> Parse<(&'a [u8], bool)> {
+    pub(crate) fn string_raw(&mut self) -> Parse<(&'a [u8], bool)> {
         let start = self.i;
         let mut escaped = false;
         loop {
@@ -269,7 +285,7 @@ impl<'a> Scanner<'a> {
     }
 
     /// Parse a value we care about.
-    fn scalar(&mut self) -> Parse<Scalar<'a>> {
+    pub(crate) fn scalar(&mut self) -> Parse<Scalar<'a>> {
         Ok(match self.peek().ok_or(())? {
             b'"' => {
                 self.i += 1;
@@ -307,7 +323,7 @@ impl<'a> Scanner<'a> {
     /// After a container item: true at `close` (consumed), false after a
     /// comma (consumed, whitespace skipped); anything else is an error.
     #[inline]
-    fn closes(&mut self, close: u8) -> Parse<bool> {
+    pub(crate) fn closes(&mut self, close: u8) -> Parse<bool> {
         self.ws();
         match self.peek() {
             Some(b',') => {
@@ -324,8 +340,9 @@ impl<'a> Scanner<'a> {
     }
 
     /// Validate and skip any value.
-    fn skip_value(&mut self, depth: usize) -> Parse<()> {
+    pub(crate) fn skip_value(&mut self, depth: usize) -> Parse<()> {
         if depth > MAX_DEPTH {
+            self.too_deep = true;
             return Err(());
         }
         match self.peek().ok_or(())? {
@@ -375,7 +392,7 @@ impl<'a> Scanner<'a> {
 }
 
 /// Decode JSON escapes (the input is known to be well formed).
-fn unescape(raw: &[u8]) -> String {
+pub(crate) fn unescape(raw: &[u8]) -> String {
     let mut units: Vec<u16> = Vec::with_capacity(raw.len());
     let text = String::from_utf8_lossy(raw);
     let mut chars = text.chars();
@@ -404,7 +421,7 @@ fn unescape(raw: &[u8]) -> String {
 }
 
 /// The step number Python's `int(value)` would give, if it fits in i64.
-fn to_step(v: &Scalar) -> Option<i64> {
+pub(crate) fn to_step(v: &Scalar) -> Option<i64> {
     match v {
         Scalar::Bool(b) => Some(i64::from(*b)),
         Scalar::Number(text) => {
@@ -419,7 +436,7 @@ fn to_step(v: &Scalar) -> Option<i64> {
     }
 }
 
-fn float_to_step(x: f64) -> Option<i64> {
+pub(crate) fn float_to_step(x: f64) -> Option<i64> {
     const TWO_63: f64 = 9_223_372_036_854_775_808.0; // exactly 2^63
     let t = x.trunc();
     // i64 covers [-2^63, 2^63); NaN and infinities fall outside.
@@ -431,7 +448,7 @@ fn float_to_step(x: f64) -> Option<i64> {
 }
 
 /// The loss Python's `float(value)` would give.
-fn to_loss(v: &Scalar) -> Option<f64> {
+pub(crate) fn to_loss(v: &Scalar) -> Option<f64> {
     match v {
         Scalar::Bool(b) => Some(f64::from(u8::from(*b))),
         Scalar::Number(text) => text.parse::<f64>().ok(),
@@ -466,7 +483,7 @@ fn without_digit_underscores(s: &str) -> Option<String> {
 }
 
 /// `int(s)` for a decimal string (ASCII digits), if it fits in i64.
-fn python_int(s: &str) -> Option<i64> {
+pub(crate) fn python_int(s: &str) -> Option<i64> {
     let s = strip_py(s);
     if !s.is_ascii() {
         return None;
@@ -480,7 +497,7 @@ fn python_int(s: &str) -> Option<i64> {
 }
 
 /// `float(s)` for the usual spellings: decimal/exponent forms, inf, nan.
-fn python_float(s: &str) -> Option<f64> {
+pub(crate) fn python_float(s: &str) -> Option<f64> {
     let s = strip_py(s);
     if !s.is_ascii() {
         return None;
@@ -526,11 +543,7 @@ pub fn classify(line: &[u8]) -> LineKind {
 /// has both keys.
 fn parse_top(line: &[u8]) -> Parse<Option<(Scalar<'_>, Scalar<'_>)>> {
     let text = std::str::from_utf8(line).map_err(|_| ())?;
-    let mut s = Scanner {
-        b: line,
-        s: text,
-        i: 0,
-    };
+    let mut s = Scanner::new(text);
     s.ws();
     if s.peek() != Some(b'{') {
         s.skip_value(0)?;

@@ -10,6 +10,7 @@ pub mod error;
 mod py;
 
 pub use error::{Area, Error, Result};
+pub mod csv_log;
 pub mod files;
 pub mod float_reduce;
 pub mod json_line;
@@ -19,5 +20,7 @@ pub mod metrics;
 pub mod pickle;
 pub mod safetensors_header;
 pub mod scan;
+pub mod tfevents;
 pub mod torch_state;
+pub mod trainer_state;
 pub mod zip_archive;

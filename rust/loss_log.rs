@@ -1,4 +1,9 @@
-//! Stream dlm training logs into one deduplicated loss curve.
+//! Stream training logs into one deduplicated loss curve.
+//!
+//! dlm's JSONL logs are read here; `read_curve_from` also accepts the logs
+//! other trainers leave behind (HF `trainer_state.json`, TensorBoard event
+//! files, Lightning's `metrics.csv`), read by their own modules and turned
+//! into the same curve.
 //!
 //! Files are read in name order (dlm names them chronologically) through a
 //! fixed-size buffer, so memory grows with the number of step records, not
@@ -12,6 +17,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Area, Error, Result};
 use crate::files::open_regular;
 use crate::json_line::{classify, LineKind};
+use crate::{csv_log, tfevents, trainer_state};
 
 /// Bytes read per batch; each batch is parsed in parallel pieces.
 const BATCH: usize = 8 << 20;
@@ -101,6 +107,57 @@ pub fn resolve_source(source: &Path) -> Result<Vec<PathBuf>> {
     } else {
         train_logs_in(source)
     }
+}
+
+/// Subdirectory levels searched below a directory for event files or a
+/// `metrics.csv` (HF: `runs/<date>_<host>/`; Lightning: `lightning_logs/version_N/`).
+pub const MAX_SEARCH_DEPTH: usize = 4;
+/// Directory entries looked at in one search before it gives up.
+pub const MAX_SEARCH_ENTRIES: usize = 100_000;
+
+/// Files whose name `matches`, in `dir` and up to `MAX_SEARCH_DEPTH`
+/// subdirectory levels below it, sorted by file name (then path). Hidden
+/// directories and symlinked directories (possible loops) are not entered.
+pub(crate) fn files_under(dir: &Path, matches: impl Fn(&str) -> bool) -> Result<Vec<PathBuf>> {
+    let mut found = vec![];
+    let mut level = vec![dir.to_path_buf()];
+    let mut seen = 0usize;
+    for depth in 0..=MAX_SEARCH_DEPTH {
+        let mut next_level = vec![];
+        for current in &level {
+            let entries =
+                std::fs::read_dir(current).map_err(|e| Error::io(Area::LogFormat, current, &e))?;
+            for entry in entries {
+                let entry = entry.map_err(|e| Error::io(Area::LogFormat, current, &e))?;
+                seen += 1;
+                if seen > MAX_SEARCH_ENTRIES {
+                    return Err(Error::new(
+                        Area::LogFormat,
+                        dir,
+                        format!(
+                            "holds more than {MAX_SEARCH_ENTRIES} entries within \
+                             {MAX_SEARCH_DEPTH} levels; point at the run's own directory"
+                        ),
+                    ));
+                }
+                let file_name = entry.file_name();
+                let Some(name) = file_name.to_str() else {
+                    continue;
+                };
+                let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+                if is_dir {
+                    if depth < MAX_SEARCH_DEPTH && !name.starts_with('.') {
+                        next_level.push(entry.path());
+                    }
+                } else if matches(name) {
+                    found.push(entry.path());
+                }
+            }
+        }
+        level = next_level;
+    }
+    found.sort_by(|a, b| a.file_name().cmp(&b.file_name()).then_with(|| a.cmp(b)));
+    Ok(found)
 }
 
 /// The ASCII characters Python's `str.strip()` removes (no terminators remain here).
@@ -282,6 +339,240 @@ pub fn read_loss_curve(files: &[PathBuf]) -> Result<LossCurve> {
     Ok(assemble(records, ordered))
 }
 
+// ---- any supported format ----
+
+/// The log format a curve was read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogSource {
+    /// dlm's `train-*.jsonl` step logs.
+    Dlm,
+    /// The `log_history` of an HF Trainer `trainer_state.json`.
+    TrainerState,
+    /// TensorBoard `events.out.tfevents.*` files.
+    TensorBoard,
+    /// A Lightning `CSVLogger` `metrics.csv`.
+    Csv,
+}
+
+impl LogSource {
+    /// A stable lowercase name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            LogSource::Dlm => "dlm",
+            LogSource::TrainerState => "trainer_state",
+            LogSource::TensorBoard => "tensorboard",
+            LogSource::Csv => "csv",
+        }
+    }
+}
+
+/// What `read_curve_from` accepts, for error messages.
+pub const ACCEPTED_SOURCES: &str = "a dlm store, logs directory or .jsonl log; an HF \
+    trainer_state.json (or an output directory holding one, or checkpoint-*/); a TensorBoard \
+    events.out.tfevents.* file or a directory holding some; a Lightning metrics.csv";
+
+/// A loss curve and where it came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SourcedCurve {
+    pub curve: LossCurve,
+    pub source: LogSource,
+    /// The series read: `loss` (dlm), `loss` or `eval_loss` (trainer
+    /// state), the TensorBoard tag or the CSV column.
+    pub series: String,
+    /// The files read, in reading order.
+    pub files: Vec<PathBuf>,
+    /// Files that ended in a torn record or line (read up to it).
+    pub torn_files: Vec<PathBuf>,
+}
+
+/// The format at `source` and the files to read, without reading them.
+///
+/// A file is told by its name: `*.jsonl` (dlm), `*.json` (trainer state),
+/// `events.out.tfevents.*`, `*.csv`. A directory is searched in this order,
+/// the first match winning:
+/// 1. dlm logs (`logs/train-*.jsonl`, or `train-*.jsonl` in it);
+/// 2. its own `trainer_state.json` (the final save holds the whole run);
+/// 3. event files up to `MAX_SEARCH_DEPTH` levels down (HF's `runs/`
+///    holds every logged step, also those after the last checkpoint, and a
+///    resumed run's new `runs/<date>` directory);
+/// 4. the `trainer_state.json` of the highest `checkpoint-<step>/`;
+/// 5. a single `metrics.csv` up to `MAX_SEARCH_DEPTH` levels down.
+pub fn detect_log_source(source: &Path) -> Result<(LogSource, Vec<PathBuf>)> {
+    let meta = std::fs::metadata(source).map_err(|e| Error::io(Area::LogFormat, source, &e))?;
+    if !meta.is_dir() {
+        return file_source(source).map(|kind| (kind, vec![source.to_path_buf()]));
+    }
+    for logs in [source.join("logs"), source.to_path_buf()] {
+        if logs.is_dir() {
+            let files = train_logs_in(&logs)?;
+            if !files.is_empty() {
+                return Ok((LogSource::Dlm, files));
+            }
+        }
+    }
+    let state = source.join("trainer_state.json");
+    if state.is_file() {
+        return Ok((LogSource::TrainerState, vec![state]));
+    }
+    let found = files_under(source, |name| {
+        tfevents::is_event_file_name(name) || name == "metrics.csv"
+    })?;
+    let (events, csvs): (Vec<PathBuf>, Vec<PathBuf>) = found.into_iter().partition(|p| {
+        p.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(tfevents::is_event_file_name)
+    });
+    if !events.is_empty() {
+        return Ok((LogSource::TensorBoard, events));
+    }
+    if let Some(state) = newest_checkpoint_state(source)? {
+        return Ok((LogSource::TrainerState, vec![state]));
+    }
+    match csvs.len() {
+        0 => Err(Error::new(
+            Area::LogFormat,
+            source,
+            format!("holds no training log; expected {ACCEPTED_SOURCES}"),
+        )),
+        1 => Ok((LogSource::Csv, csvs)),
+        n => Err(Error::new(
+            Area::LogFormat,
+            source,
+            format!(
+                "holds {n} metrics.csv files ({}); name the one to read",
+                csvs.iter()
+                    .take(5)
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )),
+    }
+}
+
+/// The format of a single file, from its name.
+fn file_source(path: &Path) -> Result<LogSource> {
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    if name.ends_with(".jsonl") {
+        Ok(LogSource::Dlm)
+    } else if name.ends_with(".json") {
+        Ok(LogSource::TrainerState)
+    } else if tfevents::is_event_file_name(&name) {
+        Ok(LogSource::TensorBoard)
+    } else if name.ends_with(".csv") {
+        Ok(LogSource::Csv)
+    } else {
+        Err(Error::new(
+            Area::LogFormat,
+            path,
+            format!("unknown log format; expected {ACCEPTED_SOURCES}"),
+        ))
+    }
+}
+
+/// `checkpoint-<step>/trainer_state.json` with the highest step, if any.
+fn newest_checkpoint_state(dir: &Path) -> Result<Option<PathBuf>> {
+    let entries = std::fs::read_dir(dir).map_err(|e| Error::io(Area::LogFormat, dir, &e))?;
+    let mut best: Option<(u64, PathBuf)> = None;
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io(Area::LogFormat, dir, &e))?;
+        let name = entry.file_name();
+        let Some(step) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("checkpoint-"))
+            .and_then(|s| s.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        let state = entry.path().join("trainer_state.json");
+        if state.is_file() && !matches!(&best, Some((b, _)) if *b >= step) {
+            best = Some((step, state));
+        }
+    }
+    Ok(best.map(|(_, path)| path))
+}
+
+fn unknown_series(source: &Path, format: &str, tag: &str, accepted: &str) -> Error {
+    Error::new(
+        Area::Usage,
+        source,
+        format!("a {format} has no series {tag:?}; it has {accepted}"),
+    )
+}
+
+/// Read the loss curve at `source` in whichever supported format it is
+/// (see `detect_log_source`). `tag` names the series: a TensorBoard tag or
+/// CSV column (default: the first of `tfevents::DEFAULT_LOSS_TAGS` /
+/// `csv_log::DEFAULT_LOSS_COLUMNS` present), `eval_loss` for a trainer
+/// state's evaluation points; a dlm log has only `loss`.
+pub fn read_curve_from(source: &Path, tag: Option<&str>) -> Result<SourcedCurve> {
+    let (kind, files) = detect_log_source(source)?;
+    let read = |series: &str, points: Vec<(i64, f64)>, files: Vec<PathBuf>, torn_files| {
+        Ok(SourcedCurve {
+            curve: assemble(points, files.clone()),
+            source: kind,
+            series: series.to_string(),
+            files,
+            torn_files,
+        })
+    };
+    match kind {
+        LogSource::Dlm => {
+            if let Some(tag) = tag.filter(|t| *t != "loss") {
+                return Err(unknown_series(source, "dlm log", tag, "only \"loss\""));
+            }
+            // `train_logs_in` lists them in name order, the reading order.
+            let curve = read_loss_curve(&files)?;
+            Ok(SourcedCurve {
+                curve,
+                source: kind,
+                series: "loss".into(),
+                files,
+                torn_files: vec![],
+            })
+        }
+        LogSource::TrainerState => {
+            let path = files.first().map_or(source, PathBuf::as_path);
+            let eval = match tag {
+                None | Some("loss" | "train/loss") => false,
+                Some("eval_loss" | "eval/loss") => true,
+                Some(other) => {
+                    return Err(unknown_series(
+                        path,
+                        "trainer_state.json",
+                        other,
+                        "\"loss\" and \"eval_loss\"",
+                    ))
+                }
+            };
+            let state = trainer_state::read_trainer_state(path)?;
+            if eval {
+                read("eval_loss", state.eval_points, files, vec![])
+            } else {
+                read("loss", state.train_points, files, vec![])
+            }
+        }
+        LogSource::TensorBoard => {
+            let series = tfevents::read_scalar_series(&files, tag)?;
+            read(&series.tag, series.points, series.files, series.torn_files)
+        }
+        LogSource::Csv => {
+            let path = files.first().map_or(source, PathBuf::as_path);
+            let series = csv_log::read_csv_series(path, tag)?;
+            let torn = if series.torn_last_line {
+                files.clone()
+            } else {
+                vec![]
+            };
+            read(&series.column, series.points, files, torn)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -403,5 +694,225 @@ mod tests {
         let mut out = vec![];
         let long_first = vec![b'x'; MAX_LINE + BATCH];
         assert!(read_steps_from(&long_first[..], 0, &mut out).is_err());
+    }
+
+    // ---- read_curve_from over the generated fixtures ----
+
+    fn fixture(rel: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("rust/testdata/logs")
+            .join(rel)
+    }
+
+    /// Copy a fixture tree into a temporary directory.
+    fn copy_tree(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            let target = to.join(entry.file_name());
+            if entry.file_type().unwrap().is_dir() {
+                copy_tree(&entry.path(), &target);
+            } else {
+                std::fs::copy(entry.path(), target).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn an_hf_output_dir_prefers_its_final_state_then_tensorboard_then_checkpoints() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        copy_tree(&fixture("hf_run"), &out);
+
+        let from_state = read_curve_from(&out, None).unwrap();
+        assert_eq!(from_state.source, LogSource::TrainerState);
+        assert_eq!(from_state.files, vec![out.join("trainer_state.json")]);
+        assert_eq!(from_state.series, "loss");
+        assert_eq!(from_state.curve.steps, (1..=30).collect::<Vec<i64>>());
+        assert_eq!(from_state.curve.num_files, 1);
+        // Step 27 diverged (inf), NaN after it: all stored as +inf.
+        assert!(from_state.curve.losses[..26].iter().all(|l| l.is_finite()));
+        assert!(from_state.curve.losses[26..]
+            .iter()
+            .all(|&l| l == f64::INFINITY));
+
+        std::fs::remove_file(out.join("trainer_state.json")).unwrap();
+        let from_events = read_curve_from(&out, None).unwrap();
+        assert_eq!(from_events.source, LogSource::TensorBoard);
+        assert_eq!(from_events.series, "train/loss");
+        // TensorBoard stores float32; HF logged float32 values too: identical curves.
+        assert_eq!(from_events.curve.steps, from_state.curve.steps);
+        assert_eq!(from_events.curve.losses, from_state.curve.losses);
+
+        std::fs::remove_dir_all(out.join("runs")).unwrap();
+        let from_checkpoint = read_curve_from(&out, None).unwrap();
+        assert_eq!(from_checkpoint.source, LogSource::TrainerState);
+        assert_eq!(
+            from_checkpoint.files,
+            vec![out.join("checkpoint-20").join("trainer_state.json")]
+        );
+        assert_eq!(from_checkpoint.curve.steps, (1..=20).collect::<Vec<i64>>());
+        // A lower checkpoint loses to a higher one (numerically, not by name).
+        std::fs::create_dir(out.join("checkpoint-3")).unwrap();
+        std::fs::write(
+            out.join("checkpoint-3/trainer_state.json"),
+            r#"{"global_step": 3, "log_history": []}"#,
+        )
+        .unwrap();
+        let again = detect_log_source(&out).unwrap();
+        assert_eq!(
+            again.1,
+            vec![out.join("checkpoint-20").join("trainer_state.json")]
+        );
+
+        let eval =
+            read_curve_from(&fixture("hf_run/trainer_state.json"), Some("eval/loss")).unwrap();
+        assert_eq!(
+            (eval.series.as_str(), eval.curve.steps.clone()),
+            ("eval_loss", vec![10, 20, 30])
+        );
+        let e = read_curve_from(&fixture("hf_run"), Some("grad_norm")).unwrap_err();
+        assert_eq!(e.area, Area::Usage);
+        assert!(e.message.contains("\"loss\" and \"eval_loss\""), "{e}");
+    }
+
+    #[test]
+    fn tensorboard_sources_dedupe_with_the_later_file_winning() {
+        let curve = read_curve_from(&fixture("torch_writer"), None).unwrap();
+        assert_eq!(curve.source, LogSource::TensorBoard);
+        assert_eq!(curve.series, "loss");
+        assert_eq!(curve.files.len(), 2);
+        assert_eq!(curve.curve.num_files, 2);
+        assert_eq!(curve.curve.steps, (0..16).collect::<Vec<i64>>());
+        assert_eq!(curve.curve.losses[5], f64::INFINITY); // NaN
+        assert_eq!(curve.curve.losses[8], f64::INFINITY);
+        // Steps 9..11 were logged again by the resumed run: 0.5 + 0.01 * step.
+        for step in 9..16 {
+            let want = (0.5 + 0.01 * step as f64) as f32 as f64;
+            assert_eq!(curve.curve.losses[step], want, "step {step}");
+        }
+        let one = read_curve_from(
+            &fixture("torch_writer/events.out.tfevents.1700001000.fixturehost.1000.0"),
+            Some("tensor_loss_f64"),
+        )
+        .unwrap();
+        assert_eq!(
+            (one.series.as_str(), one.curve.steps.len()),
+            ("tensor_loss_f64", 12)
+        );
+        let tf2 = read_curve_from(&fixture("tf2"), Some("content_loss")).unwrap();
+        assert_eq!(tf2.curve.steps, (0..10).collect::<Vec<i64>>());
+    }
+
+    #[test]
+    fn lightning_dirs_and_csv_files() {
+        // The run logged to TensorBoard and CSV: the event files win.
+        let both = read_curve_from(&fixture("lightning"), None).unwrap();
+        assert_eq!(
+            (both.source, both.series.as_str()),
+            (LogSource::TensorBoard, "train_loss_step")
+        );
+        let csv = read_curve_from(&fixture("lightning/version_0/metrics.csv"), None).unwrap();
+        assert_eq!(
+            (csv.source, csv.series.as_str()),
+            (LogSource::Csv, "train_loss_step")
+        );
+        assert_eq!(csv.curve.steps, (0..18).collect::<Vec<i64>>());
+        assert_eq!(csv.curve.losses[6], f64::INFINITY); // the NaN the generator logged
+                                                        // Same run, same steps; CSV keeps float64 text, TensorBoard float32.
+        assert_eq!(both.curve.steps, csv.curve.steps);
+        for (a, b) in both.curve.losses.iter().zip(&csv.curve.losses) {
+            assert!(a == b || (a - b).abs() < 1e-6 * b.abs(), "{a} {b}");
+        }
+
+        let dir = tempfile::tempdir().unwrap();
+        copy_tree(
+            &fixture("lightning/version_0"),
+            &dir.path().join("lightning_logs/version_0"),
+        );
+        let only_csv = read_curve_from(dir.path(), Some("val_loss")).unwrap();
+        assert_eq!(only_csv.source, LogSource::Csv);
+        assert_eq!(only_csv.curve.steps, vec![5, 11, 17]);
+        copy_tree(
+            &fixture("lightning/version_0"),
+            &dir.path().join("lightning_logs/version_1"),
+        );
+        let e = read_curve_from(dir.path(), None).unwrap_err();
+        assert!(e.message.contains("2 metrics.csv files"), "{e}");
+    }
+
+    #[test]
+    fn dlm_sources_behave_as_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let logs = dir.path().join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        let a = logs.join("train-000001-20250101T000000.jsonl");
+        std::fs::write(&a, format!("{}\n{}\n", step(1, 2.0), step(2, f64::NAN))).unwrap();
+        let b = logs.join("train-000002-20250101T000001.jsonl");
+        std::fs::write(&b, format!("{}\n", step(2, 1.0))).unwrap();
+        // A TensorBoard file in the store does not outrank dlm's own logs.
+        std::fs::copy(
+            fixture("tf2/events.out.tfevents.1700002000.fixturehost.1000.0"),
+            dir.path().join("events.out.tfevents.1"),
+        )
+        .unwrap();
+        let curve = read_curve_from(dir.path(), None).unwrap();
+        assert_eq!(curve.source, LogSource::Dlm);
+        assert_eq!(curve.files, vec![a.clone(), b.clone()]);
+        assert_eq!(
+            curve.curve,
+            read_loss_curve(&resolve_source(dir.path()).unwrap()).unwrap()
+        );
+        assert_eq!(curve.curve.steps, vec![1, 2]);
+        assert_eq!(curve.curve.losses, vec![2.0, 1.0]);
+        assert_eq!(
+            read_curve_from(&logs, None).unwrap().files,
+            vec![a.clone(), b]
+        );
+        assert_eq!(
+            read_curve_from(&a, Some("loss")).unwrap().curve.steps,
+            vec![1, 2]
+        );
+        let e = read_curve_from(&a, Some("val_loss")).unwrap_err();
+        assert_eq!(e.area, Area::Usage);
+    }
+
+    #[test]
+    fn unknown_and_missing_sources() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = read_curve_from(dir.path(), None).unwrap_err();
+        assert_eq!(e.area, Area::LogFormat);
+        assert!(e.message.contains("holds no training log"), "{e}");
+        assert!(
+            e.message.contains("trainer_state.json") && e.message.contains("metrics.csv"),
+            "{e}"
+        );
+        let odd = dir.path().join("weights.bin");
+        std::fs::write(&odd, b"x").unwrap();
+        let e = read_curve_from(&odd, None).unwrap_err();
+        assert_eq!((e.area, e.path.clone()), (Area::LogFormat, odd));
+        assert!(e.message.contains("unknown log format"), "{e}");
+        assert!(e.message.contains("events.out.tfevents"), "{e}");
+        let e = read_curve_from(&dir.path().join("gone"), None).unwrap_err();
+        assert_eq!(e.area, Area::Missing);
+        // Too deep to be found: four levels below is the limit.
+        let deep = dir.path().join("a/b/c/d/e");
+        std::fs::create_dir_all(&deep).unwrap();
+        std::fs::copy(
+            fixture("lightning/version_0/metrics.csv"),
+            deep.join("metrics.csv"),
+        )
+        .unwrap();
+        assert!(read_curve_from(dir.path(), None).is_err());
+        assert!(read_curve_from(&dir.path().join("a"), None).is_ok());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_search_does_not_follow_directory_symlinks() {
+        let dir = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(dir.path(), dir.path().join("loop")).unwrap();
+        let e = read_curve_from(dir.path(), None).unwrap_err();
+        assert!(e.message.contains("holds no training log"), "{e}");
     }
 }

@@ -1,0 +1,611 @@
+//! Read one loss column of a Lightning `CSVLogger` `metrics.csv`.
+//!
+//! Lightning writes the file with Python's `csv.DictWriter`: a header row, a
+//! `step` column, and one row per logging call holding only the metrics
+//! logged at that moment (every other cell empty). We read it the way
+//! `csv.DictReader` does: RFC 4180 quoting (`"a,b"`, `""` for a quote),
+//! `\r\n`, `\n` or a lone `\r` ending a row, blank rows skipped, short rows
+//! padded with empty cells, a repeated column name resolving to its last
+//! cell. A leading UTF-8 BOM is dropped (spreadsheet exports add one).
+//! Values convert like Python's `float()` (`nan`, `inf`, `1.5e-3`, `1_0`),
+//! steps like `int()` (an integral float such as `10.0` is accepted too).
+//!
+//! A crashed run can leave a torn last line. A final row with no line end
+//! that is malformed (an open quote, fewer cells than the header, a cell
+//! that does not convert) is dropped and reported as torn; a well-formed one
+//! is kept. Anywhere else a bad value is an error naming its line.
+//!
+//! Rows stream through a buffer one at a time and each is capped at
+//! `MAX_ROW_BYTES`, so memory does not grow with the file.
+
+use std::io::{BufRead, BufReader, Read};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Area, Error, Result};
+use crate::files::open_regular;
+use crate::json_line::{float_to_step, python_float, python_int};
+
+/// Loss columns tried, in order, when the caller names none.
+pub const DEFAULT_LOSS_COLUMNS: [&str; 4] = ["train_loss", "train_loss_step", "loss", "train/loss"];
+
+/// Longest row accepted (Lightning's rows are a few hundred bytes).
+pub const MAX_ROW_BYTES: usize = 1 << 20;
+
+/// The points of one column of a `metrics.csv`.
+// `skip_from_py_object`: a result is only handed to Python, never taken
+// back, and pyo3 0.29 asks Clone types to choose.
+#[cfg_attr(
+    feature = "python",
+    pyo3::pyclass(frozen, get_all, skip_from_py_object, module = "adapterprobe._core")
+)]
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct CsvSeries {
+    pub path: PathBuf,
+    /// The column read (the caller's, or the first of `DEFAULT_LOSS_COLUMNS` present).
+    pub column: String,
+    /// `(step, value)` of the rows with a value in `column`, in file order.
+    /// Not deduplicated; NaN and infinities kept as written.
+    pub points: Vec<(i64, f64)>,
+    /// The header's column names.
+    pub columns: Vec<String>,
+    /// Whether a malformed, unterminated last line was dropped.
+    pub torn_last_line: bool,
+}
+
+/// Read `column` (or the default loss column) of the CSV file at `path`.
+pub fn read_csv_series(path: &Path, column: Option<&str>) -> Result<CsvSeries> {
+    let file = open_regular(path, Area::LogFormat)?;
+    let mut series = series_from(file, column).map_err(|msg| match msg {
+        Failure::Io(e) => Error::io(Area::LogFormat, path, &e),
+        Failure::Bad(msg) => Error::new(Area::LogFormat, path, msg),
+    })?;
+    series.path = path.to_path_buf();
+    Ok(series)
+}
+
+enum Failure {
+    Io(std::io::Error),
+    Bad(String),
+}
+
+impl From<String> for Failure {
+    fn from(msg: String) -> Self {
+        Failure::Bad(msg)
+    }
+}
+
+impl From<std::io::Error> for Failure {
+    fn from(e: std::io::Error) -> Self {
+        Failure::Io(e)
+    }
+}
+
+/// Where a parser is inside a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    CellStart,
+    Unquoted,
+    Quoted,
+    /// Just read a `"` inside a quoted cell: `""` or the closing quote.
+    QuoteInQuoted,
+}
+
+/// One parsed row: its cells (into `data`) and where it was.
+struct Row {
+    /// Physical line the row starts on (1-based).
+    line: usize,
+    /// Ended by a line terminator (not by the end of the file).
+    terminated: bool,
+    /// The file ended inside a quoted cell.
+    open_quote: bool,
+}
+
+/// Splits a CSV byte stream into rows the way Python's `csv.reader` does.
+struct Rows<R> {
+    reader: R,
+    /// Unquoted bytes of the current row's cells.
+    data: Vec<u8>,
+    cells: Vec<Range<usize>>,
+    /// Line the next row starts on.
+    line: usize,
+    /// The last byte read was a `\r` (a `\n` after it ends no new line).
+    after_cr: bool,
+    /// A `\r` ended the last row: a `\n` right after it belongs to it.
+    skip_lf: bool,
+}
+
+impl<R: BufRead> Rows<R> {
+    fn new(reader: R) -> Self {
+        Rows {
+            reader,
+            data: Vec::new(),
+            cells: Vec::new(),
+            line: 1,
+            after_cr: false,
+            skip_lf: false,
+        }
+    }
+
+    /// The unquoted bytes of cell `index` of the current row, if it has one.
+    fn cell(&self, index: usize) -> Option<&[u8]> {
+        self.cells.get(index).and_then(|r| self.data.get(r.clone()))
+    }
+
+    /// Read the next row; None at the end of the input.
+    fn next(&mut self) -> std::result::Result<Option<Row>, Failure> {
+        self.data.clear();
+        self.cells.clear();
+        let first_line = self.line;
+        let mut state = State::CellStart;
+        let mut cell_start = 0;
+        let mut raw_len = 0usize;
+        loop {
+            let chunk = self.reader.fill_buf()?;
+            if chunk.is_empty() {
+                if raw_len == 0 {
+                    return Ok(None);
+                }
+                self.cells.push(cell_start..self.data.len());
+                return Ok(Some(Row {
+                    line: first_line,
+                    terminated: false,
+                    open_quote: state == State::Quoted,
+                }));
+            }
+            let mut used = 0;
+            let mut ended = false;
+            for &byte in chunk {
+                used += 1;
+                if std::mem::take(&mut self.skip_lf) && byte == b'\n' {
+                    self.after_cr = false;
+                    continue;
+                }
+                raw_len += 1;
+                if raw_len > MAX_ROW_BYTES {
+                    return Err(Failure::Bad(format!(
+                        "line {first_line} is longer than {} KiB; not a metrics log",
+                        MAX_ROW_BYTES >> 10
+                    )));
+                }
+                let terminator = byte == b'\n' || byte == b'\r';
+                if terminator && !(byte == b'\n' && self.after_cr) {
+                    self.line += 1;
+                }
+                self.after_cr = byte == b'\r';
+                state = match (state, byte) {
+                    (State::Quoted, b'"') => State::QuoteInQuoted,
+                    (State::Quoted, _) => {
+                        self.data.push(byte);
+                        State::Quoted
+                    }
+                    (State::QuoteInQuoted, b'"') => {
+                        self.data.push(b'"');
+                        State::Quoted
+                    }
+                    (State::CellStart, b'"') => State::Quoted,
+                    (_, b',') => {
+                        self.cells.push(cell_start..self.data.len());
+                        cell_start = self.data.len();
+                        State::CellStart
+                    }
+                    _ if terminator => {
+                        self.skip_lf = byte == b'\r';
+                        ended = true;
+                        break;
+                    }
+                    // After a closing quote Python keeps further characters.
+                    _ => {
+                        self.data.push(byte);
+                        State::Unquoted
+                    }
+                };
+            }
+            self.reader.consume(used);
+            if ended {
+                // A line end alone is a blank row: no cells at all.
+                if raw_len > 1 {
+                    self.cells.push(cell_start..self.data.len());
+                }
+                return Ok(Some(Row {
+                    line: first_line,
+                    terminated: true,
+                    open_quote: false,
+                }));
+            }
+        }
+    }
+}
+
+/// The reader, less a leading UTF-8 byte-order mark.
+fn without_bom<R: Read>(mut reader: R) -> std::io::Result<impl Read> {
+    let mut head = [0u8; 3];
+    let mut got = 0;
+    while got < head.len() {
+        match reader.read(&mut head[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let start = if head[..got] == [0xef, 0xbb, 0xbf] {
+        3
+    } else {
+        0
+    };
+    let prefix = head.get(start..got).unwrap_or_default().to_vec();
+    Ok(std::io::Cursor::new(prefix).chain(reader))
+}
+
+/// Column names for a message, the first few only.
+fn listed(columns: &[String]) -> String {
+    const SHOWN: usize = 30;
+    let mut names: Vec<&str> = columns.iter().take(SHOWN).map(String::as_str).collect();
+    if columns.len() > SHOWN {
+        names.push("...");
+    }
+    names.join(", ")
+}
+
+/// A step as Python's `int()` reads it, or an integral float such as `10.0`.
+fn parse_step(text: &str) -> Option<i64> {
+    python_int(text).or_else(|| {
+        python_float(text)
+            .filter(|x| x.fract() == 0.0)
+            .and_then(float_to_step)
+    })
+}
+
+/// The `(step, value)` of a row whose `column` cell is not empty.
+fn parse_point(
+    step_cell: &[u8],
+    value_cell: &[u8],
+    column: &str,
+    line: usize,
+) -> std::result::Result<(i64, f64), String> {
+    let show = |cell: &[u8]| {
+        String::from_utf8_lossy(cell)
+            .chars()
+            .take(40)
+            .collect::<String>()
+    };
+    let value = std::str::from_utf8(value_cell)
+        .ok()
+        .and_then(python_float)
+        .ok_or_else(|| {
+            format!(
+                "line {line}: {column} value {:?} is not a number",
+                show(value_cell)
+            )
+        })?;
+    if step_cell.is_empty() {
+        return Err(format!("line {line}: a {column} value without a step"));
+    }
+    let step = std::str::from_utf8(step_cell)
+        .ok()
+        .and_then(parse_step)
+        .ok_or_else(|| format!("line {line}: step {:?} is not an integer", show(step_cell)))?;
+    Ok((step, value))
+}
+
+fn series_from<R: Read>(
+    reader: R,
+    column: Option<&str>,
+) -> std::result::Result<CsvSeries, Failure> {
+    let mut rows = Rows::new(BufReader::with_capacity(64 << 10, without_bom(reader)?));
+    let header = loop {
+        match rows.next()? {
+            None => {
+                return Err(Failure::Bad(
+                    "is empty; a metrics.csv starts with a header row".into(),
+                ))
+            }
+            Some(_) if rows.cells.is_empty() => continue,
+            Some(row) => break row,
+        }
+    };
+    let columns = (0..rows.cells.len())
+        .map(|i| {
+            std::str::from_utf8(rows.cell(i).unwrap_or_default())
+                .map(str::to_owned)
+                .map_err(|_| format!("the header row (line {}) is not UTF-8 text", header.line))
+        })
+        .collect::<std::result::Result<Vec<String>, String>>()?;
+    // A repeated name means its last cell, as in csv.DictReader.
+    let find = |name: &str| columns.iter().rposition(|c| c == name);
+    let step_index = find("step").ok_or_else(|| {
+        format!(
+            "has no step column (columns: {}); not a Lightning metrics.csv",
+            listed(&columns)
+        )
+    })?;
+    let (column, value_index) = match column {
+        Some(name) => (
+            name.to_string(),
+            find(name)
+                .ok_or_else(|| format!("has no column {name:?}; columns: {}", listed(&columns)))?,
+        ),
+        None => DEFAULT_LOSS_COLUMNS
+            .iter()
+            .find_map(|name| find(name).map(|i| (name.to_string(), i)))
+            .ok_or_else(|| {
+                format!(
+                    "has none of the loss columns {}; columns: {}; name the column to read",
+                    DEFAULT_LOSS_COLUMNS.join(", "),
+                    listed(&columns)
+                )
+            })?,
+    };
+    let mut points = vec![];
+    let mut torn_last_line = false;
+    while let Some(row) = rows.next()? {
+        if rows.cells.is_empty() {
+            continue;
+        }
+        let value_cell = rows.cell(value_index).unwrap_or_default();
+        let point = if value_cell.is_empty() {
+            Ok(None)
+        } else {
+            let step_cell = rows.cell(step_index).unwrap_or_default();
+            parse_point(step_cell, value_cell, &column, row.line).map(Some)
+        };
+        let malformed = row.open_quote || rows.cells.len() < columns.len() || point.is_err();
+        if !row.terminated && malformed {
+            torn_last_line = true;
+            break;
+        }
+        if let Some(p) = point? {
+            points.push(p);
+        }
+    }
+    Ok(CsvSeries {
+        path: PathBuf::new(),
+        column,
+        points,
+        columns,
+        torn_last_line,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(rel: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("rust/testdata/logs")
+            .join(rel)
+    }
+
+    /// A reader that returns one byte at a time exercises every boundary.
+    struct Trickle<'a>(&'a [u8]);
+    impl Read for Trickle<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            match (self.0.split_first(), buf.first_mut()) {
+                (Some((&b, rest)), Some(slot)) => {
+                    *slot = b;
+                    self.0 = rest;
+                    Ok(1)
+                }
+                _ => Ok(0),
+            }
+        }
+    }
+
+    fn parse(text: &[u8], column: Option<&str>) -> std::result::Result<CsvSeries, String> {
+        let whole = series_from(text, column);
+        let trickled = series_from(Trickle(text), column);
+        let flat = |r: std::result::Result<CsvSeries, Failure>| match r {
+            Ok(s) => Ok(s),
+            Err(Failure::Bad(m)) => Err(m),
+            Err(Failure::Io(e)) => Err(e.to_string()),
+        };
+        let (whole, trickled) = (flat(whole), flat(trickled));
+        assert_eq!(
+            format!("{whole:?}"),
+            format!("{trickled:?}"),
+            "buffer boundaries matter"
+        );
+        whole
+    }
+
+    fn points(text: &str, column: Option<&str>) -> Vec<(i64, f64)> {
+        parse(text.as_bytes(), column).unwrap().points
+    }
+
+    #[test]
+    fn matches_python_csv_on_a_real_lightning_log() {
+        let path = fixture("lightning/version_0/metrics.csv");
+        let text =
+            std::fs::read_to_string(fixture("lightning/version_0/metrics.expected.json")).unwrap();
+        let want: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let want = want.as_object().unwrap();
+        for (column, expected) in want {
+            let series = read_csv_series(&path, Some(column)).unwrap();
+            let expected: Vec<(i64, f64)> = expected
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| {
+                    (
+                        p[0].as_i64().unwrap(),
+                        p[1].as_str().unwrap().parse().unwrap(),
+                    )
+                })
+                .collect();
+            assert_eq!(series.points.len(), expected.len(), "{column}");
+            for (got, want) in series.points.iter().zip(&expected) {
+                assert_eq!(got.0, want.0, "{column}");
+                assert!(got.1.to_bits() == want.1.to_bits() || (got.1.is_nan() && want.1.is_nan()));
+            }
+            assert!(!series.torn_last_line);
+        }
+        let series = read_csv_series(&path, None).unwrap();
+        assert_eq!(series.column, "train_loss_step");
+        assert_eq!(series.path, path);
+        assert_eq!(
+            series.columns,
+            [
+                "epoch",
+                "step",
+                "train_loss_epoch",
+                "train_loss_step",
+                "val_loss"
+            ]
+        );
+        assert!(
+            series.points.iter().any(|p| p.1.is_nan()),
+            "the generator logged a NaN"
+        );
+    }
+
+    #[test]
+    fn quoting_line_ends_and_bom() {
+        let text = "\u{feff}\"step\",\"a,b\",loss\r\n1,\"x\"\"y\",0.5\r\n\r\n2,\"multi\r\nline\",\"1.5e-3\"\r3,,inf\n4,z,\n";
+        assert_eq!(
+            points(text, None),
+            vec![(1, 0.5), (2, 0.0015), (3, f64::INFINITY)]
+        );
+        let series = parse(text.as_bytes(), None).unwrap();
+        assert_eq!(series.columns, ["step", "a,b", "loss"]);
+        // A quoted cell's content is the value; a repeated column means the last one.
+        assert_eq!(points("step,loss,loss\n1,\"2\",3\n", None), vec![(1, 3.0)]);
+        assert_eq!(
+            points("step,loss\n\"1\",\"2\"\n", Some("loss")),
+            vec![(1, 2.0)]
+        );
+        // Python's float() spellings, and integral float steps.
+        let got = points("step,loss\n1, nan \n2,-Infinity\n3,1_0.5\n4.0,+1E2\n", None);
+        assert!(got[0].1.is_nan());
+        assert_eq!(&got[1..], &[(2, f64::NEG_INFINITY), (3, 10.5), (4, 100.0)]);
+    }
+
+    #[test]
+    fn default_column_order_and_explicit_columns() {
+        let text = "step,loss,train_loss_step,val_loss\n1,9,2,\n2,,,0.5\n";
+        let series = parse(text.as_bytes(), None).unwrap();
+        assert_eq!(
+            (series.column.as_str(), series.points.clone()),
+            ("train_loss_step", vec![(1, 2.0)])
+        );
+        assert_eq!(points(text, Some("val_loss")), vec![(2, 0.5)]);
+        let e = parse(text.as_bytes(), Some("acc")).unwrap_err();
+        assert!(
+            e.contains("no column \"acc\"; columns: step, loss, train_loss_step, val_loss"),
+            "{e}"
+        );
+        let e = parse(b"step,acc\n1,2\n", None).unwrap_err();
+        assert!(
+            e.contains("none of the loss columns train_loss, train_loss_step, loss, train/loss"),
+            "{e}"
+        );
+        let e = parse(b"epoch,loss\n1,2\n", None).unwrap_err();
+        assert!(e.contains("no step column"), "{e}");
+        let e = parse(b"", None).unwrap_err();
+        assert!(e.contains("is empty"), "{e}");
+        let e = parse(b"\n\r\n", None).unwrap_err();
+        assert!(e.contains("is empty"), "{e}");
+        assert!(parse(b"\xff,step,loss\n", None)
+            .unwrap_err()
+            .contains("not UTF-8"));
+        // Only a header (even unterminated): no points, no error.
+        assert!(points("step,loss", None).is_empty());
+    }
+
+    #[test]
+    fn bad_values_in_the_middle_name_their_line() {
+        let cases: [(&[u8], &str); 5] = [
+            (
+                b"step,loss\n1,0.5\n2,abc\n3,1\n",
+                "line 3: loss value \"abc\" is not a number",
+            ),
+            (
+                b"step,loss\n1,0.5\n,1\n",
+                "line 3: a loss value without a step",
+            ),
+            (
+                b"step,loss\n1.5,1\n2,1\n",
+                "line 2: step \"1.5\" is not an integer",
+            ),
+            (
+                b"step,x,loss\n1,\"a\r\nb\",1\n2,,\xff\n",
+                "line 4: loss value",
+            ),
+            (b"step,loss\n1e300,1\n", "line 2: step"),
+        ];
+        for (text, want) in cases {
+            let e = parse(text, None).unwrap_err();
+            assert!(e.contains(want), "{text:?}: {e}");
+        }
+        // Short rows are padded, long rows keep their extra cells: no error.
+        assert_eq!(points("step,x,loss\n1\n2,,3,4,5\n", None), vec![(2, 3.0)]);
+    }
+
+    #[test]
+    fn torn_last_lines() {
+        let body = "step,loss,val\n1,0.5,\n2,0.25,\n";
+        for (tail, kept, torn) in [
+            ("", vec![], false),
+            ("3", vec![], true),               // fewer cells than the header
+            ("3,0.1", vec![], true),           // still fewer
+            ("3,0.1,", vec![(3, 0.1)], false), // complete, just no line end
+            ("3,\"0.1", vec![], true),         // open quote
+            ("3,0.1e,", vec![], true),         // a cut exponent
+            ("3,,", vec![], false),            // nothing logged in the column
+        ] {
+            let text = format!("{body}{tail}");
+            let series = parse(text.as_bytes(), None).unwrap();
+            let mut want = vec![(1, 0.5), (2, 0.25)];
+            want.extend(kept);
+            assert_eq!(series.points, want, "{tail:?}");
+            assert_eq!(series.torn_last_line, torn, "{tail:?}");
+        }
+        // Every cut of the real file parses: a prefix of the full points.
+        let bytes = std::fs::read(fixture("lightning/version_0/metrics.csv")).unwrap();
+        let full = series_from(&bytes[..], None).ok().unwrap().points;
+        let header_end = bytes.iter().position(|&c| c == b'\n').unwrap() + 1;
+        for cut in header_end..bytes.len() {
+            let got = series_from(&bytes[..cut], None).ok().unwrap().points;
+            assert!(got.len() <= full.len(), "cut {cut}");
+            let exact = got
+                .iter()
+                .zip(&full)
+                .all(|(a, b)| a.0 == b.0 && (a.1 == b.1 || a.1.is_nan()));
+            // The last kept value may itself be cut short ("1.07" of "1.0753...").
+            let n = got.len();
+            let prefix_ok = n == 0
+                || got[..n - 1]
+                    .iter()
+                    .zip(&full)
+                    .all(|(a, b)| a.0 == b.0 && (a.1 == b.1 || a.1.is_nan()));
+            assert!(exact || prefix_ok, "cut {cut}: {got:?}");
+        }
+    }
+
+    #[test]
+    fn overlong_rows_are_refused() {
+        let mut text = b"step,loss\n1,".to_vec();
+        text.extend(std::iter::repeat_n(b'1', MAX_ROW_BYTES + 10));
+        text.push(b'\n');
+        let e = parse(&text, None).unwrap_err();
+        assert!(e.contains("line 2 is longer than 1024 KiB"), "{e}");
+        // An unclosed quote cannot swallow the file either.
+        let mut text = b"step,loss\n1,\"".to_vec();
+        text.extend(std::iter::repeat_n(b"0.5\n".as_slice(), MAX_ROW_BYTES / 4 + 10).flatten());
+        let e = parse(&text, None).unwrap_err();
+        assert!(e.contains("line 2 is longer"), "{e}");
+    }
+
+    #[test]
+    fn errors_name_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.csv");
+        std::fs::write(&path, "step,loss\n1,x\n2,1\n").unwrap();
+        let e = read_csv_series(&path, None).unwrap_err();
+        assert_eq!((e.area, e.path.clone()), (Area::LogFormat, path));
+        assert!(e.to_string().contains("metrics.csv: line 2"), "{e}");
+        let e = read_csv_series(&dir.path().join("nope.csv"), None).unwrap_err();
+        assert_eq!(e.area, Area::Missing);
+    }
+}
