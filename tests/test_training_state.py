@@ -282,8 +282,11 @@ def test_sidecar_is_checked(version_dir: Path, tmp_path: Path) -> None:
     read_training_state(work)
     # A digest of other content is an integrity failure.
     side.write_text(hashlib.sha256(b"something else").hexdigest() + "\n")
-    with pytest.raises(IntegrityError, match=r"training_state\.pt"):
+    with pytest.raises(IntegrityError, match=r"training_state\.pt") as err:
         read_training_state(work)
+    assert err.value.expected == hashlib.sha256(b"something else").hexdigest()
+    assert err.value.actual == hashlib.sha256(state.read_bytes()).hexdigest()
+    assert err.value.path == str(state)
     side.write_text("not a digest\n")
     with pytest.raises(IntegrityError):
         read_training_state(work)

@@ -193,6 +193,8 @@ def test_reduce_payload_is_refused_and_never_runs(tmp_path: Path, protocol: int)
     finally:
         del os.environ[SENTINEL_ENV]
     assert "armed.pt" in str(err.value)
+    assert err.value.path == str(path)
+    assert err.value.global_name in ("posix.system", "os.system", "nt.system")
     assert not sentinel.exists()
     assert path.read_bytes() == before
 

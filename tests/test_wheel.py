@@ -56,3 +56,43 @@ def test_wheel_in_a_fresh_venv_without_torch(wheel, tmp_path):
     assert len(records) == 8
     assert {r["probe"] for r in records} == {"training_drift", "gradient_ghost"}
     assert all(Path(r["store"]).is_relative_to(env_dir) for r in records), "demo ships in the wheel"
+
+
+def test_wheel_ships_no_test_tooling(wheel):
+    """Fixture generators (tools/realruns) stay out of the runtime package."""
+    import zipfile
+
+    names = zipfile.ZipFile(wheel).namelist()
+    assert any(n.endswith("adapterprobe/scan.py") for n in names)
+    assert not [n for n in names if "storegen" in n or "realruns" in n]
+
+
+@pytest.fixture(scope="module")
+def sdist(tmp_path_factory) -> Path:
+    given = os.environ.get("ADAPTERPROBE_WHEEL_DIR")
+    if given:
+        found = sorted(Path(given).glob("adapterprobe-*.tar.gz"))
+    else:
+        out = tmp_path_factory.mktemp("sdist")
+        maturin = shutil.which("maturin") or pytest.fail("maturin is needed to build the sdist")
+        subprocess.run([maturin, "sdist", "--out", str(out)], cwd=ROOT, check=True)
+        found = sorted(out.glob("adapterprobe-*.tar.gz"))
+    assert len(found) == 1, found
+    return found[0]
+
+
+@pytest.mark.slow
+def test_sdist_builds_and_installs_with_pip(sdist, tmp_path):
+    """`pip install adapterprobe-X.tar.gz` compiles the Rust core and works."""
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    python = env_dir / "bin" / "python"
+    subprocess.run([python, "-m", "pip", "install", "-q", str(sdist)], check=True)
+    scan = subprocess.run(
+        [env_dir / "bin" / "adapterprobe", "scan", "--format", "json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert scan.returncode in (0, 1), scan.stderr
+    assert {r["probe"] for r in json.loads(scan.stdout)} >= {"training_drift", "gradient_ghost"}
