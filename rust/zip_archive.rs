@@ -164,7 +164,7 @@ impl Archive {
         }
         let skip = 30 + u64::from(le16(&header, 26)) + u64::from(le16(&header, 28));
         let start = e.header_offset + skip;
-        if start.checked_add(e.size).map_or(true, |end| end > self.len) {
+        if start.checked_add(e.size).is_none_or(|end| end > self.len) {
             return Err(self.err(format!(
                 "zip entry {name} ({} bytes) runs past the end of the file",
                 e.size
@@ -187,7 +187,7 @@ impl Archive {
         buf: &mut Vec<u8>,
     ) -> Result<()> {
         let start = self.data_offset(name, e)?;
-        if skip.checked_add(len).map_or(true, |end| end > e.size) {
+        if skip.checked_add(len).is_none_or(|end| end > e.size) {
             return Err(self.err(format!("read past the end of zip entry {name}")));
         }
         self.read_exact_at(start + skip, len, buf)
