@@ -18,6 +18,7 @@ pub mod layers;
 pub mod loss_log;
 pub mod metrics;
 pub mod pickle;
+pub mod robust_curve;
 pub mod safetensors_header;
 pub mod scan;
 pub mod tfevents;

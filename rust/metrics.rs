@@ -83,13 +83,13 @@ const SMALL_WINDOW: usize = 64;
 /// NaNs counted apart (any NaN makes the median NaN, as in numpy). Sliding
 /// by one is a single `replace`: O(log w) comparisons and one short memmove.
 #[derive(Default)]
-struct SortedWindow {
+pub(crate) struct SortedWindow {
     values: Vec<f64>,
     nans: usize,
 }
 
 impl SortedWindow {
-    fn insert(&mut self, x: f64) {
+    pub(crate) fn insert(&mut self, x: f64) {
         if x.is_nan() {
             self.nans += 1;
         } else {
@@ -98,7 +98,7 @@ impl SortedWindow {
         }
     }
 
-    fn remove(&mut self, x: f64) {
+    pub(crate) fn remove(&mut self, x: f64) {
         if x.is_nan() {
             self.nans -= 1;
         } else {
@@ -125,6 +125,11 @@ impl SortedWindow {
             v.copy_within(to..from, to + 1);
             v[to] = new;
         }
+    }
+
+    /// The median of the whole window (NaN if it holds a NaN or nothing).
+    pub(crate) fn median(&self) -> f64 {
+        median_of_sorted(&self.values, self.nans > 0)
     }
 
     /// The median of the window with one copy of `x` (which it holds) left

@@ -1,0 +1,387 @@
+//! Robust loss-curve analysis: a trend, the curve's own noise around it,
+//! spike events that stand out from that noise, and how far the run got.
+//!
+//! Mini-batch noise is not an instability. The trend is a centred rolling
+//! median (symmetric windows that shrink at the ends, so a steep early
+//! descent is not mistaken for a rise). Residuals are taken relative to the
+//! trend when the trend is positive (cross-entropy noise scales with the
+//! loss), and their robust scale (1.4826 x the median absolute residual) is
+//! estimated per block of points and interpolated, so a curve whose noise
+//! shrinks as it trains is judged against its local noise. A point is a
+//! spike when its rise above the trend is both `spike_z` robust scales and
+//! `min_spike_rise` of the trend; adjacent spike points form one event.
+//! Everything is O(n log w) for a trend window of w points.
+
+use crate::metrics::SortedWindow;
+
+/// Tuning of the robust analysis (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RobustParams {
+    /// Points in the rolling-median trend window (odd, at least 3).
+    pub trend_window: usize,
+    /// A spike rises at least this many robust noise scales above the trend.
+    pub spike_z: f64,
+    /// ... and at least this fraction of the trend (or, for curves whose
+    /// trend is not positive, this much in absolute terms).
+    pub min_spike_rise: f64,
+    /// Points per block when estimating the local noise scale.
+    pub scale_block: usize,
+}
+
+impl Default for RobustParams {
+    fn default() -> Self {
+        RobustParams {
+            trend_window: 11,
+            spike_z: 6.0,
+            min_spike_rise: 0.1,
+            scale_block: 64,
+        }
+    }
+}
+
+/// One spike: a run of adjacent points above the spike threshold.
+#[cfg_attr(
+    feature = "python",
+    pyo3::pyclass(frozen, get_all, skip_from_py_object, module = "adapterprobe._core")
+)]
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpikeEvent {
+    /// First and last curve index of the event (inclusive) and its highest point.
+    pub start: usize,
+    pub end: usize,
+    pub peak: usize,
+    /// Loss minus trend at the peak.
+    pub rise: f64,
+    /// `rise` relative to the trend at the peak (NaN when the trend is not positive).
+    pub relative_rise: f64,
+    /// `rise` in robust noise scales.
+    pub z: f64,
+}
+
+/// The result of the robust analysis of one curve.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RobustCurve {
+    /// The rolling-median trend of the curve (non-finite losses carried forward).
+    pub trend: Vec<f64>,
+    pub spikes: Vec<SpikeEvent>,
+    /// Indices of non-finite losses.
+    pub nonfinite: Vec<usize>,
+    /// Median of the first and of the last few points (a twentieth of the
+    /// curve, 3 to 10 points): where the run started and where it ended.
+    pub head_level: f64,
+    pub tail_level: f64,
+    /// The lowest trend value and its index.
+    pub best_level: f64,
+    pub best_index: usize,
+    /// Typical noise: 1.4826 x median |residual|, relative to the trend when
+    /// `relative` (else absolute).
+    pub noise: f64,
+    /// Whether residuals were taken relative to the trend.
+    pub relative: bool,
+}
+
+impl RobustCurve {
+    /// `(head - tail) / |head|`: the share of the starting loss the run shed.
+    pub fn relative_drop(&self) -> f64 {
+        (self.head_level - self.tail_level) / self.head_level.abs()
+    }
+
+    /// `(tail - best) / |head|`: how far the end sits above the best level.
+    pub fn relative_regression(&self) -> f64 {
+        (self.tail_level - self.best_level) / self.head_level.abs()
+    }
+}
+
+/// Non-finite losses replaced by the previous finite one (leading ones by
+/// the first finite value); None when no loss is finite.
+pub fn carry_forward(losses: &[f64]) -> Option<Vec<f64>> {
+    let mut last = losses.iter().copied().find(|v| v.is_finite())?;
+    Some(
+        losses
+            .iter()
+            .map(|&v| {
+                if v.is_finite() {
+                    last = v;
+                }
+                last
+            })
+            .collect(),
+    )
+}
+
+/// Centred rolling median with symmetric windows that shrink at both ends:
+/// point i uses `values[i - k ..= i + k]` with `k = min(h, i, n - 1 - i)`.
+pub fn rolling_median(values: &[f64], window: usize) -> Vec<f64> {
+    let n = values.len();
+    let h = window.max(1) / 2;
+    let mut out = Vec::with_capacity(n);
+    let mut win = SortedWindow::default();
+    // The window is values[lo..hi]; it changes by at most two points a step.
+    let (mut lo, mut hi) = (0usize, 0usize);
+    for i in 0..n {
+        let k = h.min(i).min(n - 1 - i);
+        let (new_lo, new_hi) = (i - k, i + k + 1);
+        while hi < new_hi {
+            win.insert(values[hi]);
+            hi += 1;
+        }
+        while lo < new_lo {
+            win.remove(values[lo]);
+            lo += 1;
+        }
+        out.push(win.median());
+    }
+    out
+}
+
+/// Median of `values` (which it reorders); NaN for an empty slice.
+fn median_in_place(values: &mut [f64]) -> f64 {
+    let n = values.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    let mid = n / 2;
+    let (_, &mut upper, _) = values.select_nth_unstable_by(mid, f64::total_cmp);
+    if n % 2 == 1 {
+        upper
+    } else {
+        let lower = values[..mid]
+            .iter()
+            .copied()
+            .fold(f64::NEG_INFINITY, f64::max);
+        (lower + upper) / 2.0
+    }
+}
+
+const MAD_TO_SIGMA: f64 = 1.4826;
+
+/// Robust scale (1.4826 x median |r|) per block of `block` residuals,
+/// interpolated linearly between block centres; one value per point.
+fn local_scale(residuals: &[f64], block: usize) -> Vec<f64> {
+    let n = residuals.len();
+    let block = block.max(8);
+    let blocks = (n / block).max(1);
+    let mut scratch = Vec::with_capacity(n.div_ceil(blocks));
+    let mut centres = Vec::with_capacity(blocks);
+    let mut scales = Vec::with_capacity(blocks);
+    for b in 0..blocks {
+        let (from, to) = (b * n / blocks, (b + 1) * n / blocks);
+        scratch.clear();
+        scratch.extend(residuals[from..to].iter().map(|r| r.abs()));
+        scales.push(MAD_TO_SIGMA * median_in_place(&mut scratch));
+        centres.push((from + to - 1) as f64 / 2.0);
+    }
+    (0..n)
+        .map(|i| {
+            let x = i as f64;
+            let j = centres.partition_point(|&c| c <= x);
+            if j == 0 {
+                scales[0]
+            } else if j == blocks {
+                scales[blocks - 1]
+            } else {
+                let t = (x - centres[j - 1]) / (centres[j] - centres[j - 1]);
+                scales[j - 1] + t * (scales[j] - scales[j - 1])
+            }
+        })
+        .collect()
+}
+
+/// Analyse a loss curve (non-finite losses allowed, at least one finite).
+/// Returns None when no loss is finite.
+pub fn analyse(losses: &[f64], params: &RobustParams) -> Option<RobustCurve> {
+    let filled = carry_forward(losses)?;
+    let n = filled.len();
+    let nonfinite: Vec<usize> = (0..n).filter(|&i| !losses[i].is_finite()).collect();
+    let trend = rolling_median(&filled, params.trend_window);
+    let relative = trend.iter().all(|&t| t > 0.0);
+    let residuals: Vec<f64> = filled
+        .iter()
+        .zip(&trend)
+        .map(|(&x, &t)| if relative { (x - t) / t } else { x - t })
+        .collect();
+    let scale = local_scale(&residuals, params.scale_block);
+    let mut spikes: Vec<SpikeEvent> = Vec::new();
+    for i in 0..n {
+        // A non-finite loss is its own kind of event, never a spike.
+        if !losses[i].is_finite() {
+            continue;
+        }
+        let r = residuals[i];
+        if !(r > params.min_spike_rise && r > params.spike_z * scale[i]) {
+            continue;
+        }
+        let z = if scale[i] > 0.0 {
+            r / scale[i]
+        } else {
+            f64::INFINITY
+        };
+        let rise = filled[i] - trend[i];
+        let relative_rise = if relative { r } else { f64::NAN };
+        match spikes.last_mut() {
+            Some(last) if last.end + 1 == i => {
+                last.end = i;
+                if rise > last.rise {
+                    (last.peak, last.rise, last.relative_rise, last.z) =
+                        (i, rise, relative_rise, z);
+                }
+            }
+            _ => spikes.push(SpikeEvent {
+                start: i,
+                end: i,
+                peak: i,
+                rise,
+                relative_rise,
+                z,
+            }),
+        }
+    }
+    let k = (n / 20).clamp(3, 10).min(n);
+    let head_level = median_in_place(&mut filled[..k].to_vec());
+    let tail_level = median_in_place(&mut filled[n - k..].to_vec());
+    let (best_index, best_level) =
+        trend
+            .iter()
+            .copied()
+            .enumerate()
+            .fold(
+                (0, f64::INFINITY),
+                |best, (i, t)| if t < best.1 { (i, t) } else { best },
+            );
+    let noise =
+        MAD_TO_SIGMA * median_in_place(&mut residuals.iter().map(|r| r.abs()).collect::<Vec<_>>());
+    Some(RobustCurve {
+        trend,
+        spikes,
+        nonfinite,
+        head_level,
+        tail_level,
+        best_level,
+        best_index,
+        noise,
+        relative,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn naive_rolling_median(values: &[f64], window: usize) -> Vec<f64> {
+        let n = values.len();
+        let h = window / 2;
+        (0..n)
+            .map(|i| {
+                let k = h.min(i).min(n - 1 - i);
+                let mut w = values[i - k..=i + k].to_vec();
+                w.sort_by(f64::total_cmp);
+                w[w.len() / 2]
+            })
+            .collect()
+    }
+
+    fn lcg(seed: u64) -> impl FnMut() -> f64 {
+        let mut state = seed;
+        move || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 11) as f64) / ((1u64 << 53) as f64)
+        }
+    }
+
+    #[test]
+    fn rolling_median_matches_sorting_each_window() {
+        let mut next = lcg(7);
+        for n in [1usize, 2, 3, 10, 57, 300] {
+            let v: Vec<f64> = (0..n).map(|_| next()).collect();
+            for w in [1usize, 3, 5, 11, 31] {
+                assert_eq!(
+                    rolling_median(&v, w),
+                    naive_rolling_median(&v, w),
+                    "n={n} w={w}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn median_of_even_and_odd_slices() {
+        assert_eq!(median_in_place(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median_in_place(&mut [4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert!(median_in_place(&mut []).is_nan());
+    }
+
+    /// A decaying curve with 2% multiplicative noise.
+    fn noisy_decay(n: usize, seed: u64) -> Vec<f64> {
+        let mut next = lcg(seed);
+        (0..n)
+            .map(|i| {
+                let level = 0.5 + 4.0 * (-(i as f64) / 60.0).exp();
+                let u = next() + next() + next() + next() - 2.0; // ~N(0, 1/3)
+                level * (1.0 + 0.035 * u)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn noise_is_not_a_spike_but_a_jump_is() {
+        let clean = noisy_decay(2000, 3);
+        let a = analyse(&clean, &RobustParams::default()).unwrap();
+        assert!(a.spikes.is_empty(), "{:?}", a.spikes);
+        assert!(a.relative_drop() > 0.8, "{}", a.relative_drop());
+        let mut spiky = clean.clone();
+        spiky[700] *= 1.8;
+        spiky[701] *= 1.5;
+        spiky[1500] *= 2.5;
+        let a = analyse(&spiky, &RobustParams::default()).unwrap();
+        let at: Vec<(usize, usize, usize)> =
+            a.spikes.iter().map(|s| (s.start, s.end, s.peak)).collect();
+        assert_eq!(at, vec![(700, 701, 700), (1500, 1500, 1500)]);
+        assert!(a.spikes[1].relative_rise > 1.0 && a.spikes[1].z > 6.0);
+    }
+
+    #[test]
+    fn steep_early_descent_is_not_a_spike() {
+        let curve: Vec<f64> = (0..200).map(|i| 5.0 * 0.9f64.powi(i) + 0.1).collect();
+        let a = analyse(&curve, &RobustParams::default()).unwrap();
+        assert!(a.spikes.is_empty(), "{:?}", a.spikes);
+        assert_eq!(a.noise, 0.0);
+    }
+
+    #[test]
+    fn nonfinite_points_are_reported_not_spiked() {
+        let mut curve = noisy_decay(100, 5);
+        curve[40] = f64::INFINITY;
+        curve[0] = f64::NAN;
+        let a = analyse(&curve, &RobustParams::default()).unwrap();
+        assert_eq!(a.nonfinite, vec![0, 40]);
+        assert!(a.spikes.is_empty());
+        assert!(analyse(&[f64::NAN, f64::INFINITY], &RobustParams::default()).is_none());
+    }
+
+    #[test]
+    fn divergence_shows_in_the_levels() {
+        let curve: Vec<f64> = (0..100)
+            .map(|i| {
+                if i < 40 {
+                    4.0 - 0.05 * i as f64
+                } else {
+                    2.0 + 0.1 * (i - 40) as f64
+                }
+            })
+            .collect();
+        let a = analyse(&curve, &RobustParams::default()).unwrap();
+        assert!(a.relative_regression() > 0.5);
+        assert!(a.tail_level > a.head_level);
+        assert!((a.best_index as i64 - 40).abs() <= 5, "{}", a.best_index);
+    }
+
+    #[test]
+    fn negative_losses_use_absolute_residuals() {
+        let curve: Vec<f64> = (0..100).map(|i| -(i as f64) * 0.01).collect();
+        let a = analyse(&curve, &RobustParams::default()).unwrap();
+        assert!(!a.relative);
+        assert!(a.spikes.is_empty());
+    }
+}
