@@ -10,6 +10,7 @@ pub mod error;
 mod py;
 
 pub use error::{Area, Error, Result};
+pub mod attribution;
 pub mod csv_log;
 pub mod files;
 pub mod float_reduce;

@@ -15,6 +15,7 @@ use pyo3::types::{PyDict, PyTuple};
 use crate::error::{Area, Error};
 use crate::layers::{self, LayerGrouping};
 use crate::loss_log::{self, LossCurve};
+use crate::robust_curve::{self, RobustCurve, RobustParams, SpikeEvent};
 use crate::safetensors_header::{self, Header, TensorInfo};
 use crate::scan::{self, Discovery, DriftInput, GhostInput, LogsStatus, Target, TargetInputs};
 use crate::torch_state::{self, ParamStat, TrainingState};
@@ -265,6 +266,26 @@ impl LossCurve {
         let steps = |p: &[usize]| Ok(self.steps_at(p).into_pyobject(py)?.into_any());
         metrics_dict(py, &m, steps, ("spike_steps", "nonfinite_steps"))
     }
+    /// The robust analysis of this curve (see `robust_curve`); None when no
+    /// loss is finite.
+    #[pyo3(signature = (*, trend_window=11, spike_z=6.0, min_spike_rise=0.1, scale_block=64))]
+    fn robust(
+        &self,
+        py: Python<'_>,
+        trend_window: usize,
+        spike_z: f64,
+        min_spike_rise: f64,
+        scale_block: usize,
+    ) -> Result<Option<RobustCurve>> {
+        let params = RobustParams {
+            trend_window,
+            spike_z,
+            min_spike_rise,
+            scale_block,
+        };
+        robust_curve::check_params(&params)?;
+        Ok(py.detach(|| robust_curve::analyse(&self.losses, &params)))
+    }
     /// At most about `cap` evenly strided (step, loss) points, the first and
     /// last always kept; a non-finite loss is None.
     #[pyo3(name = "sample", signature = (cap=512))]
@@ -356,6 +377,69 @@ fn spike_indices<'py>(
     let values = f64_values(deltas)?;
     let found = py.detach(|| metrics::spike_indices(&values, window, sigma));
     index_array(py, &found)
+}
+
+/// Robust analysis of a loss sequence: rolling-median trend, noise, spike
+/// events and levels. None when no loss is finite.
+#[pyfunction(name = "robust_curve")]
+#[pyo3(signature = (losses, *, trend_window=11, spike_z=6.0, min_spike_rise=0.1, scale_block=64))]
+fn robust_curve_py(
+    py: Python<'_>,
+    losses: &Bound<'_, PyAny>,
+    trend_window: usize,
+    spike_z: f64,
+    min_spike_rise: f64,
+    scale_block: usize,
+) -> Result<Option<RobustCurve>> {
+    let params = RobustParams {
+        trend_window,
+        spike_z,
+        min_spike_rise,
+        scale_block,
+    };
+    robust_curve::check_params(&params)?;
+    let values = f64_values(losses)?;
+    Ok(py.detach(|| robust_curve::analyse(&values, &params)))
+}
+
+#[pymethods]
+impl RobustCurve {
+    /// `(head - tail) / |head|`: the share of the starting loss the run shed.
+    #[pyo3(name = "relative_drop")]
+    fn relative_drop_py(&self) -> f64 {
+        self.relative_drop()
+    }
+    /// `(tail - best) / |head|`: how far the end sits above the best level.
+    #[pyo3(name = "relative_regression")]
+    fn relative_regression_py(&self) -> f64 {
+        self.relative_regression()
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "RobustCurve({} points, {} spikes, {} non-finite, head={}, tail={}, noise={})",
+            self.trend.len(),
+            self.spikes.len(),
+            self.nonfinite.len(),
+            py_float(self.head_level),
+            py_float(self.tail_level),
+            py_float(self.noise)
+        )
+    }
+}
+
+#[pymethods]
+impl SpikeEvent {
+    fn __repr__(&self) -> String {
+        format!(
+            "SpikeEvent(start={}, end={}, peak={}, rise={}, relative_rise={}, z={})",
+            self.start,
+            self.end,
+            self.peak,
+            py_float(self.rise),
+            py_float(self.relative_rise),
+            py_float(self.z)
+        )
+    }
 }
 
 // ---- training states ----
@@ -481,7 +565,12 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Header>()?;
     m.add_class::<LayerGrouping>()?;
     m.add_class::<LossCurve>()?;
+    m.add_class::<RobustCurve>()?;
+    m.add_class::<SpikeEvent>()?;
+    m.add_function(wrap_pyfunction!(robust_curve_py, m)?)?;
     m.add_class::<ParamStat>()?;
+    m.add_class::<crate::attribution::Attribution>()?;
+    m.add_class::<crate::attribution::ParamSlot>()?;
     m.add_class::<TrainingState>()?;
     m.add_class::<LogsStatus>()?;
     m.add_class::<DriftInput>()?;

@@ -59,6 +59,10 @@ pub struct SpikeEvent {
 }
 
 /// The result of the robust analysis of one curve.
+#[cfg_attr(
+    feature = "python",
+    pyo3::pyclass(frozen, get_all, skip_from_py_object, module = "adapterprobe._core")
+)]
 #[derive(Debug, Clone, PartialEq)]
 pub struct RobustCurve {
     /// The rolling-median trend of the curve (non-finite losses carried forward).
@@ -78,6 +82,8 @@ pub struct RobustCurve {
     pub noise: f64,
     /// Whether residuals were taken relative to the trend.
     pub relative: bool,
+    /// Points in each of `head_level` and `tail_level`.
+    pub level_points: usize,
 }
 
 impl RobustCurve {
@@ -187,6 +193,37 @@ fn local_scale(residuals: &[f64], block: usize) -> Vec<f64> {
         .collect()
 }
 
+/// The domain of the parameters: a window of at least 3 points, positive
+/// finite thresholds, blocks of at least 8 points.
+pub fn check_params(p: &RobustParams) -> crate::Result<()> {
+    let bad = |what: String| Err(crate::Error::new(crate::Area::Usage, "", what));
+    if p.trend_window < 3 {
+        return bad(format!(
+            "trend_window must be at least 3, got {}",
+            p.trend_window
+        ));
+    }
+    if !(p.spike_z > 0.0 && p.spike_z.is_finite()) {
+        return bad(format!(
+            "spike_z must be a positive number, got {}",
+            p.spike_z
+        ));
+    }
+    if !(p.min_spike_rise >= 0.0 && p.min_spike_rise.is_finite()) {
+        return bad(format!(
+            "min_spike_rise must be a number >= 0, got {}",
+            p.min_spike_rise
+        ));
+    }
+    if p.scale_block < 8 {
+        return bad(format!(
+            "scale_block must be at least 8, got {}",
+            p.scale_block
+        ));
+    }
+    Ok(())
+}
+
 /// Analyse a loss curve (non-finite losses allowed, at least one finite).
 /// Returns None when no loss is finite.
 pub fn analyse(losses: &[f64], params: &RobustParams) -> Option<RobustCurve> {
@@ -260,6 +297,7 @@ pub fn analyse(losses: &[f64], params: &RobustParams) -> Option<RobustCurve> {
         best_index,
         noise,
         relative,
+        level_points: k,
     })
 }
 

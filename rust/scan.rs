@@ -13,9 +13,11 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 
+use crate::attribution::{self, Attribution};
 use crate::error::{Area, Error, Result};
 use crate::layers::{self, LayerGrouping};
 use crate::loss_log::{self, LossCurve};
+use crate::safetensors_header::read_header;
 use crate::torch_state::{self, TrainingState};
 
 /// Deepest directory level the walk descends to below a root.
@@ -364,8 +366,11 @@ pub fn drift_input(store: &Path) -> DriftInput {
 }
 
 /// Everything `gradient_ghost` needs about one adapter version: the state
-/// or why it could not be read, and the layer grouping when it worked. The
-/// grouping is only attempted once the state has been read.
+/// or why it could not be read; for `rules="sway"` the layer grouping of the
+/// seed (`grouping`, or `grouping_error`); for `rules="robust"` the exact
+/// attribution of param ids to (layer, slot) (`attribution`, or why not in
+/// `attribution_error`) and any failure to read the adapter weights' header
+/// (`weights_error`). The adapter is only looked at once the state is read.
 #[cfg_attr(
     feature = "python",
     pyo3::pyclass(frozen, get_all, skip_from_py_object, module = "adapterprobe._core")
@@ -377,6 +382,9 @@ pub struct GhostInput {
     pub error: Option<Error>,
     pub grouping: Option<LayerGrouping>,
     pub grouping_error: Option<Error>,
+    pub attribution: Option<Attribution>,
+    pub attribution_error: Option<String>,
+    pub weights_error: Option<Error>,
 }
 
 pub fn ghost_input(adapter: &Path) -> GhostInput {
@@ -386,17 +394,58 @@ pub fn ghost_input(adapter: &Path) -> GhostInput {
         error: None,
         grouping: None,
         grouping_error: None,
+        attribution: None,
+        attribution_error: None,
+        weights_error: None,
     };
-    match torch_state::read_training_state(adapter) {
-        Ok(state) => {
-            match layers::group_layers(adapter, Some(state.per_param.len() as u64)) {
-                Ok(g) => input.grouping = Some(g),
-                Err(e) => input.grouping_error = Some(e),
-            }
-            input.state = Some(state);
+    let state = match torch_state::read_training_state(adapter) {
+        Ok(state) => state,
+        Err(e) => {
+            input.error = Some(e);
+            return input;
         }
-        Err(e) => input.error = Some(e),
+    };
+    let weights = layers::adapter_weights_path(adapter);
+    let header = if weights.exists() {
+        read_header(&weights)
+    } else {
+        Err(Error::new(
+            Area::Missing,
+            &weights,
+            "adapter weights not found beside the optimizer state",
+        ))
+    };
+    match header {
+        Ok(header) => {
+            let names = header.tensors.iter().map(|t| t.name.as_str());
+            match layers::group_keys(names, Some(state.per_param.len() as u64)) {
+                Ok(g) => input.grouping = Some(g),
+                Err(msg) => {
+                    input.grouping_error = Some(Error::new(Area::LayerGrouping, &weights, msg))
+                }
+            }
+            let keys: Vec<(String, Vec<u64>)> = header
+                .tensors
+                .into_iter()
+                .map(|t| (t.name, t.shape))
+                .collect();
+            let params: Vec<(i64, Vec<u64>)> = state
+                .per_param
+                .iter()
+                .map(|p| (p.param_id, p.shape.clone()))
+                .collect();
+            match attribution::attribute(&keys, &params) {
+                Ok(a) => input.attribution = Some(a),
+                Err(why) => input.attribution_error = Some(why),
+            }
+        }
+        Err(e) => {
+            let why = format!("adapter weights unreadable: {e}");
+            input.grouping_error = Some(Error::new(Area::LayerGrouping, &weights, why));
+            input.weights_error = Some(e);
+        }
     }
+    input.state = Some(state);
     input
 }
 

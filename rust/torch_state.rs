@@ -32,6 +32,8 @@ pub const STATE_FILE: &str = "training_state.pt";
 pub struct ParamStat {
     pub param_id: i64,
     pub numel: u64,
+    /// Shape of the state tensor (the parameter's shape).
+    pub shape: Vec<u64>,
     /// Mean over all elements, accumulated in f64; NaN when any element is
     /// NaN or the tensor is empty.
     pub exp_avg_sq_mean: f64,
@@ -372,6 +374,7 @@ impl Walker<'_> {
             per_param.push(ParamStat {
                 param_id,
                 numel: r.numel,
+                shape: tensor.size.clone(),
                 exp_avg_sq_mean: r.mean(),
                 nonfinite: r.nonfinite,
             });
@@ -536,6 +539,7 @@ mod tests {
             vec![ParamStat {
                 param_id: 3,
                 numel: 4,
+                shape: vec![4],
                 exp_avg_sq_mean: 3.0,
                 nonfinite: 0
             }]

@@ -62,6 +62,11 @@ def test_probe_keywords_are_exactly_the_options_fields(probe, options_class):
 @pytest.mark.parametrize("spec", list(PROBES.values()), ids=list(PROBES))
 def test_each_option_rejects_values_outside_its_rule(spec):
     for field in dataclasses.fields(spec.options):
+        if field.name == "rules":
+            with pytest.raises(ap.UsageError):
+                spec.options(rules="lenient")
+            continue
+        rules = next(iter(field.metadata["defaults"]))  # a rule set that uses the option
         rule = field.metadata["rule"]
         bad = [True, "1", float("nan"), float("inf")]
         if rule.low is not None:
@@ -74,9 +79,19 @@ def test_each_option_rejects_values_outside_its_rule(spec):
             bad.append(2.5)
         for value in bad:
             with pytest.raises(ap.UsageError) as err:
-                spec.options(**{field.name: value})
+                spec.options(rules=rules, **{field.name: value})
             assert err.value.option == field.name
             assert field.name in str(err.value)
+
+
+@pytest.mark.parametrize("spec", list(PROBES.values()), ids=list(PROBES))
+def test_options_of_the_other_rule_set_are_refused(spec):
+    for field in dataclasses.fields(spec.options):
+        users = field.metadata.get("defaults", {})
+        for rules in ("robust", "sway"):
+            if field.name != "rules" and rules not in users:
+                with pytest.raises(ap.UsageError, match="applies only to"):
+                    spec.options(rules=rules, **{field.name: 1})
 
 
 def test_scan_and_probe_share_one_options_object(demo_store):
@@ -89,7 +104,9 @@ def test_scan_and_probe_share_one_options_object(demo_store):
     with pytest.raises(ap.UsageError, match="unknown option"):
         resolve_options(("training_drift",), {"training_drift": {"min_step": 3}})
     with pytest.raises(ap.UsageError, match="rolling_window"):
-        ap.scan(demo_store, options={"training_drift": {"rolling_window": 1}})
+        ap.scan(demo_store, rules="sway", options={"training_drift": {"rolling_window": 1}})
+    with pytest.raises(ap.UsageError, match="rules"):
+        ap.scan(demo_store, rules="sway", options={"training_drift": strict})
 
 
 def _private_imports(path: Path) -> list[str]:

@@ -34,7 +34,7 @@ def decaying(n, scale=4.0, rate=0.93):
 
 def test_healthy_curve_passes(tmp_path):
     write_log(tmp_path, "train-000001-20250101T000000.jsonl", decaying(60))
-    r = ap.training_drift(tmp_path)
+    r = ap.training_drift(tmp_path, rules="sway")
     assert r.verdict == "pass", r.message
     assert r.kind == "training_drift"
     assert r.score == pytest.approx(r.evidence["smoothness"])
@@ -61,7 +61,7 @@ def test_spike_and_nan_warn_with_their_steps(tmp_path):
     losses[30] = losses[29] + 2.0
     losses[45] = math.nan
     write_log(tmp_path, "train-000001-20250101T000000.jsonl", losses, start=100)
-    r = ap.training_drift(tmp_path)
+    r = ap.training_drift(tmp_path, rules="sway")
     assert r.verdict == "warn"
     assert 130 in r.evidence["spike_steps"]
     assert r.evidence["nonfinite_steps"] == [145]
@@ -79,7 +79,7 @@ def test_resumed_run_keeps_the_latest_value_per_step(tmp_path):
     write_log(
         tmp_path, "train-000002-20250101T010000.jsonl", [x * 0.5 for x in first[30:]], start=30
     )
-    r = ap.training_drift(tmp_path)
+    r = ap.training_drift(tmp_path, rules="sway")
     curve = ap.read_loss_curve(tmp_path)
     assert r.evidence["num_log_files"] == 2
     assert curve.losses[35] == pytest.approx(first[35] * 0.5)
@@ -101,23 +101,23 @@ def test_resumed_run_keeps_the_latest_value_per_step(tmp_path):
 )
 def test_skip_and_error_paths(tmp_path, setup, verdict, fragment):
     setup(tmp_path)
-    r = ap.training_drift(tmp_path)
+    r = ap.training_drift(tmp_path, rules="sway")
     assert r.verdict == verdict
     assert fragment in r.message
     assert r.score is None
 
 
 def test_no_store_path_skips_and_bad_options_raise():
-    assert ap.training_drift(None).verdict == "skip"
+    assert ap.training_drift(None, rules="sway").verdict == "skip"
     with pytest.raises(ap.UsageError):
-        ap.training_drift(None, rolling_window=1)
+        ap.training_drift(None, rolling_window=1, rules="sway")
     with pytest.raises(ap.UsageError):
-        ap.training_drift(None, assert_smoothness_gte=2.0)
+        ap.training_drift(None, assert_smoothness_gte=2.0, rules="sway")
 
 
 def test_curve_sample_is_capped_and_keeps_ends(tmp_path):
     write_log(tmp_path, "train-1.jsonl", decaying(2000, rate=0.999))
-    sample = ap.training_drift(tmp_path).evidence["curve_sampled"]
+    sample = ap.training_drift(tmp_path, rules="sway").evidence["curve_sampled"]
     assert len(sample) <= 513
     assert sample[0][0] == 0 and sample[-1][0] == 1999
 
@@ -136,6 +136,7 @@ def test_verdict_and_score_match_reference(
     write_log(store, "train-000001-20250101T000000.jsonl", losses)
     r = ap.training_drift(
         store,
+        rules="sway",
         assert_smoothness_gte=smooth_gte,
         assert_convergence_ratio_lte=ratio_lte,
         assert_instability_events_lte=events_lte,

@@ -33,7 +33,7 @@ def current(store: Path) -> Path:
     ],
 )
 def test_demo_stores(store, verdict, signal):
-    r = ap.gradient_ghost(current(DEMO_STORE / store))
+    r = ap.gradient_ghost(current(DEMO_STORE / store), rules="sway")
     assert r.verdict == verdict, r.message
     assert r.evidence.get("primary_signal") == signal
     if verdict == "pass":
@@ -64,7 +64,7 @@ def test_matches_torch_load_reference():
     means = [float(states[k]["exp_avg_sq"].double().mean()) for k in sorted(states)]
     g = ap.group_layers(adapter, num_params=len(means))
     want = ref.ghost_verdict(payload["global_step"], means, (g.layer_indices, g.layer_of))
-    r = ap.gradient_ghost(adapter)
+    r = ap.gradient_ghost(adapter, rules="sway")
     assert (r.verdict.value, r.score) == want[:2]
     assert r.raw == pytest.approx(want[2], rel=1e-12)
     got_worst = r.evidence["worst_layers"]
@@ -74,18 +74,18 @@ def test_matches_torch_load_reference():
 
 
 def test_missing_state_skips_and_bad_state_errors(tmp_path):
-    assert ap.gradient_ghost(tmp_path).verdict == "skip"
+    assert ap.gradient_ghost(tmp_path, rules="sway").verdict == "skip"
     shutil.copytree(current(DEMO_STORE / "healthy"), tmp_path / "v")
     state = tmp_path / "v" / "training_state.pt"
     data = bytearray(state.read_bytes())
     data[len(data) // 2] ^= 0xFF
     state.write_bytes(bytes(data))
-    r = ap.gradient_ghost(tmp_path / "v")
+    r = ap.gradient_ghost(tmp_path / "v", rules="sway")
     assert r.verdict == "error"
     assert "sha256" in r.message.lower() or "digest" in r.message.lower()
     (tmp_path / "v" / "training_state.pt.sha256").unlink()
     state.write_bytes(b"not a zip at all")
-    r = ap.gradient_ghost(tmp_path / "v")
+    r = ap.gradient_ghost(tmp_path / "v", rules="sway")
     assert r.verdict == "error"
     assert r.score is None
 
@@ -93,7 +93,7 @@ def test_missing_state_skips_and_bad_state_errors(tmp_path):
 def test_unattributable_layers_degrade_to_no_layer_signal(tmp_path):
     shutil.copytree(current(DEMO_STORE / "healthy"), tmp_path / "v")
     (tmp_path / "v" / "adapter_model.safetensors").write_bytes(b"\x00" * 3)
-    r = ap.gradient_ghost(tmp_path / "v")
+    r = ap.gradient_ghost(tmp_path / "v", rules="sway")
     assert r.verdict == "pass"
     assert r.evidence["num_layers"] == 0
     assert r.evidence["worst_layers"] == []
@@ -101,9 +101,9 @@ def test_unattributable_layers_degrade_to_no_layer_signal(tmp_path):
 
 def test_options_are_checked():
     with pytest.raises(ap.UsageError):
-        ap.gradient_ghost(".", undertrained_layer_ratio=1.0)
+        ap.gradient_ghost(".", undertrained_layer_ratio=1.0, rules="sway")
     with pytest.raises(ap.UsageError):
-        ap.gradient_ghost(".", layer_failure_frac=1.5)
+        ap.gradient_ghost(".", layer_failure_frac=1.5, rules="sway")
 
 
 def test_works_without_torch(tmp_path):
@@ -157,7 +157,7 @@ def test_judge_matches_reference_ladder(step, layers, per_layer, extra, data, gr
         per_param=[SimpleNamespace(param_id=i, exp_avg_sq_mean=m) for i, m in enumerate(means)],
     )
     inputs = SimpleNamespace(state=state, grouping=grouping, error=None, error_kind=None)
-    options = GhostOptions(undertrained_layer_ratio=ratio, layer_failure_frac=frac)
+    options = GhostOptions(rules="sway", undertrained_layer_ratio=ratio, layer_failure_frac=frac)
     got = judge_ghost(inputs, options)
     want = ref.ghost_verdict(
         step, means, (layer_indices, layer_of) if grouped else None, 50, ratio, frac

@@ -535,7 +535,7 @@ def test_training_drift_reads_a_monitored_run(tmp_path):
         optimizer.zero_grad()
         monitor.log_step(step, float("nan") if step == 7 else loss, lr=0.05)
     monitor.close()
-    result = training_drift(tmp_path)
+    result = training_drift(tmp_path, rules="sway")
     assert result.evidence["num_steps"] == 12  # gap records are not steps
     assert result.evidence["nonfinite_steps"] == [7]
 

@@ -14,15 +14,19 @@ import numpy.typing as npt
 from adapterprobe.errors import AdapterProbeError
 
 __all__ = [
+    "Attribution",
     "Discovery",
     "DriftInput",
     "GhostInput",
     "LayerGrouping",
     "LogsStatus",
     "LossCurve",
+    "ParamSlot",
     "ParamStat",
     "Problem",
+    "RobustCurve",
     "SafetensorsHeader",
+    "SpikeEvent",
     "Target",
     "TargetInputs",
     "TensorInfo",
@@ -38,6 +42,7 @@ __all__ = [
     "read_loss_curve",
     "read_safetensors_header",
     "read_training_state",
+    "robust_curve",
     "spike_indices",
 ]
 
@@ -95,6 +100,15 @@ class LossCurve:
     def files(self) -> list[Path]: ...
     def metrics(self, *, rolling_window: int = 10, spike_sigma: float = 3.0) -> dict[str, Any]:
         """Drift metrics; spike_steps/nonfinite_steps are step numbers."""
+    def robust(
+        self,
+        *,
+        trend_window: int = 11,
+        spike_z: float = 6.0,
+        min_spike_rise: float = 0.1,
+        scale_block: int = 64,
+    ) -> RobustCurve | None:
+        """The robust analysis of this curve (see robust_curve); None if no loss is finite."""
     def sample(self, cap: int = 512) -> list[tuple[int, float | None]]:
         """About `cap` evenly strided (step, loss) points, ends kept, non-finite as None."""
     def __len__(self) -> int: ...
@@ -114,11 +128,67 @@ def spike_indices(
 ) -> npt.NDArray[np.int64]: ...
 
 @final
+class SpikeEvent:
+    """A run of adjacent points above the robust spike threshold (curve indices)."""
+
+    @property
+    def start(self) -> int: ...
+    @property
+    def end(self) -> int: ...
+    @property
+    def peak(self) -> int: ...
+    @property
+    def rise(self) -> float: ...
+    @property
+    def relative_rise(self) -> float: ...
+    @property
+    def z(self) -> float: ...
+
+@final
+class RobustCurve:
+    """Rolling-median trend, noise scale, spike events and levels of a loss curve."""
+
+    @property
+    def trend(self) -> list[float]: ...
+    @property
+    def spikes(self) -> list[SpikeEvent]: ...
+    @property
+    def nonfinite(self) -> list[int]: ...
+    @property
+    def head_level(self) -> float: ...
+    @property
+    def tail_level(self) -> float: ...
+    @property
+    def best_level(self) -> float: ...
+    @property
+    def best_index(self) -> int: ...
+    @property
+    def noise(self) -> float: ...
+    @property
+    def relative(self) -> bool: ...
+    @property
+    def level_points(self) -> int: ...
+    def relative_drop(self) -> float: ...
+    def relative_regression(self) -> float: ...
+
+def robust_curve(
+    losses: _Floats,
+    *,
+    trend_window: int = 11,
+    spike_z: float = 6.0,
+    min_spike_rise: float = 0.1,
+    scale_block: int = 64,
+) -> RobustCurve | None:
+    """Robust trend, noise and spike events of a loss sequence (None if no loss is finite)."""
+
+@final
 class ParamStat:
     @property
     def param_id(self) -> int: ...
     @property
     def numel(self) -> int: ...
+    @property
+    def shape(self) -> list[int]: ...
     @property
     def exp_avg_sq_mean(self) -> float: ...
     @property
@@ -170,6 +240,28 @@ class DriftInput:
     def error(self) -> AdapterProbeError | None: ...
 
 @final
+class ParamSlot:
+    @property
+    def param_id(self) -> int: ...
+    @property
+    def layer(self) -> int: ...
+    @property
+    def slot(self) -> int: ...
+
+@final
+class Attribution:
+    """Exact attribution of optimizer param ids to (layer, slot)."""
+
+    @property
+    def layer_indices(self) -> list[int]: ...
+    @property
+    def params(self) -> list[ParamSlot]: ...
+    @property
+    def slot_names(self) -> list[str]: ...
+    @property
+    def unattributed(self) -> list[int]: ...
+
+@final
 class GhostInput:
     """What gradient_ghost needs about one adapter version."""
 
@@ -183,6 +275,12 @@ class GhostInput:
     def grouping(self) -> LayerGrouping | None: ...
     @property
     def grouping_error(self) -> AdapterProbeError | None: ...
+    @property
+    def attribution(self) -> Attribution | None: ...
+    @property
+    def attribution_error(self) -> str | None: ...
+    @property
+    def weights_error(self) -> AdapterProbeError | None: ...
 
 @final
 class Target:

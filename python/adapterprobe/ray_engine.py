@@ -59,12 +59,13 @@ def run_on_ray(
     options: Mapping[str, ProbeOptions | Mapping[str, Any]] | None,
     *,
     address: str | None = None,
+    rules: str | None = None,
     progress: Callable[[int, int], None] | None = None,
     max_retries: int = MAX_RETRIES,
 ) -> list[ScanRecord]:
     """Judge `targets` on a Ray cluster (a local one when `address` is None)."""
     ray = require("ray", "ray")
-    resolved = resolve_options(tuple(probes), options)
+    resolved = resolve_options(tuple(probes), options, rules)
     started_here = not ray.is_initialized()
     if started_here:
         ray.init(

@@ -49,13 +49,14 @@ def scan_batches(
     workers: int | None = None,
     engine: str = "local",
     address: str | None = None,
+    rules: str | None = None,
     options: OptionsArg | None = None,
     progress: Progress | None = None,
 ) -> Iterator[list[ScanRecord]]:
     """Records of discovered `targets`, a batch at a time and in order, so a
     caller can write them out without holding a whole large scan in memory."""
     probes = tuple(probes)
-    resolved = resolve_options(probes, options)
+    resolved = resolve_options(probes, options, rules)
     if workers is not None and workers < 1:
         raise UsageError(f"workers must be at least 1, got {workers}")
     if engine == "ray":
@@ -82,6 +83,7 @@ def scan(
     workers: int | None = None,
     engine: str = "local",
     address: str | None = None,
+    rules: str | None = None,
     options: OptionsArg | None = None,
     progress: Progress | None = None,
 ) -> ScanReport:
@@ -90,13 +92,15 @@ def scan(
     ``probes``: which probes to run. ``all_versions``: every
     ``versions/vNNNN`` instead of each adapter's ``current.txt``.
     ``workers``: threads (default: one per core). ``engine``: ``"local"``
-    or ``"ray"`` (``address``: a Ray cluster to join). ``options``: probe
+    or ``"ray"`` (``address``: a Ray cluster to join). ``rules``: the verdict
+    rule set, ``"robust"`` (default: built to gate CI on) or ``"sway"``
+    (dlm-sway's exact semantics). ``options``: probe
     thresholds keyed by probe name, each an options object or a mapping, e.g.
     ``{"training_drift": {"min_steps": 20}}`` or ``{"gradient_ghost":
     GhostOptions(min_steps_threshold=100)}``. ``progress(done, total)`` is
     called as stores finish.
     """
-    resolve_options(tuple(probes), options)  # fail fast, before the walk
+    resolve_options(tuple(probes), options, rules)  # fail fast, before the walk
     targets, problems = discover(*roots, all_versions=all_versions, workers=workers)
     batches = scan_batches(
         targets,
@@ -104,6 +108,7 @@ def scan(
         workers=workers,
         engine=engine,
         address=address,
+        rules=rules,
         options=options,
         progress=progress,
     )

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from adapterprobe.probes.options import RULE_SETS
 from adapterprobe.probes.result import Verdict
 from adapterprobe.records import FAIL_ON, ScanRecord, ScanReport, json_chunks, write_csv
 
@@ -26,6 +27,13 @@ def add_output_options(p: argparse.ArgumentParser) -> None:
         choices=("table", "json", "csv"),
         default=None,
         help="output format (default: table on a terminal, json otherwise)",
+    )
+    p.add_argument(
+        "--rules",
+        choices=RULE_SETS,
+        default="robust",
+        help="verdict rules: robust (default; 0 false alarms on healthy runs, for CI gates) "
+        "or sway (dlm-sway's exact heuristics)",
     )
     p.add_argument(
         "--fail-on",

@@ -70,8 +70,10 @@ def add_scan_options(p: argparse.ArgumentParser) -> None:
 
 
 def run_scan(roots: list[str], args: argparse.Namespace) -> int:
+    from adapterprobe.probes import PROBES, resolve_options
     from adapterprobe.scan import discover, scan_batches
 
+    resolve_options(tuple(PROBES), None, args.rules)  # bad options fail before the walk
     targets, problems = discover(*roots, all_versions=args.all_versions, workers=args.workers)
     with _progress_bar() as progress:
         batches = scan_batches(
@@ -79,6 +81,7 @@ def run_scan(roots: list[str], args: argparse.Namespace) -> int:
             workers=args.workers,
             engine=args.engine,
             address=args.address,
+            rules=args.rules,
             progress=progress,
         )
         return print_batches(batches, problems, args.format, args.fail_on)

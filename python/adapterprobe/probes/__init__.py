@@ -13,7 +13,7 @@ from typing import Any
 from adapterprobe.errors import UsageError
 from adapterprobe.probes.drift import DriftOptions, judge_drift, training_drift
 from adapterprobe.probes.ghost import GhostOptions, gradient_ghost, judge_ghost
-from adapterprobe.probes.options import ProbeOptions
+from adapterprobe.probes.options import RULE_SETS, ProbeOptions
 from adapterprobe.probes.result import ProbeResult, Verdict
 
 
@@ -38,10 +38,15 @@ PROBES: dict[str, ProbeSpec] = {
 
 
 def resolve_options(
-    probes: tuple[str, ...], options: Mapping[str, Any] | None
+    probes: tuple[str, ...], options: Mapping[str, Any] | None, rules: str | None = None
 ) -> dict[str, ProbeOptions]:
-    """One validated options object per probe from a mapping of probe name to
-    an options object or a mapping of option values (missing probes: defaults)."""
+    """One validated options object per probe, under one rule set.
+
+    ``options`` maps probe names to an options object or a mapping of option
+    values; probes not named get their defaults. ``rules`` (default
+    "robust") applies to every probe; an options object or mapping that
+    names a different rule set is a UsageError.
+    """
     unknown = [p for p in probes if p not in PROBES]
     if unknown or not probes:
         raise UsageError(
@@ -51,23 +56,39 @@ def resolve_options(
     extra = sorted(set(options) - set(PROBES))
     if extra:
         raise UsageError(f"options given for unknown probe(s): {', '.join(extra)}")
+    if rules is not None and rules not in RULE_SETS:
+        raise UsageError(
+            f"rules must be one of {', '.join(map(repr, RULE_SETS))}, got {rules!r}",
+            option="rules",
+        )
     resolved: dict[str, ProbeOptions] = {}
     for name, spec in PROBES.items():
         given = options.get(name)
         if isinstance(given, spec.options):
-            resolved[name] = given
+            chosen = given
         elif given is None or isinstance(given, Mapping):
-            resolved[name] = spec.options.from_mapping(given)
+            values = dict(given or {})
+            values.setdefault("rules", rules or "robust")
+            chosen = spec.options.from_mapping(values)
         else:
             raise UsageError(
                 f"options for {name} must be a {spec.options.__name__} or a mapping, "
                 f"got {type(given).__name__}"
             )
+        if rules is not None and chosen.rules != rules:
+            raise UsageError(
+                f"options for {name} use rules={chosen.rules!r} but the scan runs rules={rules!r}"
+            )
+        resolved[name] = chosen
+    rule_sets = {o.rules for o in resolved.values()}
+    if len(rule_sets) > 1:
+        raise UsageError(f"all probes must use one rule set, got {sorted(rule_sets)}")
     return resolved
 
 
 __all__ = [
     "PROBES",
+    "RULE_SETS",
     "DriftOptions",
     "GhostOptions",
     "ProbeOptions",

@@ -1,22 +1,27 @@
-"""gradient_ghost: was this adapter trained long enough to converge?
+"""gradient_ghost: what the optimizer state says about how an adapter trained.
 
 Reads the optimizer state saved beside an adapter version
 (``training_state.pt``) with the Rust reader, without torch and without
-running any pickle code, and walks a ladder of signals, most decisive first:
+running any pickle code, and judges it under one of two rule sets
+(``rules=``):
 
-1. ``global_step`` below ``min_steps_threshold``: FAIL (a smoke-test run
-   that was never retrained).
-2. Every parameter's mean Adam second moment (``exp_avg_sq``) non-finite:
-   FAIL (gradients never propagated usefully).
-3. Per layer, the mean second moment against the calmest layer's: a layer
-   above ``undertrained_layer_ratio`` times that minimum still sees large
-   gradient variance. More than ``layer_failure_frac`` of layers: FAIL;
-   some: WARN; none: PASS. The minimum is the baseline because a mean
-   baseline rises with the outliers it is meant to expose.
+- ``"robust"`` (default): FAIL for a smoke-test-length run
+  (``global_step`` below ``min_steps_threshold``), for NaN/inf second
+  moments and for second moments that are all exactly zero (no gradient
+  ever reached the optimizer: a dead adapter). The per-layer check compares
+  like with like: the same tensor (module and LoRA factor) across layers,
+  each against the median of its peers, and WARNs only for a layer more
+  than ``layer_outlier_ratio`` times that median, or a tensor that got no
+  gradient in some layers. It needs an exact attribution of optimizer ids
+  to layers and at least ``min_layers_compared`` layers; otherwise it is
+  reported as not checked, with the reason, never silently passed. Missing
+  or unreadable adapter weights are an ERROR.
+- ``"sway"``: dlm-sway's gradient_ghost exactly: the step floor, all-NaN
+  second moments, then each layer's mean second moment against the calmest
+  layer's (``undertrained_layer_ratio``, ``layer_failure_frac``).
 
 A missing state file is a SKIP; an unreadable, hostile, tampered or foreign
-one is an ERROR result, never an exception. When the adapter's keys cannot
-be attributed to layers, the per-layer signal is simply absent.
+one is an ERROR result, never an exception.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from typing import Any
 
 from adapterprobe import _core
 from adapterprobe.errors import MissingFileError
-from adapterprobe.probes.options import ProbeOptions, Rule, option, with_overrides
+from adapterprobe.probes.options import ProbeOptions, Rule, option, resolve
 from adapterprobe.probes.result import ProbeResult, Verdict
 
 KIND = "gradient_ghost"
@@ -37,19 +42,43 @@ KIND = "gradient_ghost"
 
 @dataclass(frozen=True)
 class GhostOptions(ProbeOptions):
-    """Thresholds of :func:`gradient_ghost`."""
+    """Thresholds of :func:`gradient_ghost`; None takes the rule set's default."""
 
     min_steps_threshold: int = option(
-        50, Rule(int, low=1), "global_step below this: FAIL (severely undertrained)"
+        Rule(int, low=1),
+        "global_step below this: FAIL (a smoke test, severely undertrained)",
+        robust=20,
+        sway=50,
     )
+    # rules="sway"
     undertrained_layer_ratio: float = option(
-        2.0,
         Rule(float, low=1, low_open=True),
         "a layer's mean exp_avg_sq above this many times the calmest layer's is flagged",
+        sway=2.0,
     )
     layer_failure_frac: float = option(
-        0.3, Rule(float, low=0, high=1), "more than this share of layers flagged: FAIL"
+        Rule(float, low=0, high=1), "more than this share of layers flagged: FAIL", sway=0.3
     )
+    # rules="robust"
+    layer_outlier_ratio: float = option(
+        Rule(float, low=1, low_open=True),
+        "a layer whose exp_avg_sq is this many times the median of the same tensor "
+        "across layers: WARN",
+        robust=10.0,
+    )
+    min_layers_compared: int = option(
+        Rule(int, low=3), "fewer attributed layers than this: per-layer check not done", robust=3
+    )
+
+
+def mean(values: list[float]) -> float:
+    """The arithmetic mean (as ``statistics.fmean``), without overflowing when
+    the sum of finite values exceeds the float range."""
+    try:
+        return math.fsum(values) / len(values)
+    except OverflowError:
+        scale = max(abs(v) for v in values)
+        return math.fsum(v / scale for v in values) / len(values) * scale
 
 
 def _finite_or_none(x: float) -> float | None:
@@ -62,11 +91,17 @@ def judge_ghost(inputs: Any, options: GhostOptions, *, name: str = KIND) -> Prob
     def result(verdict: Verdict, message: str, **kw: Any) -> ProbeResult:
         return ProbeResult(name=name, kind=KIND, verdict=verdict, message=message, **kw)
 
-    state = inputs.state
-    if state is None:
+    if inputs.state is None:
         verdict = Verdict.SKIP if isinstance(inputs.error, MissingFileError) else Verdict.ERROR
         return result(verdict, str(inputs.error))
-    o = options
+    if options.rules == "sway":
+        return _judge_sway(inputs, options, result)
+    return _judge_robust(inputs, options, result)
+
+
+def _judge_sway(inputs: Any, o: GhostOptions, result: Any) -> ProbeResult:
+    """dlm-sway's ladder: step floor, all-NaN moments, layers vs the calmest one."""
+    state = inputs.state
 
     grouping = inputs.grouping
     num_layers = grouping.num_layers if grouping is not None else 0
@@ -110,7 +145,7 @@ def judge_ghost(inputs: Any, options: GhostOptions, *, name: str = KIND) -> Prob
             },
         )
 
-    global_mean = statistics.fmean(finite)
+    global_mean = mean(finite)
     layer_means: dict[int, float] = {}
     undertrained: list[int] = []
     baseline = 0.0
@@ -121,7 +156,7 @@ def judge_ghost(inputs: Any, options: GhostOptions, *, name: str = KIND) -> Prob
             layer = layer_of.get(p.param_id)
             if layer is not None and math.isfinite(p.exp_avg_sq_mean):
                 buckets[layer].append(p.exp_avg_sq_mean)
-        layer_means = {layer: statistics.fmean(v) for layer, v in buckets.items() if v}
+        layer_means = {layer: mean(v) for layer, v in buckets.items() if v}
         if layer_means:
             baseline = min(layer_means.values())
             if baseline > 0.0:
@@ -161,11 +196,14 @@ def judge_ghost(inputs: Any, options: GhostOptions, *, name: str = KIND) -> Prob
         score=score,
         raw=frac,
         evidence={
+            "rules": "sway",
             "global_step": state.global_step,
             "epoch": state.epoch,
             "num_params": len(per_param),
             "num_layers": num_layers,
             "params_per_layer": params_per_layer,
+            "layer_exp_avg_sq": {str(k): v for k, v in layer_means.items()},
+            "flagged_layers": undertrained,
             "global_mean_exp_avg_sq": global_mean,
             "frac_layers_undertrained": frac,
             "num_layers_undertrained": len(undertrained),
@@ -177,27 +215,193 @@ def judge_ghost(inputs: Any, options: GhostOptions, *, name: str = KIND) -> Prob
     )
 
 
+def _judge_robust(inputs: Any, o: GhostOptions, result: Any) -> ProbeResult:
+    """The robust rule set: see the module docstring."""
+    state = inputs.state
+    per_param = state.per_param
+    base = {
+        "rules": "robust",
+        "global_step": state.global_step,
+        "epoch": state.epoch,
+        "num_params": len(per_param),
+        "best_val_loss": _finite_or_none(state.best_val_loss),
+        "use_qlora": state.use_qlora,
+    }
+    if inputs.weights_error is not None:
+        return result(
+            Verdict.ERROR,
+            f"adapter_weights: cannot read the adapter beside the optimizer state: "
+            f"{inputs.weights_error}",
+            evidence=base,
+        )
+    if state.global_step < o.min_steps_threshold:
+        return result(
+            Verdict.FAIL,
+            f"too_few_steps: global_step={state.global_step} is below "
+            f"{o.min_steps_threshold}: a smoke-test-length run, not a trained adapter",
+            score=0.0,
+            raw=float(state.global_step),
+            evidence={**base, "min_steps_threshold": o.min_steps_threshold},
+        )
+    bad = [p.param_id for p in per_param if p.nonfinite or not math.isfinite(p.exp_avg_sq_mean)]
+    if bad:
+        return result(
+            Verdict.FAIL,
+            f"nonfinite_second_moments: exp_avg_sq of {len(bad)} of {len(per_param)} "
+            f"parameters holds NaN/inf (param ids {_ids_text(bad)}): NaN or inf gradients "
+            "reached the optimizer",
+            score=0.0,
+            evidence={**base, "nonfinite_param_ids": bad},
+        )
+    if per_param and all(p.exp_avg_sq_mean == 0.0 for p in per_param):
+        return result(
+            Verdict.FAIL,
+            f"no_gradients: every exp_avg_sq is exactly zero after {state.global_step} steps: "
+            "no gradient ever reached the optimizer, so the adapter never trained "
+            "(a dead adapter, e.g. lora_B frozen at its zero init)",
+            score=0.0,
+            evidence=base,
+        )
+
+    checked = ["global_step", "finite second moments", "gradients reached the optimizer"]
+    not_checked: dict[str, str] = {}
+    findings: list[tuple[Verdict, str, str]] = []
+    layer_values: dict[str, float] = {}
+    outliers: list[dict[str, Any]] = []
+    attribution = inputs.attribution
+    if attribution is None:
+        not_checked["per_layer"] = (
+            f"optimizer ids cannot be attributed to layers exactly: {inputs.attribution_error}"
+        )
+    elif len(attribution.layer_indices) < o.min_layers_compared:
+        not_checked["per_layer"] = (
+            f"only {len(attribution.layer_indices)} layer(s); a layer is compared with the "
+            f"median of its peers, which needs at least {o.min_layers_compared}"
+        )
+    else:
+        checked.append("per-layer second moments")
+        outliers, dead, layer_values = _layer_comparison(per_param, attribution, o)
+        if outliers:
+            parts = [
+                f"layer {x['layer']} {x['tensor']} {x['ratio']:.3g}x"
+                for x in sorted(outliers, key=lambda x: -x["ratio"])[:6]
+            ]
+            layers = sorted({x["layer"] for x in outliers})
+            findings.append(
+                (
+                    Verdict.WARN,
+                    "layer_outliers",
+                    f"{len(layers)} of {len(attribution.layer_indices)} layers have a tensor whose "
+                    f"exp_avg_sq is more than {o.layer_outlier_ratio:g}x the median of the same "
+                    f"tensor across layers: " + "; ".join(parts),
+                )
+            )
+        if dead:
+            parts = [f"layer {x['layer']} {x['tensor']}" for x in dead[:6]]
+            findings.append(
+                (
+                    Verdict.WARN,
+                    "dead_tensors",
+                    f"{len(dead)} tensors got no gradient (exp_avg_sq exactly zero) while the "
+                    f"same tensor in other layers did: " + "; ".join(parts),
+                )
+            )
+    evidence = {
+        **base,
+        "checked": checked,
+        "not_checked": not_checked,
+        "findings": [{"rule": r, "verdict": v.value, "message": t} for v, r, t in findings],
+        "num_layers": 0 if attribution is None else len(attribution.layer_indices),
+        "layer_exp_avg_sq": layer_values,
+        "flagged_layers": sorted({x["layer"] for x in outliers}),
+        "outliers": outliers,
+        "thresholds": o.to_dict(),
+    }
+    unchecked = "".join(
+        f"; {k.replace('_', '-')} check not done: {v}" for k, v in not_checked.items()
+    )
+    if findings:
+        worst = max((v for v, _, _ in findings), key=lambda v: v.severity)
+        message = "; ".join(f"{rule}: {text}" for _, rule, text in findings)
+        return result(worst, message + unchecked, score=0.5, evidence=evidence)
+    done = (
+        f"; per-layer check: {len(attribution.params)} tensors in "
+        f"{len(attribution.layer_indices)} layers, none above {o.layer_outlier_ratio:g}x "
+        "the median of its peers"
+        if "per_layer" not in not_checked and attribution is not None
+        else ""
+    )
+    return result(
+        Verdict.PASS,
+        f"global_step={state.global_step}; second moments finite and non-zero{done}{unchecked}",
+        score=0.9 if not not_checked else 0.8,
+        evidence=evidence,
+    )
+
+
+def _ids_text(ids: list[int], limit: int = 8) -> str:
+    shown = ", ".join(str(i) for i in ids[:limit])
+    return shown + (f" and {len(ids) - limit} more" if len(ids) > limit else "")
+
+
+def _layer_comparison(
+    per_param: list[Any], attribution: Any, o: GhostOptions
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, float]]:
+    """Each tensor against the median of the same tensor (slot) across layers.
+
+    Returns the outliers, the tensors with no gradient where their peers had
+    one, and per layer the median of its tensors' ratios to their slot
+    medians (1.0 is a typical layer), for plots.
+    """
+    value = {p.param_id: p.exp_avg_sq_mean for p in per_param}
+    by_slot: dict[int, list[tuple[int, float]]] = {}
+    for ps in attribution.params:
+        by_slot.setdefault(ps.slot, []).append((ps.layer, value[ps.param_id]))
+    outliers, dead = [], []
+    ratios: dict[int, list[float]] = {}
+    for slot, entries in sorted(by_slot.items()):
+        tensor = attribution.slot_names[slot] or f"slot {slot}"
+        median = statistics.median(v for _, v in entries)
+        for layer, v in entries:
+            if v == 0.0 and median > 0.0:
+                dead.append({"layer": layer, "slot": slot, "tensor": tensor})
+            if median > 0.0:
+                ratio = v / median
+                ratios.setdefault(layer, []).append(ratio)
+                if ratio > o.layer_outlier_ratio:
+                    outliers.append(
+                        {"layer": layer, "slot": slot, "tensor": tensor, "ratio": ratio}
+                    )
+    per_layer = {str(layer): statistics.median(r) for layer, r in sorted(ratios.items())}
+    return outliers, dead, per_layer
+
+
 def gradient_ghost(
     adapter_path: str | Path,
     *,
+    rules: str | None = None,
     min_steps_threshold: int | None = None,
     undertrained_layer_ratio: float | None = None,
     layer_failure_frac: float | None = None,
+    layer_outlier_ratio: float | None = None,
+    min_layers_compared: int | None = None,
     options: GhostOptions | None = None,
     name: str = KIND,
 ) -> ProbeResult:
     """Judge the optimizer state of one adapter version dir (or its ``.pt`` file).
 
-    Thresholds left as None take their :class:`GhostOptions` default
-    (``options`` when given, else min_steps_threshold=50,
-    undertrained_layer_ratio=2.0, layer_failure_frac=0.3). Raises UsageError
-    only for invalid options.
+    ``rules``: ``"robust"`` (default) or ``"sway"`` (see the module doc).
+    Thresholds left as None take the rule set's default (see
+    :class:`GhostOptions`); ``options`` passes a whole :class:`GhostOptions`.
+    Raises UsageError only for invalid options.
     """
     given = {
         "min_steps_threshold": min_steps_threshold,
         "undertrained_layer_ratio": undertrained_layer_ratio,
         "layer_failure_frac": layer_failure_frac,
+        "layer_outlier_ratio": layer_outlier_ratio,
+        "min_layers_compared": min_layers_compared,
     }
-    resolved = with_overrides(options or GhostOptions(), given)
+    resolved = resolve(GhostOptions, options, rules, given)
     inputs = _core.ghost_input(Path(adapter_path).expanduser())
     return judge_ghost(inputs, resolved, name=name)

@@ -58,24 +58,60 @@ class Rule:
         return converted
 
 
-def option(default: Any, rule: Rule, help: str) -> Any:
-    """A dataclass field with its default, its rule and a one-line explanation."""
-    return dataclasses.field(default=default, metadata={"rule": rule, "help": help})
+#: The verdict rule sets. "robust" (the default) is built to be gated on in
+#: CI; "sway" reproduces dlm-sway's probes exactly.
+RULE_SETS = ("robust", "sway")
+
+
+def option(rule: Rule, help: str, **defaults: Any) -> Any:
+    """A dataclass field with its rule, a one-line explanation and its default
+    under each rule set that uses it (``robust=..., sway=...``). A rule set
+    without a default does not use the option."""
+    return dataclasses.field(
+        default=None, metadata={"rule": rule, "help": help, "defaults": defaults}
+    )
 
 
 @dataclass(frozen=True)
 class ProbeOptions:
-    """Base of the per-probe options classes."""
+    """Base of the per-probe options classes: ``rules`` picks the rule set,
+    and every option left as None takes that rule set's default."""
+
+    rules: str = "robust"
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            rule = f.metadata.get("rule")
-            if rule is not None:
-                object.__setattr__(self, f.name, rule.check(f.name, getattr(self, f.name)))
+        if self.rules not in RULE_SETS:
+            raise UsageError(
+                f"rules must be one of {', '.join(map(repr, RULE_SETS))}, got {self.rules!r}",
+                option="rules",
+            )
+        for f in self._option_fields():
+            defaults = f.metadata["defaults"]
+            value = getattr(self, f.name)
+            if self.rules not in defaults:
+                if value is not None:
+                    users = " or ".join(f"rules={r!r}" for r in defaults)
+                    raise UsageError(
+                        f"{f.name} applies only to {users}, not rules={self.rules!r}",
+                        option=f.name,
+                    )
+                continue
+            if value is None:
+                value = defaults[self.rules]
+            object.__setattr__(self, f.name, f.metadata["rule"].check(f.name, value))
+
+    @classmethod
+    def _option_fields(cls) -> list[dataclasses.Field[Any]]:
+        return [f for f in dataclasses.fields(cls) if "rule" in f.metadata]
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def names_for(cls, rules: str) -> tuple[str, ...]:
+        """The options the rule set ``rules`` uses."""
+        return tuple(f.name for f in cls._option_fields() if rules in f.metadata["defaults"])
 
     @classmethod
     def from_mapping(cls: type[_O], values: Mapping[str, Any] | None = None) -> _O:
@@ -95,18 +131,29 @@ class ProbeOptions:
         return cls.from_mapping({k: v for k, v in given.items() if v is not None})
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        """``rules`` and the options it uses, with their values."""
+        out: dict[str, Any] = {"rules": self.rules}
+        out.update({name: getattr(self, name) for name in self.names_for(self.rules)})
+        return out
 
     def describe(self) -> dict[str, str]:
         """Each option's rule and help text, e.g. for ``--help`` or a report."""
         return {
             f.name: f"{f.metadata['help']} ({f.metadata['rule'].describe()})"
-            for f in dataclasses.fields(self)
-            if "rule" in f.metadata
+            for f in self._option_fields()
+            if self.rules in f.metadata["defaults"]
         }
 
 
-def with_overrides(options: _O, given: Mapping[str, Any]) -> _O:
-    """``options`` with the non-None values of ``given`` replacing its fields (validated)."""
+def resolve(cls: type[_O], options: _O | None, rules: str | None, given: Mapping[str, Any]) -> _O:
+    """The options a probe call runs with: ``options`` (or the defaults of
+    ``rules``, robust when None) with the non-None ``given`` values on top."""
+    if options is not None and not isinstance(options, cls):
+        raise UsageError(f"options must be a {cls.__name__}, got {type(options).__name__}")
+    if options is not None and rules is not None and rules != options.rules:
+        raise UsageError(
+            f"rules={rules!r} disagrees with the options given (rules={options.rules!r})"
+        )
+    base = options if options is not None else cls(rules=rules or "robust")
     changes = {k: v for k, v in given.items() if v is not None}
-    return dataclasses.replace(options, **changes) if changes else options
+    return dataclasses.replace(base, **changes) if changes else base
