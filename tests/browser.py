@@ -157,11 +157,13 @@ class Browser:
 
     # -- protocol -----------------------------------------------------------
 
-    def _read(self, deadline: float) -> dict[str, Any]:
+    def _read(self, deadline: float, waiting_for: str = "") -> dict[str, Any]:
         while b"\0" not in self._buf:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise BrowserError(f"no answer from the browser in time{self._stderr_tail()}")
+                raise BrowserError(
+                    f"timed out waiting for {waiting_for or 'the browser'}{self._stderr_tail()}"
+                )
             ready, _, _ = select.select([self._in], [], [], left)
             if ready:
                 chunk = os.read(self._in, 1 << 20)
@@ -195,7 +197,7 @@ class Browser:
         deadline = min(math.inf if deadline is None else deadline, time.monotonic() + timeout)
         msg_id = self.send(method, params, session)
         while True:
-            msg = self._read(deadline)
+            msg = self._read(deadline, method)
             if msg.get("id") == msg_id:
                 if "error" in msg:
                     raise BrowserError(f"{method}: {msg['error']}")
@@ -208,7 +210,7 @@ class Browser:
             if msg["method"] == method and msg.get("sessionId") == session:
                 return self._events.pop(i)
         while True:
-            msg = self._read(deadline)
+            msg = self._read(deadline, method)
             if msg.get("method") == method and msg.get("sessionId") == session:
                 return msg
             if "method" in msg:
@@ -233,6 +235,8 @@ class Browser:
         screenshot: bool = True,
         full_page: bool = False,
         max_height: int = 6000,
+        scroll_to: str | None = None,
+        javascript: bool = True,
         evaluate: dict[str, str] | None = None,
         timeout: float = 60.0,
     ) -> PageResult:
@@ -241,8 +245,10 @@ class Browser:
         Collects console messages, uncaught exceptions, browser log errors and
         dialogs from before the first byte until the end; then evaluates each
         JS expression in `evaluate` (promises are awaited, results must be
-        JSON) and takes a PNG screenshot (the viewport, or the whole page up to
-        `max_height` px). Raises BrowserError past `timeout` seconds.
+        JSON) and takes a PNG screenshot: the viewport, the whole page up to
+        `max_height` px, or one viewport's height from the top of the element
+        matching the CSS selector `scroll_to`. Raises BrowserError past `timeout`
+        seconds.
         """
         deadline = time.monotonic() + timeout
         url = str(page)
@@ -264,6 +270,13 @@ class Browser:
                 session=sid,
                 deadline=deadline,
             )
+            if not javascript:  # the page's own scripts; `evaluate` still works
+                self.call(
+                    "Emulation.setScriptExecutionDisabled",
+                    {"value": True},
+                    session=sid,
+                    deadline=deadline,
+                )
             self._events = [e for e in self._events if e.get("sessionId") != sid]
             start = time.monotonic()
             nav = self.call("Page.navigate", {"url": url}, session=sid, deadline=deadline)
@@ -271,19 +284,25 @@ class Browser:
                 raise BrowserError(f"could not open {url}: {nav['errorText']}")
             self._wait_event("Page.loadEventFired", sid, deadline)
             result.load_ms = (time.monotonic() - start) * 1000
-            # Two animation frames: the page has painted what it will paint.
-            self._eval(
-                sid,
-                "new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))",
-                deadline,
-            )
+            if javascript:  # two animation frames: the page has painted what it will
+                self._eval(sid, _PAINTED_JS, deadline)
             timing = self._eval(sid, _TIMING_JS, deadline)
             result.timing = {k: float(v) for k, v in (timing or {}).items()}
             for name, expression in (evaluate or {}).items():
                 result.values[name] = self._eval(sid, expression, deadline)
             if screenshot:
                 params: dict[str, Any] = {"format": "png"}
-                if full_page:
+                if scroll_to:
+                    top = self._eval(sid, _TOP_JS % json.dumps(scroll_to), deadline)
+                    params["clip"] = {
+                        "x": 0,
+                        "y": top,
+                        "width": width,
+                        "height": height,
+                        "scale": 1,
+                    }
+                    params["captureBeyondViewport"] = True
+                elif full_page:
                     metrics = self.call("Page.getLayoutMetrics", session=sid, deadline=deadline)
                     size = metrics.get("cssContentSize") or metrics["contentSize"]
                     params["clip"] = {
@@ -367,6 +386,10 @@ class Browser:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+
+_PAINTED_JS = "new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))"
+
+_TOP_JS = "(e => e.getBoundingClientRect().top + window.scrollY)(document.querySelector(%s))"
 
 _TIMING_JS = """(() => {
   const n = performance.getEntriesByType("navigation")[0];
@@ -497,6 +520,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--height", type=int, default=900)
     parser.add_argument("--screenshot", help="write a PNG here")
     parser.add_argument("--full-page", action="store_true")
+    parser.add_argument("--scroll-to", help="screenshot from the element this CSS selector finds")
     parser.add_argument("--timeout", type=float, default=120)
     args = parser.parse_args(argv)
     size = os.path.getsize(args.page) if os.path.exists(args.page) else 0
@@ -507,6 +531,7 @@ def main(argv: list[str] | None = None) -> int:
             height=args.height,
             screenshot=bool(args.screenshot),
             full_page=args.full_page,
+            scroll_to=args.scroll_to,
             timeout=args.timeout,
         )
         print(f"browser: {browser.version}")

@@ -642,6 +642,25 @@ def test_demo_page_in_a_browser(chromium, demo, demo_page, tmp_path, shots):
             assert browser.near(colours, COLOURS[verdict]) > 50, f"no {verdict} colour in {shot}"
 
 
+def test_content_works_without_javascript(chromium, demo, tmp_path):
+    page = write_html(tmp_path / "demo.html", demo, generated_at=WHEN)
+    res = chromium.load(
+        page,
+        javascript=False,
+        screenshot=False,
+        evaluate={
+            "filter_hidden": "document.getElementById('filter').hidden",
+            "stores": "document.querySelectorAll('[data-store]').length",
+            "curves": "[...document.querySelectorAll('svg.curve')]"
+            ".filter(el => el.getBoundingClientRect().width > 300).length",
+        },
+    )
+    assert res.errors == []
+    assert res.values["filter_hidden"]  # no dead controls without JS
+    assert res.values["stores"] == len(by_store(demo))
+    assert res.values["curves"] >= 1  # the problem store's curve is drawn and visible
+
+
 def test_filter_and_paging_work_in_a_browser(chromium, demo, tmp_path):
     page = write_html(tmp_path / "demo.html", demo, generated_at=WHEN)
     only_fail = """(() => {

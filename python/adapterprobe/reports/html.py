@@ -215,7 +215,7 @@ def _badge(verdict: str, label: str | None = None) -> str:
 
 
 def _count_text(counts: Mapping[str, int]) -> str:
-    return " · ".join(f"{n} {v}" for v, n in counts.items() if n)
+    return " · ".join(f"{n:,} {v}" for v, n in counts.items() if n)
 
 
 def _facts(evidence: Mapping[str, Any], limit: int = 8) -> str:
@@ -815,12 +815,12 @@ def _summary(stores: list[_Store], settings: Mapping[str, Any] | None, when: str
         zero = " zero" if not counts[v] else ""
         in_stores = store_counts[v]
         cards.append(
-            f'<li class="count v-{v}{zero}"><span class="n">{counts[v]}</span>'
-            f'<span class="lab">{v}</span><span class="sub">in {in_stores} '
+            f'<li class="count v-{v}{zero}"><span class="n">{counts[v]:,}</span>'
+            f'<span class="lab">{v}</span><span class="sub">in {in_stores:,} '
             f"store{'s' if in_stores != 1 else ''}</span></li>"
         )
     ratio_bar = "".join(
-        f'<span class="v-{v}" style="flex:{counts[v]}" title="{counts[v]} {v}"></span>'
+        f'<span class="v-{v}" style="flex:{counts[v]}" title="{counts[v]:,} {v}"></span>'
         for v in VERDICTS
         if counts[v]
     )
@@ -833,7 +833,7 @@ def _summary(stores: list[_Store], settings: Mapping[str, Any] | None, when: str
     )
     return (
         '<section id="summary" aria-labelledby="summary-h"><h2 id="summary-h">Summary</h2>'
-        f'<p class="meta">{total} records from {len(stores)} stores'
+        f'<p class="meta">{total:,} records from {len(stores):,} stores'
         f" (by worst verdict: {_esc(_count_text(worst_counts)) or 'none'}) · generated {when}</p>"
         f'<ul class="counts" aria-label="records per verdict, worst first">{"".join(cards)}</ul>'
         f'<div class="ratio" aria-hidden="true">{ratio_bar}</div>'
@@ -870,8 +870,9 @@ text-transform:uppercase;white-space:nowrap;vertical-align:1px}
 .counts{display:flex;flex-wrap:wrap;gap:10px;list-style:none;padding:0;margin:12px 0}
 .count{flex:1 1 120px;background:var(--card);border:1px solid var(--line);
 border-top:6px solid var(--c);border-radius:6px;padding:6px 12px;display:grid;
-grid-template-columns:auto 1fr;column-gap:10px;align-items:baseline}
-.count .n{grid-row:span 2}
+grid-template-columns:auto 1fr;grid-template-areas:"n lab" "sub sub";column-gap:8px;
+align-items:baseline}
+.count .n{grid-area:n}.count .lab{grid-area:lab}.count .sub{grid-area:sub}
 .count .n{font-size:1.9rem;font-weight:700;color:var(--c);line-height:1.1}
 .count .lab{font-weight:700;text-transform:uppercase;font-size:.8rem;letter-spacing:.05em}
 .count .sub{color:var(--muted);font-size:.8rem}
@@ -957,13 +958,18 @@ overflow-wrap:anywhere;border-left:5px solid var(--c)}
 .probe{font-family:ui-monospace,"DejaVu Sans Mono",monospace;font-size:.76rem;color:var(--muted)}
 .more{margin-top:8px}.more>summary{font-weight:600}
 .pager{display:flex;gap:10px;align-items:center;margin:6px 0;font-size:.85rem}
-.pager button{font:inherit;padding:2px 10px}
+.pager button{font:inherit;padding:3px 12px;border:1px solid #9aa5b1;border-radius:5px;
+background:var(--card);color:var(--ink);cursor:pointer}
+.pager button:disabled{color:#9aa5b1;cursor:default}
 .filtered,.off-page{display:none!important}
 .sr{position:absolute;width:1px;height:1px;overflow:hidden;clip:rect(0 0 0 0);white-space:nowrap}
 footer{color:var(--muted);font-size:.8rem;text-align:center;padding:10px}
 @media (max-width:640px){
 header.top{padding:14px}main{padding:8px 10px 30px}
-.count{flex-basis:70px;padding:6px 8px}.count .n{font-size:1.4rem}.count .sub{display:none}
+.counts{display:grid;grid-template-columns:repeat(5,1fr);gap:6px}
+.count{padding:4px 6px;display:flex;flex-direction:column;min-width:0}
+.count .n{font-size:1.1rem;overflow-wrap:anywhere}.count .lab{font-size:.68rem;letter-spacing:0}
+.count .sub{display:none}
 .card{padding:10px}
 .reasons thead{position:absolute;width:1px;height:1px;overflow:hidden;clip:rect(0 0 0 0)}
 .reasons tr{display:grid;grid-template-columns:auto 1fr auto;gap:2px 8px;
@@ -975,7 +981,8 @@ grid-template-areas:"v p s" "a a a" "m m m";border-bottom:1px solid var(--line);
 .plot,.plot.wide{flex-basis:100%;max-width:none}
 .compact thead{position:absolute;width:1px;height:1px;overflow:hidden;clip:rect(0 0 0 0)}
 .compact tr{display:grid;grid-template-columns:1fr auto}
-.compact td{border:0}.compact tr{border-top:1px solid var(--line)}
+.compact td{border:0}.compact tr{border-top:1px solid var(--line);border-left:5px solid var(--c)}
+.compact .c-n{border-left:0}
 .compact .c-m{grid-column:1/-1;padding-top:0}
 }
 """
@@ -1034,7 +1041,8 @@ JS = """
       el.classList.toggle("filtered", !ok);
       if (el.hasAttribute("data-store")) { total++; if (ok) shown++; }
     }
-    status.textContent = "Showing " + shown + " of " + total + " stores.";
+    status.textContent = "Showing " + shown.toLocaleString("en") + " of " +
+      total.toLocaleString("en") + " stores.";
     for (i = 0; i < pagers.length; i++) pagers[i](0);
   }
   var tables = document.querySelectorAll("table.paged");
@@ -1098,7 +1106,7 @@ def render_html(
     body: list[str] = [_summary(stores, settings, when)]
     body.append(
         '<section id="problems" aria-labelledby="problems-h">'
-        f'<h2 id="problems-h">Stores needing attention ({len(problems)})</h2>'
+        f'<h2 id="problems-h">Stores needing attention ({len(problems):,})</h2>'
     )
     if not problems:
         body.append('<p class="note">None: every record passed or was skipped.</p>')
@@ -1106,22 +1114,22 @@ def render_html(
     if overflow:
         body.append(
             f'<p class="note">Plots are drawn for the worst {len(detailed)} stores only; '
-            f"{len(overflow)} more are listed below, worst first.</p>"
+            f"{len(overflow):,} more are listed below, worst first.</p>"
         )
-        body.append(_compact_table(overflow, f"{len(overflow)} more stores needing attention"))
+        body.append(_compact_table(overflow, f"{len(overflow):,} more stores needing attention"))
     body.append("</section>")
 
     body.append(
         '<section id="healthy" aria-labelledby="healthy-h">'
-        f'<h2 id="healthy-h">Healthy stores ({len(healthy)})</h2>'
+        f'<h2 id="healthy-h">Healthy stores ({len(healthy):,})</h2>'
     )
     if healthy:
-        body.append('<p class="note">Every record passed or was skipped. Open one to see it.</p>')
+        body.append('<p class="note">Every record of these stores passed or was skipped.</p>')
     else:
         body.append('<p class="note">None.</p>')
     body.extend(_store_fold(s, ratio) for s in folded)
     if rest:
-        caption = f"{len(rest)} {'more ' if folded else ''}healthy stores"
+        caption = f"{len(rest):,} {'more ' if folded else ''}healthy stores"
         body.append(
             f'<details class="more"><summary>{_esc(caption)} (table, no plots)</summary>'
             f"{_compact_table(rest, caption)}</details>"
@@ -1140,7 +1148,7 @@ def render_html(
         '<meta name="generator" content="adapterprobe">'
         f"<title>{_esc(title)}</title><style>{CSS}</style></head>\n"
         f'<body><header class="top"><h1>{_esc(title)}</h1>'
-        f"<p>adapterprobe scan · {len(stores)} stores{root}</p></header>\n"
+        f"<p>adapterprobe scan · {len(stores):,} stores{root}</p></header>\n"
         f"<main>{''.join(body)}</main>\n"
         f"<footer>Generated {when} by adapterprobe. Works offline; "
         "the filter needs JavaScript.</footer>"
