@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import copy
+import json
 import math
 import os
 import re
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -497,6 +500,32 @@ def test_same_input_same_page(demo):
     again = render_html(copy.deepcopy(demo), settings=copy.deepcopy(SETTINGS), generated_at=WHEN)
     assert first == again
     assert render_html(demo, generated_at=WHEN) != render_html(demo, generated_at="another time")
+
+
+def test_same_page_in_another_process(demo, demo_page, tmp_path):
+    """Set or dict-order leaks would differ between interpreters with other hash seeds."""
+    source = tmp_path / "records.json"
+    source.write_text(json.dumps(demo))
+    script = (
+        "import json, sys\n"
+        "from datetime import datetime, timezone\n"
+        "from adapterprobe.reports.html import render_html\n"
+        "records = json.load(open(sys.argv[1]))\n"
+        "settings = json.loads(sys.argv[2])\n"
+        "when = datetime(2025, 1, 2, 3, 4, 5, tzinfo=timezone.utc)\n"
+        "sys.stdout.write(render_html(records, settings=settings, generated_at=when))\n"
+    )
+    for seed in ("0", "3", "5"):  # these seeds order small string sets differently
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run(
+            [sys.executable, "-c", script, str(source), json.dumps(SETTINGS)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        ).stdout
+        assert out == demo_page
 
 
 def test_plot_limit_turns_the_rest_into_rows(demo):
