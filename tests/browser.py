@@ -58,6 +58,10 @@ class BrowserError(RuntimeError):
     """The browser could not be started, answered an error, or overran its time."""
 
 
+class BrowserTimeout(BrowserError):
+    """The browser did not answer in time; its process group has been killed."""
+
+
 class BrowserMissing(BrowserError):
     """No Chromium on this machine."""
 
@@ -161,7 +165,7 @@ class Browser:
         while b"\0" not in self._buf:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise BrowserError(
+                raise BrowserTimeout(
                     f"timed out waiting for {waiting_for or 'the browser'}{self._stderr_tail()}"
                 )
             ready, _, _ = select.select([self._in], [], [], left)
@@ -226,7 +230,21 @@ class Browser:
 
     # -- pages --------------------------------------------------------------
 
-    def load(
+    def load(self, page: str | os.PathLike[str], **kw: Any) -> PageResult:
+        """Open `page` in a new tab and report on it (see `_load` for the options).
+
+        A page or browser that overruns its time is not left running: the
+        whole browser process group is killed and BrowserTimeout raised.
+        """
+        if self._closed:
+            raise BrowserError("this browser has been closed")
+        try:
+            return self._load(page, **kw)
+        except BrowserTimeout:
+            self.close()
+            raise
+
+    def _load(
         self,
         page: str | os.PathLike[str],
         *,
@@ -318,7 +336,7 @@ class Browser:
             self._collect(sid, result, deadline)
         finally:
             with contextlib.suppress(BrowserError):
-                self.call("Target.closeTarget", {"targetId": target_id}, timeout=10)
+                self.call("Target.closeTarget", {"targetId": target_id}, timeout=5)
         return result
 
     def _eval(self, sid: str, expression: str, deadline: float) -> Any:
@@ -374,6 +392,13 @@ class Browser:
             os.killpg(self.pid, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.pid, 0)
+        end = time.monotonic() + 5  # helpers of the group die a moment after the leader
+        while time.monotonic() < end:
+            try:
+                os.killpg(self.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                break
+            time.sleep(0.05)
         for fd in (self._out, self._in):
             with contextlib.suppress(OSError):
                 os.close(fd)

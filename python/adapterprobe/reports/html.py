@@ -240,8 +240,21 @@ def _facts(evidence: Mapping[str, Any], limit: int = 8) -> str:
 
 
 def _step_list(steps: list[float], limit: int = 10) -> str:
-    shown = ", ".join(_num(s) for s in steps[:limit])
-    return shown + (f" and {len(steps) - limit} more" if len(steps) > limit else "")
+    """Sorted steps as short text: runs of 3 or more become ranges ("411–416")."""
+    runs: list[list[float]] = []
+    for s in steps:
+        if runs and s - runs[-1][-1] == 1:
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    parts: list[str] = []
+    for run in runs:
+        if len(run) >= 3:
+            parts.append(f"{_num(run[0])}–{_num(run[-1])}")
+        else:
+            parts.extend(_num(s) for s in run)
+    shown = ", ".join(parts[:limit])
+    return shown + (f" and {len(parts) - limit} more" if len(parts) > limit else "")
 
 
 def _ints(value: Any) -> list[float]:
@@ -921,7 +934,8 @@ padding:6px;background:#fcfdfe}
 .chart{display:block;width:100%;height:auto}
 .chart text{font:11px system-ui,"DejaVu Sans",sans-serif;fill:#4a5561}
 .chart .yt{text-anchor:end}.chart .xt,.chart .xl{text-anchor:middle}
-.chart .yl{text-anchor:middle}.chart .lt{text-anchor:end;fill:var(--fail)}
+.chart .yl{text-anchor:middle}
+.chart .lt{text-anchor:end;fill:var(--fail);paint-order:stroke;stroke:#fff;stroke-width:3px}
 .chart .axis{fill:none;stroke:#8a949e}.chart .grid{fill:none;stroke:#e7ebef}
 .chart .loss{fill:none;stroke:var(--loss);stroke-width:1.8;stroke-linejoin:round;
 stroke-linecap:round}
