@@ -583,6 +583,30 @@ def test_plot_limit_turns_the_rest_into_rows(demo):
     assert len({el.attrs["id"] for el in dom.all if "data-store" in el.attrs}) == 40
 
 
+def test_a_store_with_many_versions_stays_bounded():
+    records = [
+        {
+            "store": "/s/many",
+            "adapter": f"/s/many/adapter/versions/v{k:04d}",
+            "probe": "gradient_ghost",
+            "verdict": "warn" if k == 777 else "pass",
+            "message": f"version {k}",
+            "evidence": {"layer_exp_avg_sq": {str(n): 1.0 + n for n in range(16)}},
+        }
+        for k in range(1000)
+    ]
+    page = render_html(records, generated_at=WHEN)
+    dom = Dom(page)
+    assert len(page) < 200_000
+    assert "version 777" in page  # the warn comes first, so it is listed
+    assert len(dom.find("svg", cls="bars")) == report.MAX_FIGURES
+    assert (
+        f"and {1000 - report.MAX_ROWS} more records, not listed: {1000 - report.MAX_ROWS} pass"
+        in page
+    )
+    assert f"{1000 - report.MAX_FIGURES} more adapter charts are not drawn" in page
+
+
 def test_write_html_is_atomic(demo, tmp_path, monkeypatch):
     target = tmp_path / "report.html"
     target.write_text("old")

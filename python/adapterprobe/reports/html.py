@@ -37,6 +37,8 @@ MAX_POINTS = 300  # points per drawn curve
 MAX_BARS = 128  # bars per chart (more layers are bucketed)
 MAX_MARKS = 120  # spike markers / non-finite bands per chart
 PAGE_ROWS = 100  # rows per page of a compact table (JS paging)
+MAX_ROWS = 40  # verdict rows shown per detailed store (--all-versions can make many)
+MAX_FIGURES = 12  # charts per detailed store
 MESSAGE_CHARS = 4000  # a detailed message is clipped here
 ROW_MESSAGE_CHARS = 240  # a compact row's message is clipped here
 LOG_RATIO = 30.0  # a positive curve spanning this factor is drawn on a log axis
@@ -673,10 +675,13 @@ def _weights_chart(rec: _Rec, uid: str) -> str:
     return "".join(out)
 
 
-def _adapter_figures(store: _Store, ratio: float) -> list[str]:
-    figures = []
+def _adapter_figures(store: _Store, ratio: float, room: int) -> tuple[list[str], int]:
+    """Charts of the per-adapter records, worst first, at most `room` of them;
+    also how many more there were."""
+    figures: list[str] = []
+    skipped = 0
     per_adapter = [r for r in store.records if r.adapter is not None]
-    per_adapter.sort(key=lambda r: (_natural(_adapter_name(r)), r.probe))
+    per_adapter.sort(key=lambda r: (-r.severity, _natural(_adapter_name(r)), r.probe))
     for j, rec in enumerate(per_adapter):
         uid = f"s{store.index}-a{j}"
         if rec.probe == "gradient_ghost":
@@ -687,13 +692,16 @@ def _adapter_figures(store: _Store, ratio: float) -> list[str]:
             body = ""
         if not body:
             continue
+        if len(figures) >= room:
+            skipped += 1
+            continue
         step = _finite(rec.evidence.get("global_step"))
         extra = f" · global_step {_num(step)}" if step is not None else ""
         figures.append(
             f'<figure class="plot">{body}<figcaption>{_badge(rec.verdict, rec.label)} '
             f"<b>{_esc(rec.probe)}</b> · {_esc(_adapter_name(rec))}{extra}</figcaption></figure>"
         )
-    return figures
+    return figures, skipped
 
 
 # ---------------------------------------------------------------------------
@@ -702,7 +710,7 @@ def _adapter_figures(store: _Store, ratio: float) -> list[str]:
 
 def _reasons(store: _Store) -> str:
     rows = []
-    for r in store.records:
+    for r in store.records[:MAX_ROWS]:
         score = "—" if r.score is None else f"{r.score:.2f}"
         rows.append(
             f'<tr data-v="{r.verdict}"><td class="c-v">{_badge(r.verdict, r.label)}</td>'
@@ -711,6 +719,16 @@ def _reasons(store: _Store) -> str:
             f'<td class="c-s">{score}</td><td class="c-m">'
             f"{_esc(_clip(r.message, MESSAGE_CHARS)) or '<i>no message</i>'}"
             f"{_facts(r.evidence)}</td></tr>"
+        )
+    rest = store.records[MAX_ROWS:]
+    if rest:
+        counts = dict.fromkeys(VERDICTS, 0)
+        for r in rest:
+            counts[r.verdict] += 1
+        present = " ".join(v for v in VERDICTS if counts[v])
+        rows.append(
+            f'<tr data-v="{present}"><td class="c-more" colspan="5">and {len(rest):,} more '
+            f"records, not listed: {_esc(_count_text(counts))}</td></tr>"
         )
     return (
         f'<table class="reasons"><caption class="sr">Verdicts for {_esc(store.name)}</caption>'
@@ -734,13 +752,17 @@ def _store_body(store: _Store, ratio: float, plots: bool) -> str:
     parts = [f'<p class="path">{_esc(store.path)}</p>', _reasons(store)]
     if plots:
         figures = []
-        for j, rec in enumerate(r for r in store.records if r.probe == "training_drift"):
+        drift = [r for r in store.records if r.probe == "training_drift"]
+        for j, rec in enumerate(drift[:MAX_FIGURES]):
             fig = _loss_figure(rec, f"s{store.index}-c{j}", store.name)
             if fig:
                 figures.append(fig)
-        figures += _adapter_figures(store, ratio)
+        more, skipped = _adapter_figures(store, ratio, MAX_FIGURES - len(figures))
+        figures += more
         if figures:
             parts.append(f'<div class="plots">{"".join(figures)}</div>')
+        if skipped:
+            parts.append(f'<p class="note">{skipped:,} more adapter charts are not drawn.</p>')
     return "".join(parts)
 
 
@@ -923,6 +945,7 @@ border-bottom:1px solid var(--line);padding:2px 6px}
 .c-p,.c-a{white-space:nowrap;font-family:ui-monospace,"DejaVu Sans Mono",monospace;font-size:.8rem}
 .c-s{text-align:right;font-variant-numeric:tabular-nums}
 .c-m{overflow-wrap:anywhere}
+.c-more{color:var(--muted);font-style:italic;grid-column:1/-1}
 .facts{display:flex;flex-wrap:wrap;gap:2px 12px;font-size:.76rem;color:var(--muted);margin-top:2px}
 .facts b{color:var(--ink);font-weight:600}
 .plots{display:flex;flex-wrap:wrap;gap:12px;margin-top:10px;align-items:flex-start}
