@@ -18,4 +18,5 @@ pub mod metrics;
 pub mod pickle;
 pub mod safetensors_header;
 pub mod scan;
+pub mod tensor_data;
 pub mod torch_state;
