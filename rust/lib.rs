@@ -4,6 +4,7 @@
 //! only with the `python` feature) is the one thin layer that converts
 //! types and errors for Python.
 
+pub mod adapter_config;
 pub mod error;
 
 #[cfg(feature = "python")]
