@@ -198,6 +198,14 @@ impl AdapterConfig {
             scale: alpha / denom,
         }
     }
+
+    /// The `rank_pattern` key that sets the module's rank, if any.
+    pub fn rank_pattern_key(&self, module: &str) -> Option<&str> {
+        self.rank_pattern
+            .iter()
+            .find(|p| p.regex.is_match(module))
+            .map(|p| p.key.as_str())
+    }
 }
 
 fn first_match<T: Copy>(patterns: &[PatternEntry<T>], module: &str) -> Option<T> {

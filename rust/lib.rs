@@ -5,6 +5,7 @@
 //! types and errors for Python.
 
 pub mod adapter_config;
+pub mod adapter_weights;
 pub mod error;
 
 #[cfg(feature = "python")]
