@@ -71,7 +71,7 @@ const RANK_CUT_FLOOR: f64 = 1e-6;
 /// Statistics of one LoRA module.
 #[cfg_attr(
     feature = "python",
-    pyo3::pyclass(frozen, get_all, module = "adapterprobe._core")
+    pyo3::pyclass(frozen, get_all, skip_from_py_object, module = "adapterprobe._core")
 )]
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoraModuleStats {
@@ -118,7 +118,7 @@ pub struct LoraModuleStats {
 /// copies, saved embedding layers, biases, ...).
 #[cfg_attr(
     feature = "python",
-    pyo3::pyclass(frozen, get_all, module = "adapterprobe._core")
+    pyo3::pyclass(frozen, get_all, skip_from_py_object, module = "adapterprobe._core")
 )]
 #[derive(Debug, Clone, PartialEq)]
 pub struct TensorStats {
@@ -135,7 +135,7 @@ pub struct TensorStats {
 /// ΔW energy of one transformer layer: Σ‖ΔW‖_F² over its modules.
 #[cfg_attr(
     feature = "python",
-    pyo3::pyclass(frozen, get_all, module = "adapterprobe._core")
+    pyo3::pyclass(frozen, get_all, skip_from_py_object, module = "adapterprobe._core")
 )]
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerEnergy {
@@ -148,7 +148,7 @@ pub struct LayerEnergy {
 /// What the config says, in plain fields.
 #[cfg_attr(
     feature = "python",
-    pyo3::pyclass(frozen, get_all, module = "adapterprobe._core")
+    pyo3::pyclass(frozen, get_all, skip_from_py_object, module = "adapterprobe._core")
 )]
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConfigSummary {
