@@ -42,6 +42,10 @@
 //!   (pattern-aware) rank; a DoRA magnitude of the wrong length or without
 //!   factors; a `target_modules` none of whose entries names a module.
 //! - Every tensor must be F32/F16/BF16/F64, extra ones included.
+//! - The plain result structs carry `#[pyclass(frozen, get_all,
+//!   skip_from_py_object)]` under the `python` feature (outputs only: pyo3
+//!   0.29 wants the `FromPyObject` choice spelled out for `Clone` types);
+//!   [`AdapterWeights`] nests them and so has none.
 //! - DoRA: `ΔW` here is the low-rank part `s·B·A`; DoRA's renormalised
 //!   update needs the base weights. Its magnitude vector gets norm and
 //!   non-finite count. `fan_in_fan_out` only transposes ΔW: no statistic

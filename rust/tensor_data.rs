@@ -549,10 +549,15 @@ impl SafetensorsData {
                 if narrow_rows { "row" } else { "column" }
             )));
         }
-        // byte_len was checked against the file, so both fit in usize
-        // wherever the file could be mapped; refuse otherwise.
-        let to_usize = |v: u64| usize::try_from(v).map_err(|_| self.err("tensor too large".into()));
-        Ok((to_usize(rows)?, to_usize(cols)?))
+        // byte_len (= rows·cols·size) was checked against the file; on a
+        // 32-bit target it may still not fit usize: refuse, never wrap.
+        if usize::try_from(t.byte_len).is_err() {
+            return Err(self.err(format!(
+                "tensor {:?} is too large for this platform",
+                t.name
+            )));
+        }
+        Ok((rows as usize, cols as usize))
     }
 
     /// `X·Xᵀ` (rows x rows) of a 2-D tensor with at most [`MAX_GRAM_DIM`]
