@@ -184,7 +184,7 @@ pub struct AdapterWeights {
     pub config: Option<ConfigSummary>,
     /// Sorted by (layer, name); modules without a layer first.
     pub modules: Vec<LoraModuleStats>,
-    /// In key order.
+    /// In the order the header lists them.
     pub other_tensors: Vec<TensorStats>,
     /// Per-layer ΔW energy, by layer; empty without a config.
     pub layers: Vec<LayerEnergy>,
@@ -1045,6 +1045,39 @@ mod tests {
         // A σ under the cut is not counted.
         assert_eq!(SpectrumRanks::of(&[1.0, 1e-14], 1e-6).used, 1);
         assert_eq!(SpectrumRanks::of(&[1.0, 1e-10], 1e-6).used, 2);
+    }
+
+    /// A pseudo-random orthogonal n x n matrix (Q of a QR).
+    fn orthogonal(n: usize, seed: u64) -> DMatrix<f64> {
+        let mut x = seed;
+        let m = DMatrix::from_fn(n, n, |_, _| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+        });
+        m.qr().q()
+    }
+
+    #[test]
+    fn spectrum_keeps_small_singular_values_to_1e8_of_the_largest() {
+        // B·A = U·diag(σ)·Vᵀ with σ over seven decades, hidden behind
+        // rotations: G = A·Aᵀ and H = Bᵀ·B are dense.
+        let r = 12;
+        let sigma: Vec<f64> = (0..r)
+            .map(|i| 10f64.powf(-(i as f64) * 7.0 / 11.0))
+            .collect();
+        let (u, w) = (orthogonal(r, 1), orthogonal(r, 2));
+        let a = &w * DMatrix::from_diagonal(&nalgebra::DVector::from_vec(sigma.clone())); // r x r
+        let b = u.clone(); // B·A = U·W·Σ
+        let g = &a * a.transpose();
+        let h = b.transpose() * &b;
+        let l = product_spectrum(&g, &h).unwrap();
+        for (got, want) in l.iter().map(|x| x.sqrt()).zip(&sigma) {
+            assert!((got - want).abs() <= 2e-8 * sigma[0], "{got} vs {want}");
+        }
+        // The decades above 1e-6 count as used rank, those under do not.
+        assert_eq!(SpectrumRanks::of(&l, 1e-6).used, 10);
     }
 
     // ---- paths and configs ----
