@@ -62,7 +62,13 @@ def tiny_llama() -> LlamaForCausalLM:
 
 def tiny_gpt2() -> GPT2LMHeadModel:
     cfg = GPT2Config(
-        vocab_size=64, n_positions=64, n_embd=32, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0
+        vocab_size=64,
+        n_positions=64,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        bos_token_id=0,
+        eos_token_id=0,
     )
     return GPT2LMHeadModel(cfg)
 
@@ -165,8 +171,13 @@ def save(name: str, peft_model, notes: str) -> None:
             ADAPTER in module.lora_A or ADAPTER in module.lora_embedding_A
         ):
             modules[mod_name] = module_stats(mod_name, module)
-    lora_suffixes = (".lora_A.weight", ".lora_B.weight", ".lora_embedding_A",
-                     ".lora_embedding_B", ".lora_magnitude_vector")
+    lora_suffixes = (
+        ".lora_A.weight",
+        ".lora_B.weight",
+        ".lora_embedding_A",
+        ".lora_embedding_B",
+        ".lora_magnitude_vector",
+    )
     others = {k: tensor_stats(t) for k, t in state.items() if not k.endswith(lora_suffixes)}
     cfg = peft_model.peft_config[ADAPTER]
     expected = {
@@ -185,7 +196,9 @@ def save(name: str, peft_model, notes: str) -> None:
         "modules": modules,
         "other_tensors": others,
         "tensor_bytes": sum(t.numel() * t.element_size() for t in saved.values()),
-        "nonfinite_total": sum(int((~torch.isfinite(t.to(torch.float64))).sum()) for t in saved.values()),
+        "nonfinite_total": sum(
+            int((~torch.isfinite(t.to(torch.float64))).sum()) for t in saved.values()
+        ),
     }
     (target / "expected.json").write_text(json.dumps(expected, indent=1, sort_keys=True) + "\n")
     size = sum(p.stat().st_size for p in target.iterdir())
@@ -194,7 +207,9 @@ def save(name: str, peft_model, notes: str) -> None:
 
 def llama_trained() -> None:
     torch.manual_seed(10)
-    cfg = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "embed_tokens"])
+    cfg = LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "embed_tokens"]
+    )
     pm = get_peft_model(tiny_llama(), cfg)
     train(pm, steps=6)
     save("llama_trained", pm, "f32; q/k/v/o + embedding LoRA, 6 AdamW steps: healthy")
@@ -228,7 +243,11 @@ def llama_patterns_rslora_bf16() -> None:
 def llama_dora_f16() -> None:
     torch.manual_seed(13)
     cfg = LoraConfig(
-        r=4, lora_alpha=4, use_dora=True, target_modules=["q_proj", "v_proj"], modules_to_save=["lm_head"]
+        r=4,
+        lora_alpha=4,
+        use_dora=True,
+        target_modules=["q_proj", "v_proj"],
+        modules_to_save=["lm_head"],
     )
     pm = get_peft_model(tiny_llama(), cfg)
     train(pm, steps=4)
@@ -253,7 +272,9 @@ def gpt2_fan_in_fan_out() -> None:
     cfg = LoraConfig(r=4, lora_alpha=16, target_modules=["c_attn", "c_fc"], fan_in_fan_out=True)
     pm = get_peft_model(tiny_gpt2(), cfg)
     train(pm, steps=4)
-    save("gpt2_fan_in_fan_out", pm, "f32; GPT-2 Conv1D targets (fan_in_fan_out), layers under .h.N.")
+    save(
+        "gpt2_fan_in_fan_out", pm, "f32; GPT-2 Conv1D targets (fan_in_fan_out), layers under .h.N."
+    )
 
 
 PATTERN_MODULES = [
