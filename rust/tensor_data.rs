@@ -607,9 +607,11 @@ const GRAM_LANES: usize = 2;
 /// An n x n Gram matrix being accumulated in f64, upper triangle only.
 ///
 /// Why not a BLAS call: the matrices are thin (n = r, usually 4..256) and
-/// long, where a general GEMM spends its time packing; a register-tiled
-/// dot-product kernel over the long side runs several times faster here
-/// and uses half the work by symmetry.
+/// long, where a general GEMM spends its time packing. Two register-tiled
+/// kernels run several times faster here and do half the work by symmetry:
+/// dot products along the long rows for `P·Pᵀ` (`lora_A`, r x in), and
+/// sums of outer products of the short rows for `Xᵀ·X` (`lora_B`, out x r),
+/// so neither layout is transposed.
 pub struct Gram {
     n: usize,
     /// Row-major n x n; entries (i, j) with i <= j are meaningful.
@@ -646,6 +648,7 @@ impl Gram {
 
 /// upper += P·Pᵀ (entries i <= j) for P (n x w) row-major.
 fn gram_upper(p: &[f64], n: usize, w: usize, upper: &mut [f64]) {
+    debug_assert!(p.len() >= n * w && upper.len() >= n * n);
     if p.len() < n * w || upper.len() < n * n || w == 0 {
         return;
     }
@@ -687,6 +690,7 @@ fn gram_upper(p: &[f64], n: usize, w: usize, upper: &mut [f64]) {
 /// outer products of X's rows: 4x4 tiles of (i, j) keep their 16 sums in
 /// registers while the rows stream by, so no transpose is needed.
 fn gram_upper_of_columns(x: &[f64], rows: usize, n: usize, upper: &mut [f64]) {
+    debug_assert!(x.len() >= rows * n && upper.len() >= n * n);
     if n == 0 || x.len() < rows * n || upper.len() < n * n {
         return;
     }
