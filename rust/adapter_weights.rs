@@ -62,7 +62,7 @@ use crate::error::{Area, Error, Result};
 use crate::layers::ADAPTER_WEIGHTS;
 use crate::safetensors_header::TensorInfo;
 use crate::tensor_data::{
-    FloatTensor, Moments, SafetensorsData, DEFAULT_CHUNK_ELEMS, MAX_GRAM_DIM,
+    FloatTensor, Moments, SafetensorsData, TensorReader, DEFAULT_CHUNK_ELEMS, MAX_GRAM_DIM,
 };
 
 /// Largest LoRA rank read (the Gram matrices are r×r f64).
@@ -219,24 +219,27 @@ pub(crate) fn read_adapter_weights_chunked(
     let mut modules: Vec<LoraModuleStats> = plan
         .modules
         .par_iter()
-        .map(|m| reduce_module(&data, m, chunk_elems))
+        .map_init(|| data.reader(chunk_elems), reduce_module)
         .collect::<Result<_>>()?;
     modules.sort_by(module_order);
     let other_tensors: Vec<TensorStats> = plan
         .others
         .par_iter()
-        .map(|t| {
-            let m = data.moments(t, chunk_elems)?;
-            Ok(TensorStats {
-                name: t.name.clone(),
-                dtype: t.kind.safetensors_name().to_string(),
-                shape: t.shape.clone(),
-                numel: t.numel,
-                norm: m.norm(),
-                max_abs: m.max_abs,
-                nonfinite: m.nonfinite,
-            })
-        })
+        .map_init(
+            || data.reader(chunk_elems),
+            |reader, t| {
+                let m = reader.moments(t)?;
+                Ok(TensorStats {
+                    name: t.name.clone(),
+                    dtype: t.kind.safetensors_name().to_string(),
+                    shape: t.shape.clone(),
+                    numel: t.numel,
+                    norm: m.norm(),
+                    max_abs: m.max_abs,
+                    nonfinite: m.nonfinite,
+                })
+            },
+        )
         .collect::<Result<_>>()?;
 
     let nonfinite_total = modules
@@ -597,13 +600,13 @@ fn check_targets(c: &AdapterConfig, modules: &[ModulePlan], weights: &Path) -> R
 // ---------------------------------------------------------------------------
 // per-module reduction
 
-fn reduce_module(data: &SafetensorsData, m: &ModulePlan, chunk: usize) -> Result<LoraModuleStats> {
-    let (g, ma) = data.row_gram(&m.a, chunk)?;
-    let (h, mb) = data.column_gram(&m.b, chunk)?;
+fn reduce_module(reader: &mut TensorReader, m: &ModulePlan) -> Result<LoraModuleStats> {
+    let (g, ma) = reader.row_gram(&m.a)?;
+    let (h, mb) = reader.column_gram(&m.b)?;
     let magnitude: Option<Moments> = m
         .magnitude
         .as_ref()
-        .map(|t| data.moments(t, chunk))
+        .map(|t| reader.moments(t))
         .transpose()?;
 
     let finite = ma.nonfinite == 0

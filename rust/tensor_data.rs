@@ -191,43 +191,58 @@ impl Moments {
     }
 }
 
-/// One value into one lane. Written as compare-and-select (not `f64::max`,
-/// whose NaN rules block vectorization): `a > m` is false for a NaN `a`, so
-/// NaN is counted but never a maximum.
-#[inline(always)]
-fn accumulate(sum_sq: &mut f64, max_abs: &mut f64, nonfinite: &mut u64, v: f64) {
-    let a = v.abs();
-    *sum_sq += v * v;
-    *max_abs = if a > *max_abs { a } else { *max_abs };
-    *nonfinite += u64::from(!a.is_finite());
-}
-
 /// Moments of decoded values, with 8 independent lanes so it vectorizes.
+///
+/// The maximum is a compare-and-select (not `f64::max`, whose NaN rules
+/// block vectorization): `a > m` is false for a NaN `a`, so NaN is never a
+/// maximum. Non-finite values are counted only when the sum of squares is
+/// not finite, which any NaN or ±inf makes it: the common clean case costs
+/// one multiply-add and one compare per value.
 pub fn moments_of(values: &[f64]) -> Moments {
     const LANES: usize = 8;
     let mut sq = [0.0f64; LANES];
     let mut big = [0.0f64; LANES];
-    let mut bad = [0u64; LANES];
     let mut blocks = values.chunks_exact(LANES);
     for block in &mut blocks {
-        for (((s, m), b), &v) in sq.iter_mut().zip(&mut big).zip(&mut bad).zip(block) {
-            accumulate(s, m, b, v);
+        for ((s, m), &v) in sq.iter_mut().zip(&mut big).zip(block) {
+            let a = v.abs();
+            *s += v * v;
+            *m = if a > *m { a } else { *m };
         }
     }
-    for (((s, m), b), &v) in sq
-        .iter_mut()
-        .zip(&mut big)
-        .zip(&mut bad)
-        .zip(blocks.remainder())
-    {
-        accumulate(s, m, b, v);
+    for ((s, m), &v) in sq.iter_mut().zip(&mut big).zip(blocks.remainder()) {
+        let a = v.abs();
+        *s += v * v;
+        *m = if a > *m { a } else { *m };
     }
+    let sum_sq = ((sq[0] + sq[4]) + (sq[1] + sq[5])) + ((sq[2] + sq[6]) + (sq[3] + sq[7]));
+    let nonfinite = if sum_sq.is_finite() {
+        0
+    } else {
+        values.iter().filter(|v| !v.is_finite()).count() as u64
+    };
     Moments {
         numel: values.len() as u64,
-        sum_sq: ((sq[0] + sq[4]) + (sq[1] + sq[5])) + ((sq[2] + sq[6]) + (sq[3] + sq[7])),
-        nonfinite: bad.iter().sum(),
-        max_abs: big.iter().fold(0.0, |a, &b| a.max(b)),
+        sum_sq,
+        nonfinite,
+        max_abs: big.iter().fold(0.0, |a, &b| if b > a { b } else { a }),
     }
+}
+
+/// Decode `bytes` into `out` (as [`decode`]) and return the moments of the
+/// values, a small block at a time so each block is still in L1 when its
+/// statistics are taken.
+pub fn decode_with_moments(kind: FloatKind, bytes: &[u8], out: &mut [f64]) -> Moments {
+    let mut m = Moments::default();
+    for (block, vals) in bytes
+        .chunks(STAT_BLOCK * kind.size())
+        .zip(out.chunks_mut(STAT_BLOCK))
+    {
+        let n = (block.len() / kind.size()).min(vals.len());
+        decode(kind, block, &mut vals[..n]);
+        m.merge(&moments_of(&vals[..n]));
+    }
+    m
 }
 
 /// Moments of raw little-endian values, decoded a small block at a time.
@@ -419,116 +434,16 @@ impl SafetensorsData {
         })
     }
 
-    /// Visit the raw bytes of `t` in order, at most `chunk_elems` elements
-    /// (and [`MAX_CHUNK_BYTES`]) per read; each slice holds whole elements.
-    /// `f` may stop the walk early by returning `ControlFlow::Break`.
-    pub fn for_each_raw_chunk(
-        &self,
-        t: &FloatTensor,
-        chunk_elems: usize,
-        mut f: impl FnMut(&[u8]) -> ControlFlow<()>,
-    ) -> Result<()> {
-        let es = t.kind.size();
-        let per_read = clamp_chunk(chunk_elems) * es;
-        let mut buf = vec![0u8; bounded(t.byte_len, per_read)];
-        let what = format!("the data of tensor {:?}", t.name);
-        let mut done = 0u64;
-        while done < t.byte_len {
-            let n = bounded(t.byte_len - done, per_read);
-            let slice = &mut buf[..n];
-            self.read_at(slice, t.offset + done, &what)?;
-            if f(slice).is_break() {
-                break;
-            }
-            done += n as u64;
+    /// A reader of this file's tensors that reads at most `chunk_elems`
+    /// elements (and [`MAX_CHUNK_BYTES`]) at a time and keeps its buffers
+    /// from one tensor to the next.
+    pub fn reader(&self, chunk_elems: usize) -> TensorReader<'_> {
+        TensorReader {
+            data: self,
+            chunk_elems: chunk_elems.clamp(1, MAX_CHUNK_BYTES / 8),
+            raw: Vec::new(),
+            vals: Vec::new(),
         }
-        Ok(())
-    }
-
-    /// Moments of all values of `t`, streamed.
-    pub fn moments(&self, t: &FloatTensor, chunk_elems: usize) -> Result<Moments> {
-        let mut out = Moments::default();
-        self.for_each_raw_chunk(t, chunk_elems, |bytes| {
-            out.merge(&moments_of_bytes(t.kind, bytes));
-            ControlFlow::Continue(())
-        })?;
-        Ok(out)
-    }
-
-    /// Visit a 2-D tensor (rows, cols) in blocks of whole rows: `f(rows_in_block,
-    /// values)` with the block's values decoded, row-major. `cols` must be at
-    /// most [`MAX_GRAM_DIM`]. Returns the moments of the whole tensor.
-    pub fn for_each_row_block(
-        &self,
-        t: &FloatTensor,
-        chunk_elems: usize,
-        mut f: impl FnMut(usize, &[f64]),
-    ) -> Result<Moments> {
-        let (rows, cols) = self.narrow_dims(t, false)?;
-        if rows == 0 || cols == 0 {
-            return Ok(Moments::default());
-        }
-        let es = t.kind.size();
-        let rows_per = (clamp_chunk(chunk_elems) / cols).max(1);
-        let first = rows_per.min(rows);
-        let mut raw = vec![0u8; first * cols * es];
-        let mut vals = vec![0.0f64; first * cols];
-        let what = format!("the data of tensor {:?}", t.name);
-        let mut moments = Moments::default();
-        let mut row = 0usize;
-        while row < rows {
-            let n = rows_per.min(rows - row);
-            let raw = &mut raw[..n * cols * es];
-            let vals = &mut vals[..n * cols];
-            self.read_at(raw, t.offset + (row * cols) as u64 * es as u64, &what)?;
-            decode(t.kind, raw, vals);
-            moments.merge(&moments_of(vals));
-            f(n, vals);
-            row += n;
-        }
-        Ok(moments)
-    }
-
-    /// Visit a 2-D tensor (rows, cols) in blocks of whole columns: `f(width,
-    /// values)` with all rows over the block's `width` columns, decoded,
-    /// row-major (rows x width). `rows` must be at most [`MAX_GRAM_DIM`]. A
-    /// wide tensor that fits one chunk is read with one read; otherwise
-    /// each block takes one read per row. Returns the whole tensor's moments.
-    pub fn for_each_column_block(
-        &self,
-        t: &FloatTensor,
-        chunk_elems: usize,
-        mut f: impl FnMut(usize, &[f64]),
-    ) -> Result<Moments> {
-        let (rows, cols) = self.narrow_dims(t, true)?;
-        if rows == 0 || cols == 0 {
-            return Ok(Moments::default());
-        }
-        let es = t.kind.size();
-        let width_per = (clamp_chunk(chunk_elems) / rows).max(1).min(cols);
-        let mut raw = vec![0u8; rows * width_per * es];
-        let mut vals = vec![0.0f64; rows * width_per];
-        let what = format!("the data of tensor {:?}", t.name);
-        let mut moments = Moments::default();
-        let mut col = 0usize;
-        while col < cols {
-            let w = width_per.min(cols - col);
-            let raw = &mut raw[..rows * w * es];
-            let vals = &mut vals[..rows * w];
-            if w == cols {
-                self.read_at(raw, t.offset, &what)?;
-            } else {
-                for (i, row_bytes) in raw.chunks_exact_mut(w * es).enumerate() {
-                    let at = t.offset + (i * cols + col) as u64 * es as u64;
-                    self.read_at(row_bytes, at, &what)?;
-                }
-            }
-            decode(t.kind, raw, vals);
-            moments.merge(&moments_of(vals));
-            f(w, vals);
-            col += w;
-        }
-        Ok(moments)
     }
 
     /// (rows, cols) of a 2-D tensor as usize, with the narrow side (rows
@@ -559,34 +474,153 @@ impl SafetensorsData {
         }
         Ok((rows as usize, cols as usize))
     }
+}
+
+/// Streams tensors of one [`SafetensorsData`] in bounded chunks. Its read
+/// and decode buffers grow to at most one chunk and are reused across
+/// tensors, so walking many small tensors neither allocates nor zeroes
+/// memory per tensor. One per thread.
+pub struct TensorReader<'a> {
+    data: &'a SafetensorsData,
+    /// Elements per read, already clamped to [1, MAX_CHUNK_BYTES / 8].
+    chunk_elems: usize,
+    raw: Vec<u8>,
+    vals: Vec<f64>,
+}
+
+/// `buf[..len]`, growing (and zeroing) `buf` only when it is too short.
+fn grown<T: Copy + Default>(buf: &mut Vec<T>, len: usize) -> &mut [T] {
+    if buf.len() < len {
+        buf.resize(len, T::default());
+    }
+    &mut buf[..len]
+}
+
+impl TensorReader<'_> {
+    /// Visit the raw bytes of `t` in order, one read per call of `f`; each
+    /// slice holds whole elements. `f` may stop the walk early by returning
+    /// `ControlFlow::Break`.
+    pub fn for_each_raw_chunk(
+        &mut self,
+        t: &FloatTensor,
+        mut f: impl FnMut(&[u8]) -> ControlFlow<()>,
+    ) -> Result<()> {
+        let per_read = self.chunk_elems * t.kind.size();
+        let buf = grown(&mut self.raw, bounded(t.byte_len, per_read));
+        let what = format!("the data of tensor {:?}", t.name);
+        let mut done = 0u64;
+        while done < t.byte_len {
+            let n = bounded(t.byte_len - done, per_read);
+            let slice = &mut buf[..n];
+            self.data.read_at(slice, t.offset + done, &what)?;
+            if f(slice).is_break() {
+                break;
+            }
+            done += n as u64;
+        }
+        Ok(())
+    }
+
+    /// Moments of all values of `t`, streamed.
+    pub fn moments(&mut self, t: &FloatTensor) -> Result<Moments> {
+        let mut out = Moments::default();
+        self.for_each_raw_chunk(t, |bytes| {
+            out.merge(&moments_of_bytes(t.kind, bytes));
+            ControlFlow::Continue(())
+        })?;
+        Ok(out)
+    }
+
+    /// Visit a 2-D tensor (rows, cols) in blocks of whole rows: `f(rows_in_block,
+    /// values)` with the block's values decoded, row-major. `cols` must be at
+    /// most [`MAX_GRAM_DIM`]. Returns the moments of the whole tensor.
+    pub fn for_each_row_block(
+        &mut self,
+        t: &FloatTensor,
+        mut f: impl FnMut(usize, &[f64]),
+    ) -> Result<Moments> {
+        let (rows, cols) = self.data.narrow_dims(t, false)?;
+        if rows == 0 || cols == 0 {
+            return Ok(Moments::default());
+        }
+        let es = t.kind.size();
+        let rows_per = (self.chunk_elems / cols).max(1);
+        let first = rows_per.min(rows);
+        let raw = grown(&mut self.raw, first * cols * es);
+        let vals = grown(&mut self.vals, first * cols);
+        let what = format!("the data of tensor {:?}", t.name);
+        let mut moments = Moments::default();
+        let mut row = 0usize;
+        while row < rows {
+            let n = rows_per.min(rows - row);
+            let raw = &mut raw[..n * cols * es];
+            let vals = &mut vals[..n * cols];
+            self.data
+                .read_at(raw, t.offset + (row * cols) as u64 * es as u64, &what)?;
+            moments.merge(&decode_with_moments(t.kind, raw, vals));
+            f(n, vals);
+            row += n;
+        }
+        Ok(moments)
+    }
+
+    /// Visit a 2-D tensor (rows, cols) in blocks of whole columns: `f(width,
+    /// values)` with all rows over the block's `width` columns, decoded,
+    /// row-major (rows x width). `rows` must be at most [`MAX_GRAM_DIM`]. A
+    /// wide tensor that fits one chunk is read with one read; otherwise
+    /// each block takes one read per row. Returns the whole tensor's moments.
+    pub fn for_each_column_block(
+        &mut self,
+        t: &FloatTensor,
+        mut f: impl FnMut(usize, &[f64]),
+    ) -> Result<Moments> {
+        let (rows, cols) = self.data.narrow_dims(t, true)?;
+        if rows == 0 || cols == 0 {
+            return Ok(Moments::default());
+        }
+        let es = t.kind.size();
+        let width_per = (self.chunk_elems / rows).max(1).min(cols);
+        let raw = grown(&mut self.raw, rows * width_per * es);
+        let vals = grown(&mut self.vals, rows * width_per);
+        let what = format!("the data of tensor {:?}", t.name);
+        let mut moments = Moments::default();
+        let mut col = 0usize;
+        while col < cols {
+            let w = width_per.min(cols - col);
+            let raw = &mut raw[..rows * w * es];
+            let vals = &mut vals[..rows * w];
+            if w == cols {
+                self.data.read_at(raw, t.offset, &what)?;
+            } else {
+                for (i, row_bytes) in raw.chunks_exact_mut(w * es).enumerate() {
+                    let at = t.offset + (i * cols + col) as u64 * es as u64;
+                    self.data.read_at(row_bytes, at, &what)?;
+                }
+            }
+            moments.merge(&decode_with_moments(t.kind, raw, vals));
+            f(w, vals);
+            col += w;
+        }
+        Ok(moments)
+    }
 
     /// `X·Xᵀ` (rows x rows) of a 2-D tensor with at most [`MAX_GRAM_DIM`]
     /// rows, accumulated in f64 over column blocks, and X's moments.
-    pub fn row_gram(&self, t: &FloatTensor, chunk_elems: usize) -> Result<(DMatrix<f64>, Moments)> {
-        let (rows, _) = self.narrow_dims(t, true)?;
+    pub fn row_gram(&mut self, t: &FloatTensor) -> Result<(DMatrix<f64>, Moments)> {
+        let (rows, _) = self.data.narrow_dims(t, true)?;
         let mut g = Gram::new(rows);
-        let m = self.for_each_column_block(t, chunk_elems, |w, vals| g.add_rows(vals, w))?;
+        let m = self.for_each_column_block(t, |w, vals| g.add_rows(vals, w))?;
         Ok((g.finish(), m))
     }
 
     /// `Xᵀ·X` (cols x cols) of a 2-D tensor with at most [`MAX_GRAM_DIM`]
     /// columns, accumulated in f64 over row blocks, and X's moments.
-    pub fn column_gram(
-        &self,
-        t: &FloatTensor,
-        chunk_elems: usize,
-    ) -> Result<(DMatrix<f64>, Moments)> {
-        let (_, cols) = self.narrow_dims(t, false)?;
+    pub fn column_gram(&mut self, t: &FloatTensor) -> Result<(DMatrix<f64>, Moments)> {
+        let (_, cols) = self.data.narrow_dims(t, false)?;
         let mut h = Gram::new(cols);
-        let m = self.for_each_row_block(t, chunk_elems, |n, vals| h.add_columns(vals, n))?;
+        let m = self.for_each_row_block(t, |n, vals| h.add_columns(vals, n))?;
         Ok((h.finish(), m))
     }
-}
-
-/// Elements per read: at least one, at most what fits [`MAX_CHUNK_BYTES`]
-/// as f64.
-fn clamp_chunk(chunk_elems: usize) -> usize {
-    chunk_elems.clamp(1, MAX_CHUNK_BYTES / 8)
 }
 
 /// min(remaining, cap) as usize (cap is a usize, so this cannot overflow).
@@ -966,8 +1000,8 @@ pub(crate) mod tests {
             let want_g = naive_gram(&a, r, wide, true);
             let want_h = naive_gram(&b, wide, r, false);
             for chunk in [1, 5, 6, 7, 12, 100, 1000, r * wide, DEFAULT_CHUNK_ELEMS] {
-                let (g, ma) = data.row_gram(&ta, chunk).unwrap();
-                let (h, mb) = data.column_gram(&tb, chunk).unwrap();
+                let (g, ma) = data.reader(chunk).row_gram(&ta).unwrap();
+                let (h, mb) = data.reader(chunk).column_gram(&tb).unwrap();
                 for i in 0..r {
                     for j in 0..r {
                         assert!(
@@ -987,7 +1021,7 @@ pub(crate) mod tests {
                 });
                 assert!((ma.sum_sq - g.trace()).abs() < 1e-12);
                 assert!((mb.sum_sq - h.trace()).abs() < 1e-12);
-                assert_eq!(data.moments(&ta, chunk).unwrap().max_abs, ma.max_abs);
+                assert_eq!(data.reader(chunk).moments(&ta).unwrap().max_abs, ma.max_abs);
             }
         }
     }
@@ -1015,11 +1049,12 @@ pub(crate) mod tests {
         let data = SafetensorsData::open(&path).unwrap();
         let t = data.float_tensor(&data.header().tensors[0]).unwrap();
         assert!(data
-            .row_gram(&t, 8)
+            .reader(8)
+            .row_gram(&t)
             .unwrap_err()
             .message
             .contains("expected a matrix"));
-        assert_eq!(data.moments(&t, 8).unwrap().sum_sq, 3.0);
+        assert_eq!(data.reader(8).moments(&t).unwrap().sum_sq, 3.0);
 
         // A Gram side past the cap is refused before anything is allocated.
         let tall = safetensors_bytes(&[("t", "F32", vec![2000, 1], vec![0; 8000])]);
@@ -1027,11 +1062,12 @@ pub(crate) mod tests {
         let data = SafetensorsData::open(&path).unwrap();
         let t = data.float_tensor(&data.header().tensors[0]).unwrap();
         assert!(data
-            .row_gram(&t, 8)
+            .reader(8)
+            .row_gram(&t)
             .unwrap_err()
             .message
             .contains("exceeds 1024"));
-        assert!(data.column_gram(&t, 8).is_ok());
+        assert!(data.reader(8).column_gram(&t).is_ok());
     }
 
     #[test]
@@ -1049,11 +1085,11 @@ pub(crate) mod tests {
             .set_len(bytes.len() as u64 - 10)
             .unwrap();
         for chunk in [1, 4, 100] {
-            let e = data.moments(&t, chunk).unwrap_err();
+            let e = data.reader(chunk).moments(&t).unwrap_err();
             assert_eq!(e.area, Area::Weights);
             assert!(e.message.contains("ends early"), "{e}");
-            assert!(data.row_gram(&t, chunk).is_err());
-            assert!(data.column_gram(&t, chunk).is_err());
+            assert!(data.reader(chunk).row_gram(&t).is_err());
+            assert!(data.reader(chunk).column_gram(&t).is_err());
         }
         // Reopening sees the short file in the header check.
         assert_eq!(SafetensorsData::open(&path).unwrap_err().area, Area::Header);
@@ -1079,17 +1115,18 @@ pub(crate) mod tests {
         // Walk the first chunks only (reading 6 GiB of holes takes seconds):
         // each read is bounded however large the tensor or the request.
         let (mut reads, mut largest) = (0u64, 0usize);
-        data.for_each_raw_chunk(&t, usize::MAX, |bytes| {
-            reads += 1;
-            largest = largest.max(bytes.len());
-            assert!(bytes.iter().all(|&b| b == 0));
-            if reads == 4 {
-                ControlFlow::Break(())
-            } else {
-                ControlFlow::Continue(())
-            }
-        })
-        .unwrap();
+        data.reader(usize::MAX)
+            .for_each_raw_chunk(&t, |bytes| {
+                reads += 1;
+                largest = largest.max(bytes.len());
+                assert!(bytes.iter().all(|&b| b == 0));
+                if reads == 4 {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            })
+            .unwrap();
         assert_eq!(reads, 4);
         assert_eq!(largest, MAX_CHUNK_BYTES / 8 * 2);
         // The tail of the data section is read the same way.
@@ -1099,7 +1136,7 @@ pub(crate) mod tests {
             numel: 1500,
             ..t.clone()
         };
-        let m = data.moments(&tail, 1000).unwrap();
+        let m = data.reader(1000).moments(&tail).unwrap();
         assert_eq!((m.numel, m.sum_sq, m.nonfinite), (1500, 0.0, 0));
     }
 }
