@@ -8,12 +8,13 @@
 //! the fly. Nothing is allocated from a size in the file before that size
 //! has been checked against the file's length and against a cap.
 //!
-//! Besides sums of squares ([`Moments`]) this module gives the two Gram
-//! matrices a LoRA factor pair needs without forming the factor product:
-//! `X·Xᵀ` of a short wide matrix, read in column blocks
-//! ([`SafetensorsData::for_each_column_block`]), and `Xᵀ·X` of a tall narrow
-//! one, read in row blocks. Both are accumulated in f64 by a register-tiled
-//! kernel ([`Gram`]) that computes the upper triangle only.
+//! [`SafetensorsData`] opens and checks a file; a [`TensorReader`] (one per
+//! thread) streams its tensors, reusing its buffers. Besides sums of squares
+//! ([`Moments`]) it gives the two Gram matrices a LoRA factor pair needs
+//! without forming the factor product: `X·Xᵀ` of a short wide matrix, read
+//! in column blocks ([`TensorReader::for_each_column_block`]), and `Xᵀ·X` of
+//! a tall narrow one, read in row blocks. Both are accumulated in f64 by
+//! register-tiled kernels ([`Gram`]) that compute the upper triangle only.
 //!
 //! The float decoders are shared with `torch_state` (same bytes, same IEEE
 //! formats) so there is one copy of them in the crate.
