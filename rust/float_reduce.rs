@@ -7,17 +7,11 @@
 //! loops vectorize.
 
 use crate::pickle::DType;
-
-/// The float dtypes whose statistics we compute.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FloatKind {
-    F32,
-    F64,
-    F16,
-    BF16,
-}
+use crate::tensor_data::{dec_bf16, dec_f16, dec_f32, dec_f64};
+pub use crate::tensor_data::{f16_to_f32, FloatKind};
 
 impl FloatKind {
+    /// The reducible float kind of a pickled torch dtype.
     pub fn of(d: DType) -> Option<FloatKind> {
         match d.name {
             "float32" => Some(FloatKind::F32),
@@ -25,14 +19,6 @@ impl FloatKind {
             "float16" => Some(FloatKind::F16),
             "bfloat16" => Some(FloatKind::BF16),
             _ => None,
-        }
-    }
-
-    pub fn size(self) -> usize {
-        match self {
-            FloatKind::F32 => 4,
-            FloatKind::F64 => 8,
-            FloatKind::F16 | FloatKind::BF16 => 2,
         }
     }
 }
@@ -198,53 +184,6 @@ pub fn reduce_planned(
             index[d] = 0;
         }
     }
-}
-
-#[inline(always)]
-fn dec_f32(a: [u8; 4]) -> (f64, bool) {
-    let b = u32::from_le_bytes(a);
-    (f64::from(f32::from_bits(b)), b & 0x7f80_0000 == 0x7f80_0000)
-}
-
-#[inline(always)]
-fn dec_f64(a: [u8; 8]) -> (f64, bool) {
-    let b = u64::from_le_bytes(a);
-    (
-        f64::from_bits(b),
-        b & 0x7ff0_0000_0000_0000 == 0x7ff0_0000_0000_0000,
-    )
-}
-
-#[inline(always)]
-fn dec_bf16(a: [u8; 2]) -> (f64, bool) {
-    let h = u32::from(u16::from_le_bytes(a));
-    (f64::from(f32::from_bits(h << 16)), h & 0x7f80 == 0x7f80)
-}
-
-/// IEEE half → f32 with integer ops and selects only (no subnormal float
-/// arithmetic, which is slow on x86), so the loop vectorizes.
-#[inline(always)]
-pub fn f16_to_f32(h: u16) -> f32 {
-    let h = u32::from(h);
-    let em = h & 0x7fff;
-    let sign = (h & 0x8000) << 16;
-    // Normal: rebias the exponent from 15 to 127.
-    let normal = (em << 13) + ((127 - 15) << 23);
-    // Subnormal: value is mantissa * 2^-24, exact in f32.
-    let sub = ((em as i32) as f32 * f32::from_bits(0x3380_0000)).to_bits();
-    // Inf/NaN: all-ones exponent, mantissa kept.
-    let special = (em << 13) | 0x7f80_0000;
-    // Branch-free blend with all-ones/all-zeros masks.
-    let is_sub = u32::from(em < 0x0400).wrapping_neg();
-    let is_special = u32::from(em >= 0x7c00).wrapping_neg();
-    let mag = (sub & is_sub) | (special & is_special) | (normal & !(is_sub | is_special));
-    f32::from_bits(mag | sign)
-}
-
-#[inline(always)]
-fn dec_f16(a: [u8; 2]) -> (f64, bool) {
-    let h = u16::from_le_bytes(a);
-    (f64::from(f16_to_f32(h)), h & 0x7c00 == 0x7c00)
 }
 
 /// Sum a contiguous run with 8 independent f64 accumulators (vectorizable).

@@ -10,6 +10,8 @@ pub mod error;
 mod py;
 
 pub use error::{Area, Error, Result};
+pub mod adapter_config;
+pub mod adapter_weights;
 pub mod attribution;
 pub mod csv_log;
 pub mod files;
@@ -22,6 +24,7 @@ pub mod pickle;
 pub mod robust_curve;
 pub mod safetensors_header;
 pub mod scan;
+pub mod tensor_data;
 pub mod tfevents;
 pub mod torch_state;
 pub mod trainer_state;

@@ -1,0 +1,1143 @@
+//! Stream the float data of safetensors tensors in bounded chunks.
+//!
+//! Why: a weight probe has to look at every value (one NaN or an all-zero
+//! `lora_B` can sit anywhere) while its memory stays bounded whatever the
+//! file claims. So tensors are never loaded whole: their bytes are read
+//! with positioned reads (`pread`; a seek + read under a lock off unix) of
+//! at most [`MAX_CHUNK_BYTES`], decoded to f64 block by block and reduced on
+//! the fly. Nothing is allocated from a size in the file before that size
+//! has been checked against the file's length and against a cap.
+//!
+//! [`SafetensorsData`] opens and checks a file; a [`TensorReader`] (one per
+//! thread) streams its tensors, reusing its buffers. Besides sums of squares
+//! ([`Moments`]) it gives the two Gram matrices a LoRA factor pair needs
+//! without forming the factor product: `X·Xᵀ` of a short wide matrix, read
+//! in column blocks ([`TensorReader::for_each_column_block`]), and `Xᵀ·X` of
+//! a tall narrow one, read in row blocks. Both are accumulated in f64 by
+//! register-tiled kernels ([`Gram`]) that compute the upper triangle only.
+//!
+//! The float decoders are shared with `torch_state` (same bytes, same IEEE
+//! formats) so there is one copy of them in the crate.
+
+use std::fs::File;
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+
+use nalgebra::DMatrix;
+
+use crate::error::{Area, Error, Result};
+use crate::files::open_regular;
+use crate::safetensors_header::{read_header, Header, TensorInfo};
+
+/// Largest single read (and largest decoded buffer) this module makes.
+pub const MAX_CHUNK_BYTES: usize = 8 << 20;
+/// Elements per read by default: 2 MiB of f64 (less for narrower dtypes),
+/// large enough that a read costs far more copying than syscall.
+pub const DEFAULT_CHUNK_ELEMS: usize = 1 << 18;
+/// Largest Gram matrix side: 1024² f64 is 8 MiB. Also the most rows a column
+/// block (or columns a row block) may have.
+pub const MAX_GRAM_DIM: usize = 1024;
+/// Values decoded at once when only statistics are wanted (stays in L1).
+const STAT_BLOCK: usize = 256;
+
+// ---------------------------------------------------------------------------
+// dtypes and decoders
+
+/// The float dtypes whose values we read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FloatKind {
+    F32,
+    F64,
+    F16,
+    BF16,
+}
+
+impl FloatKind {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            FloatKind::F32 => 4,
+            FloatKind::F64 => 8,
+            FloatKind::F16 | FloatKind::BF16 => 2,
+        }
+    }
+
+    /// The kind of a safetensors dtype name, or None for any other dtype.
+    pub fn from_safetensors(dtype: &str) -> Option<FloatKind> {
+        match dtype {
+            "F32" => Some(FloatKind::F32),
+            "F64" => Some(FloatKind::F64),
+            "F16" => Some(FloatKind::F16),
+            "BF16" => Some(FloatKind::BF16),
+            _ => None,
+        }
+    }
+
+    /// The safetensors name of this dtype.
+    pub fn safetensors_name(self) -> &'static str {
+        match self {
+            FloatKind::F32 => "F32",
+            FloatKind::F64 => "F64",
+            FloatKind::F16 => "F16",
+            FloatKind::BF16 => "BF16",
+        }
+    }
+
+    /// Machine epsilon of the stored format (spacing of values near 1).
+    pub fn epsilon(self) -> f64 {
+        match self {
+            FloatKind::F32 => f64::from(f32::EPSILON),
+            FloatKind::F64 => f64::EPSILON,
+            FloatKind::F16 => 1.0 / 1024.0,
+            FloatKind::BF16 => 1.0 / 128.0,
+        }
+    }
+}
+
+#[inline(always)]
+pub(crate) fn dec_f32(a: [u8; 4]) -> (f64, bool) {
+    let b = u32::from_le_bytes(a);
+    (f64::from(f32::from_bits(b)), b & 0x7f80_0000 == 0x7f80_0000)
+}
+
+#[inline(always)]
+pub(crate) fn dec_f64(a: [u8; 8]) -> (f64, bool) {
+    let b = u64::from_le_bytes(a);
+    (
+        f64::from_bits(b),
+        b & 0x7ff0_0000_0000_0000 == 0x7ff0_0000_0000_0000,
+    )
+}
+
+#[inline(always)]
+pub(crate) fn dec_bf16(a: [u8; 2]) -> (f64, bool) {
+    let h = u32::from(u16::from_le_bytes(a));
+    (f64::from(f32::from_bits(h << 16)), h & 0x7f80 == 0x7f80)
+}
+
+/// IEEE half → f32 with integer ops and selects only (no subnormal float
+/// arithmetic, which is slow on x86), so the loop vectorizes.
+#[inline(always)]
+pub fn f16_to_f32(h: u16) -> f32 {
+    let h = u32::from(h);
+    let em = h & 0x7fff;
+    let sign = (h & 0x8000) << 16;
+    // Normal: rebias the exponent from 15 to 127.
+    let normal = (em << 13) + ((127 - 15) << 23);
+    // Subnormal: value is mantissa * 2^-24, exact in f32.
+    let sub = ((em as i32) as f32 * f32::from_bits(0x3380_0000)).to_bits();
+    // Inf/NaN: all-ones exponent, mantissa kept.
+    let special = (em << 13) | 0x7f80_0000;
+    // Branch-free blend with all-ones/all-zeros masks.
+    let is_sub = u32::from(em < 0x0400).wrapping_neg();
+    let is_special = u32::from(em >= 0x7c00).wrapping_neg();
+    let mag = (sub & is_sub) | (special & is_special) | (normal & !(is_sub | is_special));
+    f32::from_bits(mag | sign)
+}
+
+#[inline(always)]
+pub(crate) fn dec_f16(a: [u8; 2]) -> (f64, bool) {
+    let h = u16::from_le_bytes(a);
+    (f64::from(f16_to_f32(h)), h & 0x7c00 == 0x7c00)
+}
+
+#[inline(always)]
+fn decode_with<const N: usize>(
+    bytes: &[u8],
+    out: &mut [f64],
+    dec: impl Fn([u8; N]) -> (f64, bool),
+) {
+    for (o, c) in out.iter_mut().zip(bytes.chunks_exact(N)) {
+        *o = dec(<[u8; N]>::try_from(c).unwrap_or([0; N])).0;
+    }
+}
+
+/// Decode little-endian values of `kind` from `bytes` into `out`, one f64
+/// per element, as many as both hold.
+pub fn decode(kind: FloatKind, bytes: &[u8], out: &mut [f64]) {
+    match kind {
+        FloatKind::F32 => decode_with::<4>(bytes, out, dec_f32),
+        FloatKind::F64 => decode_with::<8>(bytes, out, dec_f64),
+        FloatKind::F16 => decode_with::<2>(bytes, out, dec_f16),
+        FloatKind::BF16 => decode_with::<2>(bytes, out, dec_bf16),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// statistics
+
+/// Sum of squares, non-finite count and largest magnitude of some values.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Moments {
+    pub numel: u64,
+    /// Σ v² in f64: NaN when a value is NaN, inf when one is infinite.
+    pub sum_sq: f64,
+    /// Values that are NaN or ±inf.
+    pub nonfinite: u64,
+    /// Largest |v| over the values that are not NaN (inf counts); 0 if none.
+    pub max_abs: f64,
+}
+
+impl Moments {
+    /// Frobenius (L2) norm.
+    pub fn norm(&self) -> f64 {
+        self.sum_sq.sqrt()
+    }
+
+    pub fn merge(&mut self, other: &Moments) {
+        self.numel += other.numel;
+        self.sum_sq += other.sum_sq;
+        self.nonfinite += other.nonfinite;
+        self.max_abs = self.max_abs.max(other.max_abs);
+    }
+}
+
+/// Moments of decoded values, with 8 independent lanes so it vectorizes.
+///
+/// The maximum is a compare-and-select (not `f64::max`, whose NaN rules
+/// block vectorization): `a > m` is false for a NaN `a`, so NaN is never a
+/// maximum. Non-finite values are counted only when the sum of squares is
+/// not finite, which any NaN or ±inf makes it: the common clean case costs
+/// one multiply-add and one compare per value.
+pub fn moments_of(values: &[f64]) -> Moments {
+    const LANES: usize = 8;
+    let mut sq = [0.0f64; LANES];
+    let mut big = [0.0f64; LANES];
+    let mut blocks = values.chunks_exact(LANES);
+    for block in &mut blocks {
+        for ((s, m), &v) in sq.iter_mut().zip(&mut big).zip(block) {
+            let a = v.abs();
+            *s += v * v;
+            *m = if a > *m { a } else { *m };
+        }
+    }
+    for ((s, m), &v) in sq.iter_mut().zip(&mut big).zip(blocks.remainder()) {
+        let a = v.abs();
+        *s += v * v;
+        *m = if a > *m { a } else { *m };
+    }
+    let sum_sq = ((sq[0] + sq[4]) + (sq[1] + sq[5])) + ((sq[2] + sq[6]) + (sq[3] + sq[7]));
+    let nonfinite = if sum_sq.is_finite() {
+        0
+    } else {
+        values.iter().filter(|v| !v.is_finite()).count() as u64
+    };
+    Moments {
+        numel: values.len() as u64,
+        sum_sq,
+        nonfinite,
+        max_abs: big.iter().fold(0.0, |a, &b| if b > a { b } else { a }),
+    }
+}
+
+/// Decode `bytes` into `out` (as [`decode`]) and return the moments of the
+/// values, a small block at a time so each block is still in L1 when its
+/// statistics are taken.
+pub fn decode_with_moments(kind: FloatKind, bytes: &[u8], out: &mut [f64]) -> Moments {
+    let mut m = Moments::default();
+    for (block, vals) in bytes
+        .chunks(STAT_BLOCK * kind.size())
+        .zip(out.chunks_mut(STAT_BLOCK))
+    {
+        let n = (block.len() / kind.size()).min(vals.len());
+        decode(kind, block, &mut vals[..n]);
+        m.merge(&moments_of(&vals[..n]));
+    }
+    m
+}
+
+/// Moments of raw little-endian values, decoded a small block at a time.
+pub fn moments_of_bytes(kind: FloatKind, bytes: &[u8]) -> Moments {
+    let mut tmp = [0.0f64; STAT_BLOCK];
+    let mut out = Moments::default();
+    for block in bytes.chunks(STAT_BLOCK * kind.size()) {
+        let n = block.len() / kind.size();
+        let vals = &mut tmp[..n];
+        decode(kind, block, vals);
+        out.merge(&moments_of(vals));
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------
+// reading
+
+/// One float tensor of a safetensors file, validated against the file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FloatTensor {
+    pub name: String,
+    pub kind: FloatKind,
+    pub shape: Vec<u64>,
+    pub numel: u64,
+    /// Absolute file offset of the tensor's first byte.
+    pub offset: u64,
+    pub byte_len: u64,
+}
+
+impl FloatTensor {
+    /// (rows, cols) of a 2-D tensor, or None for another rank.
+    pub fn matrix_dims(&self) -> Option<(u64, u64)> {
+        match self.shape[..] {
+            [rows, cols] => Some((rows, cols)),
+            _ => None,
+        }
+    }
+}
+
+/// An open safetensors file whose header has been read and checked.
+#[derive(Debug)]
+pub struct SafetensorsData {
+    path: PathBuf,
+    file: File,
+    header: Header,
+    /// Absolute offset of the data section (8 + header length).
+    data_start: u64,
+    #[cfg(not(unix))]
+    lock: std::sync::Mutex<()>,
+}
+
+impl SafetensorsData {
+    /// Open `path`, read its header (errors there are `Area::Header`) and
+    /// check that the tensors' byte ranges do not overlap, so that reading
+    /// every tensor reads each byte of the file at most once.
+    pub fn open(path: &Path) -> Result<SafetensorsData> {
+        let header = read_header(path)?;
+        let file = open_regular(path, Area::Weights)?;
+        let file_len = file
+            .metadata()
+            .map_err(|e| Error::io(Area::Weights, path, &e))?
+            .len();
+        let mut data = SafetensorsData {
+            path: path.to_path_buf(),
+            file,
+            header,
+            data_start: 0,
+            #[cfg(not(unix))]
+            lock: std::sync::Mutex::new(()),
+        };
+        let mut len_bytes = [0u8; 8];
+        data.read_at(&mut len_bytes, 0, "the header length")?;
+        let data_start = u64::from_le_bytes(len_bytes).saturating_add(8);
+        if file_len.checked_sub(data_start) != Some(data.header.data_len) {
+            return Err(data.err(
+                "the file changed while it was being read (header and data disagree)".into(),
+            ));
+        }
+        data.data_start = data_start;
+        data.check_no_overlap()?;
+        Ok(data)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    fn err(&self, message: String) -> Error {
+        Error::new(Area::Weights, &self.path, message)
+    }
+
+    fn check_no_overlap(&self) -> Result<()> {
+        let mut spans: Vec<(u64, u64, &str)> = self
+            .header
+            .tensors
+            .iter()
+            .filter(|t| t.data_offsets.1 > t.data_offsets.0)
+            .map(|t| (t.data_offsets.0, t.data_offsets.1, t.name.as_str()))
+            .collect();
+        spans.sort_unstable();
+        for pair in spans.windows(2) {
+            if let [(_, end, first), (begin, _, second)] = pair {
+                if begin < end {
+                    return Err(Error::new(
+                        Area::Header,
+                        &self.path,
+                        format!("tensors {first:?} and {second:?} overlap in the data section"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Check one header entry as a float tensor we can read.
+    pub fn float_tensor(&self, info: &TensorInfo) -> Result<FloatTensor> {
+        let name = &info.name;
+        let kind = FloatKind::from_safetensors(&info.dtype).ok_or_else(|| {
+            self.err(format!(
+                "tensor {name:?} has dtype {}; only F32, F16, BF16 and F64 weights are read",
+                info.dtype
+            ))
+        })?;
+        let numel = info
+            .shape
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+            .ok_or_else(|| {
+                self.err(format!("tensor {name:?}: shape {:?} overflows", info.shape))
+            })?;
+        let (begin, end) = info.data_offsets;
+        let byte_len = end.checked_sub(begin).ok_or_else(|| {
+            self.err(format!(
+                "tensor {name:?}: data_offsets [{begin}, {end}] are reversed"
+            ))
+        })?;
+        if numel.checked_mul(kind.size() as u64) != Some(byte_len) {
+            return Err(self.err(format!(
+                "tensor {name:?}: {} shape {:?} needs {numel} x {} bytes but data_offsets span {byte_len}",
+                info.dtype,
+                info.shape,
+                kind.size()
+            )));
+        }
+        if end > self.header.data_len {
+            return Err(self.err(format!(
+                "tensor {name:?}: data_offsets [{begin}, {end}] run past the {}-byte data section",
+                self.header.data_len
+            )));
+        }
+        Ok(FloatTensor {
+            name: name.clone(),
+            kind,
+            shape: info.shape.clone(),
+            numel,
+            offset: self.data_start.saturating_add(begin),
+            byte_len,
+        })
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64, what: &str) -> Result<()> {
+        #[cfg(unix)]
+        let res = {
+            use std::os::unix::fs::FileExt;
+            self.file.read_exact_at(buf, offset)
+        };
+        #[cfg(not(unix))]
+        let res = {
+            use std::io::{Read, Seek, SeekFrom};
+            let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+            let mut f = &self.file;
+            f.seek(SeekFrom::Start(offset))
+                .and_then(|_| f.read_exact(buf))
+        };
+        res.map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                self.err(format!(
+                    "{what} ends early: the file is shorter than its header says (truncated \
+                     while being read?)"
+                ))
+            } else {
+                self.err(format!("cannot read {what}: {e}"))
+            }
+        })
+    }
+
+    /// A reader of this file's tensors that reads at most `chunk_elems`
+    /// elements (and [`MAX_CHUNK_BYTES`]) at a time and keeps its buffers
+    /// from one tensor to the next.
+    pub fn reader(&self, chunk_elems: usize) -> TensorReader<'_> {
+        TensorReader {
+            data: self,
+            chunk_elems: chunk_elems.clamp(1, MAX_CHUNK_BYTES / 8),
+            raw: Vec::new(),
+            vals: Vec::new(),
+        }
+    }
+
+    /// (rows, cols) of a 2-D tensor as usize, with the narrow side (rows
+    /// when `narrow_rows`, else cols) at most [`MAX_GRAM_DIM`].
+    fn narrow_dims(&self, t: &FloatTensor, narrow_rows: bool) -> Result<(usize, usize)> {
+        let (rows, cols) = t.matrix_dims().ok_or_else(|| {
+            self.err(format!(
+                "tensor {:?} has shape {:?}, expected a matrix",
+                t.name, t.shape
+            ))
+        })?;
+        let narrow = if narrow_rows { rows } else { cols };
+        if narrow > MAX_GRAM_DIM as u64 {
+            return Err(self.err(format!(
+                "tensor {:?} has shape {:?}: its {} side exceeds {MAX_GRAM_DIM}",
+                t.name,
+                t.shape,
+                if narrow_rows { "row" } else { "column" }
+            )));
+        }
+        // byte_len (= rows·cols·size) was checked against the file; on a
+        // 32-bit target it may still not fit usize: refuse, never wrap.
+        if usize::try_from(t.byte_len).is_err() {
+            return Err(self.err(format!(
+                "tensor {:?} is too large for this platform",
+                t.name
+            )));
+        }
+        Ok((rows as usize, cols as usize))
+    }
+}
+
+/// Streams tensors of one [`SafetensorsData`] in bounded chunks. Its read
+/// and decode buffers grow to at most one chunk and are reused across
+/// tensors, so walking many small tensors neither allocates nor zeroes
+/// memory per tensor. One per thread.
+pub struct TensorReader<'a> {
+    data: &'a SafetensorsData,
+    /// Elements per read, already clamped to [1, MAX_CHUNK_BYTES / 8].
+    chunk_elems: usize,
+    raw: Vec<u8>,
+    vals: Vec<f64>,
+}
+
+/// `buf[..len]`, growing (and zeroing) `buf` only when it is too short.
+fn grown<T: Copy + Default>(buf: &mut Vec<T>, len: usize) -> &mut [T] {
+    if buf.len() < len {
+        buf.resize(len, T::default());
+    }
+    &mut buf[..len]
+}
+
+impl TensorReader<'_> {
+    /// Visit the raw bytes of `t` in order, one read per call of `f`; each
+    /// slice holds whole elements. `f` may stop the walk early by returning
+    /// `ControlFlow::Break`.
+    pub fn for_each_raw_chunk(
+        &mut self,
+        t: &FloatTensor,
+        mut f: impl FnMut(&[u8]) -> ControlFlow<()>,
+    ) -> Result<()> {
+        let per_read = self.chunk_elems * t.kind.size();
+        let buf = grown(&mut self.raw, bounded(t.byte_len, per_read));
+        let what = format!("the data of tensor {:?}", t.name);
+        let mut done = 0u64;
+        while done < t.byte_len {
+            let n = bounded(t.byte_len - done, per_read);
+            let slice = &mut buf[..n];
+            self.data.read_at(slice, t.offset + done, &what)?;
+            if f(slice).is_break() {
+                break;
+            }
+            done += n as u64;
+        }
+        Ok(())
+    }
+
+    /// Moments of all values of `t`, streamed.
+    pub fn moments(&mut self, t: &FloatTensor) -> Result<Moments> {
+        let mut out = Moments::default();
+        self.for_each_raw_chunk(t, |bytes| {
+            out.merge(&moments_of_bytes(t.kind, bytes));
+            ControlFlow::Continue(())
+        })?;
+        Ok(out)
+    }
+
+    /// Visit a 2-D tensor (rows, cols) in blocks of whole rows: `f(rows_in_block,
+    /// values)` with the block's values decoded, row-major. `cols` must be at
+    /// most [`MAX_GRAM_DIM`]. Returns the moments of the whole tensor.
+    pub fn for_each_row_block(
+        &mut self,
+        t: &FloatTensor,
+        mut f: impl FnMut(usize, &[f64]),
+    ) -> Result<Moments> {
+        let (rows, cols) = self.data.narrow_dims(t, false)?;
+        if rows == 0 || cols == 0 {
+            return Ok(Moments::default());
+        }
+        let es = t.kind.size();
+        let rows_per = (self.chunk_elems / cols).max(1);
+        let first = rows_per.min(rows);
+        let raw = grown(&mut self.raw, first * cols * es);
+        let vals = grown(&mut self.vals, first * cols);
+        let what = format!("the data of tensor {:?}", t.name);
+        let mut moments = Moments::default();
+        let mut row = 0usize;
+        while row < rows {
+            let n = rows_per.min(rows - row);
+            let raw = &mut raw[..n * cols * es];
+            let vals = &mut vals[..n * cols];
+            self.data
+                .read_at(raw, t.offset + (row * cols) as u64 * es as u64, &what)?;
+            moments.merge(&decode_with_moments(t.kind, raw, vals));
+            f(n, vals);
+            row += n;
+        }
+        Ok(moments)
+    }
+
+    /// Visit a 2-D tensor (rows, cols) in blocks of whole columns: `f(width,
+    /// values)` with all rows over the block's `width` columns, decoded,
+    /// row-major (rows x width). `rows` must be at most [`MAX_GRAM_DIM`]. A
+    /// wide tensor that fits one chunk is read with one read; otherwise
+    /// each block takes one read per row. Returns the whole tensor's moments.
+    pub fn for_each_column_block(
+        &mut self,
+        t: &FloatTensor,
+        mut f: impl FnMut(usize, &[f64]),
+    ) -> Result<Moments> {
+        let (rows, cols) = self.data.narrow_dims(t, true)?;
+        if rows == 0 || cols == 0 {
+            return Ok(Moments::default());
+        }
+        let es = t.kind.size();
+        let width_per = (self.chunk_elems / rows).max(1).min(cols);
+        let raw = grown(&mut self.raw, rows * width_per * es);
+        let vals = grown(&mut self.vals, rows * width_per);
+        let what = format!("the data of tensor {:?}", t.name);
+        let mut moments = Moments::default();
+        let mut col = 0usize;
+        while col < cols {
+            let w = width_per.min(cols - col);
+            let raw = &mut raw[..rows * w * es];
+            let vals = &mut vals[..rows * w];
+            if w == cols {
+                self.data.read_at(raw, t.offset, &what)?;
+            } else {
+                for (i, row_bytes) in raw.chunks_exact_mut(w * es).enumerate() {
+                    let at = t.offset + (i * cols + col) as u64 * es as u64;
+                    self.data.read_at(row_bytes, at, &what)?;
+                }
+            }
+            moments.merge(&decode_with_moments(t.kind, raw, vals));
+            f(w, vals);
+            col += w;
+        }
+        Ok(moments)
+    }
+
+    /// `X·Xᵀ` (rows x rows) of a 2-D tensor with at most [`MAX_GRAM_DIM`]
+    /// rows, accumulated in f64 over column blocks, and X's moments.
+    pub fn row_gram(&mut self, t: &FloatTensor) -> Result<(DMatrix<f64>, Moments)> {
+        let (rows, _) = self.data.narrow_dims(t, true)?;
+        let mut g = Gram::new(rows);
+        let m = self.for_each_column_block(t, |w, vals| g.add_rows(vals, w))?;
+        Ok((g.finish(), m))
+    }
+
+    /// `Xᵀ·X` (cols x cols) of a 2-D tensor with at most [`MAX_GRAM_DIM`]
+    /// columns, accumulated in f64 over row blocks, and X's moments.
+    pub fn column_gram(&mut self, t: &FloatTensor) -> Result<(DMatrix<f64>, Moments)> {
+        let (_, cols) = self.data.narrow_dims(t, false)?;
+        let mut h = Gram::new(cols);
+        let m = self.for_each_row_block(t, |n, vals| h.add_columns(vals, n))?;
+        Ok((h.finish(), m))
+    }
+}
+
+/// min(remaining, cap) as usize (cap is a usize, so this cannot overflow).
+fn bounded(remaining: u64, cap: usize) -> usize {
+    usize::try_from(remaining).map_or(cap, |r| r.min(cap))
+}
+
+// ---------------------------------------------------------------------------
+// Gram kernel
+
+/// Columns of a panel walked at once (for `add_rows`): the six rows a tile
+/// reads (6 x 2 KiB) stay in L1.
+const GRAM_PANEL: usize = 256;
+/// Lanes per accumulator: two f64 fill an SSE2 register, and 4x2 tiles of
+/// them (8 registers) plus their operands (6) fit the 16 of x86-64.
+const GRAM_LANES: usize = 2;
+
+/// An n x n Gram matrix being accumulated in f64, upper triangle only.
+///
+/// Why not a BLAS call: the matrices are thin (n = r, usually 4..256) and
+/// long, where a general GEMM spends its time packing. Two register-tiled
+/// kernels run several times faster here and do half the work by symmetry:
+/// dot products along the long rows for `P·Pᵀ` (`lora_A`, r x in), and
+/// sums of outer products of the short rows for `Xᵀ·X` (`lora_B`, out x r),
+/// so neither layout is transposed.
+pub struct Gram {
+    n: usize,
+    /// Row-major n x n; entries (i, j) with i <= j are meaningful.
+    upper: Vec<f64>,
+}
+
+impl Gram {
+    pub fn new(n: usize) -> Gram {
+        Gram {
+            n,
+            upper: vec![0.0; n * n],
+        }
+    }
+
+    /// Add P·Pᵀ for P (n x w) stored row-major in `p`.
+    pub fn add_rows(&mut self, p: &[f64], w: usize) {
+        gram_upper(p, self.n, w, &mut self.upper);
+    }
+
+    /// Add Xᵀ·X for X (rows x n) stored row-major in `x`.
+    pub fn add_columns(&mut self, x: &[f64], rows: usize) {
+        gram_upper_of_columns(x, rows, self.n, &mut self.upper);
+    }
+
+    /// The full symmetric matrix.
+    pub fn finish(self) -> DMatrix<f64> {
+        let n = self.n;
+        DMatrix::from_fn(n, n, |i, j| {
+            let (a, b) = if i <= j { (i, j) } else { (j, i) };
+            self.upper[a * n + b]
+        })
+    }
+}
+
+/// upper += P·Pᵀ (entries i <= j) for P (n x w) row-major.
+fn gram_upper(p: &[f64], n: usize, w: usize, upper: &mut [f64]) {
+    debug_assert!(p.len() >= n * w && upper.len() >= n * n);
+    if p.len() < n * w || upper.len() < n * n || w == 0 {
+        return;
+    }
+    let mut k0 = 0;
+    while k0 < w {
+        let kw = GRAM_PANEL.min(w - k0);
+        let row = |i: usize| &p[i * w + k0..i * w + k0 + kw];
+        let mut i = 0;
+        while i + 4 <= n {
+            let xs = [row(i), row(i + 1), row(i + 2), row(i + 3)];
+            let mut j = i;
+            while j + 2 <= n {
+                let t = tile(xs, [row(j), row(j + 1)]);
+                for (a, ta) in t.iter().enumerate() {
+                    for (b, &v) in ta.iter().enumerate() {
+                        upper[(i + a) * n + j + b] += v;
+                    }
+                }
+                j += 2;
+            }
+            if j < n {
+                let t = tile(xs, [row(j)]);
+                for (a, ta) in t.iter().enumerate() {
+                    upper[(i + a) * n + j] += ta[0];
+                }
+            }
+            i += 4;
+        }
+        for i in i..n {
+            for j in i..n {
+                upper[i * n + j] += tile([row(i)], [row(j)])[0][0];
+            }
+        }
+        k0 += kw;
+    }
+}
+
+/// upper += Xᵀ·X (entries i <= j) for X (rows x n) row-major, as sums of
+/// outer products of X's rows: 4x4 tiles of (i, j) keep their 16 sums in
+/// registers while the rows stream by, so no transpose is needed.
+fn gram_upper_of_columns(x: &[f64], rows: usize, n: usize, upper: &mut [f64]) {
+    debug_assert!(x.len() >= rows * n && upper.len() >= n * n);
+    if n == 0 || x.len() < rows * n || upper.len() < n * n {
+        return;
+    }
+    // Rows per pass: about 32 KiB of X, so a pass stays in L1 across tiles.
+    let pass_rows = (4096 / n).max(8);
+    let n4 = n - n % 4;
+    for pass in x[..rows * n].chunks(pass_rows * n) {
+        for i0 in (0..n4).step_by(4) {
+            for j0 in (i0..n4).step_by(4) {
+                let mut acc = [[0.0f64; 4]; 4];
+                for row in pass.chunks_exact(n) {
+                    let xi = &row[i0..i0 + 4];
+                    let xj = &row[j0..j0 + 4];
+                    for a in 0..4 {
+                        for b in 0..4 {
+                            acc[a][b] += xi[a] * xj[b];
+                        }
+                    }
+                }
+                for (a, acc_a) in acc.iter().enumerate() {
+                    for (b, &v) in acc_a.iter().enumerate() {
+                        upper[(i0 + a) * n + j0 + b] += v;
+                    }
+                }
+            }
+        }
+        // Columns past the last full tile: plain sums.
+        for j in n4..n {
+            for i in 0..=j {
+                let v: f64 = pass.chunks_exact(n).map(|row| row[i] * row[j]).sum();
+                upper[i * n + j] += v;
+            }
+        }
+    }
+}
+
+/// `out[a][b] = Σ_k xs[a][k]·ys[b][k]` over the common length, with
+/// [`GRAM_LANES`] independent partial sums per entry. Indexing by one
+/// counter over slices cut to one length lets the compiler drop the bounds
+/// checks and keep the TI·TJ·LANES sums in registers.
+#[inline(always)]
+fn tile<const TI: usize, const TJ: usize>(xs: [&[f64]; TI], ys: [&[f64]; TJ]) -> [[f64; TJ]; TI] {
+    let len = xs
+        .iter()
+        .chain(ys.iter())
+        .map(|r| r.len())
+        .min()
+        .unwrap_or(0);
+    let xs = xs.map(|r| &r[..len]);
+    let ys = ys.map(|r| &r[..len]);
+    let full = len - len % GRAM_LANES;
+    let mut acc = [[[0.0f64; GRAM_LANES]; TJ]; TI];
+    let mut k = 0;
+    while k < full {
+        for a in 0..TI {
+            for b in 0..TJ {
+                for l in 0..GRAM_LANES {
+                    acc[a][b][l] += xs[a][k + l] * ys[b][k + l];
+                }
+            }
+        }
+        k += GRAM_LANES;
+    }
+    let mut out = [[0.0f64; TJ]; TI];
+    for a in 0..TI {
+        for b in 0..TJ {
+            let tail: f64 = (full..len).map(|k| xs[a][k] * ys[b][k]).sum();
+            out[a][b] = acc[a][b].iter().sum::<f64>() + tail;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// Bytes of `vals` in `kind` (f16 only for values it holds exactly).
+    pub(crate) fn encode(kind: FloatKind, vals: &[f64]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for &v in vals {
+            match kind {
+                FloatKind::F32 => out.extend((v as f32).to_le_bytes()),
+                FloatKind::F64 => out.extend(v.to_le_bytes()),
+                FloatKind::BF16 => out.extend((((v as f32).to_bits() >> 16) as u16).to_le_bytes()),
+                FloatKind::F16 => {
+                    let h = (0..=u16::MAX)
+                        .find(|&h| {
+                            let f = f64::from(f16_to_f32(h));
+                            f == v || (v.is_nan() && f.is_nan())
+                        })
+                        .expect("value not exact in f16");
+                    out.extend(h.to_le_bytes());
+                }
+            }
+        }
+        out
+    }
+
+    /// A safetensors file of (name, dtype, shape, bytes) entries, laid out
+    /// in order.
+    pub(crate) fn safetensors_bytes(entries: &[(&str, &str, Vec<u64>, Vec<u8>)]) -> Vec<u8> {
+        let mut header = serde_json::Map::new();
+        let mut data = Vec::new();
+        for (name, dtype, shape, bytes) in entries {
+            let begin = data.len();
+            data.extend_from_slice(bytes);
+            header.insert(
+                name.to_string(),
+                serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [begin, data.len()]}),
+            );
+        }
+        let json = serde_json::Value::Object(header).to_string();
+        let mut out = (json.len() as u64).to_le_bytes().to_vec();
+        out.extend_from_slice(json.as_bytes());
+        out.extend(data);
+        out
+    }
+
+    fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+        let p = dir.join(name);
+        File::create(&p).unwrap().write_all(bytes).unwrap();
+        p
+    }
+
+    /// Deterministic values of all signs and magnitudes, exact in bf16/f16.
+    fn values(n: usize, seed: u64) -> Vec<f64> {
+        let mut x = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (0..n)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let m = ((x >> 40) % 255) as f64 - 127.0;
+                m / 64.0
+            })
+            .collect()
+    }
+
+    fn naive_moments(vals: &[f64]) -> Moments {
+        let mut m = Moments::default();
+        for &v in vals {
+            m.numel += 1;
+            m.sum_sq += v * v;
+            m.nonfinite += u64::from(!v.is_finite());
+            if !v.is_nan() && v.abs() > m.max_abs {
+                m.max_abs = v.abs();
+            }
+        }
+        m
+    }
+
+    const KINDS: [FloatKind; 4] = [
+        FloatKind::F32,
+        FloatKind::F64,
+        FloatKind::F16,
+        FloatKind::BF16,
+    ];
+
+    #[test]
+    fn moments_match_a_naive_loop_for_every_dtype() {
+        for n in [0, 1, 7, 8, 9, 255, 256, 257, 1000] {
+            let vals = values(n, n as u64);
+            for kind in KINDS {
+                let got = moments_of_bytes(kind, &encode(kind, &vals));
+                let want = naive_moments(&vals);
+                assert_eq!(got.numel, want.numel);
+                assert_eq!(got.nonfinite, 0);
+                assert_eq!(got.max_abs, want.max_abs, "{kind:?} {n}");
+                assert!((got.sum_sq - want.sum_sq).abs() <= 1e-12 * want.sum_sq.max(1.0));
+            }
+        }
+    }
+
+    #[test]
+    fn nonfinite_values_are_counted_and_nan_is_no_maximum() {
+        let vals = [
+            1.0,
+            f64::NAN,
+            -2.0,
+            f64::INFINITY,
+            0.5,
+            -f64::INFINITY,
+            3.0,
+            0.0,
+            1.0,
+        ];
+        for kind in KINDS {
+            let m = moments_of_bytes(kind, &encode(kind, &vals));
+            assert_eq!(m.nonfinite, 3, "{kind:?}");
+            assert!(m.norm().is_nan(), "{kind:?}");
+            assert_eq!(m.max_abs, f64::INFINITY, "{kind:?}");
+        }
+        let m = moments_of(&[f64::NAN, -4.0, 2.0]);
+        assert_eq!((m.max_abs, m.nonfinite), (4.0, 1));
+        let m = moments_of(&[1.0, f64::INFINITY]);
+        assert_eq!(m.norm(), f64::INFINITY);
+    }
+
+    #[test]
+    fn epsilon_is_the_spacing_above_one() {
+        for kind in KINDS {
+            let one_up = 1.0 + kind.epsilon();
+            let bytes = encode(kind, &[1.0]);
+            let mut next = bytes.clone();
+            next[0] += 1; // the next representable value above 1.0
+            let mut out = [0.0; 1];
+            decode(kind, &next, &mut out);
+            assert_eq!(out[0], one_up, "{kind:?}");
+        }
+        assert_eq!(FloatKind::from_safetensors("I32"), None);
+        for kind in KINDS {
+            assert_eq!(
+                FloatKind::from_safetensors(kind.safetensors_name()),
+                Some(kind)
+            );
+        }
+    }
+
+    fn naive_gram(x: &[f64], rows: usize, cols: usize, of_rows: bool) -> Vec<f64> {
+        let n = if of_rows { rows } else { cols };
+        let mut g = vec![0.0; n * n];
+        for i in 0..n {
+            for j in 0..n {
+                g[i * n + j] = if of_rows {
+                    (0..cols).map(|k| x[i * cols + k] * x[j * cols + k]).sum()
+                } else {
+                    (0..rows).map(|k| x[k * cols + i] * x[k * cols + j]).sum()
+                };
+            }
+        }
+        g
+    }
+
+    #[test]
+    fn grams_match_naive_products_for_every_chunking() {
+        let dir = tempfile::tempdir().unwrap();
+        // Ranks around the 4x4 / 4x2 tiles, and a long side past a panel.
+        for (r, wide, kind) in [
+            (6usize, 37usize, FloatKind::F32),
+            (6, 37, FloatKind::F64),
+            (6, 37, FloatKind::F16),
+            (6, 37, FloatKind::BF16),
+            (1, 5, FloatKind::F32),
+            (3, 600, FloatKind::F32),
+            (4, 257, FloatKind::BF16),
+            (9, 300, FloatKind::F64),
+            (13, 11, FloatKind::F32),
+        ] {
+            let a = values(r * wide, r as u64);
+            let b = values(wide * r, wide as u64);
+            let bytes = safetensors_bytes(&[
+                (
+                    "a",
+                    kind.safetensors_name(),
+                    vec![r as u64, wide as u64],
+                    encode(kind, &a),
+                ),
+                (
+                    "b",
+                    kind.safetensors_name(),
+                    vec![wide as u64, r as u64],
+                    encode(kind, &b),
+                ),
+            ]);
+            let path = write(dir.path(), "g.safetensors", &bytes);
+            let data = SafetensorsData::open(&path).unwrap();
+            let ta = data.float_tensor(&data.header().tensors[0]).unwrap();
+            let tb = data.float_tensor(&data.header().tensors[1]).unwrap();
+            let want_g = naive_gram(&a, r, wide, true);
+            let want_h = naive_gram(&b, wide, r, false);
+            for chunk in [1, 5, 6, 7, 12, 100, 1000, r * wide, DEFAULT_CHUNK_ELEMS] {
+                let (g, ma) = data.reader(chunk).row_gram(&ta).unwrap();
+                let (h, mb) = data.reader(chunk).column_gram(&tb).unwrap();
+                for i in 0..r {
+                    for j in 0..r {
+                        assert!(
+                            (g[(i, j)] - want_g[i * r + j]).abs() < 1e-12,
+                            "{kind:?} {chunk}"
+                        );
+                        assert!(
+                            (h[(i, j)] - want_h[i * r + j]).abs() < 1e-12,
+                            "{kind:?} {chunk}"
+                        );
+                    }
+                }
+                assert_eq!(ma, {
+                    let mut m = moments_of(&a);
+                    m.sum_sq = ma.sum_sq;
+                    m
+                });
+                assert!((ma.sum_sq - g.trace()).abs() < 1e-12);
+                assert!((mb.sum_sq - h.trace()).abs() < 1e-12);
+                assert_eq!(data.reader(chunk).moments(&ta).unwrap().max_abs, ma.max_abs);
+            }
+        }
+    }
+
+    #[test]
+    fn refuses_foreign_dtypes_overlaps_and_non_matrices() {
+        let dir = tempfile::tempdir().unwrap();
+        let ints = safetensors_bytes(&[("counts", "I32", vec![2], vec![0; 8])]);
+        let path = write(dir.path(), "i.safetensors", &ints);
+        let data = SafetensorsData::open(&path).unwrap();
+        let e = data.float_tensor(&data.header().tensors[0]).unwrap_err();
+        assert_eq!(e.area, Area::Weights);
+        assert!(e.message.contains("\"counts\" has dtype I32"), "{e}");
+
+        let json = r#"{"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"y":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}"#;
+        let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(json.as_bytes());
+        bytes.extend([0u8; 12]);
+        let path = write(dir.path(), "o.safetensors", &bytes);
+        let e = SafetensorsData::open(&path).unwrap_err();
+        assert!(e.message.contains("overlap"), "{e}");
+
+        let vec1 = safetensors_bytes(&[("v", "F32", vec![3], encode(FloatKind::F32, &[1.0; 3]))]);
+        let path = write(dir.path(), "v.safetensors", &vec1);
+        let data = SafetensorsData::open(&path).unwrap();
+        let t = data.float_tensor(&data.header().tensors[0]).unwrap();
+        assert!(data
+            .reader(8)
+            .row_gram(&t)
+            .unwrap_err()
+            .message
+            .contains("expected a matrix"));
+        assert_eq!(data.reader(8).moments(&t).unwrap().sum_sq, 3.0);
+
+        // A Gram side past the cap is refused before anything is allocated.
+        let tall = safetensors_bytes(&[("t", "F32", vec![2000, 1], vec![0; 8000])]);
+        let path = write(dir.path(), "t.safetensors", &tall);
+        let data = SafetensorsData::open(&path).unwrap();
+        let t = data.float_tensor(&data.header().tensors[0]).unwrap();
+        assert!(data
+            .reader(8)
+            .row_gram(&t)
+            .unwrap_err()
+            .message
+            .contains("exceeds 1024"));
+        assert!(data.reader(8).column_gram(&t).is_ok());
+    }
+
+    #[test]
+    fn a_file_truncated_after_opening_is_an_error_not_a_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        let bytes =
+            safetensors_bytes(&[("w", "F32", vec![4, 4], encode(FloatKind::F32, &[0.5; 16]))]);
+        let path = write(dir.path(), "w.safetensors", &bytes);
+        let data = SafetensorsData::open(&path).unwrap();
+        let t = data.float_tensor(&data.header().tensors[0]).unwrap();
+        File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(bytes.len() as u64 - 10)
+            .unwrap();
+        for chunk in [1, 4, 100] {
+            let e = data.reader(chunk).moments(&t).unwrap_err();
+            assert_eq!(e.area, Area::Weights);
+            assert!(e.message.contains("ends early"), "{e}");
+            assert!(data.reader(chunk).row_gram(&t).is_err());
+            assert!(data.reader(chunk).column_gram(&t).is_err());
+        }
+        // Reopening sees the short file in the header check.
+        assert_eq!(SafetensorsData::open(&path).unwrap_err().area, Area::Header);
+    }
+
+    #[test]
+    fn a_sparse_multi_gigabyte_tensor_streams_in_bounded_chunks() {
+        let dir = tempfile::tempdir().unwrap();
+        let numel: u64 = 3 << 30; // 3 Gi f16 values: 6 GiB of data, all a hole
+        let json = format!(
+            r#"{{"huge":{{"dtype":"F16","shape":[{numel}],"data_offsets":[0,{}]}}}}"#,
+            numel * 2
+        );
+        let path = dir.path().join("sparse.safetensors");
+        let mut f = File::create(&path).unwrap();
+        f.write_all(&(json.len() as u64).to_le_bytes()).unwrap();
+        f.write_all(json.as_bytes()).unwrap();
+        f.set_len(8 + json.len() as u64 + numel * 2).unwrap();
+        drop(f);
+        let data = SafetensorsData::open(&path).unwrap();
+        let t = data.float_tensor(&data.header().tensors[0]).unwrap();
+        assert_eq!(t.byte_len, 6 << 30);
+        // Walk the first chunks only (reading 6 GiB of holes takes seconds):
+        // each read is bounded however large the tensor or the request.
+        let (mut reads, mut largest) = (0u64, 0usize);
+        data.reader(usize::MAX)
+            .for_each_raw_chunk(&t, |bytes| {
+                reads += 1;
+                largest = largest.max(bytes.len());
+                assert!(bytes.iter().all(|&b| b == 0));
+                if reads == 4 {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            })
+            .unwrap();
+        assert_eq!(reads, 4);
+        assert_eq!(largest, MAX_CHUNK_BYTES / 8 * 2);
+        // The tail of the data section is read the same way.
+        let tail = FloatTensor {
+            offset: t.offset + t.byte_len - 3000,
+            byte_len: 3000,
+            numel: 1500,
+            ..t.clone()
+        };
+        let m = data.reader(1000).moments(&tail).unwrap();
+        assert_eq!((m.numel, m.sum_sq, m.nonfinite), (1500, 0.0, 0));
+    }
+}
