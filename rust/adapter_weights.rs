@@ -174,8 +174,11 @@ pub struct ConfigSummary {
     pub alpha_pattern: Vec<(String, f64)>,
 }
 
-/// The whole report. Holds nested structs, so it carries no pyclass
-/// attribute: the binding converts it (or wraps its parts).
+/// The whole report of one adapter's weights.
+#[cfg_attr(
+    feature = "python",
+    pyo3::pyclass(frozen, get_all, skip_from_py_object, module = "adapterprobe._core")
+)]
 #[derive(Debug, Clone, PartialEq)]
 pub struct AdapterWeights {
     /// The safetensors file read.

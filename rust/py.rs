@@ -12,12 +12,15 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple};
 
+use crate::adapter_weights::{self, AdapterWeights};
 use crate::error::{Area, Error};
 use crate::layers::{self, LayerGrouping};
 use crate::loss_log::{self, LossCurve};
 use crate::robust_curve::{self, RobustCurve, RobustParams, SpikeEvent};
 use crate::safetensors_header::{self, Header, TensorInfo};
-use crate::scan::{self, Discovery, DriftInput, GhostInput, LogsStatus, Target, TargetInputs};
+use crate::scan::{
+    self, Discovery, DriftInput, GhostInput, LogsStatus, Target, TargetInputs, WeightsInput,
+};
 use crate::torch_state::{self, ParamStat, TrainingState};
 use crate::{metrics, Result};
 
@@ -545,17 +548,33 @@ fn discover(
 
 /// Gather probe inputs for `targets` in parallel (GIL released), in order.
 #[pyfunction]
-#[pyo3(signature = (targets, *, drift=true, ghost=true, workers=None))]
+#[pyo3(signature = (targets, *, drift=true, ghost=true, weights=true, workers=None))]
 fn probe_targets(
     py: Python<'_>,
     targets: Vec<Target>,
     drift: bool,
     ghost: bool,
+    weights: bool,
     workers: Option<usize>,
 ) -> Result<Vec<TargetInputs>> {
-    py.detach(|| {
-        scan::pool(workers).map(|p| p.install(|| scan::probe_targets(&targets, drift, ghost)))
-    })
+    let wanted = scan::Wanted {
+        drift,
+        ghost,
+        weights,
+    };
+    py.detach(|| scan::pool(workers).map(|p| p.install(|| scan::probe_targets(&targets, wanted))))
+}
+
+/// Read an adapter's weights and config (a PEFT adapter dir or its
+/// `.safetensors` file): per-module norms, ΔW spectrum, non-finite counts.
+#[pyfunction]
+fn read_adapter_weights(py: Python<'_>, path: PathBuf) -> Result<AdapterWeights> {
+    py.detach(|| adapter_weights::read_adapter_weights(&path))
+}
+
+#[pyfunction]
+fn weights_input(py: Python<'_>, adapter: PathBuf) -> WeightsInput {
+    py.detach(|| scan::weights_input(&adapter))
 }
 
 #[pymodule(gil_used = false)]
@@ -590,5 +609,13 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ghost_input, m)?)?;
     m.add_function(wrap_pyfunction!(discover, m)?)?;
     m.add_function(wrap_pyfunction!(probe_targets, m)?)?;
+    m.add_class::<WeightsInput>()?;
+    m.add_class::<AdapterWeights>()?;
+    m.add_class::<adapter_weights::LoraModuleStats>()?;
+    m.add_class::<adapter_weights::TensorStats>()?;
+    m.add_class::<adapter_weights::LayerEnergy>()?;
+    m.add_class::<adapter_weights::ConfigSummary>()?;
+    m.add_function(wrap_pyfunction!(read_adapter_weights, m)?)?;
+    m.add_function(wrap_pyfunction!(weights_input, m)?)?;
     Ok(())
 }

@@ -13,6 +13,7 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 
+use crate::adapter_weights::{self, AdapterWeights};
 use crate::attribution::{self, Attribution};
 use crate::error::{Area, Error, Result};
 use crate::layers::{self, LayerGrouping};
@@ -449,6 +450,31 @@ pub fn ghost_input(adapter: &Path) -> GhostInput {
     input
 }
 
+/// What `adapter_weights` needs about one adapter version: its weights
+/// report, or why it could not be read.
+#[cfg_attr(
+    feature = "python",
+    pyo3::pyclass(frozen, get_all, skip_from_py_object, module = "adapterprobe._core")
+)]
+#[derive(Debug, Clone)]
+pub struct WeightsInput {
+    pub adapter: PathBuf,
+    pub weights: Option<AdapterWeights>,
+    pub error: Option<Error>,
+}
+
+pub fn weights_input(adapter: &Path) -> WeightsInput {
+    let (weights, error) = match adapter_weights::read_adapter_weights(adapter) {
+        Ok(w) => (Some(w), None),
+        Err(e) => (None, Some(e)),
+    };
+    WeightsInput {
+        adapter: adapter.to_path_buf(),
+        weights,
+        error,
+    }
+}
+
 /// Probe inputs for one target.
 #[cfg_attr(
     feature = "python",
@@ -459,24 +485,39 @@ pub struct TargetInputs {
     pub store: PathBuf,
     pub drift: Option<DriftInput>,
     pub ghosts: Vec<GhostInput>,
+    pub weights: Vec<WeightsInput>,
     pub broken: Vec<(PathBuf, String)>,
 }
 
+/// Which probes a gathering pass reads inputs for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wanted {
+    pub drift: bool,
+    pub ghost: bool,
+    pub weights: bool,
+}
+
 /// Gather the inputs of many targets in parallel, in target order.
-pub fn probe_targets(targets: &[Target], drift: bool, ghost: bool) -> Vec<TargetInputs> {
+pub fn probe_targets(targets: &[Target], wanted: Wanted) -> Vec<TargetInputs> {
     targets
         .par_iter()
         .map(|t| TargetInputs {
             store: t.store.clone(),
-            drift: (drift && t.with_logs).then(|| drift_input(&t.store)),
-            ghosts: if ghost {
-                t.versions.par_iter().map(|v| ghost_input(v)).collect()
-            } else {
-                vec![]
-            },
+            drift: (wanted.drift && t.with_logs).then(|| drift_input(&t.store)),
+            ghosts: per_version(&t.versions, wanted.ghost, ghost_input),
+            weights: per_version(&t.versions, wanted.weights, weights_input),
             broken: t.broken.clone(),
         })
         .collect()
+}
+
+/// `read` of every version, in parallel and in order (nothing when `on` is false).
+fn per_version<T: Send>(versions: &[PathBuf], on: bool, read: fn(&Path) -> T) -> Vec<T> {
+    if on {
+        versions.par_iter().map(|v| read(v)).collect()
+    } else {
+        vec![]
+    }
 }
 
 /// A rayon pool of `workers` threads (None: one per core).

@@ -64,7 +64,14 @@ def test_table_and_csv_formats():
 
 
 def test_check_one_store_and_one_version():
-    store = cli("check", str(DEMO_STORE / "healthy"), "--format", "json")
+    store = cli(
+        "check",
+        str(DEMO_STORE / "healthy"),
+        "--format",
+        "json",
+        "--probes",
+        "gradient_ghost,training_drift",
+    )
     assert store.returncode == 0
     assert len(json.loads(store.stdout)) == 2
     version = cli(
@@ -72,6 +79,8 @@ def test_check_one_store_and_one_version():
         str(DEMO_STORE / "smoke-test" / "adapter" / "versions" / "v0001"),
         "--format",
         "json",
+        "--probes",
+        "gradient_ghost",
     )
     assert version.returncode == 1
     assert [r["probe"] for r in json.loads(version.stdout)] == ["gradient_ghost"]

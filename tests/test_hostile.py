@@ -89,6 +89,8 @@ def test_fifos_are_refused_not_waited_on(tmp_path):
     version = store / "adapter" / "versions" / "v0001"
     (version / "training_state.pt").unlink()
     os.mkfifo(version / "training_state.pt")
+    (version / "adapter_model.safetensors").unlink()
+    os.mkfifo(version / "adapter_model.safetensors")
     log = sorted((store / "logs").iterdir())[0]
     log.unlink()
     os.mkfifo(log)

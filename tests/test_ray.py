@@ -74,7 +74,7 @@ def test_a_worker_killed_mid_task_loses_nothing(ray_instance, tmp_path, max_retr
 
     tree = make_tree(tmp_path, 1500)
     targets, _ = discover(tree)
-    local = ap.scan(tree).to_dicts()
+    local = ap.scan(tree, probes=("gradient_ghost", "training_drift")).to_dicts()
     stop, killed = threading.Event(), []
     killer = threading.Thread(target=_kill_running_tasks, args=(stop, killed))
     killer.start()
@@ -106,7 +106,7 @@ def test_failed_records_match_the_local_record_shape():
     targets, _ = discover(DEMO_STORE, all_versions=True)
     for target in targets:
         local = ap.scan(target.store, all_versions=True)
-        failed = failed_records(target, ("gradient_ghost", "training_drift"), "boom")
+        failed = failed_records(target, tuple(ap.probes.PROBES), "boom")
         assert [(r.store, r.adapter, r.probe) for r in failed] == [
             (r.store, r.adapter, r.probe) for r in local
         ]

@@ -34,11 +34,14 @@ def tree(tmp_path):
 
 def test_demo_scan_agrees_with_single_probes():
     report = ap.scan(DEMO_STORE)
-    assert len(report) == 8
+    assert len(report) == 12  # 4 stores: a drift record, a weights and a ghost record each
     for record in report:
         if record.probe == "training_drift":
             assert record.adapter is None
             single = ap.training_drift(record.store)
+        elif record.probe == "adapter_weights":
+            Path(record.adapter).relative_to(record.store)
+            single = ap.adapter_weights(record.adapter)
         else:
             Path(record.adapter).relative_to(record.store)
             single = ap.gradient_ghost(record.adapter)
@@ -48,7 +51,7 @@ def test_demo_scan_agrees_with_single_probes():
 
 
 def test_tree_discovery_and_order(tree):
-    report = ap.scan(tree)
+    report = ap.scan(tree, probes=("gradient_ghost", "training_drift"))
     stores = [r.store for r in report]
     assert stores == sorted(stores)
     by_store = {}
@@ -70,10 +73,11 @@ def test_tree_discovery_and_order(tree):
 
 def test_all_versions_and_a_version_root():
     store = DEMO_STORE / "resumed-torn"
-    assert len([r for r in ap.scan(store) if r.adapter]) == 1
-    every = [r for r in ap.scan(store, all_versions=True) if r.adapter]
+    two = ("gradient_ghost", "training_drift")
+    assert len([r for r in ap.scan(store, probes=two) if r.adapter]) == 1
+    every = [r for r in ap.scan(store, all_versions=True, probes=two) if r.adapter]
     assert [Path(r.adapter).name for r in every] == ["v0001", "v0002"]
-    only = ap.scan(store / "adapter" / "versions" / "v0001")
+    only = ap.scan(store / "adapter" / "versions" / "v0001", probes=two)
     assert len(only) == 1
     assert only[0].probe == "gradient_ghost"
     assert Path(only[0].store) == store
@@ -164,7 +168,8 @@ def test_scan_without_torch(tmp_path):
     code = (
         "import sys, json; sys.modules['torch'] = None\n"
         "from adapterprobe.cli import main\n"
-        f"sys.exit(main(['scan', {str(DEMO_STORE)!r}, '--format', 'json']))\n"
+        f"sys.exit(main(['scan', {str(DEMO_STORE)!r}, '--format', 'json',"
+        " '--probes', 'gradient_ghost,training_drift']))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 1, out.stderr  # the smoke-test adapter FAILs

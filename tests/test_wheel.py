@@ -53,8 +53,8 @@ def test_wheel_in_a_fresh_venv_without_torch(wheel, tmp_path):
     )
     assert scan.returncode == 1, scan.stderr  # the demo's smoke-test adapter FAILs
     records = json.loads(scan.stdout)
-    assert len(records) == 8
-    assert {r["probe"] for r in records} == {"training_drift", "gradient_ghost"}
+    assert len(records) == 12
+    assert {r["probe"] for r in records} == {"training_drift", "gradient_ghost", "adapter_weights"}
     assert all(Path(r["store"]).is_relative_to(env_dir) for r in records), "demo ships in the wheel"
 
 

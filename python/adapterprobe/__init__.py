@@ -10,6 +10,7 @@ import importlib
 from typing import Any
 
 from adapterprobe._core import (
+    AdapterWeights,
     LayerGrouping,
     LossCurve,
     ParamStat,
@@ -20,6 +21,7 @@ from adapterprobe._core import (
     count_spikes,
     curve_metrics,
     group_layers,
+    read_adapter_weights,
     read_loss_curve,
     read_safetensors_header,
     read_training_state,
@@ -45,6 +47,8 @@ from adapterprobe.probes import (
     GhostOptions,
     ProbeResult,
     Verdict,
+    WeightsOptions,
+    adapter_weights,
     gradient_ghost,
     training_drift,
 )
@@ -96,6 +100,7 @@ __all__ = [
     "ProbeResult",
     "Verdict",
     # readers and kernels
+    "AdapterWeights",
     "LayerGrouping",
     "LossCurve",
     "ParamStat",
@@ -104,6 +109,7 @@ __all__ = [
     "count_spikes",
     "curve_metrics",
     "group_layers",
+    "read_adapter_weights",
     "read_loss_curve",
     "read_safetensors_header",
     "read_training_state",
@@ -112,6 +118,8 @@ __all__ = [
     # probes and scans
     "DriftOptions",
     "GhostOptions",
+    "WeightsOptions",
+    "adapter_weights",
     "gradient_ghost",
     "training_drift",
     "scan",

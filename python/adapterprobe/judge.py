@@ -8,6 +8,7 @@ functions the single probes use, so no path can disagree with another.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from adapterprobe import _core
@@ -17,25 +18,48 @@ from adapterprobe.probes.result import ProbeResult, Verdict
 from adapterprobe.records import ScanRecord
 
 
+def _previous_versions(inputs: list[Any]) -> list[Any]:
+    """For each adapter version, the version before it of the same adapter
+    (same ``versions/`` dir), or None; inputs are in version order."""
+    last: dict[Path, Any] = {}
+    out = []
+    for item in inputs:
+        parent = Path(item.adapter).parent
+        out.append(last.get(parent))
+        last[parent] = item
+    return out
+
+
 def _records_for(
     inputs: Any, probes: Sequence[str], options: Mapping[str, ProbeOptions]
 ) -> list[ScanRecord]:
-    """Judge one target's gathered inputs."""
+    """Judge one target's gathered inputs: store-level records first, then
+    each adapter version's records in version order."""
     store = str(inputs.store)
     out: list[ScanRecord] = []
-    if "training_drift" in probes and inputs.drift is not None:
-        judge = PROBES["training_drift"].judge
-        out.append(ScanRecord.of(store, None, judge(inputs.drift, options["training_drift"])))
-    if "gradient_ghost" in probes:
-        judge = PROBES["gradient_ghost"].judge
-        per_adapter = [(str(g.adapter), judge(g, options["gradient_ghost"])) for g in inputs.ghosts]
+    per_adapter: list[tuple[str, str, ProbeResult]] = []
+    for name in sorted(probes, key=lambda p: (PROBES[p].scope != "store", p)):
+        spec = PROBES[name]
+        if spec.scope == "store":
+            given = getattr(inputs, spec.inputs)
+            if given is not None:
+                out.append(ScanRecord.of(store, None, spec.judge(given, options[name])))
+            continue
+        items = list(getattr(inputs, spec.inputs))
+        if name == "adapter_weights":
+            previous = _previous_versions(items)
+            judged = [
+                spec.judge(g, options[name], previous=p)
+                for g, p in zip(items, previous, strict=True)
+            ]
+        else:
+            judged = [spec.judge(g, options[name]) for g in items]
+        per_adapter += [(str(g.adapter), name, r) for g, r in zip(items, judged, strict=True)]
         for adapter, reason in inputs.broken:
-            broken = ProbeResult(
-                name="gradient_ghost", kind="gradient_ghost", verdict=Verdict.ERROR, message=reason
-            )
-            per_adapter.append((str(adapter), broken))
-        for adapter, r in sorted(per_adapter, key=lambda item: item[0]):
-            out.append(ScanRecord.of(store, adapter, r))
+            broken = ProbeResult(name=name, kind=name, verdict=Verdict.ERROR, message=reason)
+            per_adapter.append((str(adapter), name, broken))
+    for adapter, _, r in sorted(per_adapter, key=lambda item: (item[0], item[1])):
+        out.append(ScanRecord.of(store, adapter, r))
     return out
 
 
@@ -51,6 +75,7 @@ def judge_batch(
         list(targets),
         drift="training_drift" in probes,
         ghost="gradient_ghost" in probes,
+        weights="adapter_weights" in probes,
         workers=workers,
     )
     return [rec for inputs in gathered for rec in _records_for(inputs, probes, options)]

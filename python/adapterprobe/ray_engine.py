@@ -16,7 +16,7 @@ from typing import Any
 
 from adapterprobe.errors import require
 from adapterprobe.judge import judge_batch
-from adapterprobe.probes import resolve_options
+from adapterprobe.probes import PROBES, resolve_options
 from adapterprobe.probes.options import ProbeOptions
 from adapterprobe.probes.result import Verdict
 from adapterprobe.records import ScanRecord
@@ -40,16 +40,19 @@ def batch_size(num_targets: int, cpus: float) -> int:
 
 
 def failed_records(target: Any, probes: Sequence[str], cause: str) -> list[ScanRecord]:
-    """The records a store would have produced, each an error naming `cause`."""
+    """The records a store would have produced (in the same order), each an
+    error naming `cause`."""
     store = str(target.store)
     message = f"probing this store failed on the cluster: {cause}"
     out = []
-    if "training_drift" in probes and target.with_logs:
-        out.append(ScanRecord(store, None, "training_drift", Verdict.ERROR, None, message))
-    if "gradient_ghost" in probes:
-        adapters = [str(v) for v in target.versions] + [str(a) for a, _ in target.broken]
-        for adapter in sorted(adapters):
-            out.append(ScanRecord(store, adapter, "gradient_ghost", Verdict.ERROR, None, message))
+    for name in sorted(p for p in probes if PROBES[p].scope == "store"):
+        if target.with_logs:
+            out.append(ScanRecord(store, None, name, Verdict.ERROR, None, message))
+    adapters = [str(v) for v in target.versions] + [str(a) for a, _ in target.broken]
+    per_adapter = sorted(p for p in probes if PROBES[p].scope == "adapter")
+    for adapter in sorted(adapters):
+        for name in per_adapter:
+            out.append(ScanRecord(store, adapter, name, Verdict.ERROR, None, message))
     return out
 
 

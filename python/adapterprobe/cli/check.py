@@ -6,7 +6,7 @@ import argparse
 
 from adapterprobe.cli import positive_int
 from adapterprobe.cli.render import add_output_options
-from adapterprobe.cli.scan import run_scan
+from adapterprobe.cli.scan import probe_list, run_scan
 from adapterprobe.errors import UsageError
 
 EPILOG = """\
@@ -29,6 +29,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("path", metavar="PATH", help="a store or an adapter version directory")
     add_output_options(p)
     p.add_argument("--all-versions", action="store_true", help="probe every version of the store")
+    p.add_argument(
+        "--probes",
+        type=probe_list,
+        default=None,
+        metavar="P[,P...]",
+        help="probes to run (default: all): adapter_weights, gradient_ghost, training_drift",
+    )
     p.add_argument(
         "--workers", type=positive_int, default=None, metavar="N", help=argparse.SUPPRESS
     )

@@ -45,7 +45,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
+def probe_list(text: str) -> tuple[str, ...]:
+    """`--probes a,b`: a comma-separated subset of the probes."""
+    from adapterprobe.probes import PROBES
+
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in PROBES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated list of {', '.join(PROBES)}, got {text!r}"
+        )
+    return names
+
+
 def add_scan_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--probes",
+        type=probe_list,
+        default=None,
+        metavar="P[,P...]",
+        help="probes to run (default: all): adapter_weights, gradient_ghost, training_drift",
+    )
     p.add_argument(
         "--all-versions",
         action="store_true",
@@ -73,12 +93,14 @@ def run_scan(roots: list[str], args: argparse.Namespace) -> int:
     from adapterprobe.probes import PROBES, resolve_options
     from adapterprobe.scan import discover, scan_batches
 
-    resolve_options(tuple(PROBES), None, args.rules)  # bad options fail before the walk
+    probes = args.probes or tuple(PROBES)
+    resolve_options(probes, None, args.rules)  # bad options fail before the walk
     targets, problems = discover(*roots, all_versions=args.all_versions, workers=args.workers)
     with _progress_bar() as progress:
         batches = scan_batches(
             targets,
             workers=args.workers,
+            probes=probes,
             engine=args.engine,
             address=args.address,
             rules=args.rules,

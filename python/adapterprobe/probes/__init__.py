@@ -15,24 +15,28 @@ from adapterprobe.probes.drift import DriftOptions, judge_drift, training_drift
 from adapterprobe.probes.ghost import GhostOptions, gradient_ghost, judge_ghost
 from adapterprobe.probes.options import RULE_SETS, ProbeOptions
 from adapterprobe.probes.result import ProbeResult, Verdict
+from adapterprobe.probes.weights import WeightsOptions, adapter_weights, judge_weights
 
 
 @dataclass(frozen=True)
 class ProbeSpec:
-    """How a scan runs one probe: its options class, its judge, and whether it
-    judges a whole store ("store") or each adapter version ("adapter")."""
+    """How a scan runs one probe: its options class, its judge, whether it
+    judges a whole store ("store") or each adapter version ("adapter"), and
+    which field of the gathered ``TargetInputs`` holds its inputs."""
 
     name: str
     options: type[ProbeOptions]
     judge: Callable[..., ProbeResult]
     scope: str
+    inputs: str
 
 
 PROBES: dict[str, ProbeSpec] = {
     spec.name: spec
     for spec in (
-        ProbeSpec("gradient_ghost", GhostOptions, judge_ghost, "adapter"),
-        ProbeSpec("training_drift", DriftOptions, judge_drift, "store"),
+        ProbeSpec("adapter_weights", WeightsOptions, judge_weights, "adapter", "weights"),
+        ProbeSpec("gradient_ghost", GhostOptions, judge_ghost, "adapter", "ghosts"),
+        ProbeSpec("training_drift", DriftOptions, judge_drift, "store", "drift"),
     )
 }
 
@@ -95,6 +99,8 @@ __all__ = [
     "ProbeResult",
     "ProbeSpec",
     "Verdict",
+    "WeightsOptions",
+    "adapter_weights",
     "gradient_ghost",
     "resolve_options",
     "training_drift",
