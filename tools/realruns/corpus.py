@@ -122,7 +122,7 @@ class RunSpec:
             (self.label in ALL_LABELS, f"unknown label {self.label!r}"),
             (self.schedule in SCHEDULES, f"unknown schedule {self.schedule!r}"),
             (self.steps >= 1 and self.batch >= 1 and self.grad_accum >= 1, "bad sizes"),
-            (_TRAIN_SEQS % self.batch == 0, f"batch must divide {_TRAIN_SEQS}"),
+            (self.batch >= 1 and _TRAIN_SEQS % self.batch == 0, f"batch must divide {_TRAIN_SEQS}"),
             (self.total_steps >= self.steps, "horizon is shorter than steps"),
             (set(self.targets) <= set(ALL_PROJ), f"unknown targets {self.targets}"),
             (all(0 <= i < self.layers for i in self.explode_layers), "bad explode_layers"),
@@ -216,10 +216,10 @@ _HEALTHY = (
     RunSpec(
         "healthy-grad-accum",
         "healthy",
-        "3 layers, rank 8 on q/v, lr 1e-3, batch 4 x 4 accumulated, 120 steps, linear",
+        "3 layers, rank 8 on q/v, lr 1e-3, batch 4 x 4 accumulated, 100 steps, linear",
         layers=3,
         lr=1e-3,
-        steps=120,
+        steps=100,
         batch=4,
         grad_accum=4,
         seed=5,
@@ -262,15 +262,15 @@ _HEALTHY = (
     RunSpec(
         "healthy-all7-5l",
         "healthy",
-        "5 layers, rank 4 on all seven projections, lr 5e-4, batch 8, 200 steps, cosine",
+        "5 layers, rank 4 on all seven projections, lr 5e-4, batch 8, 160 steps, cosine",
         layers=5,
         rank=4,
         alpha=8,
         targets=ALL_PROJ,
         lr=5e-4,
-        steps=200,
+        steps=160,
         schedule="cosine",
-        warmup=20,
+        warmup=16,
         seed=9,
     ),
 )
@@ -289,7 +289,7 @@ _FAULTY = (
         "AdamW lr 3 (constant after 20 warmup steps) on a base already tuned on the task: "
         "the loss is knocked far above its start and never comes back",
         lr=3.0,
-        steps=150,
+        steps=120,
         schedule="constant",
         warmup=20,
         warm_start_steps=300,
@@ -460,8 +460,8 @@ class CorpusRun(TinyRun):
     spec: RunSpec
     lora_b: list[Any] = field(default_factory=list)  # every lora_B weight
     exploding: list[Any] = field(default_factory=list)  # LoRA weights of explode_layers
-    _order_epoch: int = -1
-    _order: Any = None
+    _order_epoch: int = field(default=-1, init=False, repr=False)  # epoch of _order
+    _order: Any = field(default=None, init=False, repr=False)  # that epoch's shuffle
 
     @property
     def epoch(self) -> float:
@@ -704,7 +704,7 @@ def write_run(store: Path, spec: RunSpec, *, started: datetime = DEFAULT_START) 
     Returns the run that wrote the current version.
     """
     plan = training_plan(spec)
-    log = {"seed": spec.seed, "plan": plan, "notes": _NOTES}
+    log: dict[str, Any] = {"seed": spec.seed, "plan": plan, "notes": _NOTES}
     run = build_run(spec, started=started)
     if not spec.resumed:
         run.train_until(spec.steps)
