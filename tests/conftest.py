@@ -8,6 +8,7 @@ training tiny models with torch, transformers and PEFT.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -25,3 +26,17 @@ def demo_store() -> Path:
     from adapterprobe.scan import DEMO_STORE
 
     return DEMO_STORE
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """The labelled corpus of real training runs, written once per session (about a
+    minute of CPU training): ``(root, {run name: label})``, labels read from disk."""
+    for module in ("torch", "safetensors", "transformers", "peft"):
+        pytest.importorskip(module)
+    from realruns.corpus import write_corpus
+
+    root = tmp_path_factory.mktemp("corpus")
+    write_corpus(root)
+    labels = json.loads((root / "labels.json").read_text(encoding="utf-8"))
+    return root, {name: info["label"] for name, info in labels.items()}

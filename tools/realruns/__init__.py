@@ -6,4 +6,5 @@ configs on the CPU, never downloaded and never shaped by hand:
 
 - :mod:`realruns.tiny`: tiny transformers models from configs.
 - :mod:`realruns.dlm`: dlm-layout stores (PEFT adapter, optimizer state, JSONL logs).
+- :mod:`realruns.corpus`: a labelled corpus of healthy and faulty real runs.
 """

@@ -191,6 +191,10 @@ def _single_thread(torch: Any) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
+#: Public name for corpus builders that train outside :meth:`TinyRun.train_until`.
+single_thread = _single_thread
+
+
 def _stamp(moment: datetime) -> str:
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
 
@@ -451,7 +455,12 @@ def _adapter_root(store: Path, name: str | None) -> Path:
 
 
 def write_adapter_version(
-    store: str | os.PathLike[str], version: int, run: TinyRun, *, name: str | None = None
+    store: str | os.PathLike[str],
+    version: int,
+    run: TinyRun,
+    *,
+    name: str | None = None,
+    plan: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``adapter/[<name>/]versions/vNNNN/`` from a run and point ``current.txt`` at it.
 
@@ -459,7 +468,8 @@ def write_adapter_version(
     config; its generated README is dropped, dlm keeps none), the training
     state with its sidecar, and ``training_run.json``. It is assembled in a
     staging directory and renamed into place; an existing version is never
-    overwritten.
+    overwritten. ``plan`` (default :func:`training_plan`) is the run's
+    configuration whose hash goes into ``dlm_manifest_hash``.
     """
     if version < 1:
         raise UsageError(f"adapter versions start at 1, got {version}")
@@ -468,7 +478,7 @@ def write_adapter_version(
     final = root / "versions" / label
     if final.exists():
         raise UsageError(f"adapter version already exists, refusing to overwrite: {final}")
-    plan = training_plan(run)
+    plan = training_plan(run) if plan is None else plan
     with _staging_dir(final.parent) as tmp:
         staged = tmp / label
         run.model.save_pretrained(str(staged))
@@ -501,6 +511,12 @@ def _sort_target_modules(config_path: Path) -> None:
         config_path.write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
 
 
+_FULL_BATCH_NOTES = (
+    "cpu, full-batch training on a fixed synthetic dataset",
+    "timestamps and tokens_per_sec come from a simulated clock",
+)
+
+
 def log_file_name(run_id: int, started: datetime) -> str:
     """``train-<run_id:06d>-<UTC YYYYMMDDTHHMMSS>.jsonl``: sorted names are chronological."""
     stamp = started.astimezone(timezone.utc).strftime("%Y%m%dT%H%M%S")
@@ -517,6 +533,7 @@ def write_log(
     plan: dict[str, Any] | None = None,
     complete: bool = True,
     torn_tail: bool = False,
+    notes: Sequence[str] | None = None,
 ) -> Path:
     """Write one run's JSONL log under ``logs/`` the way dlm does.
 
@@ -524,6 +541,7 @@ def write_log(
     (a NaN loss stays the bare ``NaN`` token), then a ``run_complete`` event
     unless ``complete`` is false (a crashed run). ``torn_tail`` cuts the last
     line in half and drops its newline, as a trainer killed mid-write leaves it.
+    ``notes`` replaces the banner's ``determinism_notes`` (default: full-batch).
     """
     if started.tzinfo is None:
         raise UsageError("write_log needs a timezone-aware start time (log names are UTC)")
@@ -532,10 +550,7 @@ def write_log(
         "run_id": run_id,
         "seed": seed,
         "determinism_class": "strict",
-        "determinism_notes": [
-            "cpu, full-batch training on a fixed synthetic dataset",
-            "timestamps and tokens_per_sec come from a simulated clock",
-        ],
+        "determinism_notes": list(_FULL_BATCH_NOTES if notes is None else notes),
         "pinned_versions": pinned_versions(),
         "plan": plan if plan is not None else {},
     }
