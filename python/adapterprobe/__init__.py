@@ -25,6 +25,7 @@ from adapterprobe._core import (
     read_loss_curve,
     read_safetensors_header,
     read_training_state,
+    robust_curve,
     spike_indices,
 )
 from adapterprobe.errors import (
@@ -113,6 +114,7 @@ __all__ = [
     "read_loss_curve",
     "read_safetensors_header",
     "read_training_state",
+    "robust_curve",
     "spike_indices",
     "TrainingState",
     # probes and scans

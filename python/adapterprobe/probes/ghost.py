@@ -9,10 +9,13 @@ running any pickle code, and judges it under one of two rule sets
   (``global_step`` below ``min_steps_threshold``), for NaN/inf second
   moments and for second moments that are all exactly zero (no gradient
   ever reached the optimizer: a dead adapter). The per-layer check compares
-  like with like: the same tensor (module and LoRA factor) across layers,
-  each against the median of its peers, and WARNs only for a layer more
-  than ``layer_outlier_ratio`` times that median, or a tensor that got no
-  gradient in some layers. It needs an exact attribution of optimizer ids
+  like with like: each tensor (module and LoRA factor) against the median
+  of the same tensor across layers, a layer scored by the median of its
+  tensors' ratios; it WARNs only for a layer scoring above
+  ``layer_outlier_ratio`` (1000x: healthy runs show single tensors 100x+
+  above their peers, a layer whose gradients exploded shows all of them
+  thousands of times above), or for a tensor that got no gradient in some
+  layers while its peers did. It needs an exact attribution of optimizer ids
   to layers and at least ``min_layers_compared`` layers; otherwise it is
   reported as not checked, with the reason, never silently passed. Missing
   or unreadable adapter weights are an ERROR.
@@ -62,9 +65,9 @@ class GhostOptions(ProbeOptions):
     # rules="robust"
     layer_outlier_ratio: float = option(
         Rule(float, low=1, low_open=True),
-        "a layer whose exp_avg_sq is this many times the median of the same tensor "
-        "across layers: WARN",
-        robust=10.0,
+        "a layer whose tensors' exp_avg_sq are typically (median over its tensors) this many "
+        "times the median of the same tensor across layers: WARN",
+        robust=1000.0,
     )
     min_layers_compared: int = option(
         Rule(int, low=3), "fewer attributed layers than this: per-layer check not done", robust=3
@@ -283,17 +286,16 @@ def _judge_robust(inputs: Any, o: GhostOptions, result: Any) -> ProbeResult:
         outliers, dead, layer_values = _layer_comparison(per_param, attribution, o)
         if outliers:
             parts = [
-                f"layer {x['layer']} {x['tensor']} {x['ratio']:.3g}x"
+                f"layer {x['layer']} {x['ratio']:.3g}x {x['tensor']}"
                 for x in sorted(outliers, key=lambda x: -x["ratio"])[:6]
             ]
-            layers = sorted({x["layer"] for x in outliers})
             findings.append(
                 (
                     Verdict.WARN,
                     "layer_outliers",
-                    f"{len(layers)} of {len(attribution.layer_indices)} layers have a tensor whose "
-                    f"exp_avg_sq is more than {o.layer_outlier_ratio:g}x the median of the same "
-                    f"tensor across layers: " + "; ".join(parts),
+                    f"{len(outliers)} of {len(attribution.layer_indices)} layers have second "
+                    f"moments typically more than {o.layer_outlier_ratio:g}x those of the same "
+                    "tensors in the other layers (exploding gradients there): " + "; ".join(parts),
                 )
             )
         if dead:
@@ -326,8 +328,8 @@ def _judge_robust(inputs: Any, o: GhostOptions, result: Any) -> ProbeResult:
         return result(worst, message + unchecked, score=0.5, evidence=evidence)
     done = (
         f"; per-layer check: {len(attribution.params)} tensors in "
-        f"{len(attribution.layer_indices)} layers, none above {o.layer_outlier_ratio:g}x "
-        "the median of its peers"
+        f"{len(attribution.layer_indices)} layers, no layer above {o.layer_outlier_ratio:g}x "
+        "its peers"
         if "per_layer" not in not_checked and attribution is not None
         else ""
     )
@@ -347,18 +349,22 @@ def _ids_text(ids: list[int], limit: int = 8) -> str:
 def _layer_comparison(
     per_param: list[Any], attribution: Any, o: GhostOptions
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, float]]:
-    """Each tensor against the median of the same tensor (slot) across layers.
+    """Each layer against its peers, like with like.
 
-    Returns the outliers, the tensors with no gradient where their peers had
-    one, and per layer the median of its tensors' ratios to their slot
-    medians (1.0 is a typical layer), for plots.
+    Every tensor's second moment is divided by the median of the same tensor
+    (slot) across layers; a layer's score is the median of its tensors'
+    ratios, so one naturally busy tensor (layer 0's q/k projections often sit
+    100x above their peers in healthy runs) does not flag a layer, while a
+    layer whose gradients blew up, which lifts all its tensors, does.
+    Returns the outlier layers, the tensors with no gradient where their
+    peers had one, and each layer's score (1.0 is a typical layer).
     """
     value = {p.param_id: p.exp_avg_sq_mean for p in per_param}
     by_slot: dict[int, list[tuple[int, float]]] = {}
     for ps in attribution.params:
         by_slot.setdefault(ps.slot, []).append((ps.layer, value[ps.param_id]))
-    outliers, dead = [], []
-    ratios: dict[int, list[float]] = {}
+    dead = []
+    ratios: dict[int, list[tuple[float, str]]] = {}
     for slot, entries in sorted(by_slot.items()):
         tensor = attribution.slot_names[slot] or f"slot {slot}"
         median = statistics.median(v for _, v in entries)
@@ -366,14 +372,16 @@ def _layer_comparison(
             if v == 0.0 and median > 0.0:
                 dead.append({"layer": layer, "slot": slot, "tensor": tensor})
             if median > 0.0:
-                ratio = v / median
-                ratios.setdefault(layer, []).append(ratio)
-                if ratio > o.layer_outlier_ratio:
-                    outliers.append(
-                        {"layer": layer, "slot": slot, "tensor": tensor, "ratio": ratio}
-                    )
-    per_layer = {str(layer): statistics.median(r) for layer, r in sorted(ratios.items())}
-    return outliers, dead, per_layer
+                ratios.setdefault(layer, []).append((v / median, tensor))
+    scores = {layer: statistics.median(r for r, _ in rs) for layer, rs in sorted(ratios.items())}
+    outliers = []
+    for layer, score in scores.items():
+        if score > o.layer_outlier_ratio:
+            top, tensor = max(ratios[layer])
+            outliers.append(
+                {"layer": layer, "ratio": score, "tensor": f"(top: {tensor} {top:.3g}x)"}
+            )
+    return outliers, dead, {str(layer): score for layer, score in scores.items()}
 
 
 def gradient_ghost(

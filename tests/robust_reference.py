@@ -1,0 +1,103 @@
+"""Plain-Python restatement of the robust curve analysis (rust/robust_curve.rs),
+written from its specification, for property tests against the Rust kernel.
+
+Slow on purpose: a sort per window, no sliding structures.
+"""
+
+from __future__ import annotations
+
+import math
+
+MAD_TO_SIGMA = 1.4826
+
+
+def median(values: list[float]) -> float:
+    s = sorted(values)
+    n = len(s)
+    if n == 0:
+        return math.nan
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def carry_forward(losses: list[float]) -> list[float] | None:
+    finite = [v for v in losses if math.isfinite(v)]
+    if not finite:
+        return None
+    last, out = finite[0], []
+    for v in losses:
+        if math.isfinite(v):
+            last = v
+        out.append(last)
+    return out
+
+
+def rolling_median(values: list[float], window: int) -> list[float]:
+    """Centred windows of half-width window // 2, shrunk symmetrically at the ends."""
+    n, h = len(values), window // 2
+    out = []
+    for i in range(n):
+        k = min(h, i, n - 1 - i)
+        out.append(median(values[i - k : i + k + 1]))
+    return out
+
+
+def local_scale(residuals: list[float], block: int) -> list[float]:
+    n = len(residuals)
+    block = max(block, 8)
+    blocks = max(n // block, 1)
+    centres, scales = [], []
+    for b in range(blocks):
+        lo, hi = b * n // blocks, (b + 1) * n // blocks
+        scales.append(MAD_TO_SIGMA * median([abs(r) for r in residuals[lo:hi]]))
+        centres.append((lo + hi - 1) / 2)
+    out = []
+    for i in range(n):
+        j = sum(1 for c in centres if c <= i)
+        if j == 0:
+            out.append(scales[0])
+        elif j == blocks:
+            out.append(scales[-1])
+        else:
+            t = (i - centres[j - 1]) / (centres[j] - centres[j - 1])
+            out.append(scales[j - 1] + t * (scales[j] - scales[j - 1]))
+    return out
+
+
+def analyse(losses, trend_window=11, spike_z=6.0, min_spike_rise=0.1, scale_block=64):
+    """(trend, spikes as (start, end, peak), nonfinite, head, tail, best, best_index, noise)."""
+    filled = carry_forward(list(losses))
+    if filled is None:
+        return None
+    n = len(filled)
+    nonfinite = [i for i, v in enumerate(losses) if not math.isfinite(v)]
+    trend = rolling_median(filled, trend_window)
+    relative = all(t > 0 for t in trend)
+    resid = [(x - t) / t if relative else x - t for x, t in zip(filled, trend, strict=True)]
+    scale = local_scale(resid, scale_block)
+    spikes: list[list[int]] = []
+    for i in range(n):
+        if not math.isfinite(losses[i]):
+            continue
+        r = resid[i]
+        if not (r > min_spike_rise and r > spike_z * scale[i]):
+            continue
+        rise = filled[i] - trend[i]
+        if spikes and spikes[-1][1] + 1 == i:
+            spikes[-1][1] = i
+            if rise > spikes[-1][3]:
+                spikes[-1][2], spikes[-1][3] = i, rise
+        else:
+            spikes.append([i, i, i, rise])
+    k = min(max(n // 20, 3), 10, n)
+    best_index = min(range(n), key=lambda i: (trend[i], i))
+    return {
+        "trend": trend,
+        "spikes": [tuple(s[:3]) for s in spikes],
+        "nonfinite": nonfinite,
+        "head": median(filled[:k]),
+        "tail": median(filled[n - k :]),
+        "best": trend[best_index],
+        "best_index": best_index,
+        "noise": MAD_TO_SIGMA * median([abs(r) for r in resid]),
+        "relative": relative,
+    }
