@@ -175,7 +175,11 @@ def main() -> None:
     if not (big / "adapter_model.safetensors").exists():
         shutil.rmtree(big, ignore_errors=True)
         save_peft_adapter(
-            big, hidden=args.hidden, intermediate=int(args.hidden * 2.6875), layers=args.layers, r=16
+            big,
+            hidden=args.hidden,
+            intermediate=int(args.hidden * 2.6875),
+            layers=args.layers,
+            r=16,
         )
     size = (big / "adapter_model.safetensors").stat().st_size
     warm = textwrap.dedent(

@@ -108,7 +108,7 @@ impl SortedWindow {
     }
 
     /// Remove `old` and insert `new`, moving only the values between them.
-    fn replace(&mut self, old: f64, new: f64) {
+    pub(crate) fn replace(&mut self, old: f64, new: f64) {
         if old.is_nan() || new.is_nan() {
             self.remove(old);
             self.insert(new);

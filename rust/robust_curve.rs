@@ -77,8 +77,8 @@ pub struct RobustCurve {
     /// The lowest trend value and its index.
     pub best_level: f64,
     pub best_index: usize,
-    /// Typical noise: 1.4826 x median |residual|, relative to the trend when
-    /// `relative` (else absolute).
+    /// Typical noise: the median over blocks of 1.4826 x median |residual|,
+    /// relative to the trend when `relative` (else absolute).
     pub noise: f64,
     /// Whether residuals were taken relative to the trend.
     pub relative: bool,
@@ -122,18 +122,24 @@ pub fn rolling_median(values: &[f64], window: usize) -> Vec<f64> {
     let h = window.max(1) / 2;
     let mut out = Vec::with_capacity(n);
     let mut win = SortedWindow::default();
-    // The window is values[lo..hi]; it changes by at most two points a step.
+    // The window is values[lo..hi]. Near the ends it grows or shrinks by two
+    // points a step; in between it slides by one, a single replace.
     let (mut lo, mut hi) = (0usize, 0usize);
     for i in 0..n {
         let k = h.min(i).min(n - 1 - i);
         let (new_lo, new_hi) = (i - k, i + k + 1);
-        while hi < new_hi {
-            win.insert(values[hi]);
-            hi += 1;
-        }
-        while lo < new_lo {
-            win.remove(values[lo]);
-            lo += 1;
+        if new_lo == lo + 1 && new_hi == hi + 1 {
+            win.replace(values[lo], values[hi]);
+            (lo, hi) = (new_lo, new_hi);
+        } else {
+            while hi < new_hi {
+                win.insert(values[hi]);
+                hi += 1;
+            }
+            while lo < new_lo {
+                win.remove(values[lo]);
+                lo += 1;
+            }
         }
         out.push(win.median());
     }
@@ -163,34 +169,56 @@ const MAD_TO_SIGMA: f64 = 1.4826;
 
 /// Robust scale (1.4826 x median |r|) per block of `block` residuals,
 /// interpolated linearly between block centres; one value per point.
-fn local_scale(residuals: &[f64], block: usize) -> Vec<f64> {
-    let n = residuals.len();
-    let block = block.max(8);
-    let blocks = (n / block).max(1);
-    let mut scratch = Vec::with_capacity(n.div_ceil(blocks));
-    let mut centres = Vec::with_capacity(blocks);
-    let mut scales = Vec::with_capacity(blocks);
-    for b in 0..blocks {
-        let (from, to) = (b * n / blocks, (b + 1) * n / blocks);
-        scratch.clear();
-        scratch.extend(residuals[from..to].iter().map(|r| r.abs()));
-        scales.push(MAD_TO_SIGMA * median_in_place(&mut scratch));
-        centres.push((from + to - 1) as f64 / 2.0);
+/// Robust noise scale along the curve: 1.4826 x median |residual| per block
+/// of points, interpolated linearly between block centres (the nearest
+/// block's value before the first centre and after the last).
+struct LocalScale {
+    centres: Vec<f64>,
+    scales: Vec<f64>,
+}
+
+impl LocalScale {
+    /// Scales of the blocks of `block` points of the residuals `residual(i)`.
+    fn new(n: usize, block: usize, residual: impl Fn(usize) -> f64) -> LocalScale {
+        let blocks = (n / block.max(8)).max(1);
+        let mut scratch = Vec::with_capacity(n.div_ceil(blocks) + 1);
+        let mut centres = Vec::with_capacity(blocks);
+        let mut scales = Vec::with_capacity(blocks);
+        for b in 0..blocks {
+            let (from, to) = (b * n / blocks, (b + 1) * n / blocks);
+            scratch.clear();
+            scratch.extend((from..to).map(|i| residual(i).abs()));
+            scales.push(MAD_TO_SIGMA * median_in_place(&mut scratch));
+            centres.push((from + to - 1) as f64 / 2.0);
+        }
+        LocalScale { centres, scales }
     }
-    (0..n)
-        .map(|i| {
+
+    /// The curve's typical noise: the median of the block scales.
+    fn typical(&self) -> f64 {
+        median_in_place(&mut self.scales.clone())
+    }
+
+    /// The scale at each point, in order (walks the block centres once).
+    fn along(&self, n: usize) -> impl Iterator<Item = f64> + '_ {
+        let blocks = self.centres.len();
+        let mut j = 0usize; // centres[..j] are <= the current point
+        (0..n).map(move |i| {
             let x = i as f64;
-            let j = centres.partition_point(|&c| c <= x);
+            while j < blocks && self.centres[j] <= x {
+                j += 1;
+            }
             if j == 0 {
-                scales[0]
+                self.scales[0]
             } else if j == blocks {
-                scales[blocks - 1]
+                self.scales[blocks - 1]
             } else {
-                let t = (x - centres[j - 1]) / (centres[j] - centres[j - 1]);
-                scales[j - 1] + t * (scales[j] - scales[j - 1])
+                let (c0, c1) = (self.centres[j - 1], self.centres[j]);
+                let (s0, s1) = (self.scales[j - 1], self.scales[j]);
+                s0 + (x - c0) / (c1 - c0) * (s1 - s0)
             }
         })
-        .collect()
+    }
 }
 
 /// The domain of the parameters: a window of at least 3 points, positive
@@ -227,32 +255,40 @@ pub fn check_params(p: &RobustParams) -> crate::Result<()> {
 /// Analyse a loss curve (non-finite losses allowed, at least one finite).
 /// Returns None when no loss is finite.
 pub fn analyse(losses: &[f64], params: &RobustParams) -> Option<RobustCurve> {
-    let filled = carry_forward(losses)?;
-    let n = filled.len();
-    let nonfinite: Vec<usize> = (0..n).filter(|&i| !losses[i].is_finite()).collect();
-    let trend = rolling_median(&filled, params.trend_window);
-    let relative = trend.iter().all(|&t| t > 0.0);
-    let residuals: Vec<f64> = filled
-        .iter()
-        .zip(&trend)
-        .map(|(&x, &t)| if relative { (x - t) / t } else { x - t })
+    // Carry non-finite losses forward only when there are any.
+    let nonfinite: Vec<usize> = (0..losses.len())
+        .filter(|&i| !losses[i].is_finite())
         .collect();
-    let scale = local_scale(&residuals, params.scale_block);
-    let mut spikes: Vec<SpikeEvent> = Vec::new();
-    for i in 0..n {
-        // A non-finite loss is its own kind of event, never a spike.
-        if !losses[i].is_finite() {
-            continue;
-        }
-        let r = residuals[i];
-        if !(r > params.min_spike_rise && r > params.spike_z * scale[i]) {
-            continue;
-        }
-        let z = if scale[i] > 0.0 {
-            r / scale[i]
+    let carried;
+    let filled: &[f64] = if nonfinite.is_empty() {
+        losses
+    } else {
+        carried = carry_forward(losses)?;
+        &carried
+    };
+    let n = filled.len();
+    if n == 0 {
+        return None;
+    }
+    let trend = rolling_median(filled, params.trend_window);
+    let relative = trend.iter().all(|&t| t > 0.0);
+    let residual = |i: usize| {
+        let (x, t) = (filled[i], trend[i]);
+        if relative {
+            (x - t) / t
         } else {
-            f64::INFINITY
-        };
+            x - t
+        }
+    };
+    let scale = LocalScale::new(n, params.scale_block, residual);
+    let mut spikes: Vec<SpikeEvent> = Vec::new();
+    for (i, s) in scale.along(n).enumerate() {
+        let r = residual(i);
+        // A non-finite loss is its own kind of event, never a spike.
+        if !(r > params.min_spike_rise && r > params.spike_z * s && losses[i].is_finite()) {
+            continue;
+        }
+        let z = if s > 0.0 { r / s } else { f64::INFINITY };
         let rise = filled[i] - trend[i];
         let relative_rise = if relative { r } else { f64::NAN };
         match spikes.last_mut() {
@@ -283,11 +319,16 @@ pub fn analyse(losses: &[f64], params: &RobustParams) -> Option<RobustCurve> {
             .enumerate()
             .fold(
                 (0, f64::INFINITY),
-                |best, (i, t)| if t < best.1 { (i, t) } else { best },
+                |best, (i, t)| {
+                    if t < best.1 {
+                        (i, t)
+                    } else {
+                        best
+                    }
+                },
             );
-    let noise =
-        MAD_TO_SIGMA * median_in_place(&mut residuals.iter().map(|r| r.abs()).collect::<Vec<_>>());
     Some(RobustCurve {
+        noise: scale.typical(),
         trend,
         spikes,
         nonfinite,
@@ -295,7 +336,6 @@ pub fn analyse(losses: &[f64], params: &RobustParams) -> Option<RobustCurve> {
         tail_level,
         best_level,
         best_index,
-        noise,
         relative,
         level_points: k,
     })

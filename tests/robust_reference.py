@@ -41,6 +41,15 @@ def rolling_median(values: list[float], window: int) -> list[float]:
     return out
 
 
+def block_scales(residuals: list[float], block: int) -> list[float]:
+    n = len(residuals)
+    blocks = max(n // max(block, 8), 1)
+    return [
+        MAD_TO_SIGMA * median([abs(r) for r in residuals[b * n // blocks : (b + 1) * n // blocks]])
+        for b in range(blocks)
+    ]
+
+
 def local_scale(residuals: list[float], block: int) -> list[float]:
     n = len(residuals)
     block = max(block, 8)
@@ -98,6 +107,6 @@ def analyse(losses, trend_window=11, spike_z=6.0, min_spike_rise=0.1, scale_bloc
         "tail": median(filled[n - k :]),
         "best": trend[best_index],
         "best_index": best_index,
-        "noise": MAD_TO_SIGMA * median([abs(r) for r in resid]),
+        "noise": median(block_scales(resid, scale_block)),
         "relative": relative,
     }
