@@ -192,7 +192,13 @@ def tiny_gpt2():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     cfg = GPT2Config(
-        vocab_size=64, n_positions=64, n_embd=32, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0
+        vocab_size=64,
+        n_positions=64,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        bos_token_id=0,
+        eos_token_id=0,
     )
     return GPT2LMHeadModel(cfg)
 
@@ -288,7 +294,7 @@ def hf_run(name: str, model, lora_kwargs: dict, steps: int = 3) -> None:
         # How many ids a layer-major reading would attribute to the wrong
         # parameter (the bug the grouped attribution fixes).
         "wrong_if_layer_major": sum(
-            a["param_id"] != b["param_id"] for a, b in zip(params, layer_major)
+            a["param_id"] != b["param_id"] for a, b in zip(params, layer_major, strict=True)
         ),
         **describe_state(sd),
     }
@@ -313,7 +319,9 @@ def lightning_run() -> None:
         def __init__(self, config: TinyConfig) -> None:
             super().__init__()
             self.save_hyperparameters()
-            self.net = nn.Sequential(nn.Linear(6, config.width), nn.ReLU(), nn.Linear(config.width, 1))
+            self.net = nn.Sequential(
+                nn.Linear(6, config.width), nn.ReLU(), nn.Linear(config.width, 1)
+            )
 
         def training_step(self, batch, _i):
             x, y = batch
@@ -328,7 +336,9 @@ def lightning_run() -> None:
     dest = fresh("lightning")
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(20, 6, generator=gen)
-    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4)
+    data = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4
+    )
     trainer = L.Trainer(
         max_steps=4,
         max_epochs=2,
@@ -466,19 +476,32 @@ def main() -> None:
     )
     lightning_run()
     sd8 = plain_fixture(
-        "bnb_adamw8bit", lambda p: bnb.optim.AdamW8bit(p, lr=1e-2), "bnb-8bit", "bnb state2 (dequantized)"
+        "bnb_adamw8bit",
+        lambda p: bnb.optim.AdamW8bit(p, lr=1e-2),
+        "bnb-8bit",
+        "bnb state2 (dequantized)",
     )
     plain_fixture(
-        "bnb_adamw32bit", lambda p: bnb.optim.AdamW32bit(p, lr=1e-2), "bnb-32bit", "bnb state2 (dequantized)"
+        "bnb_adamw32bit",
+        lambda p: bnb.optim.AdamW32bit(p, lr=1e-2),
+        "bnb-32bit",
+        "bnb state2 (dequantized)",
     )
     dlm_fixture(sd8)
     plain_fixture(
         "adafactor_hf",
-        lambda p: Adafactor(p, lr=1e-2, relative_step=False, scale_parameter=False, warmup_init=False),
+        lambda p: Adafactor(
+            p, lr=1e-2, relative_step=False, scale_parameter=False, warmup_init=False
+        ),
         "adafactor",
         "adafactor row/col",
     )
-    plain_fixture("adafactor_torch", lambda p: torch.optim.Adafactor(p, lr=1e-2), "adafactor", "adafactor row/col")
+    plain_fixture(
+        "adafactor_torch",
+        lambda p: torch.optim.Adafactor(p, lr=1e-2),
+        "adafactor",
+        "adafactor row/col",
+    )
     plain_fixture("sgd", lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9), "sgd", None)
     for d in sorted(OUT.iterdir()):
         size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
