@@ -73,6 +73,8 @@ pub fn split_layer_key(key: &str) -> Option<(&str, u64, &str)> {
 }
 
 type Shape = Vec<u64>;
+/// An adapter key: tensor name and shape.
+type Key = (String, Shape);
 
 fn sorted_shapes<'a>(shapes: impl Iterator<Item = &'a Shape>) -> Vec<&'a Shape> {
     let mut v: Vec<&Shape> = shapes.collect();
@@ -80,42 +82,233 @@ fn sorted_shapes<'a>(shapes: impl Iterator<Item = &'a Shape>) -> Vec<&'a Shape> 
     v
 }
 
+/// HF Trainer's rule (`Trainer.get_decay_parameter_names`) for the
+/// parameters it puts in its no-weight-decay group, by name: the
+/// lower-cased name contains `bias`, `layernorm` or `rmsnorm`, or has a
+/// component `norm` or ending in `_norm` (its regexes
+/// `(?:^|\.)norm(?:$|\.)` and `_norm(?:$|\.)`). HF also exempts every
+/// parameter inside an `nn.LayerNorm`, which a name cannot show (GPT-2's
+/// `ln_f`); a split that disagrees is refused by the size check.
+pub fn is_no_decay_name(name: &str) -> bool {
+    let lower = name.to_lowercase();
+    lower.contains("bias")
+        || lower.contains("layernorm")
+        || lower.contains("rmsnorm")
+        || lower
+            .split('.')
+            .any(|part| part == "norm" || part.ends_with("_norm"))
+}
+
+/// Adapter keys sorted into layers.
+struct KeyLayout<'k> {
+    /// The text before the layer index of every layered key.
+    stacks: BTreeMap<&'k str, ()>,
+    /// Per layer index, the key suffixes and shapes.
+    layers: BTreeMap<u64, Vec<(&'k str, &'k Shape)>>,
+    /// Shapes of the keys without a layer index.
+    loose: Vec<&'k Shape>,
+    keys: usize,
+}
+
+impl<'k> KeyLayout<'k> {
+    fn of(keys: impl Iterator<Item = &'k Key>) -> KeyLayout<'k> {
+        let mut layout = KeyLayout {
+            stacks: BTreeMap::new(),
+            layers: BTreeMap::new(),
+            loose: Vec::new(),
+            keys: 0,
+        };
+        for (name, shape) in keys {
+            layout.keys += 1;
+            match split_layer_key(name) {
+                Some((stack, index, suffix)) => {
+                    layout.stacks.insert(stack, ());
+                    layout
+                        .layers
+                        .entry(index)
+                        .or_default()
+                        .push((suffix, shape));
+                }
+                None => layout.loose.push(shape),
+            }
+        }
+        layout
+    }
+
+    /// The refusals that hold for a whole adapter: no layered key, or
+    /// layers from several stacks.
+    fn check_whole(&self) -> std::result::Result<(), String> {
+        if self.layers.is_empty() {
+            return Err(
+                "no adapter key carries a layer index (e.g. `.layers.N.`, `.h.N.`), \
+                 so no tensor can be attributed to a layer"
+                    .into(),
+            );
+        }
+        if self.stacks.len() > 1 {
+            let names: Vec<&str> = self.stacks.keys().copied().collect();
+            return Err(format!(
+                "the adapter spans several layer stacks ({}); their order in the optimizer \
+                 is not known without the model",
+                names.join(", ")
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Attribute `params` (param id and state shape, in id order) to the layers
 /// of an adapter with `keys` (name and shape). Err(reason) when it cannot
-/// be done exactly.
+/// be done exactly. This is the one-param-group case of
+/// [`attribute_grouped`].
 pub fn attribute(
     keys: &[(String, Shape)],
     params: &[(i64, Shape)],
 ) -> std::result::Result<Attribution, String> {
-    let mut stacks: BTreeMap<&str, ()> = BTreeMap::new();
-    let mut layers: BTreeMap<u64, Vec<(&str, &Shape)>> = BTreeMap::new();
-    let mut loose: Vec<&Shape> = Vec::new();
-    for (name, shape) in keys {
-        match split_layer_key(name) {
-            Some((stack, index, suffix)) => {
-                stacks.insert(stack, ());
-                layers.entry(index).or_default().push((suffix, shape));
-            }
-            None => loose.push(shape),
+    let layout = KeyLayout::of(keys.iter());
+    layout.check_whole()?;
+    align(&layout, params)
+}
+
+/// Attribute `params` (param id and state shape) to the layers of an
+/// adapter with `keys`, given the optimizer's param `groups` (the ids of
+/// each group, in group order).
+///
+/// With at most one non-empty group, ids follow `named_parameters()` order
+/// and this is [`attribute`]. With two, they are taken as HF Trainer's
+/// weight-decay and no-decay groups: the adapter's keys are split by
+/// [`is_no_decay_name`], the split must match the groups' sizes, and each
+/// group is aligned against its own keys (its own layered block, its own
+/// embedding/head copies); the no-decay group's slots follow the decay
+/// group's. Anything else is refused with the reason.
+pub fn attribute_grouped(
+    keys: &[(String, Shape)],
+    params: &[(i64, Shape)],
+    groups: &[Vec<i64>],
+) -> std::result::Result<Attribution, String> {
+    let non_empty: Vec<&Vec<i64>> = groups.iter().filter(|g| !g.is_empty()).collect();
+    let (decay_ids, no_decay_ids) = match non_empty.as_slice() {
+        [] | [_] => return attribute(keys, params),
+        [decay, no_decay] => (*decay, *no_decay),
+        many => {
+            return Err(format!(
+                "the optimizer has {} non-empty param groups; ids can be matched to adapter \
+                 keys only for one group or for HF Trainer's weight-decay/no-decay pair",
+                many.len()
+            ))
         }
-    }
-    if layers.is_empty() {
-        return Err(
-            "no adapter key carries a layer index (e.g. `.layers.N.`, `.h.N.`), \
-                    so no tensor can be attributed to a layer"
-                .into(),
-        );
-    }
-    if stacks.len() > 1 {
-        let names: Vec<&str> = stacks.keys().copied().collect();
+    };
+    let whole = KeyLayout::of(keys.iter());
+    whole.check_whole()?;
+    let (no_decay_keys, decay_keys): (Vec<&Key>, Vec<&Key>) =
+        keys.iter().partition(|(name, _)| is_no_decay_name(name));
+    if decay_ids.len() != decay_keys.len() || no_decay_ids.len() != no_decay_keys.len() {
         return Err(format!(
-            "the adapter spans several layer stacks ({}); their order in the optimizer \
-             is not known without the model",
-            names.join(", ")
+            "the optimizer's two param groups hold {} and {} ids, but HF Trainer's name rules \
+             (bias, layernorm, rmsnorm, norm) split the adapter's keys {} to weight decay and \
+             {} to no decay; the groups were made another way (e.g. a LayerNorm whose name \
+             lacks 'norm', like GPT-2's ln_f, or a custom optimizer), so ids cannot be placed",
+            decay_ids.len(),
+            no_decay_ids.len(),
+            decay_keys.len(),
+            no_decay_keys.len()
         ));
     }
+    let shapes: BTreeMap<i64, &Shape> = params.iter().map(|(id, s)| (*id, s)).collect();
+    if shapes.len() != params.len() {
+        return Err("the optimizer state lists a param id twice".into());
+    }
+    let listed = decay_ids.len() + no_decay_ids.len();
+    let distinct: std::collections::BTreeSet<&i64> = decay_ids.iter().chain(no_decay_ids).collect();
+    if distinct.len() != listed {
+        return Err("the optimizer's param groups list a param id twice".into());
+    }
+    if listed != params.len() {
+        return Err(format!(
+            "the optimizer state has {} parameters with state but its groups list {listed} \
+             ids: some parameters never received a gradient, or the groups do not belong to \
+             the state",
+            params.len()
+        ));
+    }
+    let group_params =
+        |ids: &[i64], which: &str| -> std::result::Result<Vec<(i64, Shape)>, String> {
+            ids.iter()
+                .map(|id| match shapes.get(id) {
+                    Some(shape) => Ok((*id, (*shape).clone())),
+                    None => Err(format!(
+                        "param {id} of the {which} group has no optimizer state, so the group's \
+                     ids cannot be aligned with its keys"
+                    )),
+                })
+                .collect()
+        };
+    let decay = align(
+        &KeyLayout::of(decay_keys.into_iter()),
+        &group_params(decay_ids, "weight-decay")?,
+    )
+    .map_err(|why| format!("weight-decay group: {why}"))?;
+    let no_decay = align(
+        &KeyLayout::of(no_decay_keys.into_iter()),
+        &group_params(no_decay_ids, "no-decay")?,
+    )
+    .map_err(|why| format!("no-decay group: {why}"))?;
+    merge(decay, no_decay)
+}
+
+/// One attribution after the other in slot order: the second's slots
+/// follow the first's. Both must cover the same layers (or one none).
+fn merge(first: Attribution, second: Attribution) -> std::result::Result<Attribution, String> {
+    if first.slot_names.is_empty() {
+        return Ok(merge_loose(second, first.unattributed));
+    }
+    if second.slot_names.is_empty() {
+        return Ok(merge_loose(first, second.unattributed));
+    }
+    if first.layer_indices != second.layer_indices {
+        return Err(format!(
+            "the weight-decay group covers layers {:?} but the no-decay group layers {:?}; \
+             slots cannot be matched across layers",
+            first.layer_indices, second.layer_indices
+        ));
+    }
+    let offset = first.slot_names.len() as u64;
+    let mut params = first.params;
+    params.extend(second.params.into_iter().map(|p| ParamSlot {
+        slot: p.slot + offset,
+        ..p
+    }));
+    params.sort_by_key(|p| p.param_id);
+    let mut slot_names = first.slot_names;
+    slot_names.extend(second.slot_names);
+    let mut unattributed = first.unattributed;
+    unattributed.extend(second.unattributed);
+    unattributed.sort_unstable();
+    Ok(Attribution {
+        layer_indices: first.layer_indices,
+        params,
+        slot_names,
+        unattributed,
+    })
+}
+
+fn merge_loose(mut a: Attribution, loose: Vec<i64>) -> Attribution {
+    a.unattributed.extend(loose);
+    a.unattributed.sort_unstable();
+    a
+}
+
+/// Align `params` (in registration order) with the keys of `layout`: find
+/// the one placement of the layered block among the loose copies. A layout
+/// without layered keys leaves every param unattributed after checking
+/// that the shapes agree.
+fn align(
+    layout: &KeyLayout<'_>,
+    params: &[(i64, Shape)],
+) -> std::result::Result<Attribution, String> {
+    let layers = &layout.layers;
     let per_layer: Vec<usize> = layers.values().map(Vec::len).collect();
-    let slots = per_layer[0];
+    let slots = per_layer.first().copied().unwrap_or(0);
     if per_layer.iter().any(|&n| n != slots) {
         return Err(format!(
             "layers carry different numbers of tensors ({}); slots cannot be matched across layers",
@@ -124,21 +317,21 @@ pub fn attribute(
     }
     let layer_count = layers.len();
     let block = slots * layer_count;
-    if params.len() != keys.len() {
+    if params.len() != layout.keys {
         return Err(format!(
             "the optimizer state has {} parameters but the adapter {} tensors: they do not \
              belong together (or the optimizer also trains tensors the adapter does not save)",
             params.len(),
-            keys.len()
+            layout.keys
         ));
     }
     let layer_shapes: Vec<Vec<&Shape>> = layers
         .values()
         .map(|ts| sorted_shapes(ts.iter().map(|(_, s)| *s)))
         .collect();
-    let loose_shapes = sorted_shapes(loose.iter().copied());
+    let loose_shapes = sorted_shapes(layout.loose.iter().copied());
+    let shape = |i: usize| &params[i].1;
     let fits = |offset: usize| -> bool {
-        let shape = |i: usize| &params[i].1;
         for (l, want) in layer_shapes.iter().enumerate() {
             let start = offset + l * slots;
             let got = sorted_shapes((start..start + slots).map(shape));
@@ -152,7 +345,12 @@ pub fn attribute(
         let outside = (0..offset).chain(offset + block..params.len()).map(shape);
         sorted_shapes(outside) == loose_shapes
     };
-    let placements: Vec<usize> = (0..=params.len() - block).filter(|&o| fits(o)).collect();
+    let placements: Vec<usize> = if block == 0 {
+        // No layered keys: one placement, the loose shapes must agree.
+        (0..1).filter(|&o| fits(o)).collect()
+    } else {
+        (0..=params.len() - block).filter(|&o| fits(o)).collect()
+    };
     let offset = match placements.as_slice() {
         [one] => *one,
         [] => {
@@ -345,5 +543,235 @@ mod tests {
         ];
         let p = vec![(0, vec![2, 2]), (1, vec![2, 2])];
         assert!(attribute(&two_stacks, &p).unwrap_err().contains("stacks"));
+    }
+
+    #[test]
+    fn hf_no_decay_names() {
+        for name in [
+            "base_model.model.model.layers.0.self_attn.q_proj.base_layer.bias",
+            "base_model.model.model.layers.0.input_layernorm.weight",
+            "model.norm.weight",
+            "model.layers.1.post_attention_layernorm.weight",
+            "transformer.h.0.ln_1.bias",
+            "encoder.layer.0.attention.output.LayerNorm.weight",
+            "model.layers.0.q_norm.weight",
+            "model.final_RMSNorm.weight",
+        ] {
+            assert!(is_no_decay_name(name), "{name}");
+        }
+        for name in [
+            "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight",
+            "base_model.model.lm_head.weight",
+            "transformer.ln_f.weight", // an nn.LayerNorm: HF knows by type, not name
+            "model.normalizer.weight",
+            "model.layers.0.norm_out.weight",
+        ] {
+            assert!(!is_no_decay_name(name), "{name}");
+        }
+    }
+
+    /// LoRA on q and v of `layers` layers plus the q/v biases, in HF
+    /// Trainer's order: all LoRA factors (layer-major), then the biases.
+    fn lora_with_biases(layers: u64) -> (Keys, Params, Vec<Vec<i64>>) {
+        let (mut keys, mut params) = lora(layers, 16, 8, 4);
+        let decay: Vec<i64> = params.iter().map(|p| p.0).collect();
+        let mut no_decay = vec![];
+        for l in 0..layers {
+            for (m, out) in [("q_proj", 16), ("v_proj", 8)] {
+                keys.push((
+                    format!("base_model.model.model.layers.{l}.self_attn.{m}.base_layer.bias"),
+                    vec![out],
+                ));
+                no_decay.push(params.len() as i64);
+                params.push((params.len() as i64, vec![out]));
+            }
+        }
+        (keys, params, vec![decay, no_decay])
+    }
+
+    #[test]
+    fn grouped_ids_are_attributed_per_group() {
+        let (keys, params, groups) = lora_with_biases(3);
+        let a = attribute_grouped(&keys, &params, &groups).unwrap();
+        assert_eq!(a.slot_names.len(), 6);
+        assert_eq!(a.slot_names[4], "self_attn.q_proj.base_layer.bias");
+        assert_eq!(a.slot_names[5], "self_attn.v_proj.base_layer.bias");
+        // Id 12 is layer 0's q bias, id 17 layer 2's v bias.
+        let slot = |id| a.params.iter().find(|p| p.param_id == id).cloned();
+        assert_eq!(slot(12).map(|p| (p.layer, p.slot)), Some((0, 4)));
+        assert_eq!(slot(17).map(|p| (p.layer, p.slot)), Some((2, 5)));
+        assert_eq!(a.params.len(), 18);
+        // Read as one group, the same ids cannot be placed.
+        assert!(attribute(&keys, &params).is_err());
+        // One non-empty group is today's attribution.
+        let (keys, params) = lora(2, 16, 8, 4);
+        let one = vec![(0..8).collect(), vec![]];
+        assert_eq!(
+            attribute_grouped(&keys, &params, &one),
+            attribute(&keys, &params)
+        );
+    }
+
+    #[test]
+    fn grouped_attribution_refuses_what_it_cannot_place() {
+        let (keys, params, groups) = lora_with_biases(2);
+        // Sizes that are not the name-rule split.
+        let mut shifted = groups.clone();
+        let moved = shifted[1].remove(0);
+        shifted[0].push(moved);
+        let e = attribute_grouped(&keys, &params, &shifted).unwrap_err();
+        assert!(
+            e.contains("split the adapter's keys 8 to weight decay and 4"),
+            "{e}"
+        );
+        // Three groups.
+        let three = vec![groups[0].clone(), vec![8, 9], vec![10, 11]];
+        assert!(attribute_grouped(&keys, &params, &three)
+            .unwrap_err()
+            .contains("3 non-empty"));
+        // An id listed twice, and a state entry no group lists.
+        let mut twice = groups.clone();
+        twice[1][0] = 0;
+        assert!(attribute_grouped(&keys, &params, &twice)
+            .unwrap_err()
+            .contains("twice"));
+        let missing = &params[..params.len() - 1];
+        assert!(attribute_grouped(&keys, missing, &groups)
+            .unwrap_err()
+            .contains("never received a gradient"));
+        // Biases on layers the LoRA factors do not cover.
+        let mut keys2 = keys.clone();
+        for k in keys2.iter_mut().filter(|(n, _)| n.ends_with(".bias")) {
+            k.0 = k.0.replace("layers.1.", "layers.7.");
+        }
+        assert!(attribute_grouped(&keys2, &params, &groups)
+            .unwrap_err()
+            .contains("layers"));
+    }
+
+    mod real_runs {
+        //! HF Trainer + PEFT runs written by rust/testdata/make_optim_fixtures.py.
+        use super::super::*;
+        use crate::optimizer_state::read_optimizer_state;
+        use crate::safetensors_header::read_header;
+        use serde_json::Value as Json;
+        use std::path::{Path, PathBuf};
+
+        fn run_dir(name: &str) -> PathBuf {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("rust/testdata/optim")
+                .join(name)
+        }
+
+        struct Run {
+            keys: Vec<(String, Vec<u64>)>,
+            params: Vec<(i64, Vec<u64>)>,
+            groups: Vec<Vec<i64>>,
+            expected: Json,
+        }
+
+        fn load(name: &str) -> Run {
+            let ckpt = run_dir(name).join("checkpoint-3");
+            let header = read_header(&ckpt.join("adapter_model.safetensors")).unwrap();
+            let state = read_optimizer_state(&ckpt).unwrap();
+            let text = std::fs::read_to_string(run_dir(name).join("expected.json")).unwrap();
+            Run {
+                keys: header
+                    .tensors
+                    .into_iter()
+                    .map(|t| (t.name, t.shape))
+                    .collect(),
+                params: state
+                    .per_param
+                    .iter()
+                    .map(|p| (p.param_id, p.shape.clone()))
+                    .collect(),
+                groups: state.param_groups,
+                expected: serde_json::from_str(&text).unwrap(),
+            }
+        }
+
+        /// Every id's layer and slot name against the parameter the
+        /// Trainer really registered under it.
+        fn check_exact(name: &str) -> Attribution {
+            let run = load(name);
+            let a = attribute_grouped(&run.keys, &run.params, &run.groups)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            for want in run.expected["params"].as_array().unwrap() {
+                let id = want["param_id"].as_i64().unwrap();
+                match want["layer"].as_u64() {
+                    None => assert!(a.unattributed.contains(&id), "{name}: id {id}"),
+                    Some(layer) => {
+                        let got = a.params.iter().find(|p| p.param_id == id).unwrap();
+                        assert_eq!(got.layer, layer, "{name}: id {id} ({})", want["key"]);
+                        let suffix = want["suffix"].as_str().unwrap();
+                        let slot = &a.slot_names[got.slot as usize];
+                        assert!(
+                            slot.split(" | ").any(|s| s == suffix),
+                            "{name}: id {id} is {suffix}, attributed to slot {slot}"
+                        );
+                    }
+                }
+            }
+            a
+        }
+
+        #[test]
+        fn lora_only_one_group() {
+            let a = check_exact("hf_lora");
+            assert_eq!(a.layer_indices, [0, 1]);
+            assert!(a.unattributed.is_empty());
+        }
+
+        #[test]
+        fn bias_all_decay_and_no_decay_groups() {
+            let run = load("hf_bias_all");
+            assert_eq!(run.groups.len(), 2);
+            assert!(run.expected["wrong_if_layer_major"].as_u64().unwrap() > 0);
+            // Without the groups the ids cannot be placed.
+            assert!(attribute(&run.keys, &run.params).is_err());
+            let a = check_exact("hf_bias_all");
+            assert_eq!(a.params.len(), run.params.len());
+        }
+
+        #[test]
+        fn modules_to_save_copies_sit_before_and_after_the_layers() {
+            let a = check_exact("hf_modules_to_save");
+            let run = load("hf_modules_to_save");
+            let last = run.params.len() as i64 - 1;
+            assert_eq!(a.unattributed, [0, last]);
+        }
+
+        #[test]
+        fn gpt2_conv1d_blocks() {
+            let a = check_exact("hf_gpt2");
+            assert_eq!(a.layer_indices, [0, 1]);
+            assert!(a
+                .slot_names
+                .iter()
+                .any(|s| s.contains("attn.c_attn.lora_B")));
+        }
+
+        #[test]
+        fn refusals_on_real_runs() {
+            // GPT-2 with bias="all": the no-decay group holds layer biases
+            // and ln_f.bias, all 32-wide; ln_f.bias fits before the layered
+            // block as well as after it.
+            let run = load("hf_gpt2_bias_all");
+            let e = attribute_grouped(&run.keys, &run.params, &run.groups).unwrap_err();
+            assert!(e.contains("no-decay group") && e.contains("places"), "{e}");
+            // An optimizer state from another run.
+            let lora = load("hf_lora");
+            let other = load("hf_modules_to_save");
+            let e = attribute_grouped(&lora.keys, &other.params, &other.groups).unwrap_err();
+            assert!(e.contains("do not belong"), "{e}");
+            // Groups that are not HF's split of these keys.
+            let bias = load("hf_bias_all");
+            let mut groups = bias.groups.clone();
+            let moved = groups[0].pop().unwrap();
+            groups[1].insert(0, moved);
+            let e = attribute_grouped(&bias.keys, &bias.params, &groups).unwrap_err();
+            assert!(e.contains("name rules"), "{e}");
+        }
     }
 }

@@ -7,6 +7,14 @@
 //! `_codecs.encode`) and implements each of them itself as a pure data
 //! transformation. Any other global fails the read with an error naming it.
 //!
+//! Lightning checkpoints also pickle user classes in parts no reader needs
+//! (`hyper_parameters`, `callbacks`, ...). For them there is a second
+//! policy, [`UnknownGlobals::Placeholder`]: a global outside the allow-list
+//! becomes an [`Value::Opaque`] stand-in, calling or building it gives more
+//! opaque values, and the caller refuses the file only when an opaque value
+//! sits in the part it reads ([`Unpickled::find_opaque`]). Nothing is ever
+//! imported or called in either policy; strict refusal is the default.
+//!
 //! Values live in an arena and are referred to by index, so shared and
 //! cyclic memo references are just repeated indices: nothing recurses over
 //! the object graph. Every size a hostile file controls (pickle length,
@@ -14,6 +22,7 @@
 //! rank) is capped before anything is allocated for it.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use crate::error::Area;
 
@@ -119,6 +128,19 @@ impl Default for Limits {
             max_tensor_dims: 64,
         }
     }
+}
+
+/// What a global outside the allow-list does to a read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UnknownGlobals {
+    /// Fail the read with `Area::UnsafePickle` naming the global.
+    #[default]
+    Refuse,
+    /// Stand an opaque value in for it. Calling it (REDUCE, NEWOBJ, OBJ,
+    /// INST), building it (BUILD) or filling it (APPEND(S), SETITEM(S))
+    /// gives or keeps opaque values; an allowed callable given an opaque
+    /// argument returns an opaque value too. No code runs either way.
+    Placeholder,
 }
 
 /// Element type of a storage or tensor, as torch names it.
@@ -420,6 +442,10 @@ pub enum Value {
     Global(Global),
     Storage(Storage),
     Tensor(Tensor),
+    /// A stand-in for a global outside the allow-list, or for whatever
+    /// calling or building one would have made (placeholder policy only).
+    /// Holds the global's `module.name` (at most 200 characters).
+    Opaque(Arc<str>),
 }
 
 impl Value {
@@ -439,6 +465,7 @@ impl Value {
             Value::Global(_) => "global",
             Value::Storage(_) => "storage",
             Value::Tensor(_) => "tensor",
+            Value::Opaque(_) => "opaque placeholder",
         }
     }
 }
@@ -503,6 +530,50 @@ impl Unpickled {
             .map(|(_, v)| *v)
     }
 
+    /// The `module.name` behind the first opaque placeholder reachable from
+    /// `id` through tuples, lists, sets and dict keys and values; None when
+    /// there is none. Shared and cyclic references are visited once.
+    pub fn find_opaque(&self, id: Id) -> Option<&str> {
+        let mut seen = vec![false; self.values.len()];
+        let mut todo = Vec::new();
+        let mut visit = |at: Id, todo: &mut Vec<Id>| {
+            if let Some(s) = seen.get_mut(at as usize) {
+                if !*s {
+                    *s = true;
+                    todo.push(at);
+                }
+            }
+        };
+        visit(id, &mut todo);
+        while let Some(at) = todo.pop() {
+            match self.get(at) {
+                Value::Opaque(name) => return Some(name),
+                Value::Tuple(items) | Value::List(items) | Value::Set(items) => {
+                    for &item in items {
+                        visit(item, &mut todo);
+                    }
+                }
+                Value::Dict(entries) => {
+                    for &(k, v) in entries {
+                        visit(k, &mut todo);
+                        visit(v, &mut todo);
+                    }
+                }
+                _ => {}
+            }
+        }
+        None
+    }
+
+    /// The `module.name` behind some opaque placeholder anywhere in the
+    /// pickle, if it holds one.
+    pub fn any_opaque(&self) -> Option<&str> {
+        self.values.iter().find_map(|v| match v {
+            Value::Opaque(name) => Some(&**name),
+            _ => None,
+        })
+    }
+
     /// Up to 50 distinct keys of dict `id` in first-seen order, for error
     /// messages (non-string keys appear as their type).
     pub fn dict_str_keys(&self, id: Id) -> Vec<String> {
@@ -531,6 +602,16 @@ pub fn unpickle(data: &[u8]) -> PResult<Unpickled> {
 
 /// Unpickle `data`, refusing anything outside the allow-list or the limits.
 pub fn unpickle_with(data: &[u8], limits: Limits) -> PResult<Unpickled> {
+    unpickle_with_policy(data, limits, UnknownGlobals::Refuse)
+}
+
+/// Unpickle `data` within `limits`, treating globals outside the
+/// allow-list as `unknown` says.
+pub fn unpickle_with_policy(
+    data: &[u8],
+    limits: Limits,
+    unknown: UnknownGlobals,
+) -> PResult<Unpickled> {
     if data.len() > limits.max_pickle_bytes {
         return Err(PickleError {
             area: Area::TrainingState,
@@ -553,6 +634,7 @@ pub fn unpickle_with(data: &[u8], limits: Limits) -> PResult<Unpickled> {
         marks: Vec::new(),
         memo: HashMap::new(),
         string_bytes: 0,
+        unknown,
     };
     let root = m.run()?;
     Ok(Unpickled {
@@ -576,6 +658,7 @@ struct Machine<'a> {
     marks: Vec<usize>,
     memo: HashMap<u32, Id>,
     string_bytes: usize,
+    unknown: UnknownGlobals,
 }
 
 impl<'a> Machine<'a> {
@@ -791,6 +874,9 @@ impl<'a> Machine<'a> {
                 list.extend(items);
                 Ok(())
             }
+            // Python would call the object's append/extend; a placeholder
+            // keeps nothing (the items stay counted in the arena).
+            Some(Value::Opaque(_)) => Ok(()),
             _ => Err(self.err(format!("cannot append to a {kind}"))),
         }
     }
@@ -809,6 +895,7 @@ impl<'a> Machine<'a> {
                 entries.extend(items.chunks_exact(2).map(|kv| (kv[0], kv[1])));
                 Ok(())
             }
+            Some(Value::Opaque(_)) => Ok(()),
             _ => Err(self.err(format!("cannot set items on a {kind}"))),
         }
     }
@@ -871,13 +958,83 @@ impl<'a> Machine<'a> {
     fn global(&mut self, module: &str, name: &str) -> PResult<()> {
         match resolve_global(module, name) {
             Some(g) => self.push_new(Value::Global(g)),
-            None => Err(self.unsafe_global(module, name)),
+            None => {
+                let placeholder = self.placeholder(module, name)?;
+                self.push_new(placeholder)
+            }
+        }
+    }
+
+    /// The opaque stand-in for the unknown global `module.name`, or the
+    /// refusal when the policy is strict.
+    fn placeholder(&mut self, module: &str, name: &str) -> PResult<Value> {
+        match self.unknown {
+            UnknownGlobals::Refuse => Err(self.unsafe_global(module, name)),
+            UnknownGlobals::Placeholder => {
+                let full = format!("{}.{}", clip(module), clip(name));
+                self.charge_string(full.len())?;
+                Ok(Value::Opaque(full.into()))
+            }
+        }
+    }
+
+    /// The name of the opaque value `id`, if it is one.
+    fn opaque_name(&self, id: Id) -> Option<Arc<str>> {
+        match self.value(id) {
+            Value::Opaque(name) => Some(Arc::clone(name)),
+            _ => None,
+        }
+    }
+
+    /// What calling the placeholder `func` with `args` stands for: named
+    /// after the class when `func` is copyreg's reconstructor (protocols
+    /// 0-1 pickle plain objects that way), else after `func` itself.
+    fn opaque_call(&self, func: Arc<str>, args: Id) -> Value {
+        let class = match self.value(args) {
+            Value::Tuple(items) if func.starts_with("copyreg.") => {
+                items.first().and_then(|&c| self.opaque_name(c))
+            }
+            _ => None,
+        };
+        Value::Opaque(class.unwrap_or(func))
+    }
+
+    /// Under the placeholder policy, BUILD with state on a value we model
+    /// (e.g. the `_metadata` attribute of a module's `state_dict`, an
+    /// `OrderedDict`) turns it into a placeholder: what `__setstate__`
+    /// would make of it is unknown, so it must not be read. Under the
+    /// strict policy, and for the shared None/True/False values, false.
+    fn build_makes_opaque(&mut self, target: Id) -> PResult<bool> {
+        if self.unknown != UnknownGlobals::Placeholder || target <= FALSE_ID {
+            return Ok(false);
+        }
+        let name = format!("<{} given state by BUILD>", self.value(target).kind());
+        self.charge_string(name.len())?;
+        match self.values.get_mut(target as usize) {
+            Some(slot) => {
+                *slot = Value::Opaque(name.into());
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// NEWOBJ/NEWOBJ_EX/OBJ on `class`: an opaque instance when `class` is a
+    /// placeholder, else the refusal every policy gives.
+    fn instantiate(&mut self, class: Id, opcode: &str) -> PResult<()> {
+        match self.opaque_name(class) {
+            Some(name) => self.push_new(Value::Opaque(name)),
+            None => Err(self.err(format!("{opcode}: instantiating classes is not supported"))),
         }
     }
 
     fn reduce(&mut self) -> PResult<()> {
         let args_id = self.pop()?;
         let func_id = self.pop()?;
+        if let Some(name) = self.opaque_name(func_id) {
+            let result = self.opaque_call(name, args_id);
+            return self.push_new(result);
+        }
         let func = match self.value(func_id) {
             Value::Global(g) => *g,
             other => {
@@ -906,6 +1063,11 @@ impl<'a> Machine<'a> {
                 )))
             }
         };
+        // An allowed callable fed a placeholder cannot be modelled: its
+        // result is a placeholder too, named after the argument.
+        if let Some(name) = args.iter().find_map(|&a| self.opaque_name(a)) {
+            return self.push_new(Value::Opaque(name));
+        }
         let result = match func {
             Global::RebuildTensorV2 => {
                 if !(6..=7).contains(&args.len()) {
@@ -1335,31 +1497,40 @@ impl<'a> Machine<'a> {
                 op::STACK_GLOBAL => {
                     let name = self.pop()?;
                     let module = self.pop()?;
-                    let global = match (self.value(module), self.value(name)) {
-                        (Value::Str(m), Value::Str(n)) => {
-                            resolve_global(m, n).ok_or_else(|| self.unsafe_global(m, n))?
-                        }
+                    let (m, n) = match (self.value(module), self.value(name)) {
+                        (Value::Str(m), Value::Str(n)) => (m.clone(), n.clone()),
                         _ => return Err(self.err("STACK_GLOBAL needs two strings")),
                     };
-                    self.push_new(Value::Global(global))?
+                    self.global(&m, &n)?
                 }
                 op::INST => {
                     let module = self.line_str()?.to_owned();
                     let name = self.line_str()?.to_owned();
-                    if resolve_global(&module, &name).is_none() {
-                        return Err(self.unsafe_global(&module, &name));
+                    if resolve_global(&module, &name).is_some() {
+                        return Err(self.err(format!(
+                            "INST of {module}.{name}: instantiating classes is not supported"
+                        )));
                     }
-                    return Err(self.err(format!(
-                        "INST of {module}.{name}: instantiating classes is not supported"
-                    )));
+                    let placeholder = self.placeholder(&module, &name)?;
+                    self.pop_mark()?;
+                    self.push_new(placeholder)?
                 }
-                op::OBJ | op::NEWOBJ | op::NEWOBJ_EX => {
-                    let name = match op {
-                        op::OBJ => "OBJ",
-                        op::NEWOBJ => "NEWOBJ",
-                        _ => "NEWOBJ_EX",
-                    };
-                    return Err(self.err(format!("{name}: instantiating classes is not supported")));
+                op::OBJ => {
+                    // MARK class args... OBJ
+                    let items = self.pop_mark()?;
+                    let class = items.first().copied().unwrap_or(NONE_ID);
+                    self.instantiate(class, "OBJ")?
+                }
+                op::NEWOBJ => {
+                    self.pop()?; // args
+                    let class = self.pop()?;
+                    self.instantiate(class, "NEWOBJ")?
+                }
+                op::NEWOBJ_EX => {
+                    self.pop()?; // kwargs
+                    self.pop()?; // args
+                    let class = self.pop()?;
+                    self.instantiate(class, "NEWOBJ_EX")?
                 }
                 op::REDUCE => self.reduce()?,
                 op::BUILD => {
@@ -1370,7 +1541,11 @@ impl<'a> Machine<'a> {
                         Value::Dict(e) => e.is_empty(),
                         _ => false,
                     };
-                    if !empty {
+                    // A placeholder drops the state it is given.
+                    if !empty
+                        && self.opaque_name(target).is_none()
+                        && !self.build_makes_opaque(target)?
+                    {
                         return Err(self.err(format!(
                             "BUILD (setting object state) on a {} is not supported",
                             self.value(target).kind()
@@ -1384,6 +1559,16 @@ impl<'a> Machine<'a> {
                 }
                 op::PERSID => {
                     return Err(self.err("text persistent ids (PERSID) are not torch storages"))
+                }
+                op::EXT1..=op::EXT4 if self.unknown == UnknownGlobals::Placeholder => {
+                    let code = match op {
+                        op::EXT1 => u32::from(self.u8()?),
+                        op::EXT2 => u32::from(u16::from_le_bytes(self.fixed::<2>()?)),
+                        _ => u32::from_le_bytes(self.fixed::<4>()?),
+                    };
+                    let placeholder =
+                        self.placeholder("copyreg._extension_registry", &code.to_string())?;
+                    self.push_new(placeholder)?
                 }
                 op::EXT1..=op::EXT4 => {
                     return Err(PickleError {
@@ -1630,6 +1815,123 @@ mod tests {
                 let mut m = base.to_vec();
                 m[i] = (state >> 32) as u8;
                 let _ = run(&m);
+            }
+        }
+    }
+
+    fn lenient(bytes: &[u8]) -> PResult<Unpickled> {
+        unpickle_with_policy(bytes, Limits::default(), UnknownGlobals::Placeholder)
+    }
+
+    fn opaque(u: &Unpickled) -> Option<&str> {
+        match u.get(u.root) {
+            Value::Opaque(name) => Some(name),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn placeholders_stand_in_for_unknown_classes() {
+        // Cfg() via NEWOBJ, given state by BUILD and items by SETITEMS.
+        let p = b"\x80\x02c__main__\nCfg\n)\x81}X\x01\x00\x00\x00aK\x01sb(K\x01K\x02u.";
+        assert_eq!(run(p).unwrap_err().area, Area::UnsafePickle);
+        assert_eq!(opaque(&lenient(p).unwrap()), Some("__main__.Cfg"));
+        // REDUCE on a placeholder, and protocol 0-1's copyreg reconstructor.
+        let u = lenient(b"cfoo\nbar\nK\x01\x85R.").unwrap();
+        assert_eq!(opaque(&u), Some("foo.bar"));
+        let p = b"ccopyreg\n_reconstructor\n(c__main__\nCfg\ncbuiltins\nobject\nNtR.";
+        assert_eq!(opaque(&lenient(p).unwrap()), Some("__main__.Cfg"));
+        // STACK_GLOBAL, INST, OBJ, NEWOBJ_EX and EXT1.
+        let u = lenient(b"\x80\x04\x8c\x03foo\x8c\x03Bar\x93.").unwrap();
+        assert_eq!(opaque(&u), Some("foo.Bar"));
+        assert_eq!(
+            opaque(&lenient(b"(K\x01ifoo\nBar\n.").unwrap()),
+            Some("foo.Bar")
+        );
+        assert_eq!(
+            opaque(&lenient(b"(cfoo\nBar\nK\x01o.").unwrap()),
+            Some("foo.Bar")
+        );
+        assert_eq!(
+            opaque(&lenient(b"cfoo\nBar\n)}\x92.").unwrap()),
+            Some("foo.Bar")
+        );
+        let u = lenient(b"\x82\x07.").unwrap();
+        assert_eq!(opaque(&u), Some("copyreg._extension_registry.7"));
+        assert_eq!(run(b"\x82\x07.").unwrap_err().area, Area::UnsafePickle);
+        // An allowed callable fed a placeholder gives a placeholder.
+        let p = b"ctorch._utils\n_rebuild_parameter\n(cfoo\nT\n)\x81\x89ccollections\nOrderedDict\n)RtR.";
+        assert_eq!(opaque(&lenient(p).unwrap()), Some("foo.T"));
+        // Instantiating an allowed class stays refused.
+        assert!(lenient(b"ccollections\nOrderedDict\n)\x81.").is_err());
+        assert!(lenient(b"(icollections\nOrderedDict\n.").is_err());
+    }
+
+    #[test]
+    fn build_state_on_a_modelled_value() {
+        // OrderedDict() given `_metadata` by BUILD, as a module state_dict is.
+        let p = b"ccollections\nOrderedDict\n)R}X\x09\x00\x00\x00_metadataK\x01sb.";
+        let e = run(p).unwrap_err();
+        assert!(e.message.contains("BUILD"), "{e}");
+        let u = lenient(p).unwrap();
+        assert_eq!(opaque(&u), Some("<dict given state by BUILD>"));
+        // The shared None is never turned into a placeholder.
+        assert!(lenient(b"N}X\x01\x00\x00\x00aK\x01sb.").is_err());
+    }
+
+    #[test]
+    fn placeholders_obey_the_caps() {
+        let names: Vec<u8> = b"cfoo\nBar\n0"
+            .repeat(20)
+            .into_iter()
+            .chain(*b"N.")
+            .collect();
+        let limits = Limits {
+            max_values: 10,
+            ..Limits::default()
+        };
+        let e = unpickle_with_policy(&names, limits, UnknownGlobals::Placeholder).unwrap_err();
+        assert!(e.message.contains("values"), "{e}");
+        let limits = Limits {
+            max_string_bytes: 50,
+            ..Limits::default()
+        };
+        let e = unpickle_with_policy(&names, limits, UnknownGlobals::Placeholder).unwrap_err();
+        assert!(e.message.contains("strings"), "{e}");
+        // A 10k-character class name is clipped in the placeholder.
+        let mut long = b"c".to_vec();
+        long.extend(vec![b'm'; 10_000]);
+        long.extend(b"\nX\n.");
+        let u = lenient(&long).unwrap();
+        assert!(opaque(&u).is_some_and(|n| n.len() < 500));
+    }
+
+    #[test]
+    fn find_opaque_walks_shared_and_cyclic_graphs() {
+        // l = [l, {'k': (1, Cfg())}]
+        let p = b"]q\x00(h\x00}X\x01\x00\x00\x00kK\x01cfoo\nCfg\n)\x81\x86se.";
+        let u = lenient(p).unwrap();
+        assert_eq!(u.find_opaque(u.root), Some("foo.Cfg"));
+        assert_eq!(u.any_opaque(), Some("foo.Cfg"));
+        let u = lenient(b"]q\x00(h\x00K\x01e.").unwrap();
+        assert_eq!(u.find_opaque(u.root), None);
+        assert_eq!(u.any_opaque(), None);
+    }
+
+    #[test]
+    fn placeholder_mode_never_panics_on_byte_soup() {
+        let base = b"\x80\x02}(X\x05\x00\x00\x00hparsc__main__\nCfg\n)\x81}X\x01\x00\x00\x00aK\x01sbX\x03\x00\x00\x00optccopyreg\n_reconstructor\n(cfoo\nBar\ncbuiltins\nobject\nNtR\x82\x01\x86u.";
+        assert!(lenient(base).is_ok());
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for i in 0..base.len() {
+            let _ = lenient(&base[..i]);
+            for _ in 0..16 {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let mut m = base.to_vec();
+                m[i] = (state >> 32) as u8;
+                let _ = lenient(&m);
             }
         }
     }

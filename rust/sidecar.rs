@@ -1,0 +1,95 @@
+//! sha256 sidecars: dlm writes `<file>.sha256` beside a `training_state.pt`
+//! with the file's digest, so a state modified or corrupted after it was
+//! written is reported as such instead of as whatever the parser trips on.
+//! Every state reader checks a sidecar when one is there.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use crate::error::{Area, Error, Result};
+use crate::files::open_regular;
+
+/// Run `parse` on `file`; when `<file>.sha256` sits beside it, its digest
+/// must match the file's, else the result is an `Area::Integrity` error
+/// (which wins over any parse error, since a tampered file explains both).
+pub fn verified<T: Send>(file: &Path, parse: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+    let Some(expected) = read_sidecar(file)? else {
+        return parse();
+    };
+    // Hash and parse in parallel.
+    let (digest, parsed) = rayon::join(|| sha256_file(file), parse);
+    let digest = digest?;
+    if digest != expected {
+        return Err(Error::new(
+            Area::Integrity,
+            file,
+            format!(
+                "sha256 is {digest} but {} records {expected}; the file was \
+                 modified or corrupted after it was written",
+                sidecar_path(file).display()
+            ),
+        )
+        .with("expected", expected)
+        .with("actual", digest));
+    }
+    parsed
+}
+
+pub fn sidecar_path(file: &Path) -> PathBuf {
+    let mut name = file.as_os_str().to_owned();
+    name.push(".sha256");
+    PathBuf::from(name)
+}
+
+/// The lowercase hex digest recorded beside `file`, if there is a sidecar.
+fn read_sidecar(file: &Path) -> Result<Option<String>> {
+    let side = sidecar_path(file);
+    let handle = match open_regular(&side, Area::Integrity) {
+        Ok(f) => f,
+        Err(e) if e.area == Area::Missing => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut text = Vec::new();
+    handle
+        .take(4097)
+        .read_to_end(&mut text)
+        .map_err(|e| Error::io(Area::Integrity, &side, &e))?;
+    let token = std::str::from_utf8(&text)
+        .ok()
+        .filter(|_| text.len() <= 4096)
+        .and_then(|t| t.split_whitespace().next())
+        .filter(|t| t.len() == 64 && t.bytes().all(|b| b.is_ascii_hexdigit()));
+    match token {
+        Some(t) => Ok(Some(t.to_ascii_lowercase())),
+        None => Err(Error::new(
+            Area::Integrity,
+            &side,
+            "is not a sha256 sidecar (expected 64 hex digits)",
+        )),
+    }
+}
+
+fn sha256_file(file: &Path) -> Result<String> {
+    let mut f = open_regular(file, Area::TrainingState)?;
+    let mut hasher = Sha256::new();
+    // A buffer the size of the file, up to 1 MiB: small states (most of a
+    // store scan) must not pay for zeroing a large buffer each.
+    let len = f.metadata().map_or(1 << 20, |m| m.len());
+    let mut buf = vec![0u8; len.clamp(4096, 1 << 20) as usize];
+    loop {
+        let n = f
+            .read(&mut buf)
+            .map_err(|e| Error::io(Area::TrainingState, file, &e))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(buf.get(..n).unwrap_or_default());
+    }
+    Ok(hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
+}
