@@ -41,6 +41,14 @@ pub struct LossCurve {
     pub num_files: usize,
     /// The files read, in reading order.
     pub files: Vec<PathBuf>,
+    /// The format read: `dlm`, `trainer_state`, `tensorboard`, `csv`, or
+    /// `trainer_state+tensorboard` for an HF run with both.
+    pub source: String,
+    /// The series read: `loss` (dlm, trainer state), `eval_loss`, the
+    /// TensorBoard tag or the CSV column.
+    pub series: String,
+    /// Files that ended in a torn record or line (read up to it).
+    pub torn_files: Vec<PathBuf>,
 }
 
 impl LossCurve {
@@ -325,6 +333,9 @@ pub fn assemble(mut records: Vec<(i64, f64)>, files: Vec<PathBuf>) -> LossCurve 
         losses,
         num_files: files.len(),
         files,
+        source: LogSource::Dlm.name().to_string(),
+        series: "loss".to_string(),
+        torn_files: vec![],
     }
 }
 
@@ -370,20 +381,6 @@ impl LogSource {
 pub const ACCEPTED_SOURCES: &str = "a dlm store, logs directory or .jsonl log; an HF \
     trainer_state.json (or an output directory holding one, or checkpoint-*/); a TensorBoard \
     events.out.tfevents.* file or a directory holding some; a Lightning metrics.csv";
-
-/// A loss curve and where it came from.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SourcedCurve {
-    pub curve: LossCurve,
-    pub source: LogSource,
-    /// The series read: `loss` (dlm), `loss` or `eval_loss` (trainer
-    /// state), the TensorBoard tag or the CSV column.
-    pub series: String,
-    /// The files read, in reading order.
-    pub files: Vec<PathBuf>,
-    /// Files that ended in a torn record or line (read up to it).
-    pub torn_files: Vec<PathBuf>,
-}
 
 /// The format at `source` and the files to read, without reading them.
 ///
@@ -509,15 +506,14 @@ fn unknown_series(source: &Path, format: &str, tag: &str, accepted: &str) -> Err
 /// CSV column (default: the first of `tfevents::DEFAULT_LOSS_TAGS` /
 /// `csv_log::DEFAULT_LOSS_COLUMNS` present), `eval_loss` for a trainer
 /// state's evaluation points; a dlm log has only `loss`.
-pub fn read_curve_from(source: &Path, tag: Option<&str>) -> Result<SourcedCurve> {
+pub fn read_curve_from(source: &Path, tag: Option<&str>) -> Result<LossCurve> {
     let (kind, files) = detect_log_source(source)?;
     let read = |series: &str, points: Vec<(i64, f64)>, files: Vec<PathBuf>, torn_files| {
-        Ok(SourcedCurve {
-            curve: assemble(points, files.clone()),
-            source: kind,
+        Ok(LossCurve {
+            source: kind.name().to_string(),
             series: series.to_string(),
-            files,
             torn_files,
+            ..assemble(points, files)
         })
     };
     match kind {
@@ -526,14 +522,7 @@ pub fn read_curve_from(source: &Path, tag: Option<&str>) -> Result<SourcedCurve>
                 return Err(unknown_series(source, "dlm log", tag, "only \"loss\""));
             }
             // `train_logs_in` lists them in name order, the reading order.
-            let curve = read_loss_curve(&files)?;
-            Ok(SourcedCurve {
-                curve,
-                source: kind,
-                series: "loss".into(),
-                files,
-                torn_files: vec![],
-            })
+            read_loss_curve(&files)
         }
         LogSource::TrainerState => {
             let path = files.first().map_or(source, PathBuf::as_path);
@@ -570,6 +559,84 @@ pub fn read_curve_from(source: &Path, tag: Option<&str>) -> Result<SourcedCurve>
             };
             read(&series.column, series.points, files, torn)
         }
+    }
+}
+
+/// The logs of an HF Trainer output dir: the newest `trainer_state.json`
+/// (the output dir's own, else the highest checkpoint's) and the TensorBoard
+/// event files under `runs/`; None when it has neither.
+pub fn hf_run_sources(run: &Path) -> Option<(Option<PathBuf>, Vec<PathBuf>)> {
+    let own = run.join("trainer_state.json");
+    let state = if own.is_file() {
+        Some(own)
+    } else {
+        newest_checkpoint_state(run).ok().flatten()
+    };
+    let runs = run.join("runs");
+    let events = if runs.is_dir() {
+        tfevents::event_files(&runs).unwrap_or_default()
+    } else {
+        vec![]
+    };
+    (state.is_some() || !events.is_empty()).then_some((state, events))
+}
+
+/// The loss curve of an HF Trainer run: `log_history` of the newest
+/// `trainer_state.json`, with TensorBoard's `train/loss` points on top
+/// where the run also logged to TensorBoard (a later point for a step wins,
+/// so the events' values stand where both have the step). `log_history`
+/// hides a NaN loss by default (`logging_nan_inf_filter`); events logged
+/// without that filter show it.
+pub fn read_hf_run_curve(run: &Path) -> Result<LossCurve> {
+    let Some((state, events)) = hf_run_sources(run) else {
+        return Err(Error::new(
+            Area::Missing,
+            run,
+            "no trainer_state.json and no TensorBoard events under runs/",
+        ));
+    };
+    let mut points = vec![];
+    let mut files = vec![];
+    let mut torn = vec![];
+    let mut sources = vec![];
+    if let Some(path) = state {
+        points.extend(trainer_state::read_trainer_state(&path)?.train_points);
+        files.push(path);
+        sources.push(LogSource::TrainerState.name());
+    }
+    if !events.is_empty() {
+        match tfevents::read_scalar_series(&events, None) {
+            Ok(series) => {
+                points.extend(series.points);
+                files.extend(series.files);
+                torn.extend(series.torn_files);
+                sources.push(LogSource::TensorBoard.name());
+            }
+            // Events without a loss tag (e.g. only eval metrics) add nothing.
+            Err(e) if e.area == Area::Usage && !files.is_empty() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(LossCurve {
+        source: sources.join("+"),
+        series: "loss".to_string(),
+        torn_files: torn,
+        ..assemble(points, files)
+    })
+}
+
+/// The curve at `source`, whatever its format (see `read_curve_from`), or an
+/// HF Trainer output dir's merged curve (see `read_hf_run_curve`).
+pub fn read_curve(source: &Path, tag: Option<&str>) -> Result<LossCurve> {
+    let is_hf_run = source.is_dir()
+        && !source.join("logs").is_dir()
+        && tag.is_none()
+        && hf_run_sources(source)
+            .is_some_and(|(state, events)| state.is_some() && !events.is_empty());
+    if is_hf_run {
+        read_hf_run_curve(source)
+    } else {
+        read_curve_from(source, tag)
     }
 }
 
@@ -725,33 +792,31 @@ mod tests {
         copy_tree(&fixture("hf_run"), &out);
 
         let from_state = read_curve_from(&out, None).unwrap();
-        assert_eq!(from_state.source, LogSource::TrainerState);
+        assert_eq!(from_state.source, LogSource::TrainerState.name());
         assert_eq!(from_state.files, vec![out.join("trainer_state.json")]);
         assert_eq!(from_state.series, "loss");
-        assert_eq!(from_state.curve.steps, (1..=30).collect::<Vec<i64>>());
-        assert_eq!(from_state.curve.num_files, 1);
+        assert_eq!(from_state.steps, (1..=30).collect::<Vec<i64>>());
+        assert_eq!(from_state.num_files, 1);
         // Step 27 diverged (inf), NaN after it: all stored as +inf.
-        assert!(from_state.curve.losses[..26].iter().all(|l| l.is_finite()));
-        assert!(from_state.curve.losses[26..]
-            .iter()
-            .all(|&l| l == f64::INFINITY));
+        assert!(from_state.losses[..26].iter().all(|l| l.is_finite()));
+        assert!(from_state.losses[26..].iter().all(|&l| l == f64::INFINITY));
 
         std::fs::remove_file(out.join("trainer_state.json")).unwrap();
         let from_events = read_curve_from(&out, None).unwrap();
-        assert_eq!(from_events.source, LogSource::TensorBoard);
+        assert_eq!(from_events.source, LogSource::TensorBoard.name());
         assert_eq!(from_events.series, "train/loss");
         // TensorBoard stores float32; HF logged float32 values too: identical curves.
-        assert_eq!(from_events.curve.steps, from_state.curve.steps);
-        assert_eq!(from_events.curve.losses, from_state.curve.losses);
+        assert_eq!(from_events.steps, from_state.steps);
+        assert_eq!(from_events.losses, from_state.losses);
 
         std::fs::remove_dir_all(out.join("runs")).unwrap();
         let from_checkpoint = read_curve_from(&out, None).unwrap();
-        assert_eq!(from_checkpoint.source, LogSource::TrainerState);
+        assert_eq!(from_checkpoint.source, LogSource::TrainerState.name());
         assert_eq!(
             from_checkpoint.files,
             vec![out.join("checkpoint-20").join("trainer_state.json")]
         );
-        assert_eq!(from_checkpoint.curve.steps, (1..=20).collect::<Vec<i64>>());
+        assert_eq!(from_checkpoint.steps, (1..=20).collect::<Vec<i64>>());
         // A lower checkpoint loses to a higher one (numerically, not by name).
         std::fs::create_dir(out.join("checkpoint-3")).unwrap();
         std::fs::write(
@@ -768,7 +833,7 @@ mod tests {
         let eval =
             read_curve_from(&fixture("hf_run/trainer_state.json"), Some("eval/loss")).unwrap();
         assert_eq!(
-            (eval.series.as_str(), eval.curve.steps.clone()),
+            (eval.series.as_str(), eval.steps.clone()),
             ("eval_loss", vec![10, 20, 30])
         );
         let e = read_curve_from(&fixture("hf_run"), Some("grad_norm")).unwrap_err();
@@ -779,17 +844,17 @@ mod tests {
     #[test]
     fn tensorboard_sources_dedupe_with_the_later_file_winning() {
         let curve = read_curve_from(&fixture("torch_writer"), None).unwrap();
-        assert_eq!(curve.source, LogSource::TensorBoard);
+        assert_eq!(curve.source, LogSource::TensorBoard.name());
         assert_eq!(curve.series, "loss");
         assert_eq!(curve.files.len(), 2);
-        assert_eq!(curve.curve.num_files, 2);
-        assert_eq!(curve.curve.steps, (0..16).collect::<Vec<i64>>());
-        assert_eq!(curve.curve.losses[5], f64::INFINITY); // NaN
-        assert_eq!(curve.curve.losses[8], f64::INFINITY);
+        assert_eq!(curve.num_files, 2);
+        assert_eq!(curve.steps, (0..16).collect::<Vec<i64>>());
+        assert_eq!(curve.losses[5], f64::INFINITY); // NaN
+        assert_eq!(curve.losses[8], f64::INFINITY);
         // Steps 9..11 were logged again by the resumed run: 0.5 + 0.01 * step.
         for step in 9..16 {
             let want = (0.5 + 0.01 * step as f64) as f32 as f64;
-            assert_eq!(curve.curve.losses[step], want, "step {step}");
+            assert_eq!(curve.losses[step], want, "step {step}");
         }
         let one = read_curve_from(
             &fixture("torch_writer/events.out.tfevents.1700001000.fixturehost.1000.0"),
@@ -797,11 +862,11 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            (one.series.as_str(), one.curve.steps.len()),
+            (one.series.as_str(), one.steps.len()),
             ("tensor_loss_f64", 12)
         );
         let tf2 = read_curve_from(&fixture("tf2"), Some("content_loss")).unwrap();
-        assert_eq!(tf2.curve.steps, (0..10).collect::<Vec<i64>>());
+        assert_eq!(tf2.steps, (0..10).collect::<Vec<i64>>());
     }
 
     #[test]
@@ -809,19 +874,19 @@ mod tests {
         // The run logged to TensorBoard and CSV: the event files win.
         let both = read_curve_from(&fixture("lightning"), None).unwrap();
         assert_eq!(
-            (both.source, both.series.as_str()),
-            (LogSource::TensorBoard, "train_loss_step")
+            (both.source.as_str(), both.series.as_str()),
+            (LogSource::TensorBoard.name(), "train_loss_step")
         );
         let csv = read_curve_from(&fixture("lightning/version_0/metrics.csv"), None).unwrap();
         assert_eq!(
-            (csv.source, csv.series.as_str()),
-            (LogSource::Csv, "train_loss_step")
+            (csv.source.as_str(), csv.series.as_str()),
+            (LogSource::Csv.name(), "train_loss_step")
         );
-        assert_eq!(csv.curve.steps, (0..18).collect::<Vec<i64>>());
-        assert_eq!(csv.curve.losses[6], f64::INFINITY); // the NaN the generator logged
-                                                        // Same run, same steps; CSV keeps float64 text, TensorBoard float32.
-        assert_eq!(both.curve.steps, csv.curve.steps);
-        for (a, b) in both.curve.losses.iter().zip(&csv.curve.losses) {
+        assert_eq!(csv.steps, (0..18).collect::<Vec<i64>>());
+        assert_eq!(csv.losses[6], f64::INFINITY); // the NaN the generator logged
+                                                  // Same run, same steps; CSV keeps float64 text, TensorBoard float32.
+        assert_eq!(both.steps, csv.steps);
+        for (a, b) in both.losses.iter().zip(&csv.losses) {
             assert!(a == b || (a - b).abs() < 1e-6 * b.abs(), "{a} {b}");
         }
 
@@ -831,8 +896,8 @@ mod tests {
             &dir.path().join("lightning_logs/version_0"),
         );
         let only_csv = read_curve_from(dir.path(), Some("val_loss")).unwrap();
-        assert_eq!(only_csv.source, LogSource::Csv);
-        assert_eq!(only_csv.curve.steps, vec![5, 11, 17]);
+        assert_eq!(only_csv.source, LogSource::Csv.name());
+        assert_eq!(only_csv.steps, vec![5, 11, 17]);
         copy_tree(
             &fixture("lightning/version_0"),
             &dir.path().join("lightning_logs/version_1"),
@@ -857,22 +922,19 @@ mod tests {
         )
         .unwrap();
         let curve = read_curve_from(dir.path(), None).unwrap();
-        assert_eq!(curve.source, LogSource::Dlm);
+        assert_eq!(curve.source, LogSource::Dlm.name());
         assert_eq!(curve.files, vec![a.clone(), b.clone()]);
         assert_eq!(
-            curve.curve,
+            curve,
             read_loss_curve(&resolve_source(dir.path()).unwrap()).unwrap()
         );
-        assert_eq!(curve.curve.steps, vec![1, 2]);
-        assert_eq!(curve.curve.losses, vec![2.0, 1.0]);
+        assert_eq!(curve.steps, vec![1, 2]);
+        assert_eq!(curve.losses, vec![2.0, 1.0]);
         assert_eq!(
             read_curve_from(&logs, None).unwrap().files,
             vec![a.clone(), b]
         );
-        assert_eq!(
-            read_curve_from(&a, Some("loss")).unwrap().curve.steps,
-            vec![1, 2]
-        );
+        assert_eq!(read_curve_from(&a, Some("loss")).unwrap().steps, vec![1, 2]);
         let e = read_curve_from(&a, Some("val_loss")).unwrap_err();
         assert_eq!(e.area, Area::Usage);
     }

@@ -16,6 +16,7 @@ use crate::adapter_weights::{self, AdapterWeights};
 use crate::error::{Area, Error};
 use crate::layers::{self, LayerGrouping};
 use crate::loss_log::{self, LossCurve};
+use crate::optimizer_state::{self, OptimizerState};
 use crate::robust_curve::{self, RobustCurve, RobustParams, SpikeEvent};
 use crate::safetensors_header::{self, Header, TensorInfo};
 use crate::scan::{
@@ -255,6 +256,21 @@ impl LossCurve {
     fn files(&self) -> Vec<PathBuf> {
         self.files.clone()
     }
+    /// The format read (`dlm`, `trainer_state`, `tensorboard`, `csv`, ...).
+    #[getter]
+    fn source(&self) -> &str {
+        &self.source
+    }
+    /// The series read (`loss`, a TensorBoard tag, a CSV column, ...).
+    #[getter]
+    fn series(&self) -> &str {
+        &self.series
+    }
+    /// Files that ended in a torn record or line (read up to it).
+    #[getter]
+    fn torn_files(&self) -> Vec<PathBuf> {
+        self.torn_files.clone()
+    }
     /// Drift metrics of this curve, with `spike_steps` and `nonfinite_steps`
     /// as step numbers (see `curve_metrics`).
     #[pyo3(signature = (*, rolling_window=10, spike_sigma=3.0))]
@@ -300,31 +316,44 @@ impl LossCurve {
     }
     fn __repr__(&self) -> String {
         format!(
-            "LossCurve({} steps from {} files)",
+            "LossCurve({} steps from {} {} files)",
             self.steps.len(),
-            self.num_files
+            self.num_files,
+            self.source
         )
     }
 }
 
+/// Read a loss curve from `source`: a path (dlm store, logs dir or `.jsonl`;
+/// HF `trainer_state.json` or output dir; TensorBoard event file or dir;
+/// CSV) or a list of dlm `.jsonl` files. `tag` picks the series (a
+/// TensorBoard tag, a CSV column, `eval_loss` of a trainer state).
 #[pyfunction]
-fn read_loss_curve(py: Python<'_>, source: &Bound<'_, PyAny>) -> Result<LossCurve> {
-    let (single, list) = match source.extract::<PathBuf>() {
-        Ok(path) => (Some(path), vec![]),
-        Err(_) => (
-            None,
-            source.extract::<Vec<PathBuf>>().map_err(|_| {
-                usage_error("source must be a path or a list of paths to .jsonl files")
-            })?,
-        ),
-    };
-    py.detach(|| {
-        let files = match single {
-            Some(path) => loss_log::resolve_source(&path)?,
-            None => list,
-        };
-        loss_log::read_loss_curve(&files)
-    })
+#[pyo3(signature = (source, *, tag=None))]
+fn read_loss_curve(
+    py: Python<'_>,
+    source: &Bound<'_, PyAny>,
+    tag: Option<String>,
+) -> Result<LossCurve> {
+    if let Ok(path) = source.extract::<PathBuf>() {
+        return py.detach(|| loss_log::read_curve(&path, tag.as_deref()));
+    }
+    let files = source.extract::<Vec<PathBuf>>().map_err(|_| {
+        usage_error("source must be a path, or a list of paths to dlm .jsonl files")
+    })?;
+    if tag.as_deref().is_some_and(|t| t != "loss") {
+        return Err(usage_error(
+            "a list of dlm .jsonl files has only the series \"loss\"",
+        ));
+    }
+    py.detach(|| loss_log::read_loss_curve(&files))
+}
+
+/// Read an optimizer state without torch: HF `optimizer.pt`, a Lightning
+/// `.ckpt`, or dlm's `training_state.pt` (or a directory holding one).
+#[pyfunction]
+fn read_optimizer_state(py: Python<'_>, path: PathBuf) -> Result<OptimizerState> {
+    py.detach(|| optimizer_state::read_optimizer_state(&path))
 }
 
 fn usage_error(message: &str) -> Error {
@@ -498,15 +527,17 @@ fn ghost_input(py: Python<'_>, adapter: PathBuf) -> GhostInput {
 #[pymethods]
 impl Target {
     #[new]
-    #[pyo3(signature = (store, versions, broken=Vec::new(), with_logs=true))]
-    fn new(
+    #[pyo3(signature = (store, versions, broken=Vec::new(), with_logs=true, layout="dlm".to_string()))]
+    fn py_new(
         store: PathBuf,
         versions: Vec<PathBuf>,
         broken: Vec<(PathBuf, String)>,
         with_logs: bool,
+        layout: String,
     ) -> Self {
         Target {
             store,
+            layout,
             versions,
             broken,
             with_logs,
@@ -522,13 +553,15 @@ impl Target {
             t.versions.clone(),
             t.broken.clone(),
             t.with_logs,
+            t.layout.clone(),
         );
         Ok((slf.get_type().into_any(), args.into_pyobject(slf.py())?))
     }
     fn __repr__(&self) -> String {
         format!(
-            "Target(store={:?}, versions={})",
+            "Target(store={:?}, layout={:?}, versions={})",
             self.store.display().to_string(),
+            self.layout,
             self.versions.len()
         )
     }
@@ -605,6 +638,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(count_spikes, m)?)?;
     m.add_function(wrap_pyfunction!(spike_indices, m)?)?;
     m.add_function(wrap_pyfunction!(read_training_state, m)?)?;
+    m.add_class::<OptimizerState>()?;
+    m.add_function(wrap_pyfunction!(read_optimizer_state, m)?)?;
     m.add_function(wrap_pyfunction!(drift_input, m)?)?;
     m.add_function(wrap_pyfunction!(ghost_input, m)?)?;
     m.add_function(wrap_pyfunction!(discover, m)?)?;

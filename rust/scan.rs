@@ -1,46 +1,29 @@
 //! Find stores under roots and gather what each probe needs, in parallel.
 //!
-//! A store is a directory with `adapter/` and/or `logs/`. Under `adapter/`
-//! live either one adapter (`current.txt`, `versions/vNNNN/`) or several
-//! named ones one level deeper. This module only collects inputs (loss
-//! curves, training states, layer groupings); the verdicts are computed by
-//! the Python probes, so a scan and a single probe can never disagree.
+//! The walk stops at the first directory that is a store of a known layout
+//! (`layout::classify`); everything below a root is searched in parallel,
+//! symlink loops and unreadable directories become problems, not errors.
+//! Gathering reads each store's inputs (`probe_inputs`) on a rayon pool;
+//! the verdicts are computed by the Python probes, so a scan and a single
+//! probe can never disagree.
 
 use std::collections::HashSet;
 use std::fs;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use rayon::prelude::*;
 
-use crate::adapter_weights::{self, AdapterWeights};
-use crate::attribution::{self, Attribution};
 use crate::error::{Area, Error, Result};
-use crate::layers::{self, LayerGrouping};
-use crate::loss_log::{self, LossCurve};
-use crate::safetensors_header::read_header;
-use crate::torch_state::{self, TrainingState};
+pub use crate::layout::Target;
+use crate::layout::{self};
+pub use crate::probe_inputs::{
+    drift_input, ghost_input, weights_input, DriftInput, GhostInput, LogsStatus, TargetInputs,
+    Wanted, WeightsInput,
+};
 
 /// Deepest directory level the walk descends to below a root.
 const MAX_DEPTH: usize = 64;
-/// Largest `current.txt` read.
-const MAX_POINTER_BYTES: u64 = 4096;
-
-/// One store to probe, and the adapter versions in it to probe.
-#[cfg_attr(
-    feature = "python",
-    pyo3::pyclass(frozen, get_all, from_py_object, module = "adapterprobe._core")
-)]
-#[derive(Debug, Clone, PartialEq)]
-pub struct Target {
-    pub store: PathBuf,
-    pub versions: Vec<PathBuf>,
-    /// Adapters whose versions could not be determined: (path, reason).
-    pub broken: Vec<(PathBuf, String)>,
-    /// Whether the store's loss curve is probed (false when the root was
-    /// one adapter version).
-    pub with_logs: bool,
-}
 
 /// Something the walk could not look into.
 #[cfg_attr(
@@ -62,126 +45,6 @@ pub struct Problem {
 pub struct Discovery {
     pub targets: Vec<Target>,
     pub problems: Vec<Problem>,
-}
-
-fn is_store(dir: &Path) -> bool {
-    dir.join("adapter").is_dir() || dir.join("logs").is_dir()
-}
-
-/// A directory that holds one trained adapter version.
-fn is_version_dir(dir: &Path) -> bool {
-    dir.join(layers::ADAPTER_WEIGHTS).is_file() || dir.join(torch_state::STATE_FILE).is_file()
-}
-
-fn is_adapter_root(dir: &Path) -> bool {
-    dir.join("current.txt").is_file() || dir.join("versions").is_dir()
-}
-
-/// `versions/vNNNN` dirs of an adapter root, sorted by name.
-fn all_versions(adapter_root: &Path) -> std::result::Result<Vec<PathBuf>, String> {
-    let versions = adapter_root.join("versions");
-    let entries =
-        fs::read_dir(&versions).map_err(|e| format!("cannot list {}: {e}", versions.display()))?;
-    let mut out: Vec<PathBuf> = entries
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .filter(|p| p.is_dir())
-        .collect();
-    out.sort();
-    Ok(out)
-}
-
-/// The version `current.txt` points at, which must stay inside the adapter root.
-fn current_version(adapter_root: &Path) -> std::result::Result<PathBuf, String> {
-    let pointer = adapter_root.join("current.txt");
-    let meta = fs::metadata(&pointer).map_err(|_| {
-        "current.txt is missing, so the current version is unknown (use --all-versions to \
-         probe every version)"
-            .to_string()
-    })?;
-    if !meta.is_file() {
-        return Err("current.txt is not a regular file".into());
-    }
-    if meta.len() > MAX_POINTER_BYTES {
-        return Err(format!(
-            "current.txt is {} bytes, not a version pointer",
-            meta.len()
-        ));
-    }
-    let text = fs::read(&pointer).map_err(|e| format!("cannot read current.txt: {e}"))?;
-    let text = String::from_utf8(text).map_err(|_| "current.txt is not UTF-8".to_string())?;
-    let rel = Path::new(text.trim());
-    let escapes = rel.as_os_str().is_empty()
-        || rel
-            .components()
-            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir));
-    if escapes {
-        return Err(format!(
-            "current.txt holds {:?}, not a path inside the adapter directory",
-            text.trim()
-        ));
-    }
-    let version = adapter_root.join(rel);
-    if !version.is_dir() {
-        return Err(format!(
-            "current.txt points at {}, which does not exist",
-            rel.display()
-        ));
-    }
-    Ok(version)
-}
-
-/// The target for one store directory.
-fn store_target(store: &Path, all: bool) -> Target {
-    let mut target = Target {
-        store: store.to_path_buf(),
-        versions: vec![],
-        broken: vec![],
-        with_logs: true,
-    };
-    let adapter = store.join("adapter");
-    if !adapter.is_dir() {
-        return target;
-    }
-    let roots: Vec<PathBuf> = if is_adapter_root(&adapter) {
-        vec![adapter]
-    } else {
-        let mut named: Vec<PathBuf> = fs::read_dir(&adapter)
-            .map(|it| it.filter_map(|e| e.ok()).map(|e| e.path()).collect())
-            .unwrap_or_default();
-        named.retain(|p| p.is_dir() && is_adapter_root(p));
-        named.sort();
-        named
-    };
-    for root in roots {
-        let found = if all {
-            all_versions(&root)
-        } else {
-            current_version(&root).map(|v| vec![v])
-        };
-        match found {
-            Ok(v) => target.versions.extend(v),
-            Err(reason) => target.broken.push((root, reason)),
-        }
-    }
-    target
-}
-
-/// The store an adapter version dir belongs to: `<store>/adapter[/<name>]/versions/<v>`.
-fn enclosing_store(version: &Path) -> Option<PathBuf> {
-    let versions = version.parent()?;
-    if versions.file_name()? != "versions" {
-        return None;
-    }
-    let adapter_root = versions.parent()?;
-    if adapter_root.file_name()? == "adapter" {
-        return adapter_root.parent().map(Path::to_path_buf);
-    }
-    let adapter = adapter_root.parent()?;
-    if adapter.file_name()? == "adapter" {
-        return adapter.parent().map(Path::to_path_buf);
-    }
-    None
 }
 
 #[cfg(unix)]
@@ -212,6 +75,12 @@ impl Walk {
         }
     }
 
+    fn found(&self, target: Target) {
+        if let Ok(mut t) = self.targets.lock() {
+            t.push(target);
+        }
+    }
+
     /// Visit `dir`; `ancestors` are the ids on the path from the root.
     fn visit(&self, dir: &Path, ancestors: &[(u64, u64)]) {
         let meta = match fs::metadata(dir) {
@@ -228,12 +97,8 @@ impl Walk {
         if !self.seen.lock().map(|mut s| s.insert(id)).unwrap_or(false) {
             return; // reached twice through links: probe it once
         }
-        if is_store(dir) {
-            let target = store_target(dir, self.all);
-            if let Ok(mut t) = self.targets.lock() {
-                t.push(target);
-            }
-            return;
+        if let Some(target) = layout::classify(dir, self.all) {
+            return self.found(target);
         }
         if ancestors.len() >= MAX_DEPTH {
             return self.problem(dir, format!("deeper than {MAX_DEPTH} levels, not searched"));
@@ -257,8 +122,9 @@ impl Walk {
     }
 }
 
-/// Find the targets under `roots`: each root may be a store, an adapter
-/// version dir, or any directory with stores at any depth below it.
+/// Find the targets under `roots`: each root may be a store of any layout,
+/// one adapter version (probed alone, inside its store), or any directory
+/// with stores at any depth below it.
 pub fn discover(roots: &[PathBuf], all: bool) -> Discovery {
     let walk = Walk {
         all,
@@ -271,17 +137,8 @@ pub fn discover(roots: &[PathBuf], all: bool) -> Discovery {
             walk.problem(root, "does not exist".into());
         } else if !root.is_dir() {
             walk.problem(root, "is not a directory".into());
-        } else if is_version_dir(root) && !is_store(root) {
-            // One adapter version: probe it alone, inside its store if it has one.
-            let store = enclosing_store(root).unwrap_or_else(|| root.clone());
-            if let Ok(mut t) = walk.targets.lock() {
-                t.push(Target {
-                    store,
-                    versions: vec![root.clone()],
-                    broken: vec![],
-                    with_logs: false,
-                });
-            }
+        } else if let Some(target) = layout::version_root(root) {
+            walk.found(target);
         } else {
             walk.visit(root, &[]);
         }
@@ -297,227 +154,12 @@ pub fn discover(roots: &[PathBuf], all: bool) -> Discovery {
     Discovery { targets, problems }
 }
 
-/// What reading a store's logs gave.
-#[cfg_attr(
-    feature = "python",
-    pyo3::pyclass(frozen, eq, eq_int, skip_from_py_object, module = "adapterprobe._core")
-)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogsStatus {
-    /// The store has no `logs/` directory.
-    NoLogsDir,
-    /// `logs/` holds no training log.
-    NoFiles,
-    /// A curve was read.
-    Curve,
-    /// The logs exist but cannot be read (`error` says why).
-    Failed,
-}
-
-/// Everything `training_drift` needs about one store.
-#[cfg_attr(
-    feature = "python",
-    pyo3::pyclass(frozen, get_all, skip_from_py_object, module = "adapterprobe._core")
-)]
-#[derive(Debug, Clone)]
-pub struct DriftInput {
-    pub store: PathBuf,
-    pub logs_dir: PathBuf,
-    pub files: Vec<PathBuf>,
-    pub status: LogsStatus,
-    /// Present when `status` is `Curve`.
-    pub curve: Option<LossCurve>,
-    /// Present when `status` is `Failed`.
-    pub error: Option<Error>,
-}
-
-pub fn drift_input(store: &Path) -> DriftInput {
-    let logs_dir = store.join("logs");
-    let mut input = DriftInput {
-        store: store.to_path_buf(),
-        logs_dir: logs_dir.clone(),
-        files: vec![],
-        status: LogsStatus::NoLogsDir,
-        curve: None,
-        error: None,
-    };
-    if !logs_dir.is_dir() {
-        return input;
-    }
-    let read = loss_log::train_logs_in(&logs_dir).and_then(|files| {
-        input.files = files;
-        if input.files.is_empty() {
-            Ok(None)
-        } else {
-            loss_log::read_loss_curve(&input.files).map(Some)
-        }
-    });
-    match read {
-        Ok(None) => input.status = LogsStatus::NoFiles,
-        Ok(Some(curve)) => {
-            input.status = LogsStatus::Curve;
-            input.curve = Some(curve);
-        }
-        Err(e) => {
-            input.status = LogsStatus::Failed;
-            input.error = Some(e);
-        }
-    }
-    input
-}
-
-/// Everything `gradient_ghost` needs about one adapter version: the state
-/// or why it could not be read; for `rules="sway"` the layer grouping of the
-/// seed (`grouping`, or `grouping_error`); for `rules="robust"` the exact
-/// attribution of param ids to (layer, slot) (`attribution`, or why not in
-/// `attribution_error`) and any failure to read the adapter weights' header
-/// (`weights_error`). The adapter is only looked at once the state is read.
-#[cfg_attr(
-    feature = "python",
-    pyo3::pyclass(frozen, get_all, skip_from_py_object, module = "adapterprobe._core")
-)]
-#[derive(Debug, Clone)]
-pub struct GhostInput {
-    pub adapter: PathBuf,
-    pub state: Option<TrainingState>,
-    pub error: Option<Error>,
-    pub grouping: Option<LayerGrouping>,
-    pub grouping_error: Option<Error>,
-    pub attribution: Option<Attribution>,
-    pub attribution_error: Option<String>,
-    pub weights_error: Option<Error>,
-}
-
-pub fn ghost_input(adapter: &Path) -> GhostInput {
-    let mut input = GhostInput {
-        adapter: adapter.to_path_buf(),
-        state: None,
-        error: None,
-        grouping: None,
-        grouping_error: None,
-        attribution: None,
-        attribution_error: None,
-        weights_error: None,
-    };
-    let state = match torch_state::read_training_state(adapter) {
-        Ok(state) => state,
-        Err(e) => {
-            input.error = Some(e);
-            return input;
-        }
-    };
-    let weights = layers::adapter_weights_path(adapter);
-    let header = if weights.exists() {
-        read_header(&weights)
-    } else {
-        Err(Error::new(
-            Area::Missing,
-            &weights,
-            "adapter weights not found beside the optimizer state",
-        ))
-    };
-    match header {
-        Ok(header) => {
-            let names = header.tensors.iter().map(|t| t.name.as_str());
-            match layers::group_keys(names, Some(state.per_param.len() as u64)) {
-                Ok(g) => input.grouping = Some(g),
-                Err(msg) => {
-                    input.grouping_error = Some(Error::new(Area::LayerGrouping, &weights, msg))
-                }
-            }
-            let keys: Vec<(String, Vec<u64>)> = header
-                .tensors
-                .into_iter()
-                .map(|t| (t.name, t.shape))
-                .collect();
-            let params: Vec<(i64, Vec<u64>)> = state
-                .per_param
-                .iter()
-                .map(|p| (p.param_id, p.shape.clone()))
-                .collect();
-            match attribution::attribute(&keys, &params) {
-                Ok(a) => input.attribution = Some(a),
-                Err(why) => input.attribution_error = Some(why),
-            }
-        }
-        Err(e) => {
-            let why = format!("adapter weights unreadable: {e}");
-            input.grouping_error = Some(Error::new(Area::LayerGrouping, &weights, why));
-            input.weights_error = Some(e);
-        }
-    }
-    input.state = Some(state);
-    input
-}
-
-/// What `adapter_weights` needs about one adapter version: its weights
-/// report, or why it could not be read.
-#[cfg_attr(
-    feature = "python",
-    pyo3::pyclass(frozen, get_all, skip_from_py_object, module = "adapterprobe._core")
-)]
-#[derive(Debug, Clone)]
-pub struct WeightsInput {
-    pub adapter: PathBuf,
-    pub weights: Option<AdapterWeights>,
-    pub error: Option<Error>,
-}
-
-pub fn weights_input(adapter: &Path) -> WeightsInput {
-    let (weights, error) = match adapter_weights::read_adapter_weights(adapter) {
-        Ok(w) => (Some(w), None),
-        Err(e) => (None, Some(e)),
-    };
-    WeightsInput {
-        adapter: adapter.to_path_buf(),
-        weights,
-        error,
-    }
-}
-
-/// Probe inputs for one target.
-#[cfg_attr(
-    feature = "python",
-    pyo3::pyclass(frozen, get_all, skip_from_py_object, module = "adapterprobe._core")
-)]
-#[derive(Debug, Clone)]
-pub struct TargetInputs {
-    pub store: PathBuf,
-    pub drift: Option<DriftInput>,
-    pub ghosts: Vec<GhostInput>,
-    pub weights: Vec<WeightsInput>,
-    pub broken: Vec<(PathBuf, String)>,
-}
-
-/// Which probes a gathering pass reads inputs for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Wanted {
-    pub drift: bool,
-    pub ghost: bool,
-    pub weights: bool,
-}
-
 /// Gather the inputs of many targets in parallel, in target order.
 pub fn probe_targets(targets: &[Target], wanted: Wanted) -> Vec<TargetInputs> {
     targets
         .par_iter()
-        .map(|t| TargetInputs {
-            store: t.store.clone(),
-            drift: (wanted.drift && t.with_logs).then(|| drift_input(&t.store)),
-            ghosts: per_version(&t.versions, wanted.ghost, ghost_input),
-            weights: per_version(&t.versions, wanted.weights, weights_input),
-            broken: t.broken.clone(),
-        })
+        .map(|t| crate::probe_inputs::gather(t, wanted))
         .collect()
-}
-
-/// `read` of every version, in parallel and in order (nothing when `on` is false).
-fn per_version<T: Send>(versions: &[PathBuf], on: bool, read: fn(&Path) -> T) -> Vec<T> {
-    if on {
-        versions.par_iter().map(|v| read(v)).collect()
-    } else {
-        vec![]
-    }
 }
 
 /// A rayon pool of `workers` threads (None: one per core).
@@ -546,7 +188,7 @@ mod tests {
 
     fn version(store: &Path, adapter: &str, v: &str) -> PathBuf {
         let dir = mkdirs(store, &format!("{adapter}/versions/{v}"));
-        fs::write(dir.join(torch_state::STATE_FILE), b"x").unwrap();
+        fs::write(dir.join(crate::torch_state::STATE_FILE), b"x").unwrap();
         dir
     }
 
@@ -587,18 +229,6 @@ mod tests {
         assert_eq!(d.targets[0].store, tmp.path());
         assert_eq!(d.targets[0].versions, vec![v]);
         assert!(!d.targets[0].with_logs);
-    }
-
-    #[test]
-    fn hostile_pointers_are_refused() {
-        let tmp = tempfile::tempdir().unwrap();
-        version(tmp.path(), "adapter", "v0001");
-        for bad in ["../../etc", "/etc", "", "versions/v0009"] {
-            fs::write(tmp.path().join("adapter/current.txt"), bad).unwrap();
-            let t = store_target(tmp.path(), false);
-            assert!(t.versions.is_empty(), "{bad}");
-            assert_eq!(t.broken.len(), 1, "{bad}");
-        }
     }
 
     #[cfg(unix)]

@@ -156,7 +156,9 @@ def test_judge_matches_reference_ladder(step, layers, per_layer, extra, data, gr
         use_qlora=False,
         per_param=[SimpleNamespace(param_id=i, exp_avg_sq_mean=m) for i, m in enumerate(means)],
     )
-    inputs = SimpleNamespace(state=state, grouping=grouping, error=None, error_kind=None)
+    inputs = SimpleNamespace(
+        state=state, grouping=grouping, error=None, note=None, optimizer="adam"
+    )
     options = GhostOptions(rules="sway", undertrained_layer_ratio=ratio, layer_failure_frac=frac)
     got = judge_ghost(inputs, options)
     want = ref.ghost_verdict(

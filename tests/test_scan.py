@@ -16,7 +16,7 @@ import pytest
 import adapterprobe as ap
 from adapterprobe.scan import DEMO_STORE
 
-RECORD_KEYS = {"store", "adapter", "probe", "verdict", "score", "message", "evidence"}
+RECORD_KEYS = {"store", "adapter", "layout", "probe", "verdict", "score", "message", "evidence"}
 
 
 @pytest.fixture()
@@ -127,6 +127,7 @@ def test_formats(tree):
     assert list(frame.columns) == [
         "store",
         "adapter",
+        "layout",
         "probe",
         "verdict",
         "score",

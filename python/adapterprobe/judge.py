@@ -36,6 +36,7 @@ def _records_for(
     """Judge one target's gathered inputs: store-level records first, then
     each adapter version's records in version order."""
     store = str(inputs.store)
+    layout = inputs.layout
     out: list[ScanRecord] = []
     per_adapter: list[tuple[str, str, ProbeResult]] = []
     for name in sorted(probes, key=lambda p: (PROBES[p].scope != "store", p)):
@@ -43,7 +44,8 @@ def _records_for(
         if spec.scope == "store":
             given = getattr(inputs, spec.inputs)
             if given is not None:
-                out.append(ScanRecord.of(store, None, spec.judge(given, options[name])))
+                result = spec.judge(given, options[name])
+                out.append(ScanRecord.of(store, None, result, layout))
             continue
         items = list(getattr(inputs, spec.inputs))
         if name == "adapter_weights":
@@ -59,7 +61,7 @@ def _records_for(
             broken = ProbeResult(name=name, kind=name, verdict=Verdict.ERROR, message=reason)
             per_adapter.append((str(adapter), name, broken))
     for adapter, _, r in sorted(per_adapter, key=lambda item: (item[0], item[1])):
-        out.append(ScanRecord.of(store, adapter, r))
+        out.append(ScanRecord.of(store, adapter, r, layout))
     return out
 
 

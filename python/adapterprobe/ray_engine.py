@@ -47,12 +47,14 @@ def failed_records(target: Any, probes: Sequence[str], cause: str) -> list[ScanR
     out = []
     for name in sorted(p for p in probes if PROBES[p].scope == "store"):
         if target.with_logs:
-            out.append(ScanRecord(store, None, name, Verdict.ERROR, None, message))
+            out.append(ScanRecord(store, None, target.layout, name, Verdict.ERROR, None, message))
     adapters = [str(v) for v in target.versions] + [str(a) for a, _ in target.broken]
     per_adapter = sorted(p for p in probes if PROBES[p].scope == "adapter")
     for adapter in sorted(adapters):
         for name in per_adapter:
-            out.append(ScanRecord(store, adapter, name, Verdict.ERROR, None, message))
+            out.append(
+                ScanRecord(store, adapter, target.layout, name, Verdict.ERROR, None, message)
+            )
     return out
 
 

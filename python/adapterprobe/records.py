@@ -22,14 +22,19 @@ from adapterprobe.errors import UsageError, require
 from adapterprobe.probes.result import ProbeResult, Verdict
 
 FAIL_ON = ("warn", "fail", "never")
+#: Exit codes: 0 ok, 1 verdicts at or past --fail-on, 2 usage, 3 nothing found.
+EXIT_OK, EXIT_VERDICTS, EXIT_USAGE, EXIT_NOTHING_FOUND = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
 class ScanRecord:
-    """One probe's verdict on one store (drift) or adapter version (ghost)."""
+    """One probe's verdict on one store (drift) or adapter version (ghost,
+    weights); ``layout`` says what kind of store it is (``dlm``,
+    ``hf-trainer``, ``lightning``, ``peft``)."""
 
     store: str
     adapter: str | None
+    layout: str
     probe: str
     verdict: Verdict
     score: float | None
@@ -37,10 +42,13 @@ class ScanRecord:
     evidence: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, store: str, adapter: str | None, result: ProbeResult) -> ScanRecord:
+    def of(
+        cls, store: str, adapter: str | None, result: ProbeResult, layout: str = "dlm"
+    ) -> ScanRecord:
         return cls(
             store,
             adapter,
+            layout,
             result.kind,
             result.verdict,
             result.score,
@@ -129,9 +137,13 @@ class ScanReport(Sequence[ScanRecord]):
         return max((r.verdict for r in self.records), key=lambda v: v.severity, default=None)
 
     def exit_code(self, fail_on: str = "fail") -> int:
-        """1 when some verdict reaches ``fail_on`` (error always does), else 0."""
+        """The process exit code a gate wants: 3 when the scan found nothing to
+        probe, 1 when some verdict reaches ``fail_on`` (error always does),
+        else 0."""
         if fail_on not in FAIL_ON:
             raise UsageError(f"fail_on must be one of {FAIL_ON}, got {fail_on!r}")
+        if not self.records:
+            return EXIT_NOTHING_FOUND
         if fail_on == "never":
             return 0
         floor = Verdict(fail_on).severity

@@ -8,6 +8,7 @@ use (``judge_drift``, ``judge_ghost``), so a scan never disagrees with
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,12 @@ from adapterprobe.probes.options import ProbeOptions
 from adapterprobe.records import ScanRecord, ScanReport
 
 DEMO_STORE = Path(__file__).parent / "demo_store"
+#: What discovery recognises as a store, in words (for "nothing found").
+LAYOUTS = (
+    "dlm stores (adapter/ and logs/), HF Trainer output directories (checkpoint-N/ with "
+    "trainer_state.json), Lightning checkpoint directories (*.ckpt) and bare PEFT adapter "
+    "directories (adapter_config.json + adapter_model.safetensors)"
+)
 # Stores gathered per Rust call: big enough to keep every core busy, small
 # enough for a progress bar to move.
 BATCH = 256
@@ -28,16 +35,37 @@ Progress = Callable[[int, int], None]
 OptionsArg = Mapping[str, "ProbeOptions | Mapping[str, Any]"]
 
 
+def check_roots(roots: Sequence[str | Path]) -> list[Path]:
+    """The roots with ``~`` expanded; UsageError for one that does not exist,
+    is not a directory, or cannot be listed."""
+    if not roots:
+        raise UsageError("scan needs at least one root directory")
+    checked = []
+    for root in roots:
+        path = Path(root).expanduser()
+        if not path.exists():
+            raise UsageError("no such file or directory", path=path)
+        if not path.is_dir():
+            raise UsageError(
+                "is not a directory; give a store, an adapter or checkpoint directory, or a "
+                "directory holding them",
+                path=path,
+            )
+        try:
+            with os.scandir(path) as listing:
+                next(listing, None)
+        except OSError as exc:
+            raise UsageError(f"cannot be listed: {exc.strerror}", path=path) from exc
+        checked.append(path)
+    return checked
+
+
 def discover(
     *roots: str | Path, all_versions: bool = False, workers: int | None = None
 ) -> tuple[list[_core.Target], list[tuple[str, str]]]:
-    """(targets, problems) for the roots; a root that does not exist is a UsageError."""
-    if not roots:
-        raise UsageError("scan needs at least one root")
-    missing = [str(r) for r in roots if not Path(r).exists()]
-    if missing:
-        raise UsageError(f"no such file or directory: {', '.join(missing)}")
-    paths = [str(Path(r).expanduser()) for r in roots]
+    """(targets, problems) for the roots; a bad root is a UsageError (see
+    :func:`check_roots`)."""
+    paths = [str(p) for p in check_roots(roots)]
     found = _core.discover(paths, all_versions=all_versions, workers=workers)
     return found.targets, [(str(p.path), p.message) for p in found.problems]
 

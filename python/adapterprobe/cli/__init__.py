@@ -4,7 +4,8 @@ Each subcommand is a module of this package with ``add_parser(subparsers)``,
 which declares its arguments and sets ``run(args) -> int`` as the handler.
 Subcommand modules must import nothing heavy (no torch) at module level.
 Exit codes: 0 healthy, 1 a verdict reached ``--fail-on``, 2 usage errors
-(bad arguments, missing paths, missing optional extras).
+(bad arguments, a root that is missing or not a directory, missing optional
+extras), 3 nothing found to probe.
 """
 
 from __future__ import annotations

@@ -91,11 +91,22 @@ def add_scan_options(p: argparse.ArgumentParser) -> None:
 
 def run_scan(roots: list[str], args: argparse.Namespace) -> int:
     from adapterprobe.probes import PROBES, resolve_options
-    from adapterprobe.scan import discover, scan_batches
+    from adapterprobe.records import EXIT_NOTHING_FOUND
+    from adapterprobe.scan import LAYOUTS, discover, scan_batches
 
     probes = args.probes or tuple(PROBES)
     resolve_options(probes, None, args.rules)  # bad options fail before the walk
     targets, problems = discover(*roots, all_versions=args.all_versions, workers=args.workers)
+    if not targets:
+        for path, message in problems:
+            print(f"adapterprobe: not searched: {path}: {message}", file=sys.stderr)
+        print(
+            f"adapterprobe: nothing to probe under {', '.join(roots)}: looked for {LAYOUTS}",
+            file=sys.stderr,
+        )
+        if args.format == "json" or (args.format is None and not sys.stdout.isatty()):
+            print("[]")
+        return EXIT_NOTHING_FOUND
     with _progress_bar() as progress:
         batches = scan_batches(
             targets,

@@ -89,9 +89,9 @@ def judge_drift(inputs: Any, options: DriftOptions, *, name: str = KIND) -> Prob
         return ProbeResult(name=name, kind=KIND, verdict=verdict, message=message, **kw)
 
     if inputs.status == LogsStatus.NoLogsDir:
-        return result(Verdict.SKIP, f"{inputs.store} has no logs/ directory")
+        return result(Verdict.SKIP, inputs.note or f"{inputs.store} has no logs/ directory")
     if inputs.status == LogsStatus.NoFiles:
-        return result(Verdict.SKIP, f"no train-*.jsonl files in {inputs.logs_dir}")
+        return result(Verdict.SKIP, inputs.note or f"no train-*.jsonl files in {inputs.logs_dir}")
     if inputs.status == LogsStatus.Failed:
         return result(
             Verdict.ERROR, str(inputs.error), evidence={"log_paths": [str(p) for p in inputs.files]}
@@ -297,6 +297,7 @@ def _judge_robust(curve: Any, o: DriftOptions, result: Any) -> ProbeResult:
             "findings": [{"rule": r, "verdict": v.value, "message": t} for v, r, t in findings],
             "num_steps": num_steps,
             "num_log_files": curve.num_files,
+            "log_format": curve.source,
             "head_loss": a.head_level,
             "tail_loss": a.tail_level,
             "best_loss": a.best_level,

@@ -94,6 +94,8 @@ def judge_ghost(inputs: Any, options: GhostOptions, *, name: str = KIND) -> Prob
     def result(verdict: Verdict, message: str, **kw: Any) -> ProbeResult:
         return ProbeResult(name=name, kind=KIND, verdict=verdict, message=message, **kw)
 
+    if inputs.note is not None:
+        return result(Verdict.SKIP, inputs.note, evidence={"optimizer": inputs.optimizer})
     if inputs.state is None:
         verdict = Verdict.SKIP if isinstance(inputs.error, MissingFileError) else Verdict.ERROR
         return result(verdict, str(inputs.error))
@@ -224,6 +226,7 @@ def _judge_robust(inputs: Any, o: GhostOptions, result: Any) -> ProbeResult:
     per_param = state.per_param
     base = {
         "rules": "robust",
+        "optimizer": inputs.optimizer,
         "global_step": state.global_step,
         "epoch": state.epoch,
         "num_params": len(per_param),

@@ -81,6 +81,8 @@ def judge_weights(
 
     o = options
     w = inputs.weights
+    if inputs.note is not None:
+        return result(Verdict.SKIP, inputs.note)
     if w is None:
         return result(Verdict.ERROR, f"adapter_weights: {inputs.error}")
     if w.config is None:

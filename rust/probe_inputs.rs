@@ -1,0 +1,445 @@
+//! What each probe needs about a store or an adapter version, read per
+//! layout. Reading only: the verdicts are the Python probes', so a scan and
+//! a single probe can never disagree. A layout that cannot feed a probe says
+//! why in `note` (the probe then SKIPs with that reason).
+
+use std::path::{Path, PathBuf};
+
+use crate::adapter_weights::{self, AdapterWeights};
+use crate::attribution::{self, Attribution};
+use crate::error::{Area, Error, Result};
+use crate::layers::{self, LayerGrouping};
+use crate::layout::{self, Target, HF_TRAINER, LIGHTNING, PEFT, TRAINER_STATE};
+use crate::loss_log::{self, LossCurve};
+use crate::optimizer_state::{self, OptimizerState};
+use crate::safetensors_header::read_header;
+use crate::torch_state::{self, TrainingState};
+use crate::trainer_state;
+
+/// What reading a store's logs gave.
+#[cfg_attr(
+    feature = "python",
+    pyo3::pyclass(frozen, eq, eq_int, skip_from_py_object, module = "adapterprobe._core")
+)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogsStatus {
+    /// The store has no place for logs (no `logs/` directory; a bare adapter).
+    NoLogsDir,
+    /// Where logs belong there are none.
+    NoFiles,
+    /// A curve was read.
+    Curve,
+    /// The logs exist but cannot be read (`error` says why).
+    Failed,
+}
+
+/// Everything `training_drift` needs about one store.
+#[cfg_attr(
+    feature = "python",
+    pyo3::pyclass(frozen, get_all, skip_from_py_object, module = "adapterprobe._core")
+)]
+#[derive(Debug, Clone)]
+pub struct DriftInput {
+    pub store: PathBuf,
+    pub layout: String,
+    pub logs_dir: PathBuf,
+    pub files: Vec<PathBuf>,
+    pub status: LogsStatus,
+    /// Present when `status` is `Curve`.
+    pub curve: Option<LossCurve>,
+    /// Present when `status` is `Failed`.
+    pub error: Option<Error>,
+    /// Why there is no curve, in words, when the layout explains it.
+    pub note: Option<String>,
+}
+
+impl DriftInput {
+    fn new(store: &Path, layout: &str, logs_dir: PathBuf) -> DriftInput {
+        DriftInput {
+            store: store.to_path_buf(),
+            layout: layout.to_string(),
+            logs_dir,
+            files: vec![],
+            status: LogsStatus::NoLogsDir,
+            curve: None,
+            error: None,
+            note: None,
+        }
+    }
+
+    fn read(mut self, curve: Result<LossCurve>) -> DriftInput {
+        match curve {
+            Ok(c) => {
+                self.files = c.files.clone();
+                self.status = LogsStatus::Curve;
+                self.curve = Some(c);
+            }
+            Err(e) => {
+                self.status = LogsStatus::Failed;
+                self.error = Some(e);
+            }
+        }
+        self
+    }
+
+    fn none(mut self, status: LogsStatus, note: String) -> DriftInput {
+        self.status = status;
+        self.note = Some(note);
+        self
+    }
+}
+
+/// The layout of a store given on its own (not from a scan).
+fn layout_of(store: &Path) -> String {
+    layout::classify(store, false).map_or_else(|| layout::DLM.to_string(), |t| t.layout)
+}
+
+/// The loss curve of a store: its dlm logs, its HF run (`trainer_state.json`
+/// and TensorBoard events), or its Lightning logs (`metrics.csv` or events).
+pub fn drift_input(store: &Path) -> DriftInput {
+    drift_input_for(store, &layout_of(store))
+}
+
+pub fn drift_input_for(store: &Path, layout: &str) -> DriftInput {
+    match layout {
+        HF_TRAINER => {
+            let input = DriftInput::new(store, layout, store.to_path_buf());
+            match loss_log::hf_run_sources(store) {
+                None => input.none(
+                    LogsStatus::NoFiles,
+                    format!(
+                        "no {TRAINER_STATE} (in the output dir or a checkpoint) and no TensorBoard \
+                         events under runs/ in {}",
+                        store.display()
+                    ),
+                ),
+                Some(_) => input.read(loss_log::read_hf_run_curve(store)),
+            }
+        }
+        LIGHTNING => {
+            let input = DriftInput::new(store, layout, store.to_path_buf());
+            match loss_log::detect_log_source(store) {
+                Err(e) if e.area == Area::LogFormat || e.area == Area::Missing => input.none(
+                    LogsStatus::NoFiles,
+                    format!(
+                        "no metrics.csv or TensorBoard events in {}",
+                        store.display()
+                    ),
+                ),
+                _ => input.read(loss_log::read_curve(store, None)),
+            }
+        }
+        PEFT => DriftInput::new(store, layout, store.to_path_buf()).none(
+            LogsStatus::NoLogsDir,
+            format!(
+                "{} is a bare PEFT adapter directory: no training log is saved with it",
+                store.display()
+            ),
+        ),
+        _ => dlm_drift_input(store),
+    }
+}
+
+fn dlm_drift_input(store: &Path) -> DriftInput {
+    let logs_dir = store.join("logs");
+    let mut input = DriftInput::new(store, layout::DLM, logs_dir.clone());
+    if !logs_dir.is_dir() {
+        return input;
+    }
+    let read = loss_log::train_logs_in(&logs_dir).and_then(|files| {
+        input.files = files;
+        if input.files.is_empty() {
+            Ok(None)
+        } else {
+            loss_log::read_loss_curve(&input.files).map(Some)
+        }
+    });
+    match read {
+        Ok(None) => input.status = LogsStatus::NoFiles,
+        Ok(Some(curve)) => {
+            input.status = LogsStatus::Curve;
+            input.curve = Some(curve);
+        }
+        Err(e) => {
+            input.status = LogsStatus::Failed;
+            input.error = Some(e);
+        }
+    }
+    input
+}
+
+/// Everything `gradient_ghost` needs about one adapter version: the state
+/// or why it could not be read; for `rules="sway"` the layer grouping of the
+/// seed (`grouping`, or `grouping_error`); for `rules="robust"` the exact
+/// attribution of param ids to (layer, slot) (`attribution`, or why not in
+/// `attribution_error`) and any failure to read the adapter weights' header
+/// (`weights_error`). `optimizer` names what the state holds; `note` says
+/// why the probe cannot judge this version (a bare adapter, an optimizer
+/// without second moments).
+#[cfg_attr(
+    feature = "python",
+    pyo3::pyclass(frozen, get_all, skip_from_py_object, module = "adapterprobe._core")
+)]
+#[derive(Debug, Clone)]
+pub struct GhostInput {
+    pub adapter: PathBuf,
+    pub layout: String,
+    pub state: Option<TrainingState>,
+    pub error: Option<Error>,
+    pub grouping: Option<LayerGrouping>,
+    pub grouping_error: Option<Error>,
+    pub attribution: Option<Attribution>,
+    pub attribution_error: Option<String>,
+    pub weights_error: Option<Error>,
+    pub optimizer: Option<String>,
+    pub note: Option<String>,
+}
+
+impl GhostInput {
+    fn new(adapter: &Path, layout: &str) -> GhostInput {
+        GhostInput {
+            adapter: adapter.to_path_buf(),
+            layout: layout.to_string(),
+            state: None,
+            error: None,
+            grouping: None,
+            grouping_error: None,
+            attribution: None,
+            attribution_error: None,
+            weights_error: None,
+            optimizer: None,
+            note: None,
+        }
+    }
+}
+
+/// The layout of an adapter version given on its own: a Lightning `.ckpt`,
+/// an HF checkpoint (its `optimizer.pt`), else dlm (whose reader reports a
+/// missing `training_state.pt` as such).
+fn version_layout(adapter: &Path) -> &'static str {
+    if adapter.extension().is_some_and(|e| e == "ckpt") {
+        LIGHTNING
+    } else if adapter.join(layout::HF_OPTIMIZER).is_file()
+        && !adapter.join(torch_state::STATE_FILE).is_file()
+    {
+        HF_TRAINER
+    } else {
+        layout::DLM
+    }
+}
+
+pub fn ghost_input(adapter: &Path) -> GhostInput {
+    ghost_input_for(adapter, version_layout(adapter))
+}
+
+pub fn ghost_input_for(adapter: &Path, layout: &str) -> GhostInput {
+    let mut input = GhostInput::new(adapter, layout);
+    match layout {
+        PEFT => {
+            input.note = Some(format!(
+                "{} is a bare PEFT adapter: no optimizer state is saved with it, so gradients \
+                 cannot be judged",
+                adapter.display()
+            ));
+            return input;
+        }
+        HF_TRAINER | LIGHTNING => {
+            let opt = match optimizer_state::read_optimizer_state(adapter) {
+                Ok(opt) => opt,
+                Err(e) => {
+                    input.error = Some(e);
+                    return input;
+                }
+            };
+            input.optimizer = Some(opt.optimizer.clone());
+            if let Some(why) = &opt.no_second_moment {
+                input.note = Some(format!(
+                    "the optimizer ({}) keeps no second moment: {why}",
+                    opt.optimizer
+                ));
+                return input;
+            }
+            let state = state_of(adapter, layout, &opt);
+            if layout == LIGHTNING {
+                let why = "a Lightning checkpoint stores the optimizer state without the \
+                           adapter's tensor names, so ids cannot be tied to layers";
+                input.grouping_error = Some(Error::new(Area::LayerGrouping, adapter, why));
+                input.attribution_error = Some(why.to_string());
+            } else {
+                attach_adapter(&mut input, adapter, &state, &opt.param_groups);
+            }
+            input.state = Some(state);
+        }
+        _ => match torch_state::read_training_state(adapter) {
+            Ok(state) => {
+                input.optimizer = Some("adam".into());
+                attach_adapter(&mut input, adapter, &state, &[]);
+                input.state = Some(state);
+            }
+            Err(e) => input.error = Some(e),
+        },
+    }
+    input
+}
+
+/// The fields the ghost probe reads, from an HF or Lightning optimizer state
+/// (HF's step count and epoch come from the checkpoint's trainer_state.json).
+fn state_of(adapter: &Path, layout: &str, opt: &OptimizerState) -> TrainingState {
+    let trainer = (layout == HF_TRAINER)
+        .then(|| trainer_state::read_trainer_state(&adapter.join(TRAINER_STATE)).ok())
+        .flatten();
+    TrainingState {
+        path: opt.path.clone(),
+        global_step: trainer
+            .as_ref()
+            .map(|t| t.global_step)
+            .or(opt.global_step)
+            .unwrap_or(0),
+        epoch: trainer.as_ref().and_then(|t| t.epoch).or(opt.epoch),
+        best_val_loss: f64::NAN,
+        use_qlora: false,
+        per_param: opt.per_param.clone(),
+    }
+}
+
+/// The adapter's keys (from the safetensors header beside the state): the
+/// seed's layer grouping and the exact attribution.
+fn attach_adapter(
+    input: &mut GhostInput,
+    adapter: &Path,
+    state: &TrainingState,
+    groups: &[Vec<i64>],
+) {
+    let weights = layers::adapter_weights_path(adapter);
+    let header = if weights.exists() {
+        read_header(&weights)
+    } else {
+        Err(Error::new(
+            Area::Missing,
+            &weights,
+            "adapter weights not found beside the optimizer state",
+        ))
+    };
+    match header {
+        Ok(header) => {
+            let names = header.tensors.iter().map(|t| t.name.as_str());
+            match layers::group_keys(names, Some(state.per_param.len() as u64)) {
+                Ok(g) => input.grouping = Some(g),
+                Err(msg) => {
+                    input.grouping_error = Some(Error::new(Area::LayerGrouping, &weights, msg))
+                }
+            }
+            let keys: Vec<(String, Vec<u64>)> = header
+                .tensors
+                .into_iter()
+                .map(|t| (t.name, t.shape))
+                .collect();
+            let params: Vec<(i64, Vec<u64>)> = state
+                .per_param
+                .iter()
+                .map(|p| (p.param_id, p.shape.clone()))
+                .collect();
+            match attribution::attribute_grouped(&keys, &params, groups) {
+                Ok(a) => input.attribution = Some(a),
+                Err(why) => input.attribution_error = Some(why),
+            }
+        }
+        Err(e) => {
+            let why = format!("adapter weights unreadable: {e}");
+            input.grouping_error = Some(Error::new(Area::LayerGrouping, &weights, why));
+            input.weights_error = Some(e);
+        }
+    }
+}
+
+/// What `adapter_weights` needs about one adapter version: its weights
+/// report, or why it could not be read, or (`note`) why this layout has no
+/// adapter to read.
+#[cfg_attr(
+    feature = "python",
+    pyo3::pyclass(frozen, get_all, skip_from_py_object, module = "adapterprobe._core")
+)]
+#[derive(Debug, Clone)]
+pub struct WeightsInput {
+    pub adapter: PathBuf,
+    pub layout: String,
+    pub weights: Option<AdapterWeights>,
+    pub error: Option<Error>,
+    pub note: Option<String>,
+}
+
+pub fn weights_input(adapter: &Path) -> WeightsInput {
+    weights_input_for(adapter, version_layout(adapter))
+}
+
+pub fn weights_input_for(adapter: &Path, layout: &str) -> WeightsInput {
+    let mut input = WeightsInput {
+        adapter: adapter.to_path_buf(),
+        layout: layout.to_string(),
+        weights: None,
+        error: None,
+        note: None,
+    };
+    if layout == LIGHTNING {
+        input.note = Some(format!(
+            "{} is a Lightning checkpoint: it holds the whole model's state_dict, not a PEFT \
+             adapter (save one with save_pretrained to have its weights judged)",
+            adapter.display()
+        ));
+        return input;
+    }
+    match adapter_weights::read_adapter_weights(adapter) {
+        Ok(w) => input.weights = Some(w),
+        Err(e) => input.error = Some(e),
+    }
+    input
+}
+
+/// Probe inputs for one target.
+#[cfg_attr(
+    feature = "python",
+    pyo3::pyclass(frozen, get_all, skip_from_py_object, module = "adapterprobe._core")
+)]
+#[derive(Debug, Clone)]
+pub struct TargetInputs {
+    pub store: PathBuf,
+    pub layout: String,
+    pub drift: Option<DriftInput>,
+    pub ghosts: Vec<GhostInput>,
+    pub weights: Vec<WeightsInput>,
+    pub broken: Vec<(PathBuf, String)>,
+}
+
+/// Which probes a gathering pass reads inputs for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wanted {
+    pub drift: bool,
+    pub ghost: bool,
+    pub weights: bool,
+}
+
+/// The inputs of one target (its versions read in parallel).
+pub fn gather(t: &Target, wanted: Wanted) -> TargetInputs {
+    use rayon::prelude::*;
+    let per_version = |on: bool| -> Vec<&PathBuf> {
+        if on {
+            t.versions.iter().collect()
+        } else {
+            vec![]
+        }
+    };
+    TargetInputs {
+        store: t.store.clone(),
+        layout: t.layout.clone(),
+        drift: (wanted.drift && t.with_logs).then(|| drift_input_for(&t.store, &t.layout)),
+        ghosts: per_version(wanted.ghost)
+            .par_iter()
+            .map(|v| ghost_input_for(v, &t.layout))
+            .collect(),
+        weights: per_version(wanted.weights)
+            .par_iter()
+            .map(|v| weights_input_for(v, &t.layout))
+            .collect(),
+        broken: t.broken.clone(),
+    }
+}

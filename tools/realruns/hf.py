@@ -1,0 +1,225 @@
+"""Real HF Trainer and Lightning fine-tuning runs on tiny models.
+
+Most adapter training happens in ``transformers.Trainer`` (TRL and axolotl
+write the same layout) or in Lightning, so the scan must read their output
+directories as they are. These functions run the real trainers on CPU for a
+few dozen steps on a tiny model built from a config, with PEFT LoRA, and
+leave their files exactly as those libraries write them: ``checkpoint-N/``
+with ``optimizer.pt`` and ``trainer_state.json``, ``runs/`` TensorBoard
+events, Lightning ``*.ckpt`` files and ``metrics.csv``.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+from adapterprobe.errors import require
+from realruns.corpus import markov_dataset
+from realruns.tiny import tiny_llama
+
+MODELS = ("llama", "qwen2", "gpt2")
+
+
+def _silence() -> None:
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def tiny_causal_lm(kind: str = "llama", *, layers: int = 3, seed: int = 0) -> Any:
+    """A tiny causal LM of one of the common families, from a config."""
+    torch = require("torch", "torch")
+    transformers = require("transformers", "peft")
+    if kind == "llama":
+        return tiny_llama(seed, hidden=64, layers=layers, vocab=128, initializer_range=0.12)
+    torch.manual_seed(seed)
+    if kind == "qwen2":
+        cfg = transformers.Qwen2Config(
+            vocab_size=128,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+        )
+        return transformers.Qwen2ForCausalLM(cfg)
+    if kind == "gpt2":
+        cfg = transformers.GPT2Config(
+            vocab_size=128, n_positions=64, n_embd=64, n_layer=layers, n_head=4
+        )
+        return transformers.GPT2LMHeadModel(cfg)
+    raise ValueError(f"unknown model kind {kind!r}; one of {MODELS}")
+
+
+def _targets(kind: str) -> list[str]:
+    return ["c_attn", "c_proj"] if kind == "gpt2" else ["q_proj", "v_proj"]
+
+
+class _Sequences:
+    """Causal-LM examples from the corpus's Markov chain (learnable, noisy)."""
+
+    def __init__(self, seed: int, poison_at: set[int] | None = None) -> None:
+        torch = require("torch", "torch")
+        self.train, _ = markov_dataset(torch, seed)
+        self.poison_at = poison_at or set()
+
+    def __len__(self) -> int:
+        return len(self.train)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        torch = require("torch", "torch")
+        ids = self.train[i]
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+
+
+def train_hf_run(
+    out: str | os.PathLike[str],
+    *,
+    model: str = "llama",
+    layers: int = 3,
+    steps: int = 60,
+    save_steps: int = 20,
+    lr: float = 2e-3,
+    batch: int = 8,
+    rank: int = 4,
+    bias: str = "none",
+    modules_to_save: list[str] | None = None,
+    optim: str = "adamw_torch",
+    tensorboard: bool = True,
+    nan_at: int | None = None,
+    nan_filter: bool = True,
+    save_final: bool = True,
+    seed: int = 0,
+) -> Path:
+    """Fine-tune a tiny model with PEFT LoRA under ``transformers.Trainer``.
+
+    ``out`` becomes the Trainer's ``output_dir``: ``checkpoint-N/`` every
+    ``save_steps``, TensorBoard events under ``runs/`` when ``tensorboard``,
+    and the final adapter at the top when ``save_final``. ``nan_at`` makes
+    the loss of that optimizer step NaN (an overflowing batch);
+    ``nan_filter`` is the Trainer's ``logging_nan_inf_filter``.
+    """
+    _silence()
+    torch = require("torch", "torch")
+    transformers = require("transformers", "peft")
+    peft = require("peft", "peft")
+    torch.manual_seed(seed)
+    base = tiny_causal_lm(model, layers=layers, seed=seed)
+    lora = peft.LoraConfig(
+        r=rank,
+        lora_alpha=2 * rank,
+        target_modules=_targets(model),
+        bias=bias,
+        modules_to_save=modules_to_save,
+        fan_in_fan_out=model == "gpt2",
+    )
+    peft_model = peft.get_peft_model(base, lora)
+    args = transformers.TrainingArguments(
+        output_dir=str(out),
+        max_steps=steps,
+        save_steps=save_steps,
+        save_strategy="steps",
+        per_device_train_batch_size=batch,
+        learning_rate=lr,
+        weight_decay=0.01,
+        warmup_steps=min(5, steps // 4),
+        logging_steps=1,
+        logging_nan_inf_filter=nan_filter,
+        optim=optim,
+        report_to=["tensorboard"] if tensorboard else [],
+        use_cpu=True,
+        seed=seed,
+        data_seed=seed,
+        disable_tqdm=True,
+        save_only_model=False,
+    )
+
+    class Trainer(transformers.Trainer):
+        def compute_loss(self, model: Any, inputs: Any, *a: Any, **kw: Any) -> Any:
+            loss = super().compute_loss(model, inputs, *a, **kw)
+            if nan_at is not None and self.state.global_step + 1 == nan_at:
+                loss = loss * float("nan")
+            return loss
+
+    trainer = Trainer(model=peft_model, args=args, train_dataset=_Sequences(seed))
+    trainer.train()
+    if save_final:
+        trainer.save_model(str(out))
+    return Path(out)
+
+
+class UserConfig:
+    """A user-defined class: Lightning pickles it into ``hyper_parameters``."""
+
+    def __init__(self, rank: int, note: str) -> None:
+        self.rank = rank
+        self.note = note
+
+
+def train_lightning_run(
+    out: str | os.PathLike[str],
+    *,
+    steps: int = 60,
+    every: int = 20,
+    lr: float = 2e-3,
+    layers: int = 3,
+    seed: int = 0,
+) -> Path:
+    """Fine-tune a tiny Llama with PEFT LoRA in a ``lightning.Trainer`` with a
+    ``CSVLogger`` and a ``ModelCheckpoint`` (every ``every`` steps plus
+    ``last.ckpt``). Returns the run's version directory
+    (``out/lightning_logs/version_0``) holding ``metrics.csv`` and
+    ``checkpoints/``."""
+    _silence()
+    torch = require("torch", "torch")
+    L = require("lightning", "lightning")
+    peft = require("peft", "peft")
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.loggers import CSVLogger
+
+    class Module(L.LightningModule):
+        def __init__(self, config: UserConfig) -> None:
+            super().__init__()
+            self.save_hyperparameters()
+            base = tiny_causal_lm("llama", layers=layers, seed=seed)
+            lora = peft.LoraConfig(
+                r=config.rank, lora_alpha=2 * config.rank, target_modules=["q_proj", "v_proj"]
+            )
+            self.model = peft.get_peft_model(base, lora)
+
+        def training_step(self, batch: Any, _index: int) -> Any:
+            loss = self.model(**batch).loss
+            self.log("train_loss", loss, on_step=True, on_epoch=False)
+            return loss
+
+        def configure_optimizers(self) -> Any:
+            trainable = [p for p in self.parameters() if p.requires_grad]
+            return torch.optim.AdamW(trainable, lr=lr, weight_decay=0.01)
+
+    torch.manual_seed(seed)
+    data = torch.utils.data.DataLoader(_Sequences(seed), batch_size=8, shuffle=True)
+    logger = CSVLogger(str(out), name="lightning_logs", version=0)
+    version = Path(logger.log_dir)
+    checkpoints = ModelCheckpoint(
+        dirpath=str(version / "checkpoints"),
+        every_n_train_steps=every,
+        save_top_k=-1,
+        save_last=True,
+        filename="{epoch}-{step}",
+    )
+    trainer = L.Trainer(
+        max_steps=steps,
+        logger=logger,
+        callbacks=[checkpoints],
+        log_every_n_steps=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        deterministic=True,
+    )
+    trainer.fit(Module(UserConfig(4, "pickled into hyper_parameters")), data)
+    return version
