@@ -67,8 +67,9 @@ def confusion(root: Path) -> None:
         faulty = [r for r, lab in labels.items() if lab != "healthy"]
         false_alarms = [r for r in healthy if alarms[r]]
         missed = [r for r in faulty if not alarms[r]]
+        flagged = f"{len(false_alarms)}/{len(healthy)}"
         print(
-            f"  rules={rules:6s}  healthy flagged (false alarms): {len(false_alarms)}/{len(healthy)}"
+            f"  rules={rules:6s}  healthy flagged (false alarms): {flagged}"
             f"   faulty missed: {len(missed)}/{len(faulty)}"
         )
         by_class: dict[str, list[str]] = defaultdict(list)
