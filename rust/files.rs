@@ -1,15 +1,44 @@
-//! Opening input files safely: only regular files are opened, so a FIFO,
+//! Opening input files safely: only regular files are read, so a FIFO,
 //! socket or device planted in a store is refused instead of blocking the
 //! reader forever.
+//!
+//! The file is opened first (non-blocking, so opening a FIFO cannot wait
+//! for a writer) and the *opened* file is checked, never the path before
+//! opening it: a FIFO renamed into place between a check and an open could
+//! otherwise still block the reader. Symlinks are followed (stores are often
+//! assembled from links); a link to a FIFO is refused like the FIFO.
 
 use std::fs::File;
+use std::io::Read;
 use std::path::Path;
 
 use crate::error::{Area, Error, Result};
 
+#[cfg(unix)]
+fn open_nonblocking(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    // O_NONBLOCK from <fcntl.h>: 0o4000 on Linux (x86, arm), 0x4 on macOS/BSD.
+    #[cfg(any(target_os = "macos", target_os = "ios", target_os = "freebsd"))]
+    const O_NONBLOCK: i32 = 0x0004;
+    #[cfg(not(any(target_os = "macos", target_os = "ios", target_os = "freebsd")))]
+    const O_NONBLOCK: i32 = 0o4000;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(O_NONBLOCK)
+        .open(path)
+}
+
+#[cfg(not(unix))]
+fn open_nonblocking(path: &Path) -> std::io::Result<File> {
+    File::open(path)
+}
+
 /// Open `path` for reading if it is a regular file (symlinks followed).
+/// Reads on a regular file never block, so the non-blocking flag used to
+/// open it changes nothing afterwards.
 pub fn open_regular(path: &Path, area: Area) -> Result<File> {
-    let meta = std::fs::metadata(path).map_err(|e| Error::io(area, path, &e))?;
+    let file = open_nonblocking(path).map_err(|e| Error::io(area, path, &e))?;
+    let meta = file.metadata().map_err(|e| Error::io(area, path, &e))?;
     if meta.is_dir() {
         return Err(Error::new(area, path, "is a directory, expected a file"));
     }
@@ -20,7 +49,37 @@ pub fn open_regular(path: &Path, area: Area) -> Result<File> {
             "is not a regular file (a FIFO, socket or device); refusing to read it",
         ));
     }
-    File::open(path).map_err(|e| Error::io(area, path, &e))
+    Ok(file)
+}
+
+/// The whole content of the regular file `path`, refused when it is larger
+/// than `max` bytes (checked on the opened file, and again while reading in
+/// case it grows).
+pub fn read_small(path: &Path, area: Area, max: u64) -> Result<Vec<u8>> {
+    let file = open_regular(path, area)?;
+    let len = file
+        .metadata()
+        .map_err(|e| Error::io(area, path, &e))?
+        .len();
+    if len > max {
+        return Err(Error::new(
+            area,
+            path,
+            format!("is {len} bytes, more than the {max}-byte limit"),
+        ));
+    }
+    let mut out = Vec::with_capacity(len as usize);
+    file.take(max + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| Error::io(area, path, &e))?;
+    if out.len() as u64 > max {
+        return Err(Error::new(
+            area,
+            path,
+            format!("grew past the {max}-byte limit"),
+        ));
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -34,6 +93,28 @@ mod tests {
         assert!(e.message.contains("directory"));
         let e = open_regular(&dir.path().join("nope"), Area::Header).unwrap_err();
         assert_eq!(e.area, Area::Missing);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn refuses_devices_and_links_to_fifos() {
+        let e = open_regular(Path::new("/dev/zero"), Area::Header).unwrap_err();
+        assert!(e.message.contains("not a regular file"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if made.map(|s| s.success()).unwrap_or(false) {
+            let link = dir.path().join("link");
+            std::os::unix::fs::symlink(&fifo, &link).unwrap();
+            let start = std::time::Instant::now();
+            assert!(open_regular(&link, Area::Header).is_err());
+            assert!(read_small(&link, Area::Header, 10).is_err());
+            assert!(start.elapsed() < std::time::Duration::from_secs(5));
+        }
+        let small = dir.path().join("small");
+        std::fs::write(&small, b"12345").unwrap();
+        assert_eq!(read_small(&small, Area::Header, 5).unwrap(), b"12345");
+        assert!(read_small(&small, Area::Header, 4).is_err());
     }
 
     #[cfg(unix)]

@@ -146,35 +146,44 @@ pub fn reduce_planned(
         numel: plan.numel,
         ..Reduction::default()
     };
-    let Some((&(inner_n, inner_stride), outer)) = plan.dims.split_last() else {
-        // A scalar (all dims of size 1).
-        let (s, nf) = reduce_run(bytes.get(..es).unwrap_or_default(), kind);
-        out.sum = s;
-        out.nonfinite = nf;
-        return Ok(out);
-    };
-    let run_len = usize::try_from(inner_n).map_err(|_| "view too large")?;
-    let inner_stride = usize::try_from(inner_stride).map_err(|_| "view too large")?;
-    let mut index = vec![0u64; outer.len()];
-    loop {
-        let base: u64 = index.iter().zip(outer).map(|(i, d)| i * d.1).sum();
-        let start = usize::try_from(base).map_err(|_| "view too large")? * es;
-        let (s, nf) = if inner_stride == 1 {
+    for_each_run(plan, |start, len, stride| {
+        let start = usize::try_from(start).map_err(|_| "view too large")? * es;
+        let len = usize::try_from(len).map_err(|_| "view too large")?;
+        let (s, nf) = if stride == 1 {
             let run = bytes
-                .get(start..start + run_len * es)
+                .get(start..start + len * es)
                 .ok_or("view outside the storage bytes")?;
             reduce_run(run, kind)
         } else {
-            reduce_strided(bytes, start, run_len, inner_stride * es, kind)
-                .ok_or("view outside the storage bytes")?
+            let step = usize::try_from(stride).map_err(|_| "view too large")? * es;
+            reduce_strided(bytes, start, len, step, kind).ok_or("view outside the storage bytes")?
         };
         out.sum += s;
         out.nonfinite += nf;
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// Call `f(start, len, stride)` for each innermost run of the view: `len`
+/// elements starting at element `start` of the planned span (relative to
+/// `plan.first`), `stride` elements apart. A scalar view is one run of one.
+pub fn for_each_run(
+    plan: &ViewPlan,
+    mut f: impl FnMut(u64, u64, u64) -> std::result::Result<(), String>,
+) -> std::result::Result<(), String> {
+    let Some((&(inner_n, inner_stride), outer)) = plan.dims.split_last() else {
+        return f(0, 1, 1);
+    };
+    let mut index = vec![0u64; outer.len()];
+    loop {
+        let base: u64 = index.iter().zip(outer).map(|(i, d)| i * d.1).sum();
+        f(base, inner_n, inner_stride)?;
         // Odometer over the outer dims, innermost fastest.
         let mut d = outer.len();
         loop {
             if d == 0 {
-                return Ok(out);
+                return Ok(());
             }
             d -= 1;
             index[d] += 1;
@@ -184,6 +193,11 @@ pub fn reduce_planned(
             index[d] = 0;
         }
     }
+}
+
+/// Sum and non-finite count of a contiguous run of elements.
+pub fn reduce_bytes(bytes: &[u8], kind: FloatKind) -> (f64, u64) {
+    reduce_run(bytes, kind)
 }
 
 /// Sum a contiguous run with 8 independent f64 accumulators (vectorizable).

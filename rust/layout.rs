@@ -18,6 +18,8 @@
 use std::fs;
 use std::path::{Component, Path, PathBuf};
 
+use crate::error::Area;
+use crate::files::read_small;
 use crate::layers::ADAPTER_WEIGHTS;
 use crate::torch_state::STATE_FILE;
 
@@ -110,21 +112,15 @@ fn all_versions(adapter_root: &Path) -> std::result::Result<Vec<PathBuf>, String
 /// The version `current.txt` points at, which must stay inside the adapter root.
 fn current_version(adapter_root: &Path) -> std::result::Result<PathBuf, String> {
     let pointer = adapter_root.join("current.txt");
-    let meta = fs::metadata(&pointer).map_err(|_| {
-        "current.txt is missing, so the current version is unknown (use --all-versions to \
-         probe every version)"
-            .to_string()
+    let text = read_small(&pointer, Area::Missing, MAX_POINTER_BYTES).map_err(|e| {
+        if e.area == Area::Missing && !pointer.exists() {
+            "current.txt is missing, so the current version is unknown (use --all-versions to \
+             probe every version)"
+                .to_string()
+        } else {
+            format!("current.txt: {}", e.message)
+        }
     })?;
-    if !meta.is_file() {
-        return Err("current.txt is not a regular file".into());
-    }
-    if meta.len() > MAX_POINTER_BYTES {
-        return Err(format!(
-            "current.txt is {} bytes, not a version pointer",
-            meta.len()
-        ));
-    }
-    let text = fs::read(&pointer).map_err(|e| format!("cannot read current.txt: {e}"))?;
     let text = String::from_utf8(text).map_err(|_| "current.txt is not UTF-8".to_string())?;
     let rel = Path::new(text.trim());
     let escapes = rel.as_os_str().is_empty()

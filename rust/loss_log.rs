@@ -168,22 +168,100 @@ pub(crate) fn files_under(dir: &Path, matches: impl Fn(&str) -> bool) -> Result<
     Ok(found)
 }
 
-/// The ASCII characters Python's `str.strip()` removes (no terminators remain here).
-fn is_py_space(c: &u8) -> bool {
-    matches!(c, b' ' | b'\t' | b'\x0b' | b'\x0c' | b'\x1c'..=b'\x1f')
+/// Whether Python's `str.isspace()` holds for `c` (what `str.strip()`
+/// removes); line terminators never reach here.
+fn is_py_space_char(c: char) -> bool {
+    matches!(
+        c,
+        '\t'..='\r'
+            | '\x1c'..='\x1f'
+            | ' '
+            | '\u{85}'
+            | '\u{a0}'
+            | '\u{1680}'
+            | '\u{2000}'..='\u{200a}'
+            | '\u{2028}'
+            | '\u{2029}'
+            | '\u{202f}'
+            | '\u{205f}'
+            | '\u{3000}'
+    )
 }
 
-/// The line as Python's `str.strip()` would leave it (ASCII whitespace only).
+/// The first UTF-8 character of `bytes` and its length, if it is complete and valid.
+fn first_char(bytes: &[u8]) -> Option<(char, usize)> {
+    let len = match *bytes.first()? {
+        b if b < 0x80 => 1,
+        b if b >> 5 == 0b110 => 2,
+        b if b >> 4 == 0b1110 => 3,
+        b if b >> 3 == 0b11110 => 4,
+        _ => return None,
+    };
+    let c = std::str::from_utf8(bytes.get(..len)?)
+        .ok()?
+        .chars()
+        .next()?;
+    Some((c, len))
+}
+
+/// The line as Python's `str.strip()` would leave it: ASCII and Unicode
+/// whitespace (U+00A0, U+2028, U+3000, ...) removed from both ends.
 fn strip(line: &[u8]) -> &[u8] {
-    let start = line
-        .iter()
-        .position(|c| !is_py_space(c))
-        .unwrap_or(line.len());
-    let end = line
-        .iter()
-        .rposition(|c| !is_py_space(c))
-        .map_or(start, |e| e + 1);
+    let mut start = 0;
+    while let Some((c, n)) = first_char(&line[start..]) {
+        if !is_py_space_char(c) {
+            break;
+        }
+        start += n;
+    }
+    let mut end = line.len();
+    while end > start {
+        // The last character starts at the last byte that is not a
+        // continuation byte (0b10xxxxxx), at most 4 bytes back.
+        let from = (end.saturating_sub(4)..end)
+            .rev()
+            .find(|&i| line[i] & 0xc0 != 0x80)
+            .unwrap_or(end - 1)
+            .max(start);
+        match first_char(&line[from..end]) {
+            Some((c, n)) if from + n == end && is_py_space_char(c) => end = from,
+            _ => break,
+        }
+    }
     &line[start..end]
+}
+
+/// Whether `bytes` (part of one line) holds only whitespace; `carry` holds
+/// the bytes of a character split at the previous part's end and is left
+/// holding this part's own unfinished tail.
+fn only_whitespace(bytes: &[u8], carry: &mut Vec<u8>) -> bool {
+    let joined: Vec<u8>;
+    let mut rest: &[u8] = if carry.is_empty() {
+        bytes
+    } else {
+        joined = [carry.as_slice(), bytes].concat();
+        &joined
+    };
+    carry.clear();
+    while !rest.is_empty() {
+        if rest[0] < 0x80 {
+            if !is_py_space_char(char::from(rest[0])) {
+                return false;
+            }
+            rest = &rest[1..];
+            continue;
+        }
+        match first_char(rest) {
+            Some((c, n)) if is_py_space_char(c) => rest = &rest[n..],
+            Some(_) => return false,
+            None if rest.len() < 4 => {
+                carry.extend_from_slice(rest);
+                return true;
+            }
+            None => return false,
+        }
+    }
+    true
 }
 
 /// Classify one line; None for a blank one. Over-long lines are unreadable.
@@ -250,6 +328,11 @@ pub fn read_steps_from<R: Read>(
     let mut first_line_seen = false;
     // Inside an over-long line: drop bytes up to the next terminator.
     let mut discarding = false;
+    // Discarding an over-long *first* line that has been whitespace so far
+    // (Python strips it to a blank line, which is fine), and the bytes of a
+    // character split between two reads.
+    let mut blank_first = false;
+    let mut carry = Vec::new();
     loop {
         let got = (&mut reader)
             .take(BATCH as u64)
@@ -263,15 +346,23 @@ pub fn read_steps_from<R: Read>(
         };
         let mut region = &buf[..end];
         if discarding && !region.is_empty() {
-            match memchr::memchr2(b'\n', b'\r', region) {
+            let line_end = memchr::memchr2(b'\n', b'\r', region);
+            let dropped = &region[..line_end.unwrap_or(region.len())];
+            if blank_first && !only_whitespace(dropped, &mut carry) {
+                return Err(format!("first line is longer than {MAX_LINE} bytes"));
+            }
+            match line_end {
                 Some(p) => {
                     region = &region[p + 1..];
                     discarding = false;
+                    if blank_first {
+                        (blank_first, first_line_seen) = (false, true);
+                    }
                 }
                 None => region = &[],
             }
         }
-        if !first_line_seen && !region.is_empty() {
+        if !first_line_seen && !discarding && !region.is_empty() {
             let first_end = memchr::memchr2(b'\n', b'\r', region).unwrap_or(region.len());
             match line_kind(&region[..first_end]) {
                 Some(LineKind::Invalid) => return Err("first line is not valid JSON".into()),
@@ -285,12 +376,18 @@ pub fn read_steps_from<R: Read>(
         buf.drain(..end);
         if buf.len() > MAX_LINE {
             if !first_line_seen {
-                return Err(format!("first line is longer than {MAX_LINE} bytes"));
+                if !only_whitespace(&buf, &mut carry) {
+                    return Err(format!("first line is longer than {MAX_LINE} bytes"));
+                }
+                blank_first = true;
             }
             buf.clear();
             discarding = true;
         }
         if eof {
+            if blank_first && !carry.is_empty() {
+                return Err(format!("first line is longer than {MAX_LINE} bytes"));
+            }
             return Ok(());
         }
     }
@@ -746,6 +843,47 @@ mod tests {
         assert_eq!(read_loss_curve(&[p]).unwrap().steps, vec![1]);
         let e = read_loss_curve(&[dir.path().to_path_buf()]).unwrap_err();
         assert_eq!(e.area, Area::LogFormat);
+    }
+
+    #[test]
+    fn unicode_whitespace_is_stripped_like_python() {
+        let line = format!("\u{a0}\u{3000}{}\u{2028}\u{205f} ", step(4, 0.5));
+        let data = format!("{line}\n\u{3000}\n{}\n", step(5, 0.25));
+        let mut out = vec![];
+        read_steps_from(data.as_bytes(), 0, &mut out).unwrap();
+        assert_eq!(out, vec![(4, 0.5), (5, 0.25)]);
+        assert_eq!(strip("\u{a0}x\u{a0}".as_bytes()), b"x");
+        assert_eq!(strip("\u{a0}".as_bytes()), b"");
+        // U+200B (zero width space) is not whitespace to Python.
+        assert_eq!(strip("\u{200b}x".as_bytes()), "\u{200b}x".as_bytes());
+        // Non-ASCII digits: Python's int("١٢") is 12, ours is not a step (documented).
+        let arabic = r#"{"type": "step", "step": "١٢", "loss": 1.0}"#;
+        let mut out = vec![];
+        read_steps_from(
+            format!("{}\n{arabic}\n", step(1, 1.0)).as_bytes(),
+            0,
+            &mut out,
+        )
+        .unwrap();
+        assert_eq!(out, vec![(1, 1.0)]);
+    }
+
+    #[test]
+    fn a_huge_whitespace_only_first_line_is_blank() {
+        for pad in [" ", "\u{3000}", "\u{a0}"] {
+            let mut data = pad.repeat(MAX_LINE / pad.len() + BATCH);
+            data.push('\n');
+            data.push_str("not json, not the first line\n");
+            data.push_str(&step(3, 1.5));
+            let mut out = vec![];
+            read_steps_from(data.as_bytes(), 0, &mut out).unwrap();
+            assert_eq!(out, vec![(3, 1.5)], "{pad:?}");
+        }
+        let mut data = " ".repeat(MAX_LINE + BATCH);
+        data.push('x');
+        data.push('\n');
+        let mut out = vec![];
+        assert!(read_steps_from(data.as_bytes(), 0, &mut out).is_err());
     }
 
     #[test]

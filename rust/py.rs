@@ -204,8 +204,11 @@ impl LayerGrouping {
 fn group_layers(
     py: Python<'_>,
     adapter: PathBuf,
-    num_params: Option<u64>,
+    num_params: Option<i64>,
 ) -> Result<LayerGrouping> {
+    let num_params = num_params
+        .map(|n| count("num_params", n).map(|n| n as u64))
+        .transpose()?;
     py.detach(|| layers::group_layers(&adapter, num_params))
 }
 
@@ -277,9 +280,10 @@ impl LossCurve {
     fn metrics<'py>(
         &self,
         py: Python<'py>,
-        rolling_window: usize,
+        rolling_window: i64,
         spike_sigma: f64,
     ) -> PyResult<Bound<'py, PyDict>> {
+        let rolling_window = count("rolling_window", rolling_window)?;
         metrics::check_spike_params(rolling_window, spike_sigma)?;
         let m = py.detach(|| metrics::curve_metrics(&self.losses, rolling_window, spike_sigma));
         let steps = |p: &[usize]| Ok(self.steps_at(p).into_pyobject(py)?.into_any());
@@ -291,16 +295,16 @@ impl LossCurve {
     fn robust(
         &self,
         py: Python<'_>,
-        trend_window: usize,
+        trend_window: i64,
         spike_z: f64,
         min_spike_rise: f64,
-        scale_block: usize,
+        scale_block: i64,
     ) -> Result<Option<RobustCurve>> {
         let params = RobustParams {
-            trend_window,
+            trend_window: count("trend_window", trend_window)?,
             spike_z,
             min_spike_rise,
-            scale_block,
+            scale_block: count("scale_block", scale_block)?,
         };
         robust_curve::check_params(&params)?;
         Ok(py.detach(|| robust_curve::analyse(&self.losses, &params)))
@@ -308,8 +312,8 @@ impl LossCurve {
     /// At most about `cap` evenly strided (step, loss) points, the first and
     /// last always kept; a non-finite loss is None.
     #[pyo3(name = "sample", signature = (cap=512))]
-    fn sample_py(&self, cap: usize) -> Result<Vec<(i64, Option<f64>)>> {
-        self.sample(cap)
+    fn sample_py(&self, cap: i64) -> Result<Vec<(i64, Option<f64>)>> {
+        self.sample(count("cap", cap)?)
     }
     fn __len__(&self) -> usize {
         self.steps.len()
@@ -356,6 +360,16 @@ fn read_optimizer_state(py: Python<'_>, path: PathBuf) -> Result<OptimizerState>
     py.detach(|| optimizer_state::read_optimizer_state(&path))
 }
 
+/// A count argument (a window, a cap, a number of workers) as usize: a
+/// negative one is a UsageError naming it, not an OverflowError.
+fn count(name: &str, value: i64) -> Result<usize> {
+    usize::try_from(value).map_err(|_| {
+        usage_error(&format!(
+            "{name} must be a non-negative integer, got {value}"
+        ))
+    })
+}
+
 fn usage_error(message: &str) -> Error {
     Error::new(Area::Usage, "", message)
 }
@@ -374,9 +388,10 @@ fn f64_values(obj: &Bound<'_, PyAny>) -> Result<Vec<f64>> {
 fn curve_metrics<'py>(
     py: Python<'py>,
     losses: &Bound<'py, PyAny>,
-    rolling_window: usize,
+    rolling_window: i64,
     spike_sigma: f64,
 ) -> PyResult<Bound<'py, PyDict>> {
+    let rolling_window = count("rolling_window", rolling_window)?;
     metrics::check_spike_params(rolling_window, spike_sigma)?;
     let values = f64_values(losses)?;
     let m = py.detach(|| metrics::curve_metrics(&values, rolling_window, spike_sigma));
@@ -389,9 +404,10 @@ fn curve_metrics<'py>(
 fn count_spikes(
     py: Python<'_>,
     deltas: &Bound<'_, PyAny>,
-    window: usize,
+    window: i64,
     sigma: f64,
 ) -> Result<usize> {
+    let window = count("window", window)?;
     metrics::check_spike_params(window, sigma)?;
     let values = f64_values(deltas)?;
     Ok(py.detach(|| metrics::count_spikes(&values, window, sigma)))
@@ -402,9 +418,10 @@ fn count_spikes(
 fn spike_indices<'py>(
     py: Python<'py>,
     deltas: &Bound<'py, PyAny>,
-    window: usize,
+    window: i64,
     sigma: f64,
 ) -> PyResult<Bound<'py, PyAny>> {
+    let window = count("window", window)?;
     metrics::check_spike_params(window, sigma)?;
     let values = f64_values(deltas)?;
     let found = py.detach(|| metrics::spike_indices(&values, window, sigma));
@@ -418,16 +435,16 @@ fn spike_indices<'py>(
 fn robust_curve_py(
     py: Python<'_>,
     losses: &Bound<'_, PyAny>,
-    trend_window: usize,
+    trend_window: i64,
     spike_z: f64,
     min_spike_rise: f64,
-    scale_block: usize,
+    scale_block: i64,
 ) -> Result<Option<RobustCurve>> {
     let params = RobustParams {
-        trend_window,
+        trend_window: count("trend_window", trend_window)?,
         spike_z,
         min_spike_rise,
-        scale_block,
+        scale_block: count("scale_block", scale_block)?,
     };
     robust_curve::check_params(&params)?;
     let values = f64_values(losses)?;
@@ -574,8 +591,9 @@ fn discover(
     py: Python<'_>,
     roots: Vec<PathBuf>,
     all_versions: bool,
-    workers: Option<usize>,
+    workers: Option<i64>,
 ) -> Result<Discovery> {
+    let workers = workers.map(|n| count("workers", n)).transpose()?;
     py.detach(|| scan::pool(workers).map(|p| p.install(|| scan::discover(&roots, all_versions))))
 }
 
@@ -588,8 +606,9 @@ fn probe_targets(
     drift: bool,
     ghost: bool,
     weights: bool,
-    workers: Option<usize>,
+    workers: Option<i64>,
 ) -> Result<Vec<TargetInputs>> {
+    let workers = workers.map(|n| count("workers", n)).transpose()?;
     let wanted = scan::Wanted {
         drift,
         ghost,

@@ -162,12 +162,20 @@ pub fn probe_targets(targets: &[Target], wanted: Wanted) -> Vec<TargetInputs> {
         .collect()
 }
 
+/// Most reader threads a scan starts: far beyond any useful I/O parallelism,
+/// and small enough that starting them is instant.
+pub const MAX_WORKERS: usize = 256;
+
 /// A rayon pool of `workers` threads (None: one per core).
 pub fn pool(workers: Option<usize>) -> Result<rayon::ThreadPool> {
     let mut builder = rayon::ThreadPoolBuilder::new();
     if let Some(n) = workers {
-        if n == 0 {
-            return Err(Error::new(Area::Usage, "", "workers must be at least 1"));
+        if n == 0 || n > MAX_WORKERS {
+            return Err(Error::new(
+                Area::Usage,
+                "",
+                format!("workers must be between 1 and {MAX_WORKERS}, got {n}"),
+            ));
         }
         builder = builder.num_threads(n);
     }

@@ -10,7 +10,9 @@
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::float_reduce::{plan_view, reduce_planned, FloatKind, Reduction, ViewPlan};
+use crate::float_reduce::{
+    for_each_run, plan_view, reduce_bytes, reduce_planned, FloatKind, Reduction, ViewPlan,
+};
 use crate::pickle::{self, Tensor, UnknownGlobals, Unpickled};
 use crate::zip_archive::{Archive, Entry};
 
@@ -21,6 +23,9 @@ pub struct TorchSave {
     pub prefix: String,
     pub graph: Unpickled,
 }
+
+/// Largest storage span read into memory at once; bigger views stream.
+pub const STREAM_CHUNK_BYTES: u64 = 8 << 20;
 
 /// Elements of tensor data a file may make us read in total. A legitimate
 /// file reads each storage about once, so views that add up to far more
@@ -151,7 +156,9 @@ impl TorchSave {
         })
     }
 
-    /// Sum and non-finite count of the float tensor `t`.
+    /// Sum and non-finite count of the float tensor `t`. Memory stays
+    /// bounded whatever the file claims: a view whose storage span is
+    /// larger than [`STREAM_CHUNK_BYTES`] is read run by run, in chunks.
     pub fn reduce(
         &self,
         t: &Tensor,
@@ -167,14 +174,61 @@ impl TorchSave {
         if !budget.charge(v.plan.numel.saturating_add(v.plan.span)) {
             return Err(self.over_budget(what));
         }
-        self.archive.read_entry_range(
-            &v.entry_name,
-            v.entry,
-            v.plan.first * v.elem_size,
-            v.plan.span * v.elem_size,
-            scratch,
-        )?;
-        reduce_planned(scratch, kind, &v.plan).map_err(|m| self.err(format!("{what}: {m}")))
+        let es = v.elem_size;
+        if v.plan.span.saturating_mul(es) <= STREAM_CHUNK_BYTES {
+            self.archive.read_entry_range(
+                &v.entry_name,
+                v.entry,
+                v.plan.first * es,
+                v.plan.span * es,
+                scratch,
+            )?;
+            return reduce_planned(scratch, kind, &v.plan)
+                .map_err(|m| self.err(format!("{what}: {m}")));
+        }
+        let mut out = Reduction {
+            numel: v.plan.numel,
+            ..Reduction::default()
+        };
+        let mut failure: Option<Error> = None;
+        let per_chunk = (STREAM_CHUNK_BYTES / es).max(1);
+        let walked = for_each_run(&v.plan, |start, len, stride| {
+            let read = |from: u64, count: u64, buf: &mut Vec<u8>| {
+                self.archive.read_entry_range(
+                    &v.entry_name,
+                    v.entry,
+                    (v.plan.first + from) * es,
+                    count * es,
+                    buf,
+                )
+            };
+            // Contiguous runs in chunks; a strided run one element at a time
+            // (the budget above bounds how many there can be).
+            let (chunk, step) = if stride == 1 {
+                (per_chunk, per_chunk)
+            } else {
+                (1, 1)
+            };
+            let mut done = 0u64;
+            while done < len {
+                let count = chunk.min(len - done);
+                let at = start + done * if stride == 1 { 1 } else { stride };
+                if let Err(e) = read(at, count, scratch) {
+                    failure = Some(e);
+                    return Err(String::new());
+                }
+                let (s, nf) = reduce_bytes(scratch, kind);
+                out.sum += s;
+                out.nonfinite += nf;
+                done += step.min(len - done);
+            }
+            Ok(())
+        });
+        match (walked, failure) {
+            (_, Some(e)) => Err(e),
+            (Err(m), None) => Err(self.err(format!("{what}: {m}"))),
+            (Ok(()), None) => Ok(out),
+        }
     }
 
     /// The value of the one-element tensor `t` (a 0-d `step`), for float

@@ -144,6 +144,81 @@ mod tests {
 
     /// A minimal dlm payload: one param whose exp_avg_sq is a float32
     /// view of `size` elements over storage '0' of `numel` elements.
+    /// Peak resident memory of this process so far (Linux), in bytes.
+    fn peak_rss() -> Option<u64> {
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+        let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kb * 1024)
+    }
+
+    #[test]
+    fn a_sparse_file_claiming_gigabytes_is_reduced_in_bounded_memory() {
+        // 300M float32 elements = 1.2 GB of storage that the file only
+        // claims: its data region is a hole, so it costs no disk.
+        let numel: u32 = 300_000_000;
+        let mut pkl =
+            b"\x80\x02}(X\x0b\x00\x00\x00global_stepK\x07X\x14\x00\x00\x00optimizer_state_dict}"
+                .to_vec();
+        pkl.extend(b"X\x05\x00\x00\x00state}K\x00}X\x0a\x00\x00\x00exp_avg_sq");
+        pkl.extend(b"ctorch._utils\n_rebuild_tensor_v2\n((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x000X\x03\x00\x00\x00cpuJ");
+        pkl.extend(numel.to_le_bytes());
+        pkl.extend(b"tQK\x00J");
+        pkl.extend(numel.to_le_bytes());
+        pkl.extend(b"\x85K\x01\x85\x89ccollections\nOrderedDict\n)RtRsssu.");
+        let head = zip_bytes(&[("s/data.pkl", &pkl), ("s/byteorder", b"little")], 0);
+        // Re-lay the archive: the two small entries, then a stored entry of
+        // `numel * 4` bytes left as a hole, then a central directory for all three.
+        let eocd = head.len() - 22;
+        let cd_off = u32::from_le_bytes(head[eocd + 16..eocd + 20].try_into().unwrap()) as usize;
+        let mut bytes = head[..cd_off].to_vec();
+        let name = b"s/data/0";
+        let size = u64::from(numel) * 4;
+        let data_off = bytes.len() as u32;
+        bytes.extend(0x0403_4b50u32.to_le_bytes());
+        bytes.extend([20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        bytes.extend((size as u32).to_le_bytes());
+        bytes.extend((size as u32).to_le_bytes());
+        bytes.extend((name.len() as u16).to_le_bytes());
+        bytes.extend(0u16.to_le_bytes());
+        bytes.extend(name);
+        let data_start = bytes.len() as u64;
+        let mut cd = head[cd_off..eocd].to_vec();
+        cd.extend(0x0201_4b50u32.to_le_bytes());
+        cd.extend([20, 0, 20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        cd.extend((size as u32).to_le_bytes());
+        cd.extend((size as u32).to_le_bytes());
+        cd.extend((name.len() as u16).to_le_bytes());
+        cd.extend([0; 12]);
+        cd.extend(data_off.to_le_bytes());
+        cd.extend(name);
+        let cd_start = data_start + size;
+        let mut tail = cd.clone();
+        tail.extend(0x0605_4b50u32.to_le_bytes());
+        tail.extend([0; 4]);
+        tail.extend(3u16.to_le_bytes());
+        tail.extend(3u16.to_le_bytes());
+        tail.extend((cd.len() as u32).to_le_bytes());
+        tail.extend((cd_start as u32).to_le_bytes());
+        tail.extend([0; 2]);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(STATE_FILE);
+        {
+            use std::io::{Seek, SeekFrom};
+            let mut f = std::fs::File::create(&path).unwrap();
+            f.write_all(&bytes).unwrap();
+            f.seek(SeekFrom::Start(cd_start)).unwrap();
+            f.write_all(&tail).unwrap();
+        }
+        let before = peak_rss();
+        let state = read_training_state(&path).unwrap();
+        assert_eq!(state.per_param[0].numel, u64::from(numel));
+        assert_eq!(state.per_param[0].exp_avg_sq_mean, 0.0);
+        if let (Some(a), Some(b)) = (before, peak_rss()) {
+            assert!(b - a < 256 << 20, "peak RSS grew by {} MB", (b - a) >> 20);
+        }
+    }
+
     fn payload(numel: u8, size: u8, exp_key: &str) -> Vec<u8> {
         let mut p = b"\x80\x02}(X\x0b\x00\x00\x00global_stepK\x07X\x05\x00\x00\x00epochG".to_vec();
         p.extend(1.5f64.to_be_bytes());

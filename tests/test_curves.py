@@ -135,7 +135,9 @@ def log_line(draw):
     text = json.dumps(dict(items), separators=separators, ensure_ascii=draw(st.booleans()))
     if draw(st.booleans()):
         text = text.replace('"type"', '"typ\\u0065"')
-    return draw(st.sampled_from(["", " ", "\t"])) + text + draw(st.sampled_from(["", "  "]))
+    # Python's str.strip() also removes Unicode whitespace around a line.
+    pad = st.sampled_from(["", " ", "\t", "\u00a0", "\u3000", "\u2028 ", "\u205f"])
+    return draw(pad) + text + draw(pad)
 
 
 @st.composite

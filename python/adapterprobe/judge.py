@@ -18,6 +18,22 @@ from adapterprobe.probes.result import ProbeResult, Verdict
 from adapterprobe.records import ScanRecord
 
 
+def guarded(name: str, judge: Any, *args: Any, **kw: Any) -> ProbeResult:
+    """Run a judge; any exception it raises becomes this record's ERROR verdict
+    (naming the exception), so one store can never stop a scan."""
+    try:
+        result: ProbeResult = judge(*args, **kw)
+    except Exception as exc:
+        return ProbeResult(
+            name=name,
+            kind=name,
+            verdict=Verdict.ERROR,
+            message=f"{name} failed while judging this input: {type(exc).__name__}: {exc}",
+            evidence={"exception": type(exc).__name__},
+        )
+    return result
+
+
 def _previous_versions(inputs: list[Any]) -> list[Any]:
     """For each adapter version, the version before it of the same adapter
     (same ``versions/`` dir), or None; inputs are in version order."""
@@ -44,18 +60,18 @@ def _records_for(
         if spec.scope == "store":
             given = getattr(inputs, spec.inputs)
             if given is not None:
-                result = spec.judge(given, options[name])
+                result = guarded(name, spec.judge, given, options[name])
                 out.append(ScanRecord.of(store, None, result, layout))
             continue
         items = list(getattr(inputs, spec.inputs))
         if name == "adapter_weights":
             previous = _previous_versions(items)
             judged = [
-                spec.judge(g, options[name], previous=p)
+                guarded(name, spec.judge, g, options[name], previous=p)
                 for g, p in zip(items, previous, strict=True)
             ]
         else:
-            judged = [spec.judge(g, options[name]) for g in items]
+            judged = [guarded(name, spec.judge, g, options[name]) for g in items]
         per_adapter += [(str(g.adapter), name, r) for g, r in zip(items, judged, strict=True)]
         for adapter, reason in inputs.broken:
             broken = ProbeResult(name=name, kind=name, verdict=Verdict.ERROR, message=reason)

@@ -30,9 +30,22 @@ LAYOUTS = (
 # Stores gathered per Rust call: big enough to keep every core busy, small
 # enough for a progress bar to move.
 BATCH = 256
+#: Most reader threads a scan starts (the Rust core refuses more).
+MAX_WORKERS = 256
 
 Progress = Callable[[int, int], None]
 OptionsArg = Mapping[str, "ProbeOptions | Mapping[str, Any]"]
+
+
+def check_workers(workers: int | None) -> None:
+    """UsageError unless ``workers`` is None or an integer in 1..MAX_WORKERS."""
+    if workers is None:
+        return
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
+        raise UsageError(
+            f"workers must be an integer between 1 and {MAX_WORKERS}, got {workers!r}",
+            option="workers",
+        )
 
 
 def check_roots(roots: Sequence[str | Path]) -> list[Path]:
@@ -85,8 +98,7 @@ def scan_batches(
     caller can write them out without holding a whole large scan in memory."""
     probes = tuple(probes)
     resolved = resolve_options(probes, options, rules)
-    if workers is not None and workers < 1:
-        raise UsageError(f"workers must be at least 1, got {workers}")
+    check_workers(workers)
     if engine == "ray":
         from adapterprobe.ray_engine import run_on_ray
 
@@ -129,6 +141,7 @@ def scan(
     called as stores finish.
     """
     resolve_options(tuple(probes), options, rules)  # fail fast, before the walk
+    check_workers(workers)
     targets, problems = discover(*roots, all_versions=all_versions, workers=workers)
     batches = scan_batches(
         targets,
