@@ -1,7 +1,11 @@
 """adapterprobe: fast, model-free health checks for LoRA adapters and fine-tuning runs.
 
-Importing this package never imports torch: the names that need torch
-(extraction, the GAP monitor) load their modules on first use.
+Scan stores of adapters and training runs (``scan``), or probe one thing at a
+time (``training_drift``, ``gradient_ghost``, ``adapter_weights``); read logs,
+optimizer states and adapter weights without torch (``read_*``). Importing
+this package never imports torch: the names that need it (``extract_lora``,
+``GAPMonitor``, ...) load their modules on first use, and without torch they
+are placeholders that say how to install it when used.
 """
 
 from __future__ import annotations
@@ -70,11 +74,50 @@ _LAZY = {
 }
 
 
+# Optional dependencies whose absence makes a lazy name a placeholder.
+_OPTIONAL = frozenset({"torch", "safetensors", "transformers", "peft", "numpy"})
+
+
+class _NeedsExtra:
+    """Stands in for a name whose optional dependency is not installed, so that
+    ``help(adapterprobe)``, ``dir()`` and ``hasattr()`` work without it; calling
+    it, or anything else but introspection, raises MissingExtraError."""
+
+    def __init__(self, name: str, error: ImportError) -> None:
+        self._name = name
+        self._error = error
+        self.__doc__ = f"adapterprobe.{name} is unavailable: {error}"
+
+    def _refuse(self) -> MissingExtraError:
+        return MissingExtraError(
+            f"adapterprobe.{self._name} needs torch, which is not installed: "
+            "pip install 'adapterprobe[torch]'",
+            extra="torch",
+        )
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise self._refuse()
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        raise self._refuse()
+
+    def __repr__(self) -> str:
+        return f"<adapterprobe.{self._name}: needs torch (pip install 'adapterprobe[torch]')>"
+
+
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'adapterprobe' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    try:
+        value = getattr(importlib.import_module(module), name)
+    except ImportError as exc:
+        missing = (getattr(exc, "name", None) or "").split(".")[0]
+        if isinstance(exc, MissingExtraError) or missing in _OPTIONAL:
+            return _NeedsExtra(name, exc)
+        raise
     globals()[name] = value
     return value
 

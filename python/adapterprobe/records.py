@@ -12,9 +12,11 @@ import csv
 import dataclasses
 import io
 import json
+import os
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Any, overload
 
 from adapterprobe._json import json_safe
@@ -105,12 +107,30 @@ def write_csv(out: IO[str], records: Iterable[ScanRecord], header: bool) -> None
         writer.writerow([d[f] for f in RECORD_FIELDS])
 
 
-class ScanReport(Sequence[ScanRecord]):
-    """The records of a scan, in store order, plus what could not be searched."""
+def verdict_exit_code(records: Iterable[ScanRecord], fail_on: str) -> int:
+    """1 when a record's verdict reaches ``fail_on`` (error always does), else 0."""
+    if fail_on not in FAIL_ON:
+        raise UsageError(f"fail_on must be one of {FAIL_ON}, got {fail_on!r}")
+    if fail_on == "never":
+        return 0
+    floor = Verdict(fail_on).severity
+    return int(any(r.verdict.severity >= floor for r in records))
 
-    def __init__(self, records: Iterable[ScanRecord], problems: Iterable[tuple[str, str]] = ()):
+
+class ScanReport(Sequence[ScanRecord]):
+    """The records of a scan, in store order, what could not be searched, and
+    the settings (rule set and every probe's thresholds) the verdicts were
+    made with."""
+
+    def __init__(
+        self,
+        records: Iterable[ScanRecord],
+        problems: Iterable[tuple[str, str]] = (),
+        settings: dict[str, Any] | None = None,
+    ):
         self.records: list[ScanRecord] = list(records)
         self.problems: list[tuple[str, str]] = list(problems)
+        self.settings: dict[str, Any] = dict(settings or {})
 
     def __iter__(self) -> Iterator[ScanRecord]:
         return iter(self.records)
@@ -144,10 +164,7 @@ class ScanReport(Sequence[ScanRecord]):
             raise UsageError(f"fail_on must be one of {FAIL_ON}, got {fail_on!r}")
         if not self.records:
             return EXIT_NOTHING_FOUND
-        if fail_on == "never":
-            return 0
-        floor = Verdict(fail_on).severity
-        return int(any(r.verdict.severity >= floor for r in self.records))
+        return verdict_exit_code(self.records, fail_on)
 
     def to_dicts(self) -> list[dict[str, Any]]:
         return [r.to_dict() for r in self.records]
@@ -163,6 +180,19 @@ class ScanReport(Sequence[ScanRecord]):
         out = io.StringIO()
         write_csv(out, self.records, header=True)
         return out.getvalue()
+
+    def to_markdown(self) -> str:
+        """A compact Markdown summary (CI step summaries, PR comments)."""
+        from adapterprobe.reports.markdown import render_markdown
+
+        return render_markdown(self.to_dicts(), settings=self.settings)
+
+    def to_html(self, path: str | os.PathLike[str], **kw: Any) -> Path:
+        """Write a self-contained HTML report (plots, no network needed) to
+        ``path``, atomically; keyword arguments go to ``render_html``."""
+        from adapterprobe.reports.html import write_html
+
+        return write_html(path, self.to_dicts(), settings=self.settings, **kw)
 
     def to_pandas(self) -> Any:
         """A pandas DataFrame of the records (needs pandas installed)."""

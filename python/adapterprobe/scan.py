@@ -138,11 +138,16 @@ def scan(
     thresholds keyed by probe name, each an options object or a mapping, e.g.
     ``{"training_drift": {"min_steps": 20}}`` or ``{"gradient_ghost":
     GhostOptions(min_steps_threshold=100)}``. ``progress(done, total)`` is
-    called as stores finish.
+    called as stores finish. With no root, the demo store bundled with the
+    package is scanned (as ``adapterprobe scan`` does).
     """
-    resolve_options(tuple(probes), options, rules)  # fail fast, before the walk
+    resolved = resolve_options(tuple(probes), options, rules)  # fail fast, before the walk
     check_workers(workers)
-    targets, problems = discover(*roots, all_versions=all_versions, workers=workers)
+    if engine != "ray" and address is not None:
+        raise UsageError("address is only used with engine='ray'", option="address")
+    targets, problems = discover(
+        *(roots or (DEMO_STORE,)), all_versions=all_versions, workers=workers
+    )
     batches = scan_batches(
         targets,
         probes=probes,
@@ -153,4 +158,17 @@ def scan(
         options=options,
         progress=progress,
     )
-    return ScanReport((r for batch in batches for r in batch), problems)
+    return ScanReport(
+        (r for batch in batches for r in batch), problems, settings_of(resolved, probes)
+    )
+
+
+def settings_of(resolved: Mapping[str, ProbeOptions], probes: Sequence[str]) -> dict[str, Any]:
+    """The settings a report shows: the rule set and each probe's options."""
+    rules = next(iter(resolved.values())).rules
+    out: dict[str, Any] = {"rules": rules}
+    for name in probes:
+        values = resolved[name].to_dict()
+        values.pop("rules", None)
+        out[name] = values
+    return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -20,14 +21,19 @@ from adapterprobe.errors import AdapterProbeError, MissingExtraError, MissingFil
 EXIT_OK = 0
 EXIT_UNHEALTHY = 1
 EXIT_USAGE = 2
+EXIT_NOTHING_FOUND = 3
 
 _EPILOG = """\
 examples:
   adapterprobe scan                         scan the bundled demo store
   adapterprobe scan /data/adapters          every store under a directory
-  adapterprobe scan /data --format json     machine-readable records
-  adapterprobe check /data/store/adapter/versions/v0003
+  adapterprobe scan out/ --format json      an HF Trainer output dir, machine-readable
+  adapterprobe check out/checkpoint-500     one checkpoint
+  adapterprobe report /data -o health.html  a report with plots, opens offline
   adapterprobe extract --base base/ --tuned tuned/ --out lora/
+
+exit codes: 0 ok, 1 a verdict reached --fail-on, 2 usage error, 3 nothing found.
+Run `adapterprobe scan --help` for what is scanned, verdicts and thresholds.
 """
 
 
@@ -63,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Subcommand modules, in the order `--help` lists them.
-_SUBCOMMANDS = ("scan", "check", "extract")
+_SUBCOMMANDS = ("scan", "check", "report", "extract")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -74,6 +80,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return int(args.run(args))
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly. Point stdout at
+        # devnull so the interpreter's final flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
     except (UsageError, MissingFileError, MissingExtraError) as exc:
         print(f"adapterprobe {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -6,36 +6,47 @@ import argparse
 
 from adapterprobe.cli import positive_int
 from adapterprobe.cli.render import add_output_options
-from adapterprobe.cli.scan import probe_list, run_scan
+from adapterprobe.cli.scan import add_probe_option, run_scan
 from adapterprobe.errors import UsageError
 
 EPILOG = """\
 examples:
-  adapterprobe check /data/adapters/support-bot
-  adapterprobe check /data/adapters/support-bot/adapter/versions/v0003
+  adapterprobe check /data/adapters/support-bot                       a dlm store
+  adapterprobe check /data/adapters/support-bot/adapter/versions/v0003  one dlm version
+  adapterprobe check out/checkpoint-500                               one HF Trainer checkpoint
   adapterprobe check ./store --format json --fail-on warn
+
+Exit codes as for `adapterprobe scan` (0 ok, 1 a verdict reached --fail-on,
+2 usage, 3 nothing found).
 """
+
+# Names whose presence makes a directory something `check` can probe.
+MARKERS = (
+    "adapter",
+    "logs",
+    "adapter_model.safetensors",
+    "adapter_config.json",
+    "training_state.pt",
+    "optimizer.pt",
+    "trainer_state.json",
+    "checkpoints",
+    "metrics.csv",
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "check",
         help="probe one store or one adapter version",
-        description="Probe one store (its loss curve and current adapter versions) "
-        "or one adapter version directory.",
+        description="Probe one store (its loss curve and newest adapter versions), one "
+        "adapter version directory, or one HF Trainer checkpoint.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("path", metavar="PATH", help="a store or an adapter version directory")
+    p.add_argument("path", metavar="PATH", help="a store, an adapter version or a checkpoint")
     add_output_options(p)
+    add_probe_option(p)
     p.add_argument("--all-versions", action="store_true", help="probe every version of the store")
-    p.add_argument(
-        "--probes",
-        type=probe_list,
-        default=None,
-        metavar="P[,P...]",
-        help="probes to run (default: all): adapter_weights, gradient_ghost, training_drift",
-    )
     p.add_argument(
         "--workers", type=positive_int, default=None, metavar="N", help=argparse.SUPPRESS
     )
@@ -45,16 +56,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    path = Path(args.path)
+    path = Path(args.path).expanduser()
     if not path.exists():
-        raise UsageError(f"no such file or directory: {path}")
-    looks_like_store = (path / "adapter").is_dir() or (path / "logs").is_dir()
-    looks_like_version = (path / "adapter_model.safetensors").is_file() or (
-        path / "training_state.pt"
-    ).is_file()
-    if not (looks_like_store or looks_like_version):
+        raise UsageError("no such file or directory", path=path)
+    if not path.is_dir():
+        raise UsageError("is not a directory", path=path)
+    looks_probeable = any((path / m).exists() for m in MARKERS) or any(
+        p.name.startswith("checkpoint-") or p.suffix == ".ckpt" for p in path.iterdir()
+    )
+    if not looks_probeable:
         raise UsageError(
-            f"{path} is neither a store (adapter/ or logs/ inside) nor an adapter version "
-            "directory; use `adapterprobe scan` to search a tree"
+            "is neither a store nor an adapter version or checkpoint; use `adapterprobe scan` "
+            "to search a tree",
+            path=path,
         )
     return run_scan([str(path)], args)

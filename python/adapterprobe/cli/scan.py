@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from adapterprobe.cli import positive_int
 from adapterprobe.cli.render import add_output_options, print_batches
@@ -12,15 +14,38 @@ EPILOG = """\
 examples:
   adapterprobe scan                          the bundled demo store
   adapterprobe scan /data/adapters           every store below /data/adapters
-  adapterprobe scan a/ b/ --format json      JSON records for two roots
+  adapterprobe scan out/ --format json       an HF Trainer output dir, as JSON records
   adapterprobe scan /data --fail-on warn     exit 1 on any warning (for CI)
-  adapterprobe scan /data --all-versions     every version, not just current.txt
-  adapterprobe scan /data --format csv > health.csv
+  adapterprobe scan /data --only warn,fail,error --format markdown >> $GITHUB_STEP_SUMMARY
+  adapterprobe scan /data --all-versions     every version, not just the newest
+  adapterprobe scan /data --set training_drift.spike_z=8 --set adapter_weights.max_top_share=0.95
 
-A store is a directory with adapter/ and/or logs/ (dlm layout). Each store
-gets one training_drift record (its loss curve) and each probed adapter
-version one gradient_ghost record (its optimizer state). Exit codes: 0 no
-verdict reached --fail-on, 1 one did, 2 usage error (e.g. a missing root).
+what is scanned:
+  Every store below the roots, in four layouts: dlm stores (adapter/ and logs/),
+  HF Trainer / TRL / axolotl output dirs (checkpoint-N/, trainer_state.json, runs/),
+  Lightning runs (*.ckpt with metrics.csv or TensorBoard events) and bare PEFT
+  adapter dirs (adapter_config.json + adapter_model.safetensors). Each store gets
+  a training_drift record (its loss curve); each adapter version (the newest, or
+  all with --all-versions) an adapter_weights record (its LoRA weights) and a
+  gradient_ghost record (its optimizer state).
+
+verdicts and score:
+  pass/warn/fail/skip/error per record; --rules robust (default) raises no alarm
+  on healthy runs, --rules sway reproduces dlm-sway's heuristics. The score is in
+  [0, 1], higher is healthier, for ranking only; the verdict is what gates.
+
+thresholds:
+  --set PROBE.OPTION=VALUE, or in pyproject.toml:
+    [tool.adapterprobe]
+    rules = "robust"
+    fail_on = "warn"
+    [tool.adapterprobe.training_drift]
+    spike_z = 8
+  Options per probe: python -c "import adapterprobe as ap; print(ap.DriftOptions().describe())"
+
+exit codes:
+  0  no verdict reached --fail-on      2  usage error (bad option, root missing or not a dir)
+  1  some verdict reached --fail-on    3  nothing found to probe under the roots
 """
 
 
@@ -37,7 +62,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "roots",
         nargs="*",
         metavar="ROOT",
-        help="store, adapter version dir, or any directory holding stores "
+        help="store, adapter version or checkpoint dir, or any directory holding stores "
         "(default: the bundled demo store)",
     )
     add_output_options(p)
@@ -58,7 +83,7 @@ def probe_list(text: str) -> tuple[str, ...]:
     return names
 
 
-def add_scan_options(p: argparse.ArgumentParser) -> None:
+def add_probe_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--probes",
         type=probe_list,
@@ -66,17 +91,22 @@ def add_scan_options(p: argparse.ArgumentParser) -> None:
         metavar="P[,P...]",
         help="probes to run (default: all): adapter_weights, gradient_ghost, training_drift",
     )
+
+
+def add_scan_options(p: argparse.ArgumentParser) -> None:
+    add_probe_option(p)
     p.add_argument(
         "--all-versions",
         action="store_true",
-        help="probe every versions/vNNNN, not only the one current.txt names",
+        help="probe every adapter version (dlm versions/vNNNN, every checkpoint-N, every "
+        ".ckpt), not only the current or newest one",
     )
     p.add_argument(
         "--workers",
         type=positive_int,
         default=None,
         metavar="N",
-        help="threads to read with (default: one per core)",
+        help="threads to read with (default: one per core; at most 256)",
     )
     p.add_argument(
         "--engine",
@@ -85,62 +115,104 @@ def add_scan_options(p: argparse.ArgumentParser) -> None:
         help="local threads (default) or a Ray cluster (pip install 'adapterprobe[ray]')",
     )
     p.add_argument(
-        "--address", default=None, metavar="ADDR", help="Ray cluster to join (with --engine ray)"
+        "--address", default=None, metavar="ADDR", help="Ray cluster to join (needs --engine ray)"
     )
 
 
-def run_scan(roots: list[str], args: argparse.Namespace) -> int:
-    from adapterprobe.probes import PROBES, resolve_options
-    from adapterprobe.records import EXIT_NOTHING_FOUND
-    from adapterprobe.scan import LAYOUTS, discover, scan_batches
+def scan_settings(args: argparse.Namespace) -> Any:
+    """The settings of this run: config file, --set, --rules; --fail-on too."""
+    from adapterprobe.errors import UsageError
+    from adapterprobe.settings import load_settings
+
+    if args.address is not None and args.engine != "ray":
+        raise UsageError("--address only applies with --engine ray")
+    settings = load_settings(config=args.config, sets=args.sets, rules=args.rules)
+    args.fail_on = args.fail_on or settings.fail_on or "fail"
+    return settings
+
+
+def scan_records(
+    roots: list[str], args: argparse.Namespace, settings: Any
+) -> tuple[Iterator[list[Any]], list[tuple[str, str]], int, Callable[[], None]]:
+    """(batches, problems, number of targets, stop_progress) for the roots."""
+    from adapterprobe.probes import PROBES
+    from adapterprobe.scan import discover, scan_batches
 
     probes = args.probes or tuple(PROBES)
-    resolve_options(probes, None, args.rules)  # bad options fail before the walk
+    settings.resolved(probes)  # bad thresholds fail before the walk
     targets, problems = discover(*roots, all_versions=args.all_versions, workers=args.workers)
-    if not targets:
-        for path, message in problems:
-            print(f"adapterprobe: not searched: {path}: {message}", file=sys.stderr)
-        print(
-            f"adapterprobe: nothing to probe under {', '.join(roots)}: looked for {LAYOUTS}",
-            file=sys.stderr,
-        )
-        if args.format == "json" or (args.format is None and not sys.stdout.isatty()):
-            print("[]")
-        return EXIT_NOTHING_FOUND
-    with _progress_bar() as progress:
-        batches = scan_batches(
-            targets,
-            workers=args.workers,
-            probes=probes,
-            engine=args.engine,
-            address=args.address,
-            rules=args.rules,
-            progress=progress,
-        )
-        return print_batches(batches, problems, args.format, args.fail_on)
+    bar = ProgressBar()
+    batches = scan_batches(
+        targets,
+        workers=args.workers,
+        probes=probes,
+        engine=args.engine,
+        address=args.address,
+        rules=settings.rules,
+        options=settings.options,
+        progress=bar.update,
+    )
+    return batches, problems, len(targets), bar.stop
+
+
+def nothing_found(roots: list[str], problems: list[tuple[str, str]], args: Any) -> int:
+    from adapterprobe.records import EXIT_NOTHING_FOUND
+    from adapterprobe.scan import LAYOUTS
+
+    for path, message in problems:
+        print(f"adapterprobe: not searched: {path}: {message}", file=sys.stderr)
+    print(
+        f"adapterprobe: nothing to probe under {', '.join(roots)}: looked for {LAYOUTS}",
+        file=sys.stderr,
+    )
+    if args.format == "json" or (args.format is None and not sys.stdout.isatty()):
+        print("[]")
+    return EXIT_NOTHING_FOUND
+
+
+def run_scan(roots: list[str], args: argparse.Namespace) -> int:
+    from adapterprobe.probes import PROBES
+
+    settings = scan_settings(args)
+    batches, problems, found, stop = scan_records(roots, args, settings)
+    if not found:
+        stop()
+        return nothing_found(roots, problems, args)
+    return print_batches(
+        batches,
+        problems,
+        args.format,
+        args.fail_on,
+        only=args.only,
+        settings=settings.to_dict(args.probes or tuple(PROBES)),
+        before_output=stop,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    roots = args.roots
-    if not roots:
-        from adapterprobe.scan import DEMO_STORE
-
-        print(
-            f"adapterprobe: no ROOT given, scanning the bundled demo store {DEMO_STORE}",
-            file=sys.stderr,
-        )
-        roots = [str(DEMO_STORE)]
-    return run_scan(roots, args)
+    return run_scan(default_roots(args.roots), args)
 
 
-class _progress_bar:
-    """A rich progress bar on stderr, shown only on a terminal and for big scans."""
+def default_roots(roots: list[str]) -> list[str]:
+    if roots:
+        return roots
+    from adapterprobe.scan import DEMO_STORE
+
+    print(
+        f"adapterprobe: no ROOT given, scanning the bundled demo store {DEMO_STORE}",
+        file=sys.stderr,
+    )
+    return [str(DEMO_STORE)]
+
+
+class ProgressBar:
+    """A rich progress bar on stderr, shown only on a terminal and for big
+    scans, and removed (with its line) before any output is printed."""
 
     MIN_STORES = 200
 
-    def __enter__(self):
-        self._bar = None
-        return self.update
+    def __init__(self) -> None:
+        self._bar: Any = None
 
     def update(self, done: int, total: int) -> None:
         if self._bar is None:
@@ -161,6 +233,7 @@ class _progress_bar:
             self._task = self._bar.add_task("scanning stores", total=total)
         self._bar.update(self._task, completed=done, total=total)
 
-    def __exit__(self, *exc) -> None:
+    def stop(self) -> None:
         if self._bar is not None:
             self._bar.stop()
+            self._bar = None

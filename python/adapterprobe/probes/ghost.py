@@ -311,6 +311,13 @@ def _judge_robust(inputs: Any, o: GhostOptions, result: Any) -> ProbeResult:
                     f"same tensor in other layers did: " + "; ".join(parts),
                 )
             )
+    if attribution is not None and not layer_values:
+        # Not compared, but still worth drawing: each layer's mean second moment.
+        value = {p.param_id: p.exp_avg_sq_mean for p in per_param}
+        per_layer: dict[int, list[float]] = {}
+        for ps in attribution.params:
+            per_layer.setdefault(ps.layer, []).append(value[ps.param_id])
+        layer_values = {str(layer): mean(v) for layer, v in sorted(per_layer.items())}
     evidence = {
         **base,
         "checked": checked,

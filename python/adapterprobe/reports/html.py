@@ -18,13 +18,14 @@ import json
 import math
 import os
 import re
-import secrets
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from adapterprobe._fs import atomic_write_text
 
 __all__ = ["PLOT_LIMIT", "VERDICTS", "render_html", "write_html"]
 
@@ -1197,34 +1198,5 @@ def write_html(
     path: str | os.PathLike[str], records: Iterable[Mapping[str, Any]], **kw: Any
 ) -> Path:
     """Render and write the page atomically: readers see the old file or the
-    whole new one, never a torn one (temp file in the same directory, fsync,
-    ``os.replace``). Keyword arguments go to :func:`render_html`."""
-    target = Path(path)
-    data = render_html(records, **kw).encode("utf-8")
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(target.parent)
-    return target
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make the rename itself durable where the platform allows it."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    whole new one, never a torn one. Keyword arguments go to :func:`render_html`."""
+    return atomic_write_text(path, render_html(records, **kw))

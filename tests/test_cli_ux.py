@@ -1,0 +1,207 @@
+"""The command line as a new user and a CI log see it: 80 columns, pipes,
+exit codes, thresholds from flags and config files, Markdown and HTML."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import adapterprobe as ap
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def cli(*args: str, cwd: Path | None = None, env: dict | None = None):
+    return subprocess.run(
+        [sys.executable, "-m", "adapterprobe", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.fixture
+def tree(tmp_path, demo_store) -> Path:
+    """The demo stores under long, deep names (as real store trees have)."""
+    root = tmp_path / "a-team-with-a-long-name" / "adapters-for-customer-support-and-billing"
+    for i, name in enumerate(sorted(p.name for p in demo_store.iterdir())):
+        shutil.copytree(demo_store / name, root / f"{name}-store-with-a-very-long-name-{i:03d}")
+    return root
+
+
+def test_table_fits_80_columns_in_a_ci_log(tree):
+    done = cli("scan", str(tree), "--format", "table")
+    assert done.returncode == 1, done.stderr
+    lines = ANSI.sub("", done.stdout).splitlines()
+    assert max(len(line) for line in lines) <= 80, [line for line in lines if len(line) > 80]
+    assert "\x1b[" not in done.stdout  # no colour codes in a log
+    assert lines[-2].startswith("12 records from 4 stores") or lines[-1].startswith(
+        "12 records from 4 stores"
+    )
+    assert any(line.startswith("per store:") for line in lines)
+    # every message is there in full, wrapped, not cut to one character
+    record = next(r for r in ap.scan(tree) if r.verdict.value == "fail")
+    joined = " ".join(" ".join(lines).split())
+    assert " ".join(record.message.split()) in joined
+
+
+def test_only_filters_output_not_the_exit_code(tree):
+    done = cli("scan", str(tree), "--format", "json", "--only", "fail")
+    records = json.loads(done.stdout)
+    assert {r["verdict"] for r in records} == {"fail"}
+    assert done.returncode == 1
+    quiet = cli("scan", str(tree), "--format", "json", "--only", "pass", "--fail-on", "warn")
+    assert {r["verdict"] for r in json.loads(quiet.stdout)} == {"pass"}
+    assert quiet.returncode == 1
+    assert cli("scan", str(tree), "--only", "bogus").returncode == 2
+
+
+def test_markdown_summary(tree):
+    done = cli("scan", str(tree), "--format", "markdown", "--set", "training_drift.min_steps=30")
+    text = done.stdout
+    assert text.startswith("## adapterprobe scan")
+    assert "**12 records from 4 stores**" in text
+    assert "| verdict | probe | store | adapter | message |" in text
+    assert "FAIL | gradient_ghost" in text
+    assert "min_steps=30" in text  # the settings used are shown
+
+
+def test_pipe_to_head_exits_quietly(tmp_path, demo_store):
+    for i in range(60):
+        shutil.copytree(demo_store / "healthy", tmp_path / f"s{i:03d}")
+    done = subprocess.run(
+        f"{sys.executable} -m adapterprobe scan {tmp_path} --format json | head -2",
+        shell=True,
+        capture_output=True,
+        text=True,
+    )
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+    assert done.stdout.startswith("[")
+
+
+def test_thresholds_from_set_and_config_files(tmp_path, demo_store):
+    store = tmp_path / "store"
+    shutil.copytree(demo_store / "healthy", store)
+    default = json.loads(cli("scan", str(store), "--format", "json").stdout)
+    drift = next(r for r in default if r["probe"] == "training_drift")
+    assert drift["verdict"] == "pass"
+    flagged = cli("scan", str(store), "--format", "json", "--set", "training_drift.min_steps=500")
+    drift = next(r for r in json.loads(flagged.stdout) if r["probe"] == "training_drift")
+    assert drift["verdict"] == "skip" and "min_steps=500" in drift["message"]
+    # pyproject.toml in the working directory
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text(
+        '[project]\nname = "x"\n\n[tool.adapterprobe]\nfail_on = "warn"\n\n'
+        "[tool.adapterprobe.training_drift]\nmin_steps = 500\n"
+    )
+    from_project = cli("scan", str(store), "--format", "json", cwd=project)
+    drift = next(r for r in json.loads(from_project.stdout) if r["probe"] == "training_drift")
+    assert drift["verdict"] == "skip"
+    assert from_project.returncode == 0  # nothing warned; fail_on came from the file
+    # --config, overridden by --set
+    config = tmp_path / "gate.toml"
+    config.write_text("rules = 'robust'\n[training_drift]\nmin_steps = 500\n")
+    both = cli(
+        "scan",
+        str(store),
+        "--format",
+        "json",
+        "--config",
+        str(config),
+        "--set",
+        "training_drift.min_steps=10",
+    )
+    drift = next(r for r in json.loads(both.stdout) if r["probe"] == "training_drift")
+    assert drift["verdict"] == "pass"
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--set", "training_drift.min_steps=1"], "min_steps"),
+        (["--set", "training_drift.no_such_option=1"], "no_such_option"),
+        (["--set", "nonsense"], "PROBE.OPTION=VALUE"),
+        (["--set", "training_drift.spike_sigma=4"], "applies only to rules='sway'"),
+        (["--address", "10.0.0.1:6379"], "--engine ray"),
+        (["--workers", "20000"], "workers"),
+    ],
+)
+def test_bad_settings_are_usage_errors(demo_store, args, needle):
+    done = cli("scan", str(demo_store), *args)
+    assert done.returncode == 2
+    assert needle in done.stderr
+
+
+def test_sway_thresholds_are_settable_under_sway(demo_store):
+    done = cli("scan", str(demo_store), "--rules", "sway", "--set", "training_drift.spike_sigma=4")
+    assert done.returncode == 1, done.stderr
+
+
+def test_exit_codes_are_documented():
+    for args in (["--help"], ["scan", "--help"]):
+        text = cli(*args).stdout
+        assert "exit codes" in text
+        for code in ("0", "1", "2", "3"):
+            assert re.search(rf"\b{code}\b", text.split("exit codes", 1)[1])
+
+
+def test_check_names_the_store(demo_store):
+    done = cli("check", str(demo_store / "healthy"), "--format", "table")
+    assert done.returncode == 0
+    assert "healthy" in done.stdout
+    assert not re.search(r"^\S+\s+\S+\s+\.\s", done.stdout, re.M)
+
+
+def test_python_scan_without_a_root_scans_the_demo(demo_store):
+    report = ap.scan()
+    assert {Path(r.store).parent for r in report} == {demo_store}
+    assert report.settings["rules"] == "robust"
+    assert report.settings["training_drift"]["min_steps"] == 20
+
+
+def test_introspection_without_torch():
+    code = (
+        "import sys, io, contextlib; sys.modules['torch'] = None\n"
+        "import adapterprobe as ap\n"
+        "with contextlib.redirect_stdout(io.StringIO()): help(ap)\n"
+        "assert hasattr(ap, 'GAPMonitor') and 'extract_lora' in dir(ap)\n"
+        "try:\n"
+        "    ap.extract_lora('a', 'b', 'c')\n"
+        "except ap.MissingExtraError as e:\n"
+        "    assert \"pip install 'adapterprobe[torch]'\" in str(e)\n"
+        "else:\n"
+        "    raise SystemExit('no MissingExtraError')\n"
+        "ap.scan()\n"
+        "sys.exit(int('torch' in sys.modules and sys.modules['torch'] is not None))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_report_command_writes_a_page_a_browser_opens(tmp_path, tree):
+    from browser import load_page
+
+    page = tmp_path / "health.html"
+    done = cli("report", str(tree), "-o", str(page), "--set", "training_drift.min_steps=30")
+    assert done.returncode == 1, done.stderr
+    html = page.read_text()
+    assert "min_steps" in html and "30" in html
+    result = load_page(page, timeout=60)
+    assert result.errors == []
+    assert result.screenshot is None or len(result.screenshot) > 1000
+
+
+def test_report_from_python(tmp_path, demo_store):
+    report = ap.scan(demo_store)
+    path = report.to_html(tmp_path / "r.html")
+    assert path.read_text().startswith("<!DOCTYPE html>")
+    assert "## adapterprobe scan" in report.to_markdown()
