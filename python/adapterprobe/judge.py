@@ -81,6 +81,25 @@ def _records_for(
     return out
 
 
+def gather(targets: Sequence[Any], probes: Sequence[str], workers: int | None = None) -> Any:
+    """Read what the probes need for each target, in Rust and in parallel
+    (the GIL is released, so a thread can gather while Python judges)."""
+    return _core.probe_targets(
+        list(targets),
+        drift="training_drift" in probes,
+        ghost="gradient_ghost" in probes,
+        weights="adapter_weights" in probes,
+        workers=workers,
+    )
+
+
+def judge_gathered(
+    gathered: Any, probes: Sequence[str], options: Mapping[str, ProbeOptions]
+) -> list[ScanRecord]:
+    """Records of what :func:`gather` returned, in target order."""
+    return [rec for inputs in gathered for rec in _records_for(inputs, probes, options)]
+
+
 def judge_batch(
     targets: Sequence[Any],
     probes: Sequence[str],
@@ -89,11 +108,4 @@ def judge_batch(
 ) -> list[ScanRecord]:
     """Gather (in Rust, in parallel) and judge a batch of targets, in order.
     ``options`` holds one resolved options object per probe."""
-    gathered = _core.probe_targets(
-        list(targets),
-        drift="training_drift" in probes,
-        ghost="gradient_ghost" in probes,
-        weights="adapter_weights" in probes,
-        workers=workers,
-    )
-    return [rec for inputs in gathered for rec in _records_for(inputs, probes, options)]
+    return judge_gathered(gather(targets, probes, workers), probes, options)

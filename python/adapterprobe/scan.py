@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from adapterprobe import _core
 from adapterprobe.errors import UsageError
-from adapterprobe.judge import judge_batch
+from adapterprobe.judge import gather, judge_gathered
 from adapterprobe.probes import PROBES, resolve_options
 from adapterprobe.probes.options import ProbeOptions
 from adapterprobe.records import ScanRecord, ScanReport
@@ -109,11 +110,20 @@ def scan_batches(
     total = len(targets)
     if progress:
         progress(0, total)
-    for start in range(0, total, BATCH):
-        batch = targets[start : start + BATCH]
-        yield judge_batch(batch, probes, resolved, workers)
-        if progress:
-            progress(start + len(batch), total)
+    batches = [targets[start : start + BATCH] for start in range(0, total, BATCH)]
+    done = 0
+    # Rust reads batch i+1 (GIL released) while Python judges batch i; at most
+    # two batches are held at a time.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="adapterprobe-gather") as pool:
+        pending = [pool.submit(gather, batches[0], probes, workers)] if batches else []
+        for i, batch in enumerate(batches):
+            gathered = pending.pop().result()
+            if i + 1 < len(batches):
+                pending.append(pool.submit(gather, batches[i + 1], probes, workers))
+            yield judge_gathered(gathered, probes, resolved)
+            done += len(batch)
+            if progress:
+                progress(done, total)
 
 
 def scan(

@@ -216,7 +216,7 @@ def _judge_robust(curve: Any, o: DriftOptions, result: Any) -> ProbeResult:
             "peak_step": steps[e.peak],
             "rise": e.rise,
             "relative_rise": e.relative_rise,
-            "z": e.z,
+            "z": e.z if math.isfinite(e.z) else None,  # None: a noise-free curve
         }
         for e in a.spikes
     ]
@@ -224,7 +224,7 @@ def _judge_robust(curve: Any, o: DriftOptions, result: Any) -> ProbeResult:
         parts = [
             f"step {s['peak_step']} ("
             + (f"+{s['relative_rise']:.0%} over trend" if a.relative else f"+{s['rise']:.3g}")
-            + (f", {s['z']:.0f} noise scales)" if math.isfinite(s["z"]) else ", noise-free curve)")
+            + (f", {s['z']:.0f} noise scales)" if s["z"] is not None else ", noise-free curve)")
             for s in spikes[:6]
         ]
         more = f" and {len(spikes) - 6} more" if len(spikes) > 6 else ""

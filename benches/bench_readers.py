@@ -1,0 +1,175 @@
+"""The HF Trainer / TensorBoard / optimizer.pt readers against the usual Python
+route, each pair in the same run, each checked to give the same numbers.
+
+    python benches/bench_readers.py [--entries 200000] [--mb 60] [--repeat 3]
+
+1. `trainer_state.json` written by `transformers.TrainerState.save_to_json`
+   with `--entries` log_history records shaped like the Trainer's own
+   (loss, grad_norm, learning_rate, epoch, step; an eval record every 500):
+   `ap.read_loss_curve` vs `json.load` + a Python loop over log_history.
+2. A TensorBoard event file written by `torch.utils.tensorboard.SummaryWriter`
+   with `--entries` scalars on `train/loss` (and as many on two other tags,
+   as the Trainer's TensorBoard callback logs): `ap.read_loss_curve(tag=)`
+   vs `tensorboard`'s `EventAccumulator` keeping every scalar.
+3. `optimizer.pt` written by `torch.save(AdamW.state_dict())` over
+   LoRA-shaped parameters with `--mb` of moments: `ap.read_optimizer_state`
+   vs `torch.load` + a float64 mean of each exp_avg_sq (what the probe needs).
+
+All warm: files in the page cache, modules imported, best of `--repeat`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _timing import best_of, report
+
+import adapterprobe as ap
+
+DATA = Path(__file__).parent / ".data" / "readers"
+
+
+def _loss(step: int) -> float:
+    return 2.0 + 3.0 * math.exp(-step / 5000) + 0.05 * math.sin(step * 0.7)
+
+
+def make_trainer_state(entries: int) -> Path:
+    path = DATA / f"trainer_state-{entries}.json"
+    if path.exists():
+        return path
+    from transformers import TrainerState
+
+    history: list[dict[str, float | int]] = []
+    for step in range(1, entries + 1):
+        history.append(
+            {
+                "epoch": step / 1000,
+                "grad_norm": 1.0 / (1 + step % 7),
+                "learning_rate": 2e-4 * (1 - step / (entries + 1)),
+                "loss": _loss(step),
+                "step": step,
+            }
+        )
+        if step % 500 == 0:
+            history.append({"epoch": step / 1000, "eval_loss": _loss(step) + 0.1, "step": step})
+    state = TrainerState(global_step=entries, max_steps=entries, log_history=history)
+    DATA.mkdir(parents=True, exist_ok=True)
+    state.save_to_json(str(path))
+    return path
+
+
+def make_events(entries: int) -> Path:
+    folder = DATA / f"tb-{entries}"
+    found = sorted(folder.glob("events.out.tfevents.*")) if folder.exists() else []
+    if found:
+        return found[0]
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(log_dir=str(folder))
+    for step in range(1, entries + 1):
+        writer.add_scalar("train/loss", _loss(step), step)
+        writer.add_scalar("train/grad_norm", 1.0 / (1 + step % 7), step)
+        writer.add_scalar("train/learning_rate", 2e-4, step)
+    writer.close()
+    return sorted(folder.glob("events.out.tfevents.*"))[0]
+
+
+def make_optimizer(mb: float) -> Path:
+    hidden, rank, modules = 1536, 16, 7
+    per_layer = modules * 2 * hidden * rank * 4 * 2
+    layers = max(1, round(mb * 1e6 / per_layer))
+    path = DATA / f"optimizer-{layers}layers.pt"
+    if path.exists():
+        return path
+    import torch
+
+    torch.manual_seed(0)
+    params = []
+    for _ in range(layers * modules):
+        params.append(torch.nn.Parameter(torch.randn(rank, hidden) * 0.01))
+        params.append(torch.nn.Parameter(torch.zeros(hidden, rank)))
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    for _ in range(2):
+        for p in params:
+            p.grad = torch.randn_like(p) * 1e-3
+        opt.step()
+    DATA.mkdir(parents=True, exist_ok=True)
+    torch.save(opt.state_dict(), path)
+    return path
+
+
+def json_loop(path: Path) -> tuple[list[int], list[float]]:
+    with path.open() as fh:
+        state = json.load(fh)
+    steps, losses = [], []
+    for entry in state["log_history"]:
+        if "loss" in entry:
+            steps.append(int(entry["step"]))
+            losses.append(float(entry["loss"]))
+    return steps, losses
+
+
+def event_accumulator(path: Path, tag: str) -> tuple[list[int], list[float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(path), size_guidance={"scalars": 0})
+    acc.Reload()
+    events = acc.Scalars(tag)
+    return [e.step for e in events], [e.value for e in events]
+
+
+def torch_means(path: Path) -> list[float]:
+    import torch
+
+    state = torch.load(path, map_location="cpu", weights_only=True)["state"]
+    return [float(state[k]["exp_avg_sq"].double().mean()) for k in sorted(state)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--entries", type=int, default=200_000)
+    parser.add_argument("--mb", type=float, default=60.0)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+
+    state_path = make_trainer_state(args.entries)
+    curve = ap.read_loss_curve(state_path)
+    steps, losses = json_loop(state_path)
+    assert curve.steps.tolist() == steps and np.allclose(curve.losses, losses)
+    ours = best_of(lambda: ap.read_loss_curve(state_path), args.repeat)
+    theirs = best_of(lambda: json_loop(state_path), args.repeat)
+    size = state_path.stat().st_size / 1e6
+    name = f"trainer_state.json {size:.0f} MB, {args.entries} steps"
+    report(name, ours, "json.load + loop", theirs)
+
+    events = make_events(args.entries)
+    curve = ap.read_loss_curve(events, tag="train/loss")
+    steps, values = event_accumulator(events, "train/loss")
+    assert curve.steps.tolist() == steps and np.allclose(curve.losses, values)
+    ours = best_of(lambda: ap.read_loss_curve(events, tag="train/loss"), args.repeat)
+    theirs = best_of(lambda: event_accumulator(events, "train/loss"), args.repeat)
+    size = events.stat().st_size / 1e6
+    report(f"tfevents {size:.0f} MB, {3 * args.entries} scalars", ours, "EventAccumulator", theirs)
+
+    opt_path = make_optimizer(args.mb)
+    state = ap.read_optimizer_state(opt_path)
+    means = torch_means(opt_path)
+    got = [p.exp_avg_sq_mean for p in sorted(state.per_param, key=lambda p: p.param_id)]
+    assert np.allclose(got, means, rtol=1e-9, atol=0), "means differ"
+    ours = best_of(lambda: ap.read_optimizer_state(opt_path), args.repeat)
+    theirs = best_of(lambda: torch_means(opt_path), args.repeat)
+    size = opt_path.stat().st_size / 1e6
+    report(f"optimizer.pt {size:.0f} MB", ours, "torch.load + means", theirs)
+
+
+if __name__ == "__main__":
+    main()
