@@ -632,7 +632,7 @@ pub fn unpickle_with_policy(
         values: Vec::new(),
         stack: Vec::new(),
         marks: Vec::new(),
-        memo: HashMap::new(),
+        memo: Memo::default(),
         string_bytes: 0,
         unknown,
     };
@@ -641,6 +641,51 @@ pub fn unpickle_with_policy(
         values: m.values,
         root,
     })
+}
+
+/// The pickle memo. Writers number memo entries 0, 1, 2, ... so they live in
+/// a vector; an index far past the end (only a hand-made pickle has one)
+/// goes to a map, so no index can make the vector grow without bound.
+#[derive(Default)]
+struct Memo {
+    dense: Vec<Option<Id>>,
+    sparse: HashMap<u32, Id>,
+    len: usize,
+}
+
+/// How far past the vector's end an index may land and still extend it.
+const MEMO_DENSE_SLACK: usize = 64;
+
+impl Memo {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn get(&self, index: u32) -> Option<Id> {
+        // An index stored sparsely stays there even once the vector grows past it.
+        let dense = self.dense.get(index as usize).copied().flatten();
+        dense.or_else(|| self.sparse.get(&index).copied())
+    }
+
+    fn contains(&self, index: u32) -> bool {
+        self.get(index).is_some()
+    }
+
+    fn insert(&mut self, index: u32, id: Id) {
+        let at = index as usize;
+        if at < self.dense.len() + MEMO_DENSE_SLACK && !self.sparse.contains_key(&index) {
+            if at >= self.dense.len() {
+                self.dense.resize(at + 1, None);
+            }
+            if let Some(slot) = self.dense.get_mut(at) {
+                if slot.replace(id).is_none() {
+                    self.len += 1;
+                }
+            }
+        } else if self.sparse.insert(index, id).is_none() {
+            self.len += 1;
+        }
+    }
 }
 
 const NONE_ID: Id = 0;
@@ -656,7 +701,7 @@ struct Machine<'a> {
     stack: Vec<Id>,
     /// Stack lengths at each MARK.
     marks: Vec<usize>,
-    memo: HashMap<u32, Id>,
+    memo: Memo,
     string_bytes: usize,
     unknown: UnknownGlobals,
 }
@@ -843,7 +888,7 @@ impl<'a> Machine<'a> {
     fn memo_put(&mut self, index: u64) -> PResult<()> {
         let top = self.top()?;
         let index = u32::try_from(index).map_err(|_| self.err("memo index out of range"))?;
-        if !self.memo.contains_key(&index) && self.memo.len() >= self.limits.max_memo {
+        if !self.memo.contains(index) && self.memo.len() >= self.limits.max_memo {
             return Err(self.err(format!(
                 "pickle memo holds more than {} entries",
                 self.limits.max_memo
@@ -856,7 +901,7 @@ impl<'a> Machine<'a> {
     fn memo_get(&mut self, index: u64) -> PResult<()> {
         let id = u32::try_from(index)
             .ok()
-            .and_then(|i| self.memo.get(&i).copied())
+            .and_then(|i| self.memo.get(i))
             .ok_or_else(|| self.err(format!("memo entry {index} was never stored")))?;
         self.push(id)
     }
@@ -1694,6 +1739,36 @@ mod tests {
         // l = []; l.append(l)
         let u = run(b"\x80\x02]q\x00h\x00a.").unwrap();
         assert_eq!(u.get(u.root), &Value::List(vec![u.root]));
+    }
+
+    #[test]
+    fn memo_dense_and_sparse_indices() {
+        let mut memo = Memo::default();
+        memo.insert(0, 10);
+        memo.insert(1_000_000, 11); // far past the end: sparse
+        memo.insert(5, 12); // within the slack: dense
+        memo.insert(5, 13); // overwrite does not count twice
+        assert_eq!(memo.len(), 3);
+        assert!(memo.dense.len() < 100);
+        for i in 6..2000u32 {
+            memo.insert(i, i); // grow the vector past nothing sparse yet
+        }
+        assert_eq!(
+            (memo.get(0), memo.get(5), memo.get(1_000_000)),
+            (Some(10), Some(13), Some(11))
+        );
+        assert_eq!(memo.get(3), None);
+        // a sparse index the vector later grows over is still found
+        let mut memo = Memo::default();
+        memo.insert(100, 1);
+        for i in 0..200u32 {
+            if i != 100 {
+                memo.insert(i, i + 1000);
+            }
+        }
+        assert_eq!(memo.get(100), Some(1));
+        memo.insert(100, 2);
+        assert_eq!((memo.get(100), memo.len()), (Some(2), 200));
     }
 
     #[test]

@@ -28,12 +28,19 @@ pub struct Entry {
     flags: u16,
 }
 
+/// Archives up to this size are read with one `read` at open and served from
+/// memory: a small optimizer state has dozens of entries, and a seek + read
+/// pair for each local header and each entry costs more than the bytes.
+const WHOLE_READ_MAX: u64 = 1 << 20;
+
 /// A zip archive opened for reading STORED entries.
 pub struct Archive {
     pub path: PathBuf,
     file: File,
     pub len: u64,
     pub entries: HashMap<String, Entry>,
+    /// The whole file, when it is at most `WHOLE_READ_MAX` bytes.
+    whole: Option<Vec<u8>>,
 }
 
 fn le16(b: &[u8], at: usize) -> u16 {
@@ -74,6 +81,16 @@ impl Archive {
             )));
         }
         buf.clear();
+        if let Some(whole) = &self.whole {
+            // In range: `offset + len <= self.len == whole.len()` was checked above.
+            let range = usize::try_from(offset).unwrap_or(usize::MAX)
+                ..usize::try_from(offset + len).unwrap_or(usize::MAX);
+            let bytes = whole
+                .get(range)
+                .ok_or_else(|| self.err("file shrank while being read"))?;
+            buf.extend_from_slice(bytes);
+            return Ok(());
+        }
         let mut f = &self.file;
         f.seek(SeekFrom::Start(offset))
             .map_err(|e| Error::io(Area::TrainingState, &self.path, &e))?;
@@ -98,7 +115,13 @@ impl Archive {
             file,
             len,
             entries: HashMap::new(),
+            whole: None,
         };
+        if len <= WHOLE_READ_MAX {
+            let mut whole = Vec::new();
+            archive.read_exact_at(0, len, &mut whole)?;
+            archive.whole = Some(whole);
+        }
         let not_zip = || {
             Error::new(
                 Area::TrainingState,

@@ -7,8 +7,8 @@ functions the single probes use, so no path can disagree with another.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from adapterprobe import _core
@@ -37,10 +37,10 @@ def guarded(name: str, judge: Any, *args: Any, **kw: Any) -> ProbeResult:
 def _previous_versions(inputs: list[Any]) -> list[Any]:
     """For each adapter version, the version before it of the same adapter
     (same ``versions/`` dir), or None; inputs are in version order."""
-    last: dict[Path, Any] = {}
+    last: dict[str, Any] = {}
     out = []
     for item in inputs:
-        parent = Path(item.adapter).parent
+        parent = os.path.dirname(item.adapter)
         out.append(last.get(parent))
         last[parent] = item
     return out

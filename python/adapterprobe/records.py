@@ -70,9 +70,14 @@ class ScanRecord:
     def to_json(self) -> str:
         """One compact JSON object (NaN and infinities as null)."""
         try:  # the common case: nothing to clean, so skip the recursive copy
-            return json.dumps(self._plain(), allow_nan=False)
+            return _ENCODER.encode(self._plain())
         except (ValueError, TypeError):
-            return json.dumps(self.to_dict(), allow_nan=False)
+            return _ENCODER.encode(self.to_dict())
+
+
+# Records are trees built here, never cyclic: skipping the cycle check is ~25%
+# of the encoding time of a large scan.
+_ENCODER = json.JSONEncoder(allow_nan=False, check_circular=False)
 
 
 #: The record fields, in output order.
