@@ -58,6 +58,7 @@ use nalgebra::{DMatrix, SymmetricEigen};
 use rayon::prelude::*;
 
 use crate::adapter_config::{AdapterConfig, TargetModules, CONFIG_FILE};
+use crate::attribution::layer_number;
 use crate::error::{Area, Error, Result};
 use crate::layers::ADAPTER_WEIGHTS;
 use crate::safetensors_header::TensorInfo;
@@ -366,38 +367,6 @@ fn classify(key: &str) -> Option<(&str, Role, Option<ModuleKind>)> {
     })
 }
 
-/// The transformer layer index in a key: the earliest `.layers.N.`,
-/// `.h.N.`, `.layer.N.` or `.block.N.` (so T5's `block.0.layer.1` is block
-/// 0, and `gpt_neox.layers.N` is covered by `.layers.`).
-pub fn layer_of(key: &str) -> Option<u64> {
-    const MARKS: [&str; 4] = ["layers", "h", "layer", "block"];
-    let dotted = format!(".{key}.");
-    let bytes = dotted.as_bytes();
-    let mut best: Option<(usize, u64)> = None;
-    for mark in MARKS {
-        let needle = format!(".{mark}.");
-        let mut from = 0;
-        while let Some(pos) = dotted.get(from..).and_then(|s| s.find(&needle)) {
-            let at = from + pos;
-            let start = at + needle.len();
-            let digits = bytes
-                .get(start..)
-                .map_or(0, |r| r.iter().take_while(|b| b.is_ascii_digit()).count());
-            if digits > 0 && bytes.get(start + digits) == Some(&b'.') {
-                let number = dotted.get(start..start + digits).map(str::parse::<u64>);
-                if let Some(Ok(n)) = number {
-                    if best.is_none_or(|(p, _)| at < p) {
-                        best = Some((at, n));
-                    }
-                    break;
-                }
-            }
-            from = at + 1;
-        }
-    }
-    best.map(|(_, n)| n)
-}
-
 /// Tensors of one module as found in the header.
 #[derive(Default)]
 struct Found<'h> {
@@ -536,7 +505,7 @@ fn plan(data: &SafetensorsData, config: Option<&AdapterConfig>) -> Result<Plan> 
         };
         modules.push(ModulePlan {
             name: name.to_string(),
-            layer: layer_of(name),
+            layer: layer_number(name),
             kind: kind_a,
             rank,
             in_features,
@@ -1026,7 +995,7 @@ mod tests {
             ("model.layers.3", Some(3)),
         ];
         for (key, want) in cases {
-            assert_eq!(layer_of(key), want, "{key}");
+            assert_eq!(layer_number(key), want, "{key}");
         }
     }
 

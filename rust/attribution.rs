@@ -51,6 +51,23 @@ pub struct Attribution {
 /// MPT-style `blocks`.
 const LAYER_MARKERS: [&str; 5] = ["layers", "h", "layer", "block", "blocks"];
 
+fn is_layer_index(part: &str) -> bool {
+    !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// The layer index in a key or module name: the first `<marker>.<digits>`
+/// pair (so T5's `encoder.block.4.layer.1` is layer 4); an index too large
+/// for u64 is passed over.
+pub fn layer_number(key: &str) -> Option<u64> {
+    let parts: Vec<&str> = key.split('.').collect();
+    parts.windows(2).find_map(|pair| match pair {
+        [marker, index] if LAYER_MARKERS.contains(marker) && is_layer_index(index) => {
+            index.parse().ok()
+        }
+        _ => None,
+    })
+}
+
 /// `(stack, index, suffix)` of a key: the text before the layer index
 /// (`base_model.model.model.layers`), the index, and the rest without a
 /// trailing `.weight` (`self_attn.q_proj.lora_A`). None for a key without
@@ -59,7 +76,7 @@ pub fn split_layer_key(key: &str) -> Option<(&str, u64, &str)> {
     let parts: Vec<&str> = key.split('.').collect();
     for i in 1..parts.len().saturating_sub(1) {
         let is_marker = LAYER_MARKERS.contains(&parts[i - 1]);
-        let is_index = !parts[i].is_empty() && parts[i].bytes().all(|b| b.is_ascii_digit());
+        let is_index = is_layer_index(parts[i]);
         if is_marker && is_index {
             let index = parts[i].parse::<u64>().ok()?;
             let stack_len = parts[..i].iter().map(|p| p.len() + 1).sum::<usize>() - 1;

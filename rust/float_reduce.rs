@@ -301,6 +301,7 @@ fn reduce_strided(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tensor_data::tests::encode;
 
     /// Reference: decode every element the slow obvious way.
     fn naive(
@@ -365,29 +366,8 @@ mod tests {
         }
     }
 
-    fn bytes_of(kind: FloatKind, vals: &[f64]) -> Vec<u8> {
-        let mut out = Vec::new();
-        for &v in vals {
-            match kind {
-                FloatKind::F32 => out.extend((v as f32).to_le_bytes()),
-                FloatKind::F64 => out.extend(v.to_le_bytes()),
-                FloatKind::BF16 => out.extend((((v as f32).to_bits() >> 16) as u16).to_le_bytes()),
-                // Only values exactly representable are used with f16 here.
-                FloatKind::F16 => {
-                    let h = (0..=u16::MAX)
-                        .find(|&h| {
-                            half_reference(h) == v || (v.is_nan() && half_reference(h).is_nan())
-                        })
-                        .unwrap();
-                    out.extend(h.to_le_bytes());
-                }
-            }
-        }
-        out
-    }
-
     fn check_view(kind: FloatKind, vals: &[f64], offset: u64, size: &[u64], stride: &[u64]) {
-        let bytes = bytes_of(kind, vals);
+        let bytes = encode(kind, vals);
         let plan = plan_view(offset, size, stride, vals.len() as u64).unwrap();
         let es = kind.size();
         let span = &bytes[plan.first as usize * es..(plan.first + plan.span) as usize * es];
@@ -443,7 +423,7 @@ mod tests {
             FloatKind::F16,
             FloatKind::BF16,
         ] {
-            let bytes = bytes_of(kind, &vals);
+            let bytes = encode(kind, &vals);
             let plan = plan_view(0, &[10], &[1], 10).unwrap();
             let r = reduce_planned(&bytes, kind, &plan).unwrap();
             assert_eq!(r.nonfinite, 3, "{kind:?}");
@@ -451,7 +431,7 @@ mod tests {
         }
         let plan = plan_view(0, &[2], &[1], 2).unwrap();
         let r = reduce_planned(
-            &bytes_of(FloatKind::F32, &[1.0, f64::INFINITY]),
+            &encode(FloatKind::F32, &[1.0, f64::INFINITY]),
             FloatKind::F32,
             &plan,
         )

@@ -300,13 +300,7 @@ impl LossCurve {
         min_spike_rise: f64,
         scale_block: i64,
     ) -> Result<Option<RobustCurve>> {
-        let params = RobustParams {
-            trend_window: count("trend_window", trend_window)?,
-            spike_z,
-            min_spike_rise,
-            scale_block: count("scale_block", scale_block)?,
-        };
-        robust_curve::check_params(&params)?;
+        let params = robust_params(trend_window, spike_z, min_spike_rise, scale_block)?;
         Ok(py.detach(|| robust_curve::analyse(&self.losses, &params)))
     }
     /// At most about `cap` evenly strided (step, loss) points, the first and
@@ -428,6 +422,23 @@ fn spike_indices<'py>(
     index_array(py, &found)
 }
 
+/// The robust parameters from Python arguments, checked.
+fn robust_params(
+    trend_window: i64,
+    spike_z: f64,
+    min_spike_rise: f64,
+    scale_block: i64,
+) -> Result<RobustParams> {
+    let params = RobustParams {
+        trend_window: count("trend_window", trend_window)?,
+        spike_z,
+        min_spike_rise,
+        scale_block: count("scale_block", scale_block)?,
+    };
+    robust_curve::check_params(&params)?;
+    Ok(params)
+}
+
 /// Robust analysis of a loss sequence: rolling-median trend, noise, spike
 /// events and levels. None when no loss is finite.
 #[pyfunction(name = "robust_curve")]
@@ -440,13 +451,7 @@ fn robust_curve_py(
     min_spike_rise: f64,
     scale_block: i64,
 ) -> Result<Option<RobustCurve>> {
-    let params = RobustParams {
-        trend_window: count("trend_window", trend_window)?,
-        spike_z,
-        min_spike_rise,
-        scale_block: count("scale_block", scale_block)?,
-    };
-    robust_curve::check_params(&params)?;
+    let params = robust_params(trend_window, spike_z, min_spike_rise, scale_block)?;
     let values = f64_values(losses)?;
     Ok(py.detach(|| robust_curve::analyse(&values, &params)))
 }
