@@ -527,6 +527,48 @@ impl TrainingState {
     }
 }
 
+#[pymethods]
+impl OptimizerState {
+    fn __repr__(&self) -> String {
+        format!(
+            "OptimizerState(path={:?}, format={:?}, optimizer={:?}, global_step={}, \
+             per_param=<{} params>)",
+            self.path.display().to_string(),
+            self.format,
+            self.optimizer,
+            self.global_step.map_or("None".into(), |s| s.to_string()),
+            self.per_param.len()
+        )
+    }
+}
+
+#[pymethods]
+impl adapter_weights::AdapterWeights {
+    fn __repr__(&self) -> String {
+        format!(
+            "AdapterWeights(path={:?}, modules=<{} LoRA modules>, other_tensors={}, \
+             nonfinite_total={})",
+            self.path.display().to_string(),
+            self.modules.len(),
+            self.other_tensors.len(),
+            self.nonfinite_total
+        )
+    }
+}
+
+#[pymethods]
+impl adapter_weights::LoraModuleStats {
+    fn __repr__(&self) -> String {
+        format!(
+            "LoraModuleStats(name={:?}, layer={}, rank={}, delta_fro={})",
+            self.name,
+            self.layer.map_or("None".into(), |l| l.to_string()),
+            self.rank,
+            self.delta_fro.map_or("None".into(), py_float)
+        )
+    }
+}
+
 /// Read a dlm training_state.pt (or the adapter version dir holding it)
 /// with the allow-listed pickle reader; the GIL is released while reading.
 #[pyfunction]
