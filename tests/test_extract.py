@@ -566,9 +566,9 @@ def test_cli_extract(tmp_path, capsys):
             str(tmp_path / "tuned"),
             "--out",
             str(tmp_path / "lora"),
-            "--rank-min",
+            "--min-rank",
             "2",
-            "--rank-max",
+            "--max-rank",
             "8",
             "--explained-variance",
             "0.99",
@@ -619,13 +619,33 @@ def test_cli_extract(tmp_path, capsys):
             str(tmp_path / "tuned"),
             "--out",
             str(tmp_path / "x"),
-            "--rank-min",
+            "--min-rank",
             "9",
-            "--rank-max",
+            "--max-rank",
             "3",
         ]
     )
     assert rc == 2
+    # the spellings of earlier releases still work
+    rc = main(
+        [
+            "extract",
+            "--base",
+            str(tmp_path / "base"),
+            "--tuned",
+            str(tmp_path / "tuned"),
+            "--out",
+            str(tmp_path / "old"),
+            "--rank-min",
+            "4",
+            "--rank-max",
+            "4",
+            "--no-progress",
+            "--json",
+        ]
+    )
+    assert rc == 0
+    assert {m["rank"] for m in json.loads(capsys.readouterr().out)["modules"]} == {4}
     with pytest.raises(SystemExit) as exc:
         main(["extract", "--base", "a", "--tuned", "b", "--out", "c", "--explained-variance", "2"])
     assert exc.value.code == 2
@@ -675,7 +695,9 @@ def test_cli_without_torch_exits_2_with_install_hint(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
     )
-    assert proc.returncode == 0 and "--rank-max" in proc.stdout
+    assert proc.returncode == 0 and "--max-rank" in proc.stdout and "--min-rank" in proc.stdout
+    assert "--rank-max" not in proc.stdout  # kept as a hidden alias
+    assert "--verify" in proc.stdout and "--no-save-1d" in proc.stdout
 
 
 # ---------------------------------------------------------------- Conv1D (GPT-2)
