@@ -48,6 +48,9 @@ def test_summary_is_the_default_and_matches_direct_computation():
         assert latest[f"gap/summary/{kind}/nonfinite"] == 0
         layer = [tensors["2.weight"], tensors["2.bias"]]  # a layer: a name's numeric prefix
         assert latest[f"gap/summary/{kind}/layers/2/l2_norm"] == pytest.approx(l2(layer))
+        # per layer, NaN/inf counts appear only where there are some
+        assert f"gap/summary/{kind}/layers/2/nonfinite" not in latest
+        assert not any(k.endswith("nonfinite_tensors") and "/layers/" in k for k in latest)
         for name, tensor in tensors.items():  # 4 tensors, top_k = 5: all ranked
             top = latest[f"gap/summary/{kind}/top_l2_norm/{name}"]
             assert top == pytest.approx(tensor.detach().double().norm().item())

@@ -22,10 +22,11 @@ keys for a 4-layer model, half a megabyte for a 7B one) and costs more to comput
 Summary keys, under ``gap/summary/{kind}s/``: ``max_abs``, ``nonfinite`` (NaN/inf
 elements), ``nonfinite_tensors``, and ``l2_norm`` for params and grads (the root of all
 squares: for grads, the norm gradient clipping sees) or ``rms`` for activations and their
-gradients (over every element of every call in the step); the same per layer as
-``layers/{layer}/{stat}``, where a layer is a name's prefix up to its first numeric
-component (``model.layers.3``); and the ``top_k`` largest as ``top_l2_norm/{name}``
-(params, grads) or ``top_max_abs/{name}`` (activations).
+gradients (over every element of every call in the step); per layer, as
+``layers/{layer}/{stat}``, the ``l2_norm`` or ``rms`` and ``max_abs``, plus ``nonfinite``
+where it is not 0 (a layer is a name's prefix up to its first numeric component,
+``model.layers.3``); and the ``top_k`` largest as ``top_l2_norm/{name}`` (params, grads)
+or ``top_max_abs/{name}`` (activations).
 
 Per-tensor statistics (``detail="tensors"``): parameters and gradients are reduced over
 the whole tensor. Activations and their gradients are reduced per instance (dim 0 is
@@ -510,8 +511,11 @@ def summarize(
             size = math.sqrt(acc[0] / acc[1]) if acc[1] and acc[0] == acc[0] else math.nan
         out[f"{prefix}/{where}{size_stat}"] = size
         out[f"{prefix}/{where}max_abs"] = acc[2]
-        out[f"{prefix}/{where}nonfinite"] = acc[3]
-        out[f"{prefix}/{where}nonfinite_tensors"] = acc[4]
+        if not where:
+            out[f"{prefix}/nonfinite"] = acc[3]
+            out[f"{prefix}/nonfinite_tensors"] = acc[4]
+        elif acc[3]:  # per layer only where NaN/inf showed up: the record stays small
+            out[f"{prefix}/{where}nonfinite"] = acc[3]
     if top_k:
         with np.errstate(invalid="ignore"):
             ranking = (np.sqrt(table.sumsq) if whole else table.max_abs).tolist()
