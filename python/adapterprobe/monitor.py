@@ -825,7 +825,8 @@ class GAPMonitor:
         if seen is not None and seen[0]() is tensor and seen[1] == tensor._version:
             stats = seen[2]
         else:
-            stats = self._reduce(tensor.detach())  # detached: no autograd bookkeeping
+            # detached (no autograd bookkeeping) when it could record any
+            stats = self._reduce(tensor.detach() if tensor.requires_grad else tensor)
             self._seen[id(tensor)] = (weakref.ref(tensor), tensor._version, stats)
         instances = tensor.shape[0]
         size = tensor.numel() // instances
@@ -861,7 +862,7 @@ class GAPMonitor:
         params = [
             (name, p)
             for name, p in self.model.named_parameters()
-            if self._selected(name) and p.dtype in _STAT_DTYPES and p.device.type != "meta"
+            if p.dtype in _STAT_DTYPES and self._selected(name) and not p.is_meta
         ]
         # Whole-tensor kinds: group by (device, dtype) so each group is one foreach call.
         groups: dict[tuple[str, torch.device, torch.dtype], list[tuple[str, torch.Tensor]]] = {}
@@ -869,7 +870,7 @@ class GAPMonitor:
             if kind not in self.kinds:
                 continue
             for name, p in params:
-                tensor = p.detach() if kind == "param" else p.grad
+                tensor = p if kind == "param" else p.grad  # read under no_grad: no detach
                 if tensor is None or tensor.numel() < 2 or type(tensor) not in _PLAIN_TENSOR_TYPES:
                     continue  # no variance in one element; subclasses (DTensor, ...) skipped
                 groups.setdefault((kind, tensor.device, tensor.dtype), []).append((name, tensor))
