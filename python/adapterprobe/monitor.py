@@ -454,7 +454,7 @@ def _rank(value: float) -> float:
     return math.inf if value != value else value
 
 
-def layer_of(name: str) -> str | None:
+def _layer_of(name: str) -> str | None:
     """``model.layers.3.mlp.up_proj.weight`` -> ``model.layers.3``; None without a number."""
     parts = name.split(".")
     for index, part in enumerate(parts):
@@ -472,7 +472,7 @@ def _fold(acc: list[float], sumsq: float, numel: float, top: float, bad: float) 
     acc[4] += bad > 0
 
 
-def summarize(
+def _summarize(
     kind: str,
     table: _Table,
     *,
@@ -482,7 +482,7 @@ def summarize(
     """The summary keys of one kind: global, per layer, and the ``top_k`` offenders.
 
     ``layers`` maps names to layers when known (a cache); others go through
-    :func:`layer_of`.
+    :func:`_layer_of`.
     """
     prefix = f"gap/summary/{kind}s"
     whole = kind in ("param", "grad")
@@ -496,7 +496,7 @@ def summarize(
     )
     for name, sumsq, numel, top, bad in zip(table.names, *columns, strict=True):
         _fold(total, sumsq, numel, top, bad)
-        layer = layers.get(name) if layers is not None and name in layers else layer_of(name)
+        layer = layers.get(name) if layers is not None and name in layers else _layer_of(name)
         if layer is not None:
             group = groups.get(layer)
             if group is None:
@@ -854,7 +854,7 @@ class GAPMonitor:
         for table in tables:
             for name in table.names:
                 if name not in self._layers:
-                    self._layers[name] = layer_of(name)
+                    self._layers[name] = _layer_of(name)
         return self._layers
 
     @torch.no_grad()
@@ -914,7 +914,7 @@ class GAPMonitor:
             if table.stats is not None:
                 for name, stats in zip(table.names, table.stats.tolist(), strict=True):
                     latest.update(zip(self._stat_keys(kind, name), stats, strict=True))
-            latest.update(summarize(kind, table, top_k=self.top_k, layers=layers))
+            latest.update(_summarize(kind, table, top_k=self.top_k, layers=layers))
         self.latest = latest
         self.latest_step = step
 
