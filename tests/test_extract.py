@@ -271,19 +271,32 @@ def test_embeddings_saved_as_modules_to_save(tmp_path):
     assert torch.allclose(_logits(_peft_load(base, out), ids), _logits(tuned, ids), atol=1e-4)
 
 
-def test_changed_non_2d_parameters_reported_as_skipped(tmp_path):
+def test_changed_1d_parameters_saved_whole_unless_save_1d_is_false(tmp_path):
     base = tiny_llama()
     tuned, _ = plant(base, rank=2, only=("q_proj",))
     with torch.no_grad():
         tuned.model.norm.weight += 0.5
     rep = adapterprobe.extract_lora(base, tuned, tmp_path / "o", min_rank=1, max_rank=4)
+    assert rep.modules_to_save == ["model.norm"]
+    (saved,) = rep.saved
+    assert saved.key == "base_model.model.model.norm.weight"
+    assert saved.delta_norm == pytest.approx(0.5 * TINY["hidden"] ** 0.5, rel=1e-4)
+    sd = load_file(tmp_path / "o" / "adapter_model.safetensors")
+    assert torch.equal(sd["base_model.model.model.norm.weight"], tuned.model.norm.weight)
+    skipped = {s.name: s for s in rep.skipped}
+    assert skipped["model.layers.0.input_layernorm.weight"].delta_norm == 0.0
+    assert rep.categories["1-D"].captured == 1.0
+
+    rep = adapterprobe.extract_lora(
+        base, tuned, tmp_path / "p", min_rank=1, max_rank=4, save_1d=False
+    )
     by_name = {s.name: s for s in rep.skipped}
-    assert by_name["model.norm.weight"].reason == "1-D"
+    assert by_name["model.norm.weight"].reason == "1-D (save_1d=False)"
     assert by_name["model.norm.weight"].delta_norm == pytest.approx(
         0.5 * TINY["hidden"] ** 0.5, rel=1e-4
     )
-    assert by_name["model.layers.0.input_layernorm.weight"].delta_norm == 0.0
     assert "model.norm.weight" in str(rep)
+    assert rep.categories["1-D"].captured == 0.0
 
 
 def test_dtype_float32_by_default_never_silent_fp16(tmp_path):
@@ -553,9 +566,9 @@ def test_cli_extract(tmp_path, capsys):
             str(tmp_path / "tuned"),
             "--out",
             str(tmp_path / "lora"),
-            "--rank-min",
+            "--min-rank",
             "2",
-            "--rank-max",
+            "--max-rank",
             "8",
             "--explained-variance",
             "0.99",
@@ -606,13 +619,33 @@ def test_cli_extract(tmp_path, capsys):
             str(tmp_path / "tuned"),
             "--out",
             str(tmp_path / "x"),
-            "--rank-min",
+            "--min-rank",
             "9",
-            "--rank-max",
+            "--max-rank",
             "3",
         ]
     )
     assert rc == 2
+    # the spellings of earlier releases still work
+    rc = main(
+        [
+            "extract",
+            "--base",
+            str(tmp_path / "base"),
+            "--tuned",
+            str(tmp_path / "tuned"),
+            "--out",
+            str(tmp_path / "old"),
+            "--rank-min",
+            "4",
+            "--rank-max",
+            "4",
+            "--no-progress",
+            "--json",
+        ]
+    )
+    assert rc == 0
+    assert {m["rank"] for m in json.loads(capsys.readouterr().out)["modules"]} == {4}
     with pytest.raises(SystemExit) as exc:
         main(["extract", "--base", "a", "--tuned", "b", "--out", "c", "--explained-variance", "2"])
     assert exc.value.code == 2
@@ -662,7 +695,9 @@ def test_cli_without_torch_exits_2_with_install_hint(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
     )
-    assert proc.returncode == 0 and "--rank-max" in proc.stdout
+    assert proc.returncode == 0 and "--max-rank" in proc.stdout and "--min-rank" in proc.stdout
+    assert "--rank-max" not in proc.stdout  # kept as a hidden alias
+    assert "--verify" in proc.stdout and "--no-save-1d" in proc.stdout
 
 
 # ---------------------------------------------------------------- Conv1D (GPT-2)

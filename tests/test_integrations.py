@@ -14,6 +14,7 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, Dataset, TensorDataset  # noqa: E402
 
 from adapterprobe import GAPMonitor, MonitorConfigError  # noqa: E402
+from adapterprobe.sinks import read_tensor_stats  # noqa: E402
 
 
 def grad_norm(parameters):
@@ -42,7 +43,9 @@ def test_hf_trainer_callback_records_sampled_steps_and_step_lines(tmp_path):
 
     model = tiny_llama()
     log = tmp_path / "gap.jsonl"
-    monitor = GAPMonitor(model, interval=2, kinds=("grad", "activation"), sink=log)
+    monitor = GAPMonitor(
+        model, interval=2, kinds=("grad", "activation"), detail="tensors", sink=log
+    )
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "out"),
         max_steps=4,
@@ -71,6 +74,11 @@ def test_hf_trainer_callback_records_sampled_steps_and_step_lines(tmp_path):
     steps = {r["step"]: r for r in records if r["type"] == "step"}
     assert sorted(gaps) == [2, 4]
     assert sorted(steps) == [1, 2, 3, 4]
+    side_files = [r["tensors_file"] for r in records if r["type"] == "gap"]
+    assert side_files == [
+        "gap.tensors/step00000002.safetensors",
+        "gap.tensors/step00000004.safetensors",
+    ]
     history = {h["step"]: h for h in trainer.state.log_history if "loss" in h}
     for step, line in steps.items():
         assert line["loss"] == pytest.approx(history[step]["loss"])
@@ -79,7 +87,10 @@ def test_hf_trainer_callback_records_sampled_steps_and_step_lines(tmp_path):
         assert stats["gap/summary/grads/l2_norm"] == pytest.approx(
             history[step]["grad_norm"], rel=1e-5
         )
-        assert "gap/activations/model.layers.1.mlp/var" in stats
+        assert "gap/summary/activations/layers/model.layers.1/rms" in stats
+        assert "gap/activations/model.layers.1.mlp/var" in read_tensor_stats(
+            tmp_path / f"gap.tensors/step{step:08d}.safetensors"
+        )
 
 
 def test_callbacks_need_a_monitor():
@@ -160,7 +171,7 @@ def test_lightning_callback_records_accumulated_gradients_and_step_lines(tmp_pat
         reference = module.reference_norms[step]
         assert stats["gap/summary/grads/l2_norm"] == pytest.approx(reference, rel=1e-5)
         assert steps[step]["grad_norm"] == pytest.approx(reference, rel=1e-5)
-        assert "gap/activation_grads/net.2/mean" in stats
+        assert "gap/summary/activation_grads/layers/net.2/rms" in stats
     for step, line in steps.items():
         micro = module.losses[step]
         assert len(micro) == 2

@@ -98,7 +98,7 @@ def tiny_llama():
 
 def test_param_and_grad_stats_match_direct_computation():
     model = mlp()
-    monitor = GAPMonitor(model)
+    monitor = GAPMonitor(model, detail="tensors")
     x = torch.randn(3, 5, 8)
     with monitor.step(0):
         model(x).pow(2).mean().backward()
@@ -122,7 +122,7 @@ def test_accelerator_code_path_matches_direct_computation(monkeypatch):
     with torch.no_grad():
         model[0].weight[3, 1] = float("nan")
         model[2].weight.fill_(0.5)  # constant: variance 0
-    monitor = GAPMonitor(model)
+    monitor = GAPMonitor(model, detail="tensors")
     x = torch.randn(3, 5, 8)
     with monitor.step(0):
         model(x).pow(2).mean().backward()
@@ -137,7 +137,7 @@ def test_accelerator_code_path_matches_direct_computation(monkeypatch):
 
 def test_activation_stats_reduce_per_instance_and_match_direct_computation():
     model = mlp()
-    monitor = GAPMonitor(model, kinds=("activation", "activation_grad"))
+    monitor = GAPMonitor(model, detail="tensors", kinds=("activation", "activation_grad"))
     x = torch.randn(3, 5, 8)
     _, acts, act_grads = manual_pass(model, x)
     model.zero_grad()
@@ -152,7 +152,7 @@ def test_activation_stats_reduce_per_instance_and_match_direct_computation():
 def test_in_place_modules_and_shared_outputs_get_their_own_values():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(inplace=True), nn.Identity(), nn.Linear(16, 4))
-    monitor = GAPMonitor(model, kinds=("activation", "activation_grad"))
+    monitor = GAPMonitor(model, detail="tensors", kinds=("activation", "activation_grad"))
     x = torch.randn(5, 8)
     pre = model[0](x)
     post = torch.relu(pre)
@@ -169,7 +169,7 @@ def test_in_place_modules_and_shared_outputs_get_their_own_values():
 
 def test_gradient_accumulation_reports_the_accumulated_gradient_and_all_instances():
     model = mlp()
-    monitor = GAPMonitor(model)
+    monitor = GAPMonitor(model, detail="tensors")
     batches = [torch.randn(2, 8), torch.randn(4, 8)]
     with monitor.step(4):
         for batch in batches:
@@ -182,7 +182,7 @@ def test_gradient_accumulation_reports_the_accumulated_gradient_and_all_instance
 
 def test_bf16_model_stats_are_computed_in_float32():
     model = mlp(torch.bfloat16)
-    monitor = GAPMonitor(model)
+    monitor = GAPMonitor(model, detail="tensors")
     x = torch.randn(4, 8, dtype=torch.bfloat16)
     with monitor.step(0):
         model(x).float().pow(2).mean().backward()
@@ -199,7 +199,7 @@ def test_variance_keeps_its_precision_under_a_large_mean():
     model = nn.Linear(64, 64)
     with torch.no_grad():
         model.weight.copy_(1000 + torch.randn(64, 64) * 0.1)  # |mean| / std = 1e4
-    monitor = GAPMonitor(model, kinds="param")
+    monitor = GAPMonitor(model, detail="tensors", kinds="param")
     with monitor.step(0):
         pass
     assert_stats(monitor.latest, "gap/params/weight", whole(model.weight), rel=1e-6)
@@ -207,7 +207,7 @@ def test_variance_keeps_its_precision_under_a_large_mean():
 
 def test_no_grad_evaluation_records_activations_only():
     model = mlp()
-    monitor = GAPMonitor(model)
+    monitor = GAPMonitor(model, detail="tensors")
     x = torch.randn(3, 8)
     with monitor.step(0), torch.no_grad():
         model(x)
@@ -239,7 +239,7 @@ def test_non_sampled_steps_attach_nothing_and_sampled_steps_clean_up():
 
 def test_hooks_are_removed_when_the_block_raises():
     model = mlp()
-    monitor = GAPMonitor(model)
+    monitor = GAPMonitor(model, detail="tensors")
     with monitor.step(0):
         model(torch.randn(2, 8)).sum().backward()
     before = dict(monitor.latest)
@@ -288,7 +288,7 @@ def test_nan_in_one_weight_is_counted_in_params_activations_and_grads():
     with torch.no_grad():
         model[0].weight[3, 1] = float("nan")
         model[2].bias[0] = float("inf")
-    monitor = GAPMonitor(model)
+    monitor = GAPMonitor(model, detail="tensors")
     x = torch.randn(3, 5, 8)
     with monitor.step(0):
         model(x).pow(2).mean().backward()
@@ -348,7 +348,7 @@ class Wrap(nn.Module):
 
 def test_non_tensor_outputs_use_the_tensors_inside_and_ignore_the_rest():
     model = Shapes()
-    monitor = GAPMonitor(model)
+    monitor = GAPMonitor(model, detail="tensors")
     x = torch.randn(3, 4)
     with monitor.step(0):
         model(x).backward()
@@ -364,7 +364,7 @@ def test_non_tensor_outputs_use_the_tensors_inside_and_ignore_the_rest():
 
 def test_hf_model_outputs_are_monitored():
     model = tiny_llama()
-    monitor = GAPMonitor(model, include=("model", "model.layers.*", "lm_head*"))
+    monitor = GAPMonitor(model, detail="tensors", include=("model", "model.layers.*", "lm_head*"))
     ids = torch.randint(0, 64, (2, 6))
     with monitor.step(0):
         out = model(input_ids=ids, labels=ids)
@@ -383,7 +383,7 @@ def test_hf_model_outputs_are_monitored():
 
 def test_include_and_exclude_select_names():
     model = mlp()
-    monitor = GAPMonitor(model, include="2*", exclude="*.bias")
+    monitor = GAPMonitor(model, detail="tensors", include="2*", exclude="*.bias")
     with monitor.step(0):
         model(torch.randn(2, 8)).sum().backward()
     names = {key.split("/")[2] for key in monitor.latest if not key.startswith("gap/summary")}
@@ -507,9 +507,10 @@ def test_jsonl_sink_writes_gap_records_and_dlm_step_lines(tmp_path):
         ("step", 4),
     ]
     gap = records[3]
-    assert gap["stats"]["gap/grads/0.weight/l2_norm"] == pytest.approx(
-        monitor.latest["gap/grads/0.weight/l2_norm"]
-    )
+    assert gap["stats"].keys() == monitor.latest.keys()  # the summary, nothing per tensor
+    assert "tensors_file" not in gap
+    for key, value in monitor.latest.items():  # rounded to 7 significant digits
+        assert gap["stats"][key] == float(format(value, ".7g")), key
     step_line = records[2]
     fields = {"type", "step", "loss", "lr", "grad_norm", "tokens_per_sec", "val_loss", "timestamp"}
     assert set(step_line) == fields
@@ -579,7 +580,7 @@ def test_tensorboard_sink_writes_scalars(tmp_path):
     from adapterprobe.sinks import TensorBoardSink
 
     model = mlp()
-    monitor = GAPMonitor(model, kinds="grad", sink=TensorBoardSink(tmp_path))
+    monitor = GAPMonitor(model, kinds="grad", detail="tensors", sink=TensorBoardSink(tmp_path))
     with monitor.step(0):
         model(torch.randn(2, 8)).sum().backward()
     monitor.log_step(0, 0.5, lr=0.1)
@@ -608,7 +609,7 @@ def test_cuda_matches_cpu():
     x = torch.randn(3, 5, 8)
     results = []
     for model, batch in ((cpu_model, x), (gpu_model, x.cuda())):
-        monitor = GAPMonitor(model)
+        monitor = GAPMonitor(model, detail="tensors")
         with monitor.step(0):
             model(batch).pow(2).mean().backward()
         results.append(monitor.latest)

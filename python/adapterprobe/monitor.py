@@ -9,38 +9,51 @@
         optimizer.zero_grad()
         monitor.log_step(step, loss)
 
-Design choices, each answering a complaint about such monitors:
+Two levels of detail, because a per-tensor record of every step is large (about 1,000
+keys for a 4-layer model, half a megabyte for a 7B one) and costs more to compute:
+
+- ``detail="summary"`` (default): per kind (params, grads, activations, activation
+  grads) the global statistics, the same per layer, and the ``top_k`` offenders. Each
+  tensor costs one min/max and one norm, nothing more.
+- ``detail="tensors"``: also ``mean``, ``var`` (unbiased), ``max_abs``, ``l2_norm`` and
+  ``nonfinite`` of every tensor (``gap/{kind}s/{name}/{stat}``). :class:`JsonlSink`
+  writes these to a compact safetensors side file, not into the JSON line.
+
+Summary keys, under ``gap/summary/{kind}s/``: ``max_abs``, ``nonfinite`` (NaN/inf
+elements), ``nonfinite_tensors``, and ``l2_norm`` for params and grads (the root of all
+squares: for grads, the norm gradient clipping sees) or ``rms`` for activations and their
+gradients (over every element of every call in the step); per layer, as
+``layers/{layer}/{stat}``, the ``l2_norm`` or ``rms`` and ``max_abs``, plus ``nonfinite``
+where it is not 0 (a layer is a name's prefix up to its first numeric component,
+``model.layers.3``); and the ``top_k`` largest as ``top_l2_norm/{name}`` (params, grads)
+or ``top_max_abs/{name}`` (activations).
+
+Per-tensor statistics (``detail="tensors"``): parameters and gradients are reduced over
+the whole tensor. Activations and their gradients are reduced per instance (dim 0 is
+the instance) and then averaged over all instances seen in the step (every forward call
+and micro-batch), except ``max_abs`` (the maximum) and ``nonfinite`` (the total).
+
+Design choices, each answering a cost found by profiling such monitors:
 
 - Hooks exist only inside the block of a sampled step (``step % interval == 0``); on
   other steps ``step()`` returns a shared no-op context and nothing is attached.
-- Statistics stay on the device until the block ends and then reach the host in one
-  copy per device. A second copy happens only when some parameter or gradient holds
-  NaN/inf, to count those elements (their presence is known from ``max_abs``).
-- No per-tensor ``.item()`` and no temporary copies: each tensor is reduced to its
-  float64 sum, L2 norm (``torch._foreach_norm`` for parameters and gradients), min and
-  max; the host derives mean, variance and max-abs from those.
+- On CPU a result is read back as soon as it exists (a read costs nothing there and
+  saves concatenating hundreds of scalars later). On an accelerator statistics stay on
+  the device until the block ends and reach the host in one copy per device; a second
+  copy happens only when some parameter or gradient holds NaN/inf, to count them.
+- Plain reductions only (sum, L2 norm, min/max; ``torch._foreach_norm`` for parameters
+  and gradients), which read each tensor once and make no temporary copy; the host
+  derives mean, variance and max-abs from them.
 - Any module output is accepted: the module's activation is the first floating tensor
   with a batch dimension found inside tensors, tuples, lists, dicts, dataclasses and
   HF ``ModelOutput``; everything else is ignored.
 - NaN/inf are counted (``nonfinite``) and left in the other statistics, which then
   read NaN: an honest signal rather than a silently dropped value.
 
-Statistics (``monitor.latest`` keys ``gap/{params|grads|activations|activation_grads}/
-{name}/{stat}``): ``mean``, ``var`` (unbiased), ``max_abs``, ``l2_norm``, ``nonfinite``.
-Parameters and gradients are reduced over the whole tensor. Activations and their
-gradients are reduced per instance (dim 0 is taken as the instance) and then averaged
-over all instances seen in the step (every forward call and micro-batch), except
-``max_abs`` (the maximum) and ``nonfinite`` (the total). Sums accumulate in float64
-whatever the tensor's dtype (float32 on MPS). Tensors with a single element (per
-instance, for activations) have no variance and are skipped, and so are float8,
-complex and tensor-subclass values (DTensor): single-process, plain tensors only.
-
-Summaries, under ``gap/summary/{kind}s/``: ``max_abs``, ``nonfinite``,
-``nonfinite_tensors`` and, for params and grads, the global ``l2_norm`` (for grads:
-the norm gradient clipping sees); the same per layer as ``layers/{layer}/{stat}``,
-where a layer is a name's prefix up to its first numeric component
-(``model.layers.3``); and the ``top_k`` largest offenders as ``top_l2_norm/{name}``
-(params, grads) or ``top_max_abs/{name}`` (activations).
+Sums accumulate in float64 where they could cancel, whatever the tensor's dtype (float32
+on MPS). Tensors with a single element (per instance, for activations) are skipped, and
+so are float8, complex and tensor-subclass values (DTensor): single-process, plain
+tensors only.
 
 Not covered: under activation checkpointing the recomputed forward is recorded again
 (averages stay, ``nonfinite`` counts double); hooks added and removed per sampled
@@ -66,13 +79,22 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from adapterprobe._fs import atomic_dir
-from adapterprobe.errors import MonitorConfigError, require
+from adapterprobe.errors import MonitorConfigError, UsageError, require
 from adapterprobe.sinks import GapSink, JsonlSink, TensorBoardSink, step_record
 
-__all__ = ["KINDS", "STATS", "GAPMonitor", "GradientDump", "JsonlSink", "TensorBoardSink"]
+__all__ = [
+    "DETAILS",
+    "KINDS",
+    "STATS",
+    "GAPMonitor",
+    "GradientDump",
+    "JsonlSink",
+    "TensorBoardSink",
+]
 
 KINDS = ("param", "grad", "activation", "activation_grad")
 STATS = ("mean", "var", "max_abs", "l2_norm", "nonfinite")
+DETAILS = ("summary", "tensors")
 MEAN, VAR, MAX_ABS, L2_NORM, NONFINITE = range(len(STATS))
 
 _PLAIN_TENSOR_TYPES = (torch.Tensor, nn.Parameter)
@@ -116,6 +138,12 @@ def _kinds(value: Any) -> tuple[str, ...]:
     if unknown:
         raise MonitorConfigError(f"unknown kinds {unknown}; choose from {list(KINDS)}")
     return tuple(kind for kind in KINDS if kind in chosen)
+
+
+def _detail(value: Any) -> str:
+    if value not in DETAILS:
+        raise MonitorConfigError(f"detail must be one of {list(DETAILS)}, got {value!r}")
+    return str(value)
 
 
 def _sinks(value: Any) -> list[Any]:
@@ -188,19 +216,19 @@ class GradientDump:
                     file = staging / f"{name.replace('/', '_').replace(os.sep, '_')}.safetensors"
                     meta = {"parameter": name, "step": str(step), "full_shape": str(full_shape)}
                     save_file({"gradient": tensor.to("cpu").contiguous()}, str(file), metadata=meta)
-        except OSError as exc:
+        except (OSError, UsageError) as exc:
             raise MonitorConfigError(f"cannot write gradient dump {final}: {exc}") from exc
         return final
 
 
 # ---------------------------------------------------------------------------
-# Batched statistics (device side, no host syncs on accelerators)
+# Device-side reductions
 #
-# Every tensor is reduced to its sum, its L2 norm (the root of its sum of squares),
-# its min and its max; the host derives mean, variance and max-abs from those. These
-# plain reductions read the tensor once each and make no temporary copy. They are
-# also the fast ones: on CPU, torch.var_mean, the inf-norm and isfinite run 20 to 70
-# times slower than sum and aminmax (measured on torch 2.15, see the bench).
+# Every tensor is reduced to its L2 norm (the root of its sum of squares), its min and
+# its max, plus its sum when per-tensor means are wanted; the host derives mean,
+# variance and max-abs from those. These plain reductions read the tensor once each
+# and make no temporary copy. They are also the fast ones: on CPU, torch.var_mean, the
+# inf-norm and isfinite run 20 to 70 times slower than sum and aminmax (torch 2.15).
 #
 # Variance from moments cancels when |mean| >> std (norm weights sit at 1 +- 1e-4; the
 # gradient of a sum loss is constant), so sums are accumulated in float64: that keeps
@@ -228,7 +256,6 @@ def _foreach_dtype_supported() -> bool:
 
 
 _FOREACH_DTYPE = _foreach_dtype_supported()
-_CPU_ZERO = torch.zeros(1)  # the NaN/inf count of a CPU tensor whose min and max are finite
 
 
 def _norms(tensors: list[torch.Tensor], dtype: torch.dtype) -> list[torch.Tensor]:
@@ -238,7 +265,7 @@ def _norms(tensors: list[torch.Tensor], dtype: torch.dtype) -> list[torch.Tensor
     return [torch.linalg.vector_norm(t, dtype=dtype) for t in tensors]
 
 
-def _cancels(sums: torch.Tensor, norms: torch.Tensor, sizes: Any) -> torch.Tensor:
+def _cancels(sums: Any, norms: Any, sizes: Any) -> Any:
     """Where float32 moments would lose the variance: squared mean over 90% of mean square.
 
     Elsewhere the relative error of a float32 variance stays under about 3e-6.
@@ -246,65 +273,91 @@ def _cancels(sums: torch.Tensor, norms: torch.Tensor, sizes: Any) -> torch.Tenso
     return sums * sums > 0.9 * sizes * norms * norms
 
 
-def _whole_tensor_stats(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """Sums, L2 norms, minima and maxima of same-device, same-dtype tensors.
+def _whole_tensor_stats(tensors: list[torch.Tensor], *, with_sums: bool) -> torch.Tensor:
+    """L2 norms, minima, maxima (and sums) of same-device, same-dtype tensors.
 
-    Returns one flat tensor laid out ``[sums..., norms..., mins..., maxes...]``.
+    Returns one flat tensor laid out ``[norms..., mins..., maxes..., sums...]``.
     """
-    if _cheap_host_reads(tensors[0].device):
-        # A host read is free on CPU, and float64 sums cost three times float32 ones:
-        # sum in float32, then redo in float64 only the tensors that need it.
+    device = tensors[0].device
+    if _cheap_host_reads(device):
         narrow = torch.promote_types(tensors[0].dtype, torch.float32)
-        sums = torch.stack([t.sum(dtype=narrow) for t in tensors]).double()
         norms = torch.stack(_norms(tensors, narrow)).double()
-        sizes = torch.tensor([t.numel() for t in tensors], dtype=torch.float64)
-        for i in torch.nonzero(_cancels(sums, norms, sizes)).flatten().tolist():
-            sums[i] = tensors[i].sum(dtype=torch.float64)
-            norms[i] = torch.linalg.vector_norm(tensors[i], dtype=torch.float64)
-    else:  # no host reads on an accelerator: float64 throughout
-        wide = _wide_accumulator(tensors[0].device)
-        sums = torch.stack([t.sum(dtype=wide) for t in tensors])
+    else:  # no host reads on an accelerator: wide throughout
+        wide = _wide_accumulator(device)
         norms = torch.stack(_norms(tensors, wide))
     extremes = [torch.aminmax(t) for t in tensors]
     lows = torch.stack([low for low, _ in extremes])
-    highs = torch.stack([high for _, high in extremes])
-    return torch.cat((sums, norms, lows, highs))
-
-
-def _instance_stats(tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Per-instance sums and L2 norms (dim 0 is the instance), then min, max and NaN/inf count.
-
-    Returned as five small device tensors, ``(sums[B], norms[B], min[1], max[1],
-    nonfinite[1])``, concatenated with everything else at the end of the step.
-    """
-    values = tensor.detach()
-    dims = tuple(range(1, values.ndim))
-    low, high = torch.aminmax(values)
-    extremes = (low.reshape(1), high.reshape(1))
-    if not _cheap_host_reads(values.device):  # float64 sums and a count, always
-        wide = _wide_accumulator(values.device)
-        sums = values.sum(dim=dims, dtype=wide)
-        norms = torch.linalg.vector_norm(values, dim=dims, dtype=wide)
-        return sums, norms, *extremes, _nonfinite_count(values)
-    # On CPU, as for whole tensors: float32 first, float64 where it cancels. Finite min and
-    # max prove there is no NaN/inf to count (both propagate NaN): no slow counting pass.
-    sums = values.sum(dim=dims, dtype=torch.promote_types(values.dtype, torch.float32))
-    norms = torch.linalg.vector_norm(values, dim=dims, dtype=sums.dtype)
-    if not (math.isfinite(low) and math.isfinite(high)):
-        return sums, norms, *extremes, _nonfinite_count(values)
-    if bool(_cancels(sums, norms, values.numel() // values.shape[0]).any()):
-        sums = values.sum(dim=dims, dtype=torch.float64)
-        norms = torch.linalg.vector_norm(values, dim=dims, dtype=torch.float64)
-    return sums, norms, *extremes, _CPU_ZERO
+    parts = [norms, lows, torch.stack([high for _, high in extremes])]
+    if with_sums:
+        if _cheap_host_reads(device):
+            # float32 sums first; float64 only for the tensors whose variance would cancel
+            sums = torch.stack([t.sum(dtype=narrow) for t in tensors]).double()
+            sizes = torch.tensor([t.numel() for t in tensors], dtype=torch.float64)
+            for i in torch.nonzero(_cancels(sums, norms, sizes)).flatten().tolist():
+                sums[i] = tensors[i].sum(dtype=torch.float64)
+                norms[i] = torch.linalg.vector_norm(tensors[i], dtype=torch.float64)
+        else:
+            sums = torch.stack([t.sum(dtype=norms.dtype) for t in tensors])
+        parts.append(sums)
+    return torch.cat([p.to(parts[0].dtype) for p in parts])
 
 
 def _nonfinite_count(tensor: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(tensor).logical_not_().sum().reshape(1)
 
 
+def _activation_summary(values: torch.Tensor) -> tuple[Any, ...]:
+    """``(min, max, sum of squares, NaN/inf count)`` of one activation.
+
+    On CPU the values are read back at once, as four floats; finite min and max prove
+    there is nothing to count (both propagate NaN). On an accelerator they are four
+    device tensors of shape [1], and the count is always taken (a kernel, not a host
+    read).
+    """
+    low, high = torch.aminmax(values)
+    if not _cheap_host_reads(values.device):
+        norm = torch.linalg.vector_norm(values, dtype=_wide_accumulator(values.device))
+        return low.reshape(1), high.reshape(1), (norm * norm).reshape(1), _nonfinite_count(values)
+    lo, hi = float(low), float(high)
+    if values.dtype == torch.float32 or values.dtype == torch.float64:
+        norm = float(torch.linalg.vector_norm(values))
+    else:  # half types: accumulate in float32
+        norm = float(torch.linalg.vector_norm(values, dtype=torch.float32))
+    bad = 0.0 if math.isfinite(lo) and math.isfinite(hi) else float(_nonfinite_count(values))
+    return (lo, hi, norm * norm, bad)
+
+
+def _instance_stats(values: torch.Tensor) -> tuple[Any, ...]:
+    """Per-instance sums and L2 norms (dim 0 is the instance), then min, max and NaN/inf count.
+
+    Laid out ``[sums (B), norms (B), min, max, nonfinite]``: one NumPy array on CPU, five
+    device tensors elsewhere (copied to the host with everything else at the end of the
+    step).
+    """
+    dims = tuple(range(1, values.ndim))
+    low, high = torch.aminmax(values)
+    if not _cheap_host_reads(values.device):  # float64 sums and a count, always
+        wide = _wide_accumulator(values.device)
+        sums = values.sum(dim=dims, dtype=wide)
+        norms = torch.linalg.vector_norm(values, dim=dims, dtype=wide)
+        return sums, norms, low.reshape(1), high.reshape(1), _nonfinite_count(values)
+    # On CPU, as for whole tensors: float32 first, float64 where it cancels.
+    lo, hi = float(low), float(high)
+    narrow = torch.promote_types(values.dtype, torch.float32)
+    host_sums = values.sum(dim=dims, dtype=narrow).double().numpy()
+    host_norms = torch.linalg.vector_norm(values, dim=dims, dtype=narrow).double().numpy()
+    bad = 0.0
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        bad = float(_nonfinite_count(values))
+    elif bool(_cancels(host_sums, host_norms, values.numel() // values.shape[0]).any()):
+        host_sums = values.sum(dim=dims, dtype=torch.float64).numpy()
+        host_norms = torch.linalg.vector_norm(values, dim=dims, dtype=torch.float64).numpy()
+    return (np.concatenate((host_sums, host_norms, (lo, hi, bad))),)
+
+
 def _moments(sums: np.ndarray, norms: np.ndarray, n: Any) -> tuple[np.ndarray, np.ndarray]:
     """Mean and unbiased variance from sums and L2 norms over ``n`` elements each."""
-    with np.errstate(invalid="ignore", over="ignore"):
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         mean = sums / n
         var = np.maximum((norms * norms - sums * mean) / (n - 1), 0.0)  # NaN stays NaN
     return mean, var
@@ -321,8 +374,8 @@ def _fetch(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
     for index, tensor in enumerate(tensors):
         by_device.setdefault(tensor.device, []).append(index)
     for indices in by_device.values():
-        parts = [tensors[i].reshape(-1) for i in indices]
-        host = torch.cat(parts).to("cpu").double().numpy()
+        parts = [tensors[i].reshape(-1).double() for i in indices]
+        host = torch.cat(parts).to("cpu").numpy()
         offset = 0
         for index, part in zip(indices, parts, strict=True):
             out[index] = host[offset : offset + part.numel()]
@@ -330,22 +383,33 @@ def _fetch(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
     return out
 
 
+def _to_host(values: Sequence[Any]) -> list[np.ndarray]:
+    """NumPy arrays for a mix of NumPy arrays (CPU results) and device tensors."""
+    out = list(values)
+    pending = [i for i, v in enumerate(out) if isinstance(v, torch.Tensor)]
+    if pending:
+        for i, host in zip(pending, _fetch([out[i] for i in pending]), strict=True):
+            out[i] = host
+    return out
+
+
 def _usable_activation(value: Any) -> bool:
     """A plain floating tensor with a batch dimension and at least two elements per instance."""
+    if type(value) not in _PLAIN_TENSOR_TYPES or value.dtype not in _STAT_DTYPES:
+        return False
+    shape = value.shape
     return (
-        type(value) in _PLAIN_TENSOR_TYPES
-        and value.dtype in _STAT_DTYPES
+        len(shape) >= 2
+        and shape[0] > 0
+        and value.numel() >= 2 * shape[0]
         and value.layout is torch.strided
-        and value.ndim >= 2
-        and value.shape[0] > 0
-        and value.numel() >= 2 * value.shape[0]
-        and value.device.type != "meta"
+        and not value.is_meta
     )
 
 
 def _first_activation(output: Any, depth: int = 0) -> torch.Tensor | None:
     """The first usable tensor inside a module output, searched depth-first."""
-    if isinstance(output, torch.Tensor):
+    if type(output) is torch.Tensor or isinstance(output, torch.Tensor):
         return output if _usable_activation(output) else None
     if depth >= _SEARCH_DEPTH:
         return None
@@ -369,6 +433,18 @@ def _first_activation(output: Any, depth: int = 0) -> torch.Tensor | None:
 # ---------------------------------------------------------------------------
 
 
+@dataclasses.dataclass
+class _Table:
+    """One kind's statistics per tensor name, on the host (the unit summaries are made of)."""
+
+    names: list[str]
+    sumsq: np.ndarray  # sum of squares over every element recorded (all calls)
+    numel: np.ndarray  # elements recorded
+    max_abs: np.ndarray
+    nonfinite: np.ndarray
+    stats: np.ndarray | None = None  # [n, len(STATS)], detail="tensors" only
+
+
 def _max(a: float, b: float) -> float:
     """max() that lets NaN win, so a NaN anywhere shows in the maximum."""
     return math.nan if (a != a or b != b) else max(a, b)
@@ -387,39 +463,172 @@ def _layer_of(name: str) -> str | None:
     return None
 
 
-def _accumulate(acc: list[float], stats: list[float]) -> None:
-    """Fold one tensor into [sum of squared l2, max_abs, nonfinite, nonfinite tensors]."""
-    acc[0] += stats[L2_NORM] ** 2
-    acc[1] = _max(acc[1], stats[MAX_ABS])
-    acc[2] += stats[NONFINITE]
-    acc[3] += stats[NONFINITE] > 0
+def _fold(acc: list[float], sumsq: float, numel: float, top: float, bad: float) -> None:
+    """Fold one tensor into [sum of squares, elements, max_abs, nonfinite, nonfinite tensors]."""
+    acc[0] += sumsq
+    acc[1] += numel
+    acc[2] = _max(acc[2], top)
+    acc[3] += bad
+    acc[4] += bad > 0
 
 
-def _summaries(per_kind: dict[str, dict[str, list[float]]], top_k: int) -> dict[str, float]:
+def _summarize(
+    kind: str,
+    table: _Table,
+    *,
+    top_k: int,
+    layers: Mapping[str, str | None] | None = None,
+) -> dict[str, float]:
+    """The summary keys of one kind: global, per layer, and the ``top_k`` offenders.
+
+    ``layers`` maps names to layers when known (a cache); others go through
+    :func:`_layer_of`.
+    """
+    prefix = f"gap/summary/{kind}s"
+    whole = kind in ("param", "grad")
+    total = [0.0, 0.0, 0.0, 0.0, 0.0]
+    groups: dict[str, list[float]] = {}
+    columns = (
+        table.sumsq.tolist(),
+        table.numel.tolist(),
+        table.max_abs.tolist(),
+        table.nonfinite.tolist(),
+    )
+    for name, sumsq, numel, top, bad in zip(table.names, *columns, strict=True):
+        _fold(total, sumsq, numel, top, bad)
+        layer = layers.get(name) if layers is not None and name in layers else _layer_of(name)
+        if layer is not None:
+            group = groups.get(layer)
+            if group is None:
+                group = groups[layer] = [0.0, 0.0, 0.0, 0.0, 0.0]
+            _fold(group, sumsq, numel, top, bad)
     out: dict[str, float] = {}
-    for kind, named in per_kind.items():
-        if not named:
-            continue
-        prefix = f"gap/summary/{kind}s"
-        whole = kind in ("param", "grad")
-        total = [0.0, 0.0, 0.0, 0.0]  # sum of squared l2, max_abs, nonfinite, nonfinite tensors
-        layers: dict[str, list[float]] = {}
-        for name, stats in named.items():
-            _accumulate(total, stats)
-            layer = _layer_of(name)
-            if layer is not None:
-                _accumulate(layers.setdefault(layer, [0.0] * 4), stats)
-        for where, acc in [("", total)] + [(f"layers/{k}/", v) for k, v in layers.items()]:
-            out[f"{prefix}/{where}max_abs"] = acc[1]
-            if whole:
-                out[f"{prefix}/{where}l2_norm"] = math.sqrt(acc[0])
-            out[f"{prefix}/{where}nonfinite"] = acc[2]
-            out[f"{prefix}/{where}nonfinite_tensors"] = acc[3]
-        stat = L2_NORM if whole else MAX_ABS
-        ranked = sorted(named.items(), key=lambda item: _rank(item[1][stat]), reverse=True)
-        for name, stats in ranked[:top_k]:
-            out[f"{prefix}/top_{STATS[stat]}/{name}"] = stats[stat]
+    size_stat = "l2_norm" if whole else "rms"
+    for where, acc in [("", total), *((f"layers/{k}/", v) for k, v in groups.items())]:
+        if whole:
+            size = math.sqrt(acc[0]) if acc[0] == acc[0] else math.nan
+        else:
+            size = math.sqrt(acc[0] / acc[1]) if acc[1] and acc[0] == acc[0] else math.nan
+        out[f"{prefix}/{where}{size_stat}"] = size
+        out[f"{prefix}/{where}max_abs"] = acc[2]
+        if not where:
+            out[f"{prefix}/nonfinite"] = acc[3]
+            out[f"{prefix}/nonfinite_tensors"] = acc[4]
+        elif acc[3]:  # per layer only where NaN/inf showed up: the record stays small
+            out[f"{prefix}/{where}nonfinite"] = acc[3]
+    if top_k:
+        with np.errstate(invalid="ignore"):
+            ranking = (np.sqrt(table.sumsq) if whole else table.max_abs).tolist()
+        stat = "l2_norm" if whole else "max_abs"
+        order = sorted(range(len(ranking)), key=lambda i: _rank(ranking[i]), reverse=True)
+        for i in order[:top_k]:
+            out[f"{prefix}/top_{stat}/{table.names[i]}"] = ranking[i]
     return out
+
+
+def _whole_table(
+    named: list[tuple[str, torch.Tensor]], values: np.ndarray, with_sums: bool
+) -> tuple[_Table, list[int]]:
+    """A table for params or grads from ``_whole_tensor_stats`` output; also the rows
+    whose NaN/inf still need counting (a non-finite norm or extreme says there are some)."""
+    n = len(named)
+    norms, lows, highs = values[:n], values[n : 2 * n], values[2 * n : 3 * n]
+    sizes = np.array([tensor.numel() for _, tensor in named], dtype=np.float64)
+    max_abs = _max_abs(lows, highs)
+    with np.errstate(over="ignore", invalid="ignore"):
+        table = _Table([name for name, _ in named], norms * norms, sizes, max_abs, np.zeros(n))
+    suspects = np.nonzero(~(np.isfinite(max_abs) & np.isfinite(norms)))[0].tolist()
+    if with_sums:
+        means, variances = _moments(values[3 * n :], norms, sizes)
+        table.stats = np.stack([means, variances, max_abs, norms, table.nonfinite], axis=1)
+    return table, suspects
+
+
+def _activation_tables(rows: list[_Row], values: list[Any], with_stats: bool) -> dict[str, _Table]:
+    """Fold every hook call of the step into one row per (kind, module).
+
+    ``values[i]`` is row i's host values: ``[min, max, sum of squares, nonfinite]``, or
+    with ``with_stats`` an array ``[sums (B), norms (B), min, max, nonfinite]``.
+    """
+    if not rows:
+        return {}
+    if with_stats:
+        return _instance_tables(rows, values)
+    totals: dict[tuple[str, str], list[float]] = {}  # sumsq, numel, max, nonfinite
+    for (kind, name, instances, size, _), row in zip(rows, values, strict=True):
+        low, high, sumsq, bad = row.tolist() if isinstance(row, np.ndarray) else row
+        acc = totals.get((kind, name))
+        if acc is None:
+            acc = totals[(kind, name)] = [0.0, 0.0, 0.0, 0.0]
+        acc[0] += sumsq
+        acc[1] += instances * size
+        acc[2] = _max(acc[2], _max(abs(low), abs(high)))
+        acc[3] += bad
+    return _tables_from(totals, None)
+
+
+def _tables_from(
+    totals: dict[tuple[str, str], list[float]], stats: dict[tuple[str, str], list[float]] | None
+) -> dict[str, _Table]:
+    by_kind: dict[str, list[tuple[str, list[float]]]] = {}
+    for (kind, name), acc in totals.items():
+        by_kind.setdefault(kind, []).append((name, acc))
+    tables = {}
+    for kind, entries in by_kind.items():
+        array = np.array([acc for _, acc in entries], dtype=np.float64).reshape(-1, 4)
+        names = [name for name, _ in entries]
+        table = _Table(names, array[:, 0], array[:, 1], array[:, 2], array[:, 3])
+        if stats is not None:
+            table.stats = np.array([stats[(kind, name)] for name in names], dtype=np.float64)
+        tables[kind] = table
+    return tables
+
+
+def _instance_tables(rows: list[_Row], values: list[np.ndarray]) -> dict[str, _Table]:
+    """Per-instance statistics averaged over every call of a module in the step.
+
+    Vectorised over all rows at once: a sampled step has a row per hook call, and
+    numpy calls on a handful of numbers each would cost more than the arithmetic.
+    """
+    counts = np.array([row[2] for row in rows])
+    sizes = np.array([row[3] for row in rows], dtype=np.float64)
+    sums = np.concatenate([v[:b] for v, b in zip(values, counts.tolist(), strict=True)])
+    norms = np.concatenate([v[b : 2 * b] for v, b in zip(values, counts.tolist(), strict=True)])
+    tails = np.stack([v[-3:] for v in values])  # min, max, nonfinite per row
+    means, variances = _moments(sums, norms, np.repeat(sizes, counts))
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    with np.errstate(over="ignore", invalid="ignore"):
+        squares = np.add.reduceat(norms * norms, starts)
+    per_row = zip(
+        rows,
+        np.add.reduceat(means, starts).tolist(),
+        np.add.reduceat(variances, starts).tolist(),
+        np.add.reduceat(norms, starts).tolist(),
+        squares.tolist(),
+        _max_abs(tails[:, 0], tails[:, 1]).tolist(),
+        tails[:, 2].tolist(),
+        strict=True,
+    )
+    # instances, mean, var, l2, sumsq, numel, max, nonfinite
+    merged: dict[tuple[str, str], list[float]] = {}
+    for (kind, name, instances, size, _), mean, var, l2, sumsq, top, bad in per_row:
+        acc = merged.get((kind, name))
+        if acc is None:
+            acc = merged[(kind, name)] = [0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+        acc[0] += instances
+        acc[1] += mean
+        acc[2] += var
+        acc[3] += l2
+        acc[4] += sumsq
+        acc[5] += instances * size
+        acc[6] = _max(acc[6], top)
+        acc[7] += bad
+    totals = {key: [acc[4], acc[5], acc[6], acc[7]] for key, acc in merged.items()}
+    stats = {
+        key: [acc[1] / acc[0], acc[2] / acc[0], acc[6], acc[3] / acc[0], acc[7]]
+        for key, acc in merged.items()
+    }
+    return _tables_from(totals, stats)
 
 
 # ---------------------------------------------------------------------------
@@ -427,8 +636,8 @@ def _summaries(per_kind: dict[str, dict[str, list[float]]], top_k: int) -> dict[
 # ---------------------------------------------------------------------------
 
 
-# kind, module name, instances, elements per instance, device statistics of one hook call
-_Row = tuple[str, str, int, int, tuple[torch.Tensor, ...]]
+# kind, module name, instances, elements per instance, statistics of one hook call
+_Row = tuple[str, str, int, int, tuple[Any, ...]]
 
 
 class _SampledStep:
@@ -450,6 +659,8 @@ class _SampledStep:
 class GAPMonitor:
     """Gradient, activation and parameter statistics for any ``nn.Module`` and any loop.
 
+    ``detail="summary"`` (default) records global, per-layer and top-``top_k`` statistics;
+    ``detail="tensors"`` adds every tensor's own (see the module docstring for both).
     ``include``/``exclude`` are case-sensitive glob patterns (``fnmatch``) over parameter
     names (params, grads, dumps) and ``named_modules()`` names (activations; the root
     module is never hooked). ``sink`` is a path (a :class:`JsonlSink` is opened on it), a
@@ -472,6 +683,8 @@ class GAPMonitor:
         exclude: Iterable[str] | str | None = None,
         dump: GradientDump | None = None,
         sink: Any = None,
+        detail: str = "summary",
+        top_k: int | None = None,
     ):
         if not isinstance(model, nn.Module):
             raise MonitorConfigError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -480,6 +693,9 @@ class GAPMonitor:
         self.kinds = _kinds(kinds)
         self.include = _patterns("include", include)
         self.exclude = _patterns("exclude", exclude)
+        self.detail = _detail(detail)
+        if top_k is not None:
+            self.top_k = _int_option("top_k", top_k, 0)
         if dump is not None and not isinstance(dump, GradientDump):
             raise MonitorConfigError(f"dump must be a GradientDump, got {type(dump).__name__}")
         if not self.kinds and dump is None:
@@ -490,17 +706,21 @@ class GAPMonitor:
         )
         self.latest: dict[str, float] = {}
         self.latest_step: int | None = None
+        self._tensors = self.detail == "tensors"
+        self._reduce = _instance_stats if self._tensors else _activation_summary
         self._activations = "activation" in self.kinds
         self._activation_grads = "activation_grad" in self.kinds
         self._active: int | None = None
         self._closed = False
         self._handles: list[RemovableHandle] = []
-        # (kind, name, instances, elements per instance, device stats) per hook call
         self._rows: list[_Row] = []
         # id(tensor) -> (weak ref, version, stats): one module's output is often another's
         # (self_attn and o_proj, mlp and down_proj), and its gradient is the same too
-        self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, tuple[torch.Tensor, ...]]] = {}
+        self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, tuple[Any, ...]]] = {}
+        # (id, version) of a hooked output -> (weak ref, names sharing its gradient hook)
+        self._grad_hooks: dict[tuple[int, int], tuple[weakref.ref[torch.Tensor], list[str]]] = {}
         self._selected_names: dict[str, bool] = {}
+        self._layers: dict[str, str | None] = {}
         self._keys: dict[tuple[str, str], tuple[str, ...]] = {}
 
     # -- public ------------------------------------------------------------
@@ -548,6 +768,7 @@ class GAPMonitor:
         self._active = step
         self._rows = []
         self._seen = {}
+        self._grad_hooks = {}
         if not (self._activations or self._activation_grads):
             return
         try:
@@ -572,6 +793,7 @@ class GAPMonitor:
         self._active = None
         self._rows = []
         self._seen = {}
+        self._grad_hooks = {}
 
     # -- hooks ---------------------------------------------------------------
 
@@ -580,24 +802,36 @@ class GAPMonitor:
         if tensor is None:
             return
         if self._activations:
-            self._record("activation", name, tensor)
+            self._record("activation", (name,), tensor)
         if self._activation_grads and tensor.requires_grad:
-            hook = functools.partial(self._on_activation_grad, name)
+            # One hook per tensor version: a module's output is often its parent's too
+            # (o_proj and self_attn), and both then get the gradient from one hook.
+            key = (id(tensor), tensor._version)
+            shared = self._grad_hooks.get(key)
+            if shared is not None and shared[0]() is tensor:
+                shared[1].append(name)
+                return
+            names = [name]
+            self._grad_hooks[key] = (weakref.ref(tensor), names)
+            hook = functools.partial(self._on_activation_grad, names)
             self._handles.append(tensor.register_hook(hook))
 
-    def _on_activation_grad(self, name: str, grad: torch.Tensor) -> None:
+    def _on_activation_grad(self, names: list[str], grad: torch.Tensor) -> None:
         if _usable_activation(grad):
-            self._record("activation_grad", name, grad)
+            self._record("activation_grad", names, grad)
 
-    def _record(self, kind: str, name: str, tensor: torch.Tensor) -> None:
+    def _record(self, kind: str, names: Sequence[str], tensor: torch.Tensor) -> None:
         seen = self._seen.get(id(tensor))
         if seen is not None and seen[0]() is tensor and seen[1] == tensor._version:
             stats = seen[2]
         else:
-            stats = _instance_stats(tensor)
+            # detached (no autograd bookkeeping) when it could record any
+            stats = self._reduce(tensor.detach() if tensor.requires_grad else tensor)
             self._seen[id(tensor)] = (weakref.ref(tensor), tensor._version, stats)
         instances = tensor.shape[0]
-        self._rows.append((kind, name, instances, tensor.numel() // instances, stats))
+        size = tensor.numel() // instances
+        for name in names:
+            self._rows.append((kind, name, instances, size, stats))
 
     # -- collection ------------------------------------------------------------
 
@@ -616,12 +850,19 @@ class GAPMonitor:
             self._keys[(kind, name)] = keys
         return keys
 
+    def _layer_cache(self, tables: Iterable[_Table]) -> dict[str, str | None]:
+        for table in tables:
+            for name in table.names:
+                if name not in self._layers:
+                    self._layers[name] = _layer_of(name)
+        return self._layers
+
     @torch.no_grad()
     def _collect(self, step: int, rows: list[_Row]) -> None:
         params = [
             (name, p)
             for name, p in self.model.named_parameters()
-            if self._selected(name) and p.dtype in _STAT_DTYPES and p.device.type != "meta"
+            if p.dtype in _STAT_DTYPES and self._selected(name) and not p.is_meta
         ]
         # Whole-tensor kinds: group by (device, dtype) so each group is one foreach call.
         groups: dict[tuple[str, torch.device, torch.dtype], list[tuple[str, torch.Tensor]]] = {}
@@ -629,39 +870,51 @@ class GAPMonitor:
             if kind not in self.kinds:
                 continue
             for name, p in params:
-                tensor = p.detach() if kind == "param" else p.grad
+                tensor = p if kind == "param" else p.grad  # read under no_grad: no detach
                 if tensor is None or tensor.numel() < 2 or type(tensor) not in _PLAIN_TENSOR_TYPES:
                     continue  # no variance in one element; subclasses (DTensor, ...) skipped
                 groups.setdefault((kind, tensor.device, tensor.dtype), []).append((name, tensor))
         blocks = [
-            (kind, named, _whole_tensor_stats([t for _, t in named]))
+            (kind, named, _whole_tensor_stats([t for _, t in named], with_sums=self._tensors))
             for (kind, _, _), named in groups.items()
         ]
-        host = _fetch([stats for _, _, stats in blocks] + [t for row in rows for t in row[4]])
+        on_device = [piece for row in rows for piece in row[4] if isinstance(piece, torch.Tensor)]
+        host = _to_host([stats for _, _, stats in blocks] + on_device)
 
-        per_kind: dict[str, dict[str, list[float]]] = {kind: {} for kind in KINDS}
-        suspects: list[tuple[list[float], torch.Tensor]] = []
+        tables: dict[str, list[_Table]] = {}
+        suspects: list[tuple[_Table, int, torch.Tensor]] = []
         for (kind, named, _), values in zip(blocks, host, strict=False):
-            sums, norms, lows, highs = values.reshape(4, len(named))
-            sizes = np.array([tensor.numel() for _, tensor in named], dtype=np.float64)
-            means, variances = _moments(sums, norms, sizes)
-            max_abs = _max_abs(lows, highs)
-            table = np.stack([means, variances, max_abs, norms, np.zeros_like(norms)], axis=1)
-            for (name, tensor), stats in zip(named, table.tolist(), strict=True):
-                if not math.isfinite(stats[MAX_ABS]):
-                    suspects.append((stats, tensor))
-                per_kind[kind][name] = stats
-        if suspects:  # rare: count NaN/inf only where max_abs says there are some
-            counts = _fetch([_nonfinite_count(tensor) for _, tensor in suspects])
-            for (stats, _), count in zip(suspects, counts, strict=True):
-                stats[NONFINITE] = float(count[0])
-        _merge_instance_rows(rows, host[len(blocks) :], per_kind)
+            table, rows_to_count = _whole_table(named, values, self._tensors)
+            suspects += [(table, i, named[i][1]) for i in rows_to_count]
+            tables.setdefault(kind, []).append(table)
+        if suspects:  # rare: count NaN/inf only where the norm or extremes say there are some
+            counts = _fetch([_nonfinite_count(tensor) for _, _, tensor in suspects])
+            for (table, i, _), count in zip(suspects, counts, strict=True):
+                table.nonfinite[i] = float(count[0])
+                if table.stats is not None:
+                    table.stats[i, NONFINITE] = float(count[0])
+        fetched = iter(host[len(blocks) :])
+        per_row: list[Any] = []
+        for row in rows:
+            stats = row[4]
+            if isinstance(stats[0], torch.Tensor):  # an accelerator's pieces, now on the host
+                per_row.append(np.concatenate([next(fetched) for _ in stats]))
+            else:  # CPU: four floats (summary) or one array (tensors)
+                per_row.append(stats[0] if len(stats) == 1 else stats)
+        for kind, table in _activation_tables(rows, per_row, self._tensors).items():
+            tables.setdefault(kind, []).append(table)
 
+        merged = {kind: _concat(parts) for kind, parts in tables.items()}
+        layers = self._layer_cache(merged.values())
         latest: dict[str, float] = {}
-        for kind, stats_by_name in per_kind.items():
-            for name, stats in stats_by_name.items():
-                latest.update(zip(self._stat_keys(kind, name), stats, strict=True))
-        latest.update(_summaries(per_kind, self.top_k))
+        for kind in KINDS:
+            if kind not in merged or not merged[kind].names:
+                continue
+            table = merged[kind]
+            if table.stats is not None:
+                for name, stats in zip(table.names, table.stats.tolist(), strict=True):
+                    latest.update(zip(self._stat_keys(kind, name), stats, strict=True))
+            latest.update(_summarize(kind, table, top_k=self.top_k, layers=layers))
         self.latest = latest
         self.latest_step = step
 
@@ -671,42 +924,16 @@ class GAPMonitor:
             sink.write_gap(step, latest)
 
 
-def _merge_instance_rows(
-    rows: list[_Row],
-    values: list[np.ndarray],
-    per_kind: dict[str, dict[str, list[float]]],
-) -> None:
-    """Average per-instance statistics over every call of a module in the step.
-
-    Vectorised over all rows at once: a sampled step has a row per hook call, and
-    numpy calls on a handful of numbers each would cost more than the arithmetic.
-    """
-    if not rows:
-        return
-    counts = np.array([row[2] for row in rows])
-    sizes = np.array([row[3] for row in rows], dtype=np.float64)
-    sums = np.concatenate(values[0::5])  # the five pieces of _instance_stats, row after row
-    norms = np.concatenate(values[1::5])
-    lows, highs, nonfinite = (np.concatenate(values[i::5]) for i in (2, 3, 4))
-    means, variances = _moments(sums, norms, np.repeat(sizes, counts))
-    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-    per_row = zip(
-        rows,
-        np.add.reduceat(means, starts).tolist(),
-        np.add.reduceat(variances, starts).tolist(),
-        np.add.reduceat(norms, starts).tolist(),
-        _max_abs(lows, highs).tolist(),
-        nonfinite.tolist(),
-        strict=True,
+def _concat(tables: list[_Table]) -> _Table:
+    """One table from several (params of different dtypes or devices)."""
+    if len(tables) == 1:
+        return tables[0]
+    stats = [t.stats for t in tables]
+    return _Table(
+        [name for t in tables for name in t.names],
+        np.concatenate([t.sumsq for t in tables]),
+        np.concatenate([t.numel for t in tables]),
+        np.concatenate([t.max_abs for t in tables]),
+        np.concatenate([t.nonfinite for t in tables]),
+        None if any(s is None for s in stats) else np.concatenate(stats),  # type: ignore[arg-type]
     )
-    totals: dict[tuple[str, str], list[float]] = {}  # instances, mean, var, l2, max, nonfinite
-    for (kind, name, instances, _, _), mean, var, l2, row_max, row_bad in per_row:
-        acc = totals.setdefault((kind, name), [0, 0.0, 0.0, 0.0, 0.0, 0.0])
-        acc[0] += instances
-        acc[1] += mean
-        acc[2] += var
-        acc[3] += l2
-        acc[4] = _max(acc[4], row_max)
-        acc[5] += row_bad
-    for (kind, name), (count, mean, var, l2, top, bad) in totals.items():
-        per_kind[kind][name] = [mean / count, var / count, top, l2 / count, bad]

@@ -5,12 +5,22 @@ A sink is any object with ``write_gap(step, stats)``, ``write_step(record)`` and
 ``training_drift`` reader can read a monitored run afterwards: step lines are
 ``{"type": "step", ...}`` and GAP records are
 
-    {"type": "gap", "step": N, "timestamp": "...", "stats": {"gap/grads/...": 0.1, ...}}
+    {"type": "gap", "step": N, "timestamp": "...", "stats": {"gap/summary/grads/...": 0.1}}
 
 (the statistics are nested under ``stats`` so that they can never collide with the
 top-level keys a log reader dispatches on). Lines are written with
 ``json.dumps(obj, sort_keys=True)``; a NaN or infinite value is written as Python's
-bare ``NaN``/``Infinity`` token, which the drift reader accepts.
+bare ``NaN``/``Infinity`` token, which the drift reader accepts. Values are rounded to
+``digits`` significant digits (7 by default: the statistics are of float32 or narrower
+tensors, and the 17 digits of a float64 repr would more than double the line).
+
+Per-tensor statistics (``GAPMonitor(detail="tensors")``, keys ``gap/{kind}s/{name}/
+{stat}``) are thousands of keys per step, so by default the JSONL sink writes them to a
+side file, one safetensors file per sampled step beside the log
+(``<log stem>.tensors/step00000010.safetensors``: a float32 ``[n, 5]`` table per kind,
+the names in its metadata), and names that file in the record's ``tensors_file``.
+:func:`read_tensor_stats` reads one back as the same flat dict. ``tensors="inline"``
+keeps them in the JSON line instead.
 
 This module does not import torch (the TensorBoard sink loads it when built).
 """
@@ -22,14 +32,20 @@ import os
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any, Protocol, runtime_checkable
+from typing import IO, Any, Literal, Protocol, runtime_checkable
 
-from adapterprobe.errors import MonitorConfigError, require
+from adapterprobe._fs import atomic_write_bytes
+from adapterprobe.errors import LogFormatError, MonitorConfigError, UsageError, require
 
-__all__ = ["GapSink", "JsonlSink", "TensorBoardSink", "step_record"]
+__all__ = ["GapSink", "JsonlSink", "TensorBoardSink", "read_tensor_stats", "step_record"]
 
 # dlm's step-line fields besides type/step/loss; absent ones are written as null.
 STEP_FIELDS = ("lr", "grad_norm", "tokens_per_sec", "val_loss")
+
+# Per-tensor keys are gap/{kind}s/{name}/{stat}; their side-file layout.
+TENSOR_KINDS = ("params", "grads", "activations", "activation_grads")
+TENSOR_STATS = ("mean", "var", "max_abs", "l2_norm", "nonfinite")
+SIDE_FILE_FORMAT = "adapterprobe.gap-tensors/1"
 
 
 @runtime_checkable
@@ -84,15 +100,106 @@ def step_record(step: int, loss: Any, **fields: Any) -> dict[str, Any]:
     return record
 
 
+def _split_tensor_key(key: str) -> tuple[str, str, str] | None:
+    """``gap/grads/model.x.weight/var`` -> ("grads", "model.x.weight", "var"); None otherwise."""
+    head, _, rest = key.partition("/")
+    kind, _, rest = rest.partition("/")
+    name, _, stat = rest.rpartition("/")
+    if head != "gap" or kind not in TENSOR_KINDS or not name or stat not in TENSOR_STATS:
+        return None
+    return kind, name, stat
+
+
+def _side_file_bytes(step: int, per_tensor: Mapping[tuple[str, str, str], float]) -> bytes:
+    import numpy as np  # a core dependency; imported here to keep this module light
+
+    st = require("safetensors.numpy", "torch")
+    rows: dict[str, dict[str, int]] = {}
+    for kind, name, _ in per_tensor:
+        names = rows.setdefault(kind, {})
+        names.setdefault(name, len(names))
+    tables = {
+        kind: np.full((len(names), len(TENSOR_STATS)), np.nan, np.float32)
+        for kind, names in rows.items()
+    }
+    for (kind, name, stat), value in per_tensor.items():
+        tables[kind][rows[kind][name], TENSOR_STATS.index(stat)] = value
+    metadata = {
+        "format": SIDE_FILE_FORMAT,
+        "step": str(step),
+        "columns": json.dumps(TENSOR_STATS),
+        **{f"names/{kind}": json.dumps(list(names)) for kind, names in rows.items()},
+    }
+    return bytes(st.save(tables, metadata=metadata))
+
+
+def read_tensor_stats(path: str | os.PathLike[str]) -> dict[str, float]:
+    """The per-tensor statistics of one side file, as ``{"gap/{kind}s/{name}/{stat}": value}``.
+
+    Raises :class:`LogFormatError` for a file that is not a GAP side file.
+    """
+    safe_open = require("safetensors", "torch").safe_open
+    out: dict[str, float] = {}
+    try:
+        with safe_open(os.fspath(path), framework="numpy") as f:
+            meta = f.metadata() or {}
+            if meta.get("format") != SIDE_FILE_FORMAT:
+                raise ValueError(f"not a GAP side file (format {meta.get('format')!r})")
+            columns = json.loads(meta["columns"])
+            for kind in f.keys():  # noqa: SIM118 - a safetensors handle
+                if kind not in TENSOR_KINDS:
+                    raise ValueError(f"unknown table {kind!r}")
+                names = json.loads(meta[f"names/{kind}"])
+                table = f.get_tensor(kind)
+                if table.shape != (len(names), len(columns)):
+                    raise ValueError(f"table {kind!r} does not match its {len(names)} names")
+                for name, values in zip(names, table.tolist(), strict=True):
+                    for stat, value in zip(columns, values, strict=True):
+                        if value == value:  # NaN marks a statistic that was not recorded
+                            out[f"gap/{kind}/{name}/{stat}"] = value
+    except Exception as exc:  # OSError, bad JSON or shapes, and safetensors' own error types
+        raise LogFormatError(f"cannot read GAP side file: {exc}", path=path) from exc
+    return out
+
+
+def _rounder(digits: int | None) -> Any:
+    if digits is None:
+        return None
+    spec = f".{digits}g"
+
+    def round_value(value: Any) -> Any:
+        return float(format(value, spec)) if isinstance(value, float) else value
+
+    return round_value
+
+
 class JsonlSink:
     """Appends one JSON line per record to a file opened once, flushed per record.
 
     Appending (not replacing) is deliberate: a log is written while training runs,
-    and a crash must leave every finished line on disk.
+    and a crash must leave every finished line on disk. ``tensors`` says where
+    per-tensor statistics go (``"sidecar"``: a safetensors file per step beside the log;
+    ``"inline"``: the JSON line); ``digits`` rounds values (None keeps all 17).
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, banner: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        banner: Mapping[str, Any] | None = None,
+        tensors: Literal["sidecar", "inline"] = "sidecar",
+        digits: int | None = 7,
+    ):
+        if tensors not in ("sidecar", "inline"):
+            raise MonitorConfigError(f"tensors must be 'sidecar' or 'inline', got {tensors!r}")
+        if digits is not None and (
+            isinstance(digits, bool) or not isinstance(digits, int) or not 1 <= digits <= 17
+        ):
+            raise MonitorConfigError(f"digits must be None or an int in [1, 17], got {digits!r}")
         self.path = Path(path)
+        self.tensors = tensors
+        self.digits = digits
+        self._round = _rounder(digits)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file: IO[str] | None = self.path.open("a", encoding="utf-8")
@@ -108,16 +215,46 @@ class JsonlSink:
         run_id: int,
         *,
         banner: Mapping[str, Any] | None = None,
+        **options: Any,
     ) -> JsonlSink:
-        """A new run log at ``<store>/logs/train-<run_id:06d>-<UTC time>.jsonl``, banner first."""
+        """A new run log at ``<store>/logs/train-<run_id:06d>-<UTC time>.jsonl``, banner first.
+
+        ``options`` (``tensors``, ``digits``) go to the constructor.
+        """
         if isinstance(run_id, bool) or not isinstance(run_id, int) or run_id < 0:
             raise MonitorConfigError(f"run_id must be a non-negative int, got {run_id!r}")
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
         path = Path(store) / "logs" / f"train-{run_id:06d}-{stamp}.jsonl"
-        return cls(path, banner={**(banner or {}), "run_id": run_id})
+        return cls(path, banner={**(banner or {}), "run_id": run_id}, **options)
+
+    @property
+    def tensors_dir(self) -> Path:
+        """Where per-tensor side files go: ``<log stem>.tensors/`` beside the log."""
+        return self.path.with_name(self.path.stem + ".tensors")
 
     def write_gap(self, step: int, stats: Mapping[str, float]) -> None:
-        self._write({"type": "gap", "step": step, "timestamp": _timestamp(), "stats": stats})
+        record: dict[str, Any] = {"type": "gap", "step": step, "timestamp": _timestamp()}
+        if self.tensors == "sidecar":
+            per_tensor: dict[tuple[str, str, str], float] = {}
+            kept: dict[str, float] = {}
+            for key, value in stats.items():
+                parts = _split_tensor_key(key) if not key.startswith("gap/summary/") else None
+                if parts is None:
+                    kept[key] = value
+                else:
+                    per_tensor[parts] = value
+            if per_tensor:
+                side = self.tensors_dir / f"step{step:08d}.safetensors"
+                try:
+                    atomic_write_bytes(side, _side_file_bytes(step, per_tensor))
+                except (OSError, UsageError) as exc:
+                    raise MonitorConfigError(f"cannot write GAP side file {side}: {exc}") from exc
+                record["tensors_file"] = f"{self.tensors_dir.name}/{side.name}"
+            stats = kept
+        if self._round is not None:
+            stats = {key: self._round(value) for key, value in stats.items()}
+        record["stats"] = stats
+        self._write(record)
 
     def write_step(self, record: Mapping[str, Any]) -> None:
         self._write(record)

@@ -9,19 +9,36 @@ import sys
 from adapterprobe.cli import positive_int
 
 _DESCRIPTION = """\
-Extract a PEFT LoRA adapter from the difference between a base and a fully
-fine-tuned checkpoint. Each changed Linear weight delta is factored with a
-randomized truncated SVD; its rank is the smallest that keeps
---explained-variance of the delta's energy, clamped to [--rank-min, --rank-max]
-(equal bounds give a fixed rank). Checkpoints are read tensor by tensor, so
-models larger than memory work. Needs torch: pip install 'adapterprobe[torch]'.
+Extract a PEFT LoRA adapter from the difference between a base checkpoint and a
+fully fine-tuned one, so that the fine-tune can be shipped, stacked or swapped as
+an adapter. Needs torch: pip install 'adapterprobe[torch]'.
+
+What goes into the adapter:
+  Linear weights   each changed weight's delta is factored with a randomized
+                   truncated SVD into a LoRA pair; its rank is the smallest that
+                   keeps --explained-variance of the delta's energy, clamped to
+                   [--min-rank, --max-rank] (equal bounds give a fixed rank).
+  norms, biases    changed 1-D tensors are saved whole (--no-save-1d leaves
+                   them out).
+  embeddings       embeddings and output heads are large: left out unless
+                   --embeddings save (a tied output head is saved with them).
+
+The report shows, per category, how much of the fine-tune's delta energy the
+adapter carries; --verify also loads the adapter with PEFT and measures how much
+of the tuned model's logit change it recovers on random token batches.
+Checkpoints are read tensor by tensor, so models larger than memory work; the
+output directory appears atomically and is never an input or inside one.
 """
 
 _EPILOG = """\
 examples:
   adapterprobe extract --base base/ --tuned tuned/ --out lora/
-  adapterprobe extract --base base/ --tuned tuned/ --out lora/ --rank-min 32 --rank-max 32
+  adapterprobe extract --base base/ --tuned tuned/ --out lora/ --embeddings save --verify
+  adapterprobe extract --base base/ --tuned tuned/ --out lora/ --min-rank 32 --max-rank 32
   adapterprobe extract --base b.safetensors --tuned t.safetensors --out lora/ --device cuda
+
+exit status: 0 written, 1 the checkpoints cannot be extracted (shapes differ,
+non-finite values, malformed files), 2 bad arguments or paths.
 """
 
 
@@ -43,56 +60,96 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
+    io = p.add_argument_group("checkpoints and output")
+    io.add_argument(
         "--base",
         required=True,
         metavar="PATH",
-        help="base checkpoint: .safetensors file or dir (model.safetensors or sharded index)",
+        help="base checkpoint: a .safetensors file, or a directory with model.safetensors "
+        "or a sharded model.safetensors.index.json",
     )
-    p.add_argument(
+    io.add_argument(
         "--tuned", required=True, metavar="PATH", help="fine-tuned checkpoint, same layout"
     )
-    p.add_argument("--out", required=True, metavar="DIR", help="PEFT adapter directory to write")
-    p.add_argument(
-        "--rank-min", type=positive_int, default=8, metavar="R", help="smallest rank (default 8)"
+    io.add_argument("--out", required=True, metavar="DIR", help="PEFT adapter directory to write")
+    io.add_argument("--overwrite", action="store_true", help="replace an existing --out directory")
+
+    rank = p.add_argument_group("rank of the LoRA factors")
+    rank.add_argument(
+        "--min-rank", type=positive_int, default=8, metavar="R", help="smallest rank (default 8)"
     )
-    p.add_argument(
-        "--rank-max", type=positive_int, default=64, metavar="R", help="largest rank (default 64)"
+    rank.add_argument(
+        "--max-rank", type=positive_int, default=64, metavar="R", help="largest rank (default 64)"
     )
-    p.add_argument(
+    # the spellings of earlier releases, kept working but not advertised
+    rank.add_argument(
+        "--rank-min",
+        dest="min_rank",
+        type=positive_int,
+        default=argparse.SUPPRESS,
+        help=argparse.SUPPRESS,
+    )
+    rank.add_argument(
+        "--rank-max",
+        dest="max_rank",
+        type=positive_int,
+        default=argparse.SUPPRESS,
+        help=argparse.SUPPRESS,
+    )
+    rank.add_argument(
         "--explained-variance",
         type=_fraction,
         default=0.95,
         metavar="F",
-        help="share of each delta's energy to keep (default 0.95)",
+        help="share of each delta's energy the rank must keep (default 0.95; 1 keeps all)",
     )
-    p.add_argument(
-        "--device", default=None, help="where the SVDs run (default: cuda when available)"
+
+    what = p.add_argument_group("what goes into the adapter")
+    what.add_argument(
+        "--embeddings",
+        choices=["skip", "save"],
+        default="skip",
+        help="embeddings and output heads: leave them out (default) or save the changed ones "
+        "whole as modules_to_save",
     )
-    p.add_argument(
-        "--dtype",
-        default=None,
-        choices=["float32", "bfloat16", "float16", "base"],
-        help="dtype of the saved factors (default float32; 'base': the base weight's)",
+    what.add_argument(
+        "--no-save-1d",
+        dest="save_1d",
+        action="store_false",
+        help="leave changed norm weights and biases out (by default they are saved whole)",
     )
-    p.add_argument(
+    what.add_argument(
         "--include",
         action="append",
         metavar="GLOB",
         help="only modules matching (repeatable; 'q_proj' matches '*.q_proj')",
     )
-    p.add_argument(
+    what.add_argument(
         "--exclude", action="append", metavar="GLOB", help="skip modules matching (repeatable)"
     )
-    p.add_argument(
-        "--embeddings",
-        choices=["skip", "save"],
-        default="skip",
-        help="embeddings/lm_head: skip them, or save changed ones whole as modules_to_save",
+    what.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float32", "bfloat16", "float16", "base"],
+        help="dtype of the saved factors (default float32; 'base': the base weight's)",
     )
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --out directory")
-    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+    run_group = p.add_argument_group("checking and running")
+    run_group.add_argument(
+        "--verify",
+        nargs="?",
+        const=4,
+        type=positive_int,
+        metavar="N",
+        help="load the adapter with PEFT and measure, on N random token batches (default 4), "
+        "the share of the tuned model's logit change it recovers (needs transformers "
+        "checkpoint directories with config.json, and peft)",
+    )
+    run_group.add_argument(
+        "--device", default=None, help="where the SVDs run (default: cuda when available)"
+    )
+    run_group.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    run_group.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(run=run)
 
 
@@ -102,12 +159,12 @@ def run(args: argparse.Namespace) -> int:
     require("torch", "torch")
     from adapterprobe.lora.extract import extract_lora
 
-    if args.rank_min > args.rank_max:
-        raise UsageError(f"--rank-min {args.rank_min} is larger than --rank-max {args.rank_max}")
+    if args.min_rank > args.max_rank:
+        raise UsageError(f"--min-rank {args.min_rank} is larger than --max-rank {args.max_rank}")
 
     kwargs = dict(
-        min_rank=args.rank_min,
-        max_rank=args.rank_max,
+        min_rank=args.min_rank,
+        max_rank=args.max_rank,
         explained_variance=args.explained_variance,
         device=args.device,
         dtype=args.dtype,
@@ -115,6 +172,8 @@ def run(args: argparse.Namespace) -> int:
         exclude=args.exclude,
         embeddings=args.embeddings,
         overwrite=args.overwrite,
+        save_1d=args.save_1d,
+        verify=args.verify or False,
     )
     if args.no_progress:
         report = extract_lora(args.base, args.tuned, args.out, **kwargs)

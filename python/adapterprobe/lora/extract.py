@@ -1,11 +1,24 @@
 """Extract a PEFT LoRA adapter from a full fine-tune (:func:`extract_lora`).
 
-For every changed 2-D weight of a Linear module the delta ``W_tuned -
-W_base`` is factored (:mod:`adapterprobe.lora.factorize`); embeddings and
-output heads are skipped or saved whole. Checkpoints are read lazily tensor by
-tensor (:mod:`adapterprobe.lora.sources`) and the adapter is streamed to disk
-(:mod:`adapterprobe.lora.peft_writer`), so peak memory stays a few tensors
-whatever the model's size. The output directory appears atomically.
+Every changed 2-D weight of a Linear (or transformers ``Conv1D``) module becomes a
+LoRA pair: its delta ``W_tuned - W_base`` is factored
+(:mod:`adapterprobe.lora.factorize`). What cannot be factored is saved whole where
+PEFT can load it, so that the adapter reproduces the fine-tune and not only its
+Linear part:
+
+- changed 1-D tensors (norm weights, biases; ``save_1d``, on by default, like
+  mergekit's ``--save-module``): a LoRA module's bias as ``<module>.base_layer.bias``
+  with PEFT's ``bias="lora_only"``, any other module (a norm) in ``modules_to_save``;
+- embeddings and output heads with ``embeddings="save"`` in ``modules_to_save``; an
+  output head tied to the input embedding (GPT-2, tied Llamas) is saved under both
+  names with ``ensure_weight_tying``, so that PEFT loads the tuned head too.
+
+Checkpoints are read lazily tensor by tensor (:mod:`adapterprobe.lora.sources`) and
+the adapter is streamed to disk (:mod:`adapterprobe.lora.peft_writer`), so peak
+memory stays a few tensors whatever the model's size. The output directory appears
+atomically, and it may never be, contain or sit inside an input.
+The report (:mod:`adapterprobe.lora.report`) accounts for every changed tensor by
+category; ``verify`` measures the loaded adapter's logits (:mod:`.verify`).
 """
 
 from __future__ import annotations
@@ -14,12 +27,11 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from adapterprobe._fs import atomic_dir, check_out_dir, write_json
-from adapterprobe._json import json_safe
+from adapterprobe._fs import atomic_dir, check_disjoint, check_out_dir, resolve_output, write_json
 from adapterprobe.errors import ExtractionError, UsageError, require
 from adapterprobe.lora.factorize import (
     DEFAULT_NITER,
@@ -35,184 +47,26 @@ from adapterprobe.lora.peft_writer import (
     peft_config,
     peft_key,
 )
+from adapterprobe.lora.report import (
+    CategoryReport,
+    ExtractionReport,
+    ModuleReport,
+    SavedTensor,
+    SkippedTensor,
+)
 from adapterprobe.lora.sources import TensorSource, is_embedding, open_source
 
 torch = require("torch", "torch")
 
-__all__ = ["ExtractionReport", "ModuleReport", "SkippedTensor", "extract_lora"]
+__all__ = ["ExtractionReport", "ModuleReport", "SavedTensor", "SkippedTensor", "extract_lora"]
 
 ProgressCallback = Callable[[str, int, int], None]
 
 REPORT_FILE = "extraction_report.json"
 
 
-@dataclass
-class ModuleReport:
-    """One extracted module: its rank and how much of the delta the factors keep."""
-
-    name: str
-    shape: tuple[int, int]
-    rank: int
-    energy_kept: float
-    rel_error: float
-    delta_norm: float
-    target_reached: bool
-    seconds: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return json_safe(
-            {
-                "name": self.name,
-                "shape": list(self.shape),
-                "rank": self.rank,
-                "energy_kept": self.energy_kept,
-                "rel_error": self.rel_error,
-                "delta_norm": self.delta_norm,
-                "target_reached": self.target_reached,
-                "seconds": self.seconds,
-            }
-        )
-
-
-@dataclass
-class SkippedTensor:
-    """A tensor that is not in the adapter. ``delta_norm`` > 0 means it changed
-    and the adapter does not reproduce that change; None when not measured."""
-
-    name: str
-    shape: tuple[int, ...]
-    reason: str
-    delta_norm: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return json_safe(
-            {
-                "name": self.name,
-                "shape": list(self.shape),
-                "reason": self.reason,
-                "delta_norm": self.delta_norm,
-            }
-        )
-
-
-@dataclass
-class ExtractionReport:
-    """What :func:`extract_lora` did: per module rank, energy kept and relative
-    Frobenius error; skipped tensors with the reason; totals; seconds."""
-
-    out_dir: str
-    modules: list[ModuleReport] = field(default_factory=list)
-    skipped: list[SkippedTensor] = field(default_factory=list)
-    modules_to_save: list[str] = field(default_factory=list)
-    settings: dict[str, Any] = field(default_factory=dict)
-    seconds: float = 0.0
-    device: str = "cpu"
-
-    # ---- totals
-    @property
-    def num_modules(self) -> int:
-        return len(self.modules)
-
-    @property
-    def ranks(self) -> dict[str, int]:
-        return {m.name: m.rank for m in self.modules}
-
-    @property
-    def mean_rank(self) -> float:
-        return sum(m.rank for m in self.modules) / len(self.modules) if self.modules else 0.0
-
-    @property
-    def lora_params(self) -> int:
-        return sum(m.rank * (m.shape[0] + m.shape[1]) for m in self.modules)
-
-    @property
-    def energy_kept(self) -> float:
-        """Energy kept over all extracted modules, weighted by each delta's energy."""
-        total = sum(m.delta_norm**2 for m in self.modules)
-        if total <= 0:
-            return 1.0
-        return sum(m.energy_kept * m.delta_norm**2 for m in self.modules) / total
-
-    @property
-    def rel_error(self) -> float:
-        """Relative Frobenius error of all extracted deltas taken together."""
-        total = sum(m.delta_norm**2 for m in self.modules)
-        if total <= 0:
-            return 0.0
-        return math.sqrt(sum((m.rel_error * m.delta_norm) ** 2 for m in self.modules) / total)
-
-    @property
-    def missed_changes(self) -> list[SkippedTensor]:
-        """Skipped tensors that did change (the adapter does not carry them)."""
-        return [s for s in self.skipped if s.delta_norm is not None and s.delta_norm > 0]
-
-    def totals(self) -> dict[str, Any]:
-        return {
-            "modules": self.num_modules,
-            "modules_to_save": len(self.modules_to_save),
-            "skipped": len(self.skipped),
-            "missed_changes": len(self.missed_changes),
-            "mean_rank": self.mean_rank,
-            "min_rank": min((m.rank for m in self.modules), default=0),
-            "max_rank": max((m.rank for m in self.modules), default=0),
-            "target_not_reached": sum(not m.target_reached for m in self.modules),
-            "lora_params": self.lora_params,
-            "energy_kept": self.energy_kept,
-            "rel_error": self.rel_error,
-        }
-
-    def to_dict(self) -> dict[str, Any]:
-        return json_safe(
-            {
-                "out_dir": self.out_dir,
-                "device": self.device,
-                "seconds": self.seconds,
-                "settings": self.settings,
-                "totals": self.totals(),
-                "modules": [m.to_dict() for m in self.modules],
-                "modules_to_save": self.modules_to_save,
-                "skipped": [s.to_dict() for s in self.skipped],
-            }
-        )
-
-    def summary(self, max_rows: int = 20) -> str:
-        t = self.totals()
-        lines = [
-            f"LoRA extracted to {self.out_dir}",
-            f"  {t['modules']} modules, rank {t['min_rank']}-{t['max_rank']} "
-            f"(mean {t['mean_rank']:.1f}), {t['lora_params']:,} parameters",
-            f"  energy kept {t['energy_kept']:.4f}, relative error {t['rel_error']:.4f}; "
-            f"{t['target_not_reached']} module(s) hit max_rank before the target",
-        ]
-        if self.modules_to_save:
-            lines.append(f"  modules_to_save: {', '.join(self.modules_to_save)}")
-        missed = self.missed_changes
-        lines.append(
-            f"  {t['skipped']} tensors skipped, {len(missed)} of them changed "
-            "(not carried by the adapter)"
-        )
-        lines.append(f"  {self.seconds:.2f}s on {self.device}")
-        if self.modules:
-            width = min(60, max(len(m.name) for m in self.modules))
-            lines.append(f"  {'module':<{width}}  rank  energy  rel_err")
-            for m in self.modules[:max_rows]:
-                flag = "" if m.target_reached else "  (max_rank)"
-                lines.append(
-                    f"  {m.name:<{width}}  {m.rank:>4}  {m.energy_kept:6.4f}  "
-                    f"{m.rel_error:7.4f}{flag}"
-                )
-            if len(self.modules) > max_rows:
-                lines.append(f"  ... {len(self.modules) - max_rows} more")
-        for s in missed[:max_rows]:
-            lines.append(f"  changed but skipped: {s.name} ({s.reason}, |dW|={s.delta_norm:.3g})")
-        return "\n".join(lines)
-
-    def __str__(self) -> str:
-        return self.summary()
-
-
 # --------------------------------------------------------------------------
-# extraction
+# arguments
 
 
 def _resolve_device(device: Any) -> Any:
@@ -230,21 +84,54 @@ def _resolve_device(device: Any) -> Any:
 def _validate_args(
     min_rank: int, max_rank: int, explained_variance: float, embeddings: str
 ) -> None:
-    if not isinstance(min_rank, int) or not isinstance(max_rank, int):
+    if (
+        isinstance(min_rank, bool)
+        or isinstance(max_rank, bool)
+        or not isinstance(min_rank, int)
+        or not isinstance(max_rank, int)
+    ):
         raise UsageError("min_rank and max_rank must be integers")
     if min_rank < 1 or max_rank < min_rank:
         raise UsageError(f"need 1 <= min_rank <= max_rank, got {min_rank} and {max_rank}")
-    ev = float(explained_variance)
+    try:
+        ev = float(explained_variance)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(
+            f"explained_variance must be a number, got {explained_variance!r}"
+        ) from exc
     if not (0.0 < ev <= 1.0):
         raise UsageError(f"explained_variance must be in (0, 1], got {explained_variance}")
     if embeddings not in ("skip", "save"):
         raise UsageError(f"embeddings must be 'skip' or 'save', got {embeddings!r}")
 
 
+def _verify_batches(verify: Any) -> int:
+    """0 for no verification, else the number of random batches to run."""
+    from adapterprobe.lora.verify import DEFAULT_BATCHES
+
+    if verify is False or verify is None:
+        return 0
+    if verify is True:
+        return DEFAULT_BATCHES
+    if isinstance(verify, int) and verify >= 1:
+        return verify
+    raise UsageError(f"verify must be True/False or a number of batches >= 1, got {verify!r}")
+
+
 def _label_of(obj: Any) -> str | None:
     if isinstance(obj, (str, os.PathLike)):
         return str(obj)
     return None
+
+
+def _input_paths(obj: Any, source: TensorSource) -> list[Path]:
+    if not isinstance(obj, (str, os.PathLike)):
+        return []
+    return [Path(obj), *source.paths()]
+
+
+# --------------------------------------------------------------------------
+# the entry point
 
 
 def extract_lora(
@@ -265,6 +152,8 @@ def extract_lora(
     niter: int = DEFAULT_NITER,
     oversample: int = DEFAULT_OVERSAMPLE,
     seed: int | None = 0,
+    save_1d: bool = True,
+    verify: bool | int = False,
 ) -> ExtractionReport:
     """Extract a PEFT LoRA adapter for ``tuned - base`` into ``out_dir``.
 
@@ -276,37 +165,61 @@ def extract_lora(
     ``*.weight`` not named like an embedding) becomes a LoRA pair whose rank is
     the smallest keeping ``explained_variance`` of ``||dW||_F^2``, clamped to
     ``[min_rank, max_rank]`` (``min_rank == max_rank`` gives a fixed rank).
-    Embeddings and output heads are skipped, or with ``embeddings="save"``
-    stored whole as ``modules_to_save``. transformers' ``Conv1D`` projections
-    (GPT-2 family; known from the module, or from a checkpoint dir's
-    ``config.json``) are factored transposed and the adapter gets
-    ``fan_in_fan_out``; one adapter cannot mix them with Linear modules.
-    ``include``/``exclude`` are glob
-    patterns on module paths (``"q_proj"`` matches ``*.q_proj``).
+    transformers' ``Conv1D`` projections (GPT-2 family; known from the module, or
+    from a checkpoint dir's ``config.json``) are factored transposed and the
+    adapter gets ``fan_in_fan_out``; one adapter cannot mix them with Linear
+    modules. ``include``/``exclude`` are glob patterns on module paths
+    (``"q_proj"`` matches ``*.q_proj``).
+
+    ``save_1d`` (default True): changed 1-D tensors (norm weights, biases) are
+    saved whole, as PEFT can load them. ``embeddings``: embeddings and output
+    heads are skipped (``"skip"``, the default: they are large) or saved whole
+    (``"save"``), with a tied output head saved under both names.
 
     ``device``: where the SVDs run (None: CUDA when available). ``dtype``: of
     the saved factors, None for float32, ``"base"`` for each base tensor's
-    dtype, or an explicit float dtype. ``progress(name, done, total)`` is
-    called after each tensor.
+    dtype, or an explicit float dtype (tensors saved whole keep their own).
+    ``progress(name, done, total)`` is called after each tensor.
+
+    ``verify`` (True, or a number of batches): load the written adapter with
+    PEFT onto the base model and measure, on random token batches, how much of
+    the tuned model's logit change it recovers (needs ``nn.Module`` inputs or
+    transformers checkpoint directories, and peft). The figure is in the report.
 
     Writes ``adapter_config.json``, ``adapter_model.safetensors`` and
     ``extraction_report.json`` atomically and returns the report. Raises
     :class:`ExtractionError` (naming the tensor) for mismatched shapes, tensors
-    missing on one side and non-finite deltas, :class:`UsageError` for bad
-    arguments and :class:`MissingFileError` for missing checkpoints.
+    missing on one side, non-finite deltas and malformed checkpoints,
+    :class:`UsageError` for bad arguments and outputs (one that is, contains or
+    sits inside an input is refused), and :class:`MissingFileError` for missing
+    checkpoints.
     """
     t_start = time.perf_counter()
     _validate_args(min_rank, max_rank, explained_variance, embeddings)
+    if not isinstance(save_1d, bool):
+        raise UsageError(f"save_1d must be True or False, got {save_1d!r}")
+    batches = _verify_batches(verify)
     dev = _resolve_device(device)
     out_dtype = resolve_factor_dtype(dtype)
     inc = as_patterns(include, "include")
     exc_pats = as_patterns(exclude, "exclude")
-    out = Path(out_dir).absolute()
+    out = resolve_output(out_dir)
     check_out_dir(out, overwrite)
+    if batches:
+        from adapterprobe.lora.verify import check_verifiable
+
+        require("peft", "peft")
+        check_verifiable(base, "base")
+        check_verifiable(tuned, "tuned")
 
     src_base = open_source(base, "base")
-    src_tuned = open_source(tuned, "tuned")
     try:
+        src_tuned = open_source(tuned, "tuned")
+    except BaseException:
+        src_base.close()
+        raise
+    try:
+        check_disjoint(out, _input_paths(base, src_base) + _input_paths(tuned, src_tuned))
         plan = _plan(src_base, src_tuned, inc, exc_pats)
         settings = {
             "min_rank": min_rank,
@@ -314,37 +227,34 @@ def extract_lora(
             "explained_variance": float(explained_variance),
             "dtype": "base" if out_dtype == "base" else str(out_dtype).replace("torch.", ""),
             "embeddings": embeddings,
+            "save_1d": save_1d,
             "include": list(inc),
             "exclude": list(exc_pats),
             "niter": niter,
             "oversample": oversample,
             "seed": seed,
+            "verify": batches,
             "method": "torch.svd_lowrank",
         }
         report = ExtractionReport(out_dir=str(out), settings=settings, device=str(dev))
         with atomic_dir(out, overwrite=overwrite) as tmp:
             writer = SafetensorsWriter(tmp / ADAPTER_FILE)
             try:
-                _run_plan(
+                run = _Run(src_base, src_tuned, writer, report, dev=dev, progress=progress)
+                run.factor_and_measure(
                     plan,
-                    src_base,
-                    src_tuned,
-                    writer,
-                    report,
-                    dev=dev,
                     out_dtype=out_dtype,
                     min_rank=min_rank,
                     max_rank=max_rank,
                     explained_variance=float(explained_variance),
-                    embeddings=embeddings,
                     niter=niter,
                     oversample=oversample,
                     seed=seed,
-                    progress=progress,
                 )
-                if not report.modules and not report.modules_to_save:
+                run.save_whole(plan, embeddings=embeddings, save_1d=save_1d)
+                if not report.modules and not report.saved:
                     raise ExtractionError(
-                        "nothing to extract: no changed 2-D Linear weights between base and tuned"
+                        "nothing to extract: no changed weights between base and tuned"
                         + (" (after include/exclude)" if inc or exc_pats else "")
                     )
                 from adapterprobe import __version__
@@ -358,8 +268,14 @@ def extract_lora(
                 modules_to_save=report.modules_to_save,
                 base_model_name_or_path=_label_of(base),
                 fan_in_fan_out=any(i.transpose for i in plan if i.action == "lora"),
+                bias=report.bias,
+                ensure_weight_tying=bool(report.tied),
             )
             write_json(tmp / CONFIG_FILE, cfg)
+            if batches:
+                from adapterprobe.lora.verify import verify_adapter
+
+                report.verification = verify_adapter(base, tuned, tmp, batches=batches, device=dev)
             report.seconds = time.perf_counter() - t_start
             write_json(tmp / REPORT_FILE, report.to_dict())
         return report
@@ -368,14 +284,21 @@ def extract_lora(
         src_tuned.close()
 
 
+# --------------------------------------------------------------------------
+# the plan: what happens to each tensor
+
+
 @dataclass
 class _Item:
     key: str
     module: str
     shape: tuple[int, ...]
-    action: str  # "lora", "save", "measure", "skip"
+    action: str  # "lora", "embed", "1d", "measure", "skip"
+    category: str  # a report category ("" for tensors not counted)
     reason: str = ""
     transpose: bool = False  # Conv1D: weight is (in, out), PEFT's fan_in_fan_out
+    norm: float = 0.0  # ||tuned - base||_F, once measured
+    kept: float = 0.0  # delta energy the adapter carries
 
 
 def _plan(
@@ -414,25 +337,30 @@ def _plan(
             )
         module, _, leaf = key.rpartition(".")
         if not (mt.floating and mb.floating):
-            items.append(_Item(key, module, mt.shape, "skip", "not floating-point"))
+            items.append(_Item(key, module, mt.shape, "skip", "", "not floating-point"))
+            continue
+        if len(mt.shape) == 1:
+            items.append(_Item(key, module, mt.shape, "1d", "1-D", "1-D"))
             continue
         if len(mt.shape) != 2:
-            items.append(_Item(key, module, mt.shape, "measure", f"{len(mt.shape)}-D"))
+            items.append(_Item(key, module, mt.shape, "measure", "other", f"{len(mt.shape)}-D"))
             continue
         if leaf != "weight" or not module:
-            items.append(_Item(key, module, mt.shape, "measure", "not a module weight"))
+            items.append(_Item(key, module, mt.shape, "measure", "other", "not a module weight"))
             continue
         kind = tuned.module_kind(module) or base.module_kind(module)
         if is_embedding(module, kind):
-            items.append(_Item(key, module, mt.shape, "save", "embedding or output head"))
+            reason = "embedding or output head"
+            items.append(_Item(key, module, mt.shape, "embed", "embedding", reason))
             continue
         if kind == "conv1d":
-            items.append(_Item(key, module, mt.shape, "lora", transpose=True))
+            items.append(_Item(key, module, mt.shape, "lora", "linear", transpose=True))
             continue
         if kind == "other":
-            items.append(_Item(key, module, mt.shape, "measure", "not a Linear module"))
+            reason = "not a Linear module"
+            items.append(_Item(key, module, mt.shape, "measure", "other", reason))
             continue
-        items.append(_Item(key, module, mt.shape, "lora"))
+        items.append(_Item(key, module, mt.shape, "lora", "linear"))
     lora = [i for i in items if i.action == "lora"]
     if lora and any(i.transpose for i in lora) and not all(i.transpose for i in lora):
         conv = next(i for i in lora if i.transpose)
@@ -457,91 +385,219 @@ def _chunked_delta_norm(tuned: Any, base: Any, dev: Any, chunk_bytes: int = 64 <
     return math.sqrt(total) if math.isfinite(total) else float("nan")
 
 
-def _run_plan(
-    plan: list[_Item],
-    src_base: TensorSource,
-    src_tuned: TensorSource,
-    writer: SafetensorsWriter,
-    report: ExtractionReport,
-    *,
-    dev: Any,
-    out_dtype: Any,
-    min_rank: int,
-    max_rank: int,
-    explained_variance: float,
-    embeddings: str,
-    niter: int,
-    oversample: int,
-    seed: int | None,
-    progress: ProgressCallback | None,
-) -> None:
-    total = len(plan)
-    for i, item in enumerate(plan, 1):
-        t0 = time.perf_counter()
-        if item.action == "skip":
-            report.skipped.append(SkippedTensor(item.key, item.shape, item.reason))
-        else:
-            w_base = src_base.get(item.key)
-            w_tuned = src_tuned.get(item.key)
-            base_dtype = w_base.dtype
-            if item.action == "lora":
-                # one float32 tensor on the device, plus the base in its own dtype
-                dw = w_tuned.to(dev, torch.float32, copy=True)
-                dw.sub_(w_base.to(dev))
-                if item.transpose:  # Conv1D stores (in, out); PEFT factors (out, in)
-                    dw = dw.mT.contiguous()
-                norm = float(torch.linalg.vector_norm(dw))
+def _holds_lora(module: str, lora_modules: set[str]) -> bool:
+    """Whether ``module`` is a LoRA module or holds one (PEFT cannot save it whole)."""
+    if not module:
+        return True
+    prefix = module + "."
+    return module in lora_modules or any(m.startswith(prefix) for m in lora_modules)
+
+
+class _Run:
+    """One extraction: the factors (pass one, streamed) and what is saved whole (pass two)."""
+
+    def __init__(
+        self,
+        base: TensorSource,
+        tuned: TensorSource,
+        writer: SafetensorsWriter,
+        report: ExtractionReport,
+        *,
+        dev: Any,
+        progress: ProgressCallback | None,
+    ) -> None:
+        self.base, self.tuned, self.writer, self.report = base, tuned, writer, report
+        self.dev = dev
+        self.progress = progress
+
+    def factor_and_measure(
+        self,
+        plan: list[_Item],
+        *,
+        out_dtype: Any,
+        min_rank: int,
+        max_rank: int,
+        explained_variance: float,
+        niter: int,
+        oversample: int,
+        seed: int | None,
+    ) -> None:
+        """Pass one, tensor by tensor: factor the Linear deltas, measure all others."""
+        total = len(plan)
+        report = self.report
+        for i, item in enumerate(plan, 1):
+            t0 = time.perf_counter()
+            if item.action == "skip":
+                report.skipped.append(SkippedTensor(item.key, item.shape, item.reason))
             else:
-                dw = None
-                norm = _chunked_delta_norm(w_tuned, w_base, dev)
-            del w_base
-            if not math.isfinite(norm):
-                raise ExtractionError(
-                    f"non-finite delta in {item.key!r}: NaN or infinite values in base or tuned",
-                    tensor=item.key,
-                )
-            if norm == 0.0:
-                report.skipped.append(SkippedTensor(item.key, item.shape, "unchanged", 0.0))
-            elif item.action == "measure":
-                report.skipped.append(SkippedTensor(item.key, item.shape, item.reason, norm))
-            elif item.action == "save":
-                if embeddings == "save":
-                    writer.add(f"base_model.model.{item.key}", w_tuned)
-                    report.modules_to_save.append(item.module)
+                w_base = self.base.get(item.key)
+                w_tuned = self.tuned.get(item.key)
+                base_dtype = w_base.dtype
+                if item.action == "lora":
+                    # one float32 tensor on the device, plus the base in its own dtype
+                    dw = w_tuned.to(self.dev, torch.float32, copy=True)
+                    dw.sub_(w_base.to(self.dev))
+                    if item.transpose:  # Conv1D stores (in, out); PEFT factors (out, in)
+                        dw = dw.mT.contiguous()
+                    norm = float(torch.linalg.vector_norm(dw))
                 else:
-                    report.skipped.append(
-                        SkippedTensor(
-                            item.key, item.shape, item.reason + " (embeddings='skip')", norm
+                    dw = None
+                    norm = _chunked_delta_norm(w_tuned, w_base, self.dev)
+                del w_base, w_tuned
+                if not math.isfinite(norm):
+                    raise ExtractionError(
+                        f"non-finite delta in {item.key!r}: NaN or infinite values in base or "
+                        "tuned",
+                        tensor=item.key,
+                    )
+                item.norm = norm
+                if item.action == "lora" and norm > 0:
+                    assert dw is not None
+                    fdtype = base_dtype if out_dtype == "base" else out_dtype
+                    f = factorize_delta(
+                        dw,
+                        min_rank=min_rank,
+                        max_rank=max_rank,
+                        explained_variance=explained_variance,
+                        niter=niter,
+                        oversample=oversample,
+                        seed=seed,
+                        name=item.key,
+                        out_dtype=fdtype,
+                        consume=True,
+                    )
+                    self.writer.add(peft_key(item.module, "lora_A"), f.lora_A)
+                    self.writer.add(peft_key(item.module, "lora_B"), f.lora_B)
+                    item.kept = f.energy_kept * norm * norm
+                    report.modules.append(
+                        ModuleReport(
+                            name=item.module,
+                            shape=(int(dw.shape[0]), int(dw.shape[1])),
+                            rank=f.rank,
+                            energy_kept=f.energy_kept,
+                            rel_error=f.rel_error,
+                            delta_norm=f.delta_norm,
+                            target_reached=f.target_reached,
+                            seconds=time.perf_counter() - t0,
                         )
                     )
+                del dw
+            if self.progress is not None:
+                self.progress(item.key, i, total)
+
+    def save_whole(self, plan: list[_Item], *, embeddings: str, save_1d: bool) -> None:
+        """Pass two: decide what is saved whole, write it, and account for every tensor."""
+        report = self.report
+        lora_modules = set(report.ranks)
+        to_save: dict[str, str] = {}  # module -> why it is saved whole
+        lora_bias = False
+        reasons: dict[str, str] = {}  # key -> why a changed tensor is left out
+        for item in plan:
+            if item.action in ("skip", "lora") or item.norm == 0:
+                continue
+            if item.action == "embed":
+                if embeddings == "save":
+                    to_save.setdefault(item.module, "embedding or output head")
+                else:
+                    reasons[item.key] = item.reason + " (embeddings='skip')"
+            elif item.action == "1d":
+                leaf = item.key.rsplit(".", 1)[-1]
+                if not save_1d:
+                    reasons[item.key] = "1-D (save_1d=False)"
+                elif item.module in lora_modules and leaf == "bias":
+                    lora_bias = True
+                elif _holds_lora(item.module, lora_modules):
+                    reasons[item.key] = "1-D tensor of a module holding LoRA modules"
+                else:
+                    to_save.setdefault(item.module, "1-D tensor changed")
+        for item in plan:  # other changed tensors ride along when their module is saved
+            if item.action == "measure" and item.norm > 0 and item.module not in to_save:
+                reasons[item.key] = item.reason
+        saved_keys = self._write_modules(to_save, plan, lora_modules)
+        if lora_bias:
+            report.bias = "lora_only"
+            saved_keys.update(self._write_lora_biases(lora_modules, plan))
+        report.modules_to_save = sorted(to_save.keys() | set(report.tied))
+        for item in plan:
+            if not item.category:
+                continue
+            energy = item.norm * item.norm
+            if item.action == "lora" and item.norm > 0:
+                how = "lora"
+            elif item.key in saved_keys:
+                how, item.kept = "saved", energy
             else:
-                fdtype = base_dtype if out_dtype == "base" else out_dtype
-                f = factorize_delta(
-                    dw,
-                    min_rank=min_rank,
-                    max_rank=max_rank,
-                    explained_variance=explained_variance,
-                    niter=niter,
-                    oversample=oversample,
-                    seed=seed,
-                    name=item.key,
-                    out_dtype=fdtype,
-                    consume=True,
+                how = "missed"
+                reason = reasons.get(item.key, "unchanged" if item.norm == 0 else item.reason)
+                report.skipped.append(SkippedTensor(item.key, item.shape, reason, item.norm))
+            category: CategoryReport = report.categories[item.category]
+            category.add(energy, item.kept, how)
+
+    def _module_keys(self) -> dict[str, list[str]]:
+        """Every tuned key by the module holding it directly (include/exclude aside:
+        PEFT expects all of a saved module's tensors)."""
+        keys: dict[str, list[str]] = {}
+        for key in self.tuned.keys():  # noqa: SIM118 - a TensorSource
+            module, _, _ = key.rpartition(".")
+            keys.setdefault(module, []).append(key)
+        return keys
+
+    def _write_modules(
+        self, to_save: dict[str, str], plan: list[_Item], lora_modules: set[str]
+    ) -> set[str]:
+        """Write every tensor of the modules saved whole (and of tied heads)."""
+        if not to_save:
+            return set()
+        report = self.report
+        norms = {item.key: item.norm for item in plan}
+        by_module = self._module_keys()
+        tied = {**self.base.tied, **self.tuned.tied}  # missing key -> the key it shares
+        written: set[str] = set()
+        for module, why in sorted(to_save.items()):
+            for key in by_module.get(module, []):
+                tensor = self.tuned.get(key)
+                self.writer.add(f"base_model.model.{key}", tensor)
+                written.add(key)
+                shape = tuple(int(d) for d in tensor.shape)
+                report.saved.append(
+                    SavedTensor(key, f"base_model.model.{key}", shape, why, norms.get(key))
                 )
-                writer.add(peft_key(item.module, "lora_A"), f.lora_A)
-                writer.add(peft_key(item.module, "lora_B"), f.lora_B)
-                report.modules.append(
-                    ModuleReport(
-                        name=item.module,
-                        shape=(int(dw.shape[0]), int(dw.shape[1])),
-                        rank=f.rank,
-                        energy_kept=f.energy_kept,
-                        rel_error=f.rel_error,
-                        delta_norm=f.delta_norm,
-                        target_reached=f.target_reached,
-                        seconds=time.perf_counter() - t0,
+                for alias, target in sorted(tied.items()):
+                    if target != key:
+                        continue
+                    alias_module = alias.rpartition(".")[0]
+                    if alias_module in to_save or _holds_lora(alias_module, lora_modules):
+                        continue
+                    self.writer.add(f"base_model.model.{alias}", tensor)
+                    report.tied[alias_module] = module
+                    report.saved.append(
+                        SavedTensor(
+                            alias,
+                            f"base_model.model.{alias}",
+                            shape,
+                            f"tied to {key}",
+                            norms.get(key),
+                        )
                     )
-                )
-            del dw, w_tuned
-        if progress is not None:
-            progress(item.key, i, total)
+                del tensor
+        return written
+
+    def _write_lora_biases(self, lora_modules: set[str], plan: list[_Item]) -> set[str]:
+        """With ``bias="lora_only"`` PEFT expects every LoRA module's bias: write them all."""
+        norms = {item.key: item.norm for item in plan}
+        all_keys = set(self.tuned.keys())
+        written: set[str] = set()
+        for module in sorted(lora_modules):
+            key = f"{module}.bias"
+            if key not in all_keys:
+                continue
+            tensor = self.tuned.get(key)
+            peft_bias = f"base_model.model.{module}.base_layer.bias"
+            self.writer.add(peft_bias, tensor)
+            written.add(key)
+            shape = tuple(int(d) for d in tensor.shape)
+            self.report.saved.append(
+                SavedTensor(key, peft_bias, shape, "bias of a LoRA module", norms.get(key))
+            )
+            del tensor
+        return written

@@ -15,7 +15,6 @@ not change the training run's random numbers or autograd state.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections import deque
@@ -42,6 +41,7 @@ from adapterprobe.lora.peft_writer import (
     peft_config,
     peft_key,
 )
+from adapterprobe.lora.sources import contained, read_json_file
 
 torch = require("torch", "torch")
 
@@ -313,58 +313,124 @@ class AdapterLibrary:
 
     @classmethod
     def load_library(cls, path: str | Path) -> AdapterLibrary:
-        """Load a library saved by :meth:`save_library` (no pickle involved)."""
-        load_file = require("safetensors.torch", "torch").load_file
+        """Load a library saved by :meth:`save_library` (no pickle involved).
+
+        A malformed ``library.json`` (wrong types, missing fields, numbers out of
+        range, deep nesting) or adapter file is an :class:`ExtractionError`; an entry
+        may only name a file inside the library's directory.
+        """
         root = Path(path)
         index = root / LIBRARY_FILE
         if not index.is_file():
             raise MissingFileError(f"{root} is not an adapter library (no {LIBRARY_FILE})")
-        try:
-            data = json.loads(index.read_text())
-            if data.get("format") != LIBRARY_FORMAT:
-                raise ValueError(f"unknown format {data.get('format')!r}")
-            entries = data["adapters"]
-        except (OSError, ValueError, KeyError, AttributeError) as exc:
-            raise ExtractionError(f"bad adapter library {index}: {exc}") from exc
-        adapters = []
-        for e in entries:
-            fpath = root / e["file"]
-            if not fpath.is_file():
-                raise MissingFileError(f"adapter library {root}: {e['file']} is missing")
-            tensors = load_file(str(fpath))
-            layers = {}
-            for name, lm in e.get("layers", {}).items():
-                try:
-                    layers[name] = LowRankFactors(
-                        name=name,
-                        lora_A=tensors[f"{name}::lora_A"],
-                        lora_B=tensors[f"{name}::lora_B"],
-                        singular_values=tensors[f"{name}::singular_values"],
-                        energy_kept=lm.get("energy_kept") or 0.0,
-                        rel_error=lm.get("rel_error") or 0.0,
-                        target_reached=bool(lm.get("target_reached", True)),
-                        delta_norm=lm.get("delta_norm") or 0.0,
-                    )
-                except KeyError as exc:
-                    raise ExtractionError(
-                        f"adapter library {root}: {e['file']} lacks {exc}", tensor=name
-                    ) from exc
-            adapters.append(
-                ExtractedAdapter(
-                    adapter_id=e["adapter_id"],
-                    step=int(e["step"]),
-                    trigger=e.get("trigger", "manual"),
-                    loss=e.get("loss"),
-                    val_score=e.get("val_score"),
-                    metrics=dict(e.get("metrics") or {}),
-                    tags=list(e.get("tags") or []),
-                    layers=layers,
-                    seconds=float(e.get("seconds") or 0.0),
-                    created_at=float(e.get("created_at") or 0.0),
-                )
+        data = read_json_file(index, "adapter library")
+        if not isinstance(data, dict):
+            raise ExtractionError(
+                f"bad adapter library: a {type(data).__name__}, not an object", path=index
             )
-        cfg = ParasiticConfig.from_dict(data["config"]) if data.get("config") else None
-        return cls(adapters, config=cfg, stats=data.get("stats") or {})
+        if data.get("format") != LIBRARY_FORMAT:
+            raise ExtractionError(
+                f"bad adapter library: unknown format {data.get('format')!r}", path=index
+            )
+        entries = data.get("adapters")
+        if not isinstance(entries, list):
+            raise ExtractionError("bad adapter library: 'adapters' is not a list", path=index)
+        adapters = []
+        for i, entry in enumerate(entries):
+            try:
+                adapters.append(_adapter_from_entry(root, entry))
+            except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as exc:
+                raise ExtractionError(
+                    f"bad adapter library: entry {i}: {type(exc).__name__}: {exc}", path=index
+                ) from exc
+        try:
+            config = data.get("config")
+            cfg = ParasiticConfig.from_dict(_object(config, "config")) if config else None
+            stats = _object(data.get("stats") or {}, "stats")
+        except (TypeError, ValueError, KeyError, AttributeError, OverflowError, UsageError) as exc:
+            raise ExtractionError(f"bad adapter library: config: {exc}", path=index) from exc
+        return cls(adapters, config=cfg, stats=stats)
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError(f"{what} is a {type(value).__name__}, not an object")
+    return value
+
+
+def _number(value: Any, what: str, default: float | None = 0.0) -> float | None:
+    """A finite-or-not float from JSON (None -> ``default``); TypeError for anything else."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} is not a number: {value!r}")
+    return float(value)
+
+
+def _adapter_from_entry(root: Path, entry: Any) -> ExtractedAdapter:
+    """One ``library.json`` entry and its safetensors file, checked field by field."""
+    load_file = require("safetensors.torch", "torch").load_file
+    e = _object(entry, "the entry")
+    name = e["file"]
+    if not isinstance(name, str) or not contained(name):
+        raise ValueError(f"file {name!r} is not a file name inside the library")
+    fpath = root / name
+    if not fpath.is_file():
+        raise MissingFileError(f"adapter library {root}: {name} is missing")
+    try:
+        tensors = load_file(str(fpath))
+    except Exception as exc:  # safetensors raises its own error types
+        raise ExtractionError(f"adapter library: cannot read {name}: {exc}", path=fpath) from exc
+    step = e["step"]
+    if isinstance(step, bool) or not isinstance(step, (int, float)):
+        raise TypeError(f"step is not a number: {step!r}")
+    adapter_id = e["adapter_id"]
+    if not isinstance(adapter_id, str):
+        raise TypeError(f"adapter_id is not a string: {adapter_id!r}")
+    trigger = e.get("trigger", "manual")
+    if not isinstance(trigger, str):
+        raise TypeError(f"trigger is not a string: {trigger!r}")
+    tags = e.get("tags") or []
+    if not isinstance(tags, list):
+        raise TypeError("tags is not a list")
+    layers = {}
+    for layer, meta in _object(e.get("layers") or {}, "layers").items():
+        meta = _object(meta, f"layer {layer!r}")
+        try:
+            a, b = tensors[f"{layer}::lora_A"], tensors[f"{layer}::lora_B"]
+            singular = tensors[f"{layer}::singular_values"]
+        except KeyError as exc:
+            raise ExtractionError(
+                f"adapter library {root}: {name} lacks {exc}", tensor=layer
+            ) from exc
+        if a.ndim != 2 or b.ndim != 2 or b.shape[1] != a.shape[0]:
+            raise ExtractionError(
+                f"adapter library {root}: {name}: {layer} has factors of shapes "
+                f"{list(b.shape)} and {list(a.shape)}, which do not multiply",
+                tensor=layer,
+            )
+        layers[layer] = LowRankFactors(
+            name=layer,
+            lora_A=a,
+            lora_B=b,
+            singular_values=singular,
+            energy_kept=_number(meta.get("energy_kept"), "energy_kept") or 0.0,
+            rel_error=_number(meta.get("rel_error"), "rel_error") or 0.0,
+            target_reached=bool(meta.get("target_reached", True)),
+            delta_norm=_number(meta.get("delta_norm"), "delta_norm") or 0.0,
+        )
+    return ExtractedAdapter(
+        adapter_id=adapter_id,
+        step=int(step),  # OverflowError for inf, ValueError for NaN
+        trigger=trigger,
+        loss=_number(e.get("loss"), "loss", None),
+        val_score=_number(e.get("val_score"), "val_score", None),
+        metrics=dict(_object(e.get("metrics") or {}, "metrics")),
+        tags=[str(t) for t in tags],
+        layers=layers,
+        seconds=_number(e.get("seconds"), "seconds") or 0.0,
+        created_at=_number(e.get("created_at"), "created_at") or 0.0,
+    )
 
 
 def _scalar(v: Any) -> Any:

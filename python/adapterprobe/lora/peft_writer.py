@@ -26,6 +26,18 @@ torch = require("torch", "torch")
 ADAPTER_FILE = "adapter_model.safetensors"
 CONFIG_FILE = "adapter_config.json"
 
+# What a tensor saved whole (modules_to_save) may hold besides floats: a module's
+# integer buffers go into the file too, since PEFT expects every key of such a module.
+_ST_CODES = {
+    **FACTOR_DTYPES,
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+
 
 class SafetensorsWriter:
     """Write tensors one at a time to a spool file, then assemble a safetensors
@@ -42,7 +54,7 @@ class SafetensorsWriter:
         if key in self._entries:
             raise ExtractionError(f"duplicate tensor {key!r} in the adapter file")
         t = tensor.detach().contiguous().cpu()
-        code = FACTOR_DTYPES.get(t.dtype)
+        code = _ST_CODES.get(t.dtype)
         if code is None:
             raise ExtractionError(f"cannot store {key!r} as {t.dtype}")
         raw = t.reshape(-1).view(torch.uint8).numpy()
@@ -84,10 +96,17 @@ def peft_config(
     modules_to_save: Sequence[str] = (),
     base_model_name_or_path: str | None = None,
     fan_in_fan_out: bool = False,
+    bias: str = "none",
+    ensure_weight_tying: bool = False,
 ) -> dict[str, Any]:
-    """An ``adapter_config.json`` for per-module ranks with alpha = rank (scaling 1)."""
+    """An ``adapter_config.json`` for per-module ranks with alpha = rank (scaling 1).
+
+    ``bias="lora_only"`` when the file holds the LoRA modules' biases
+    (``<module>.base_layer.bias``); ``ensure_weight_tying`` when a saved embedding has
+    a tied output head, so that PEFT keeps the two tied (the file holds both anyway).
+    """
     r = Counter(ranks.values()).most_common(1)[0][0] if ranks else 8
-    return {
+    config = {
         "peft_type": "LORA",
         "task_type": None,
         "base_model_name_or_path": base_model_name_or_path,
@@ -97,7 +116,7 @@ def peft_config(
         "rank_pattern": {m: int(k) for m, k in ranks.items()},
         "alpha_pattern": {m: int(k) for m, k in ranks.items()},
         "lora_dropout": 0.0,
-        "bias": "none",
+        "bias": bias,
         "fan_in_fan_out": bool(fan_in_fan_out),
         "modules_to_save": sorted(modules_to_save) or None,
         "init_lora_weights": True,
@@ -105,6 +124,9 @@ def peft_config(
         "use_dora": False,
         "inference_mode": True,
     }
+    if ensure_weight_tying:  # only then: PEFT versions before 0.18 do not know the key
+        config["ensure_weight_tying"] = True
+    return config
 
 
 def peft_key(module: str, which: str) -> str:

@@ -1,10 +1,14 @@
 """Where extraction reads weights from: a module, a state dict or a checkpoint.
 
 Every source answers the same questions (keys, shape/dtype of a key, the
-tensor of a key, what kind of module a key belongs to). Checkpoint paths
-(``.safetensors``, a directory with ``model.safetensors`` or a sharded
-``model.safetensors.index.json``) are opened lazily and read tensor by
-tensor, so a model larger than memory can be compared.
+tensor of a key, what kind of module a key belongs to, which keys are tied to
+another). Checkpoint paths (``.safetensors``, a directory with
+``model.safetensors`` or a sharded ``model.safetensors.index.json``) are opened
+lazily and read tensor by tensor, so a model larger than memory can be compared.
+
+JSON beside a checkpoint (``config.json``, the shard index) is read defensively:
+anything malformed is an :class:`ExtractionError` naming the file, and an index
+may only name shards inside its own directory.
 """
 
 from __future__ import annotations
@@ -39,6 +43,9 @@ class TensorMeta:
 
 class TensorSource:
     label: str
+    #: keys left out because they share storage with another key (a tied output
+    #: head): missing key -> the key it is tied to
+    tied: dict[str, str]
 
     def keys(self) -> list[str]:
         raise NotImplementedError
@@ -53,6 +60,10 @@ class TensorSource:
         """'linear', 'embedding', 'conv1d', 'other', or None when unknown."""
         return None
 
+    def paths(self) -> list[Path]:
+        """The files this source reads (none for in-memory sources)."""
+        return []
+
     def close(self) -> None:
         pass
 
@@ -64,6 +75,7 @@ def _torch_meta(t: Any) -> TensorMeta:
 class DictSource(TensorSource):
     def __init__(self, tensors: Mapping[str, Any], label: str) -> None:
         self.label = label
+        self.tied = {}
         self._t: dict[str, Any] = {}
         for k, v in tensors.items():
             if not isinstance(v, torch.Tensor):
@@ -86,18 +98,21 @@ class ModuleSource(DictSource):
     def __init__(self, model: Any, label: str) -> None:
         state = model.state_dict()
         # drop tied duplicates (lm_head tied to the embedding), as save_pretrained does
-        seen: set[tuple[int, int, tuple[int, ...]]] = set()
+        seen: dict[tuple[int, int, tuple[int, ...]], str] = {}
         unique: dict[str, Any] = {}
+        tied: dict[str, str] = {}
         for k, v in state.items():
             try:
                 ident = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape))
             except (RuntimeError, NotImplementedError):
                 ident = (id(v), 0, ())
             if ident[0] != 0 and ident in seen:
+                tied[k] = seen[ident]
                 continue
-            seen.add(ident)
+            seen[ident] = k
             unique[k] = v
         super().__init__(unique, label)
+        self.tied = tied
         self._kinds: dict[str, str] = {}
         for mname, mod in model.named_modules():
             self._kinds[mname] = _kind_of(mod)
@@ -126,7 +141,8 @@ class SafetensorsSource(TensorSource):
         files = _resolve_checkpoint(path, label)
         self._where: dict[str, Path] = {}
         self._handles: dict[Path, Any] = {}
-        self._conv1d = _config_uses_conv1d(path if path.is_dir() else path.parent)
+        config = read_config(path if path.is_dir() else path.parent, label)
+        self._conv1d = config.get("model_type") in _CONV1D_MODEL_TYPES
         if isinstance(files, dict):
             for key, f in files.items():
                 self._where[key] = f
@@ -146,6 +162,7 @@ class SafetensorsSource(TensorSource):
         else:
             for key in self._handle(files).keys():  # noqa: SIM118 - not a dict
                 self._where[key] = files
+        self.tied = _tied_head(config, self._where)
 
     def _handle(self, f: Path) -> Any:
         h = self._handles.get(f)
@@ -175,6 +192,9 @@ class SafetensorsSource(TensorSource):
             return "conv1d"
         return None
 
+    def paths(self) -> list[Path]:
+        return sorted(set(self._where.values()))
+
     def close(self) -> None:
         self._handles.clear()
 
@@ -183,17 +203,72 @@ class SafetensorsSource(TensorSource):
 # as (in, out)); a checkpoint dir's config.json names the model type.
 _CONV1D_MODEL_TYPES = frozenset({"gpt2", "openai-gpt", "imagegpt", "decision_transformer"})
 _CONV1D_LEAVES = frozenset({"c_attn", "c_proj", "c_fc", "q_attn"})
+# Input token embeddings an output head may be tied to (module leaf names).
+_TOKEN_EMBEDDING_LEAVES = frozenset(
+    {"embed_tokens", "wte", "word_embeddings", "embed_in", "tok_embeddings", "shared"}
+)
+#: JSON files beside a checkpoint are small; anything larger is refused unread.
+MAX_JSON_BYTES = 64 << 20
 
 
-def _config_uses_conv1d(folder: Path) -> bool:
+def read_json_file(path: Path, what: str) -> Any:
+    """Parsed JSON of a small file; ExtractionError (naming ``what``) for anything wrong."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_JSON_BYTES:
+            raise ValueError(f"{size:,} bytes is more than the {MAX_JSON_BYTES:,} allowed")
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except RecursionError:
+        raise ExtractionError(f"bad {what}: nested too deeply", path=path) from None
+    except (OSError, ValueError) as exc:  # ValueError covers JSON and UTF-8 errors
+        raise ExtractionError(f"bad {what}: {exc}", path=path) from exc
+
+
+def read_config(folder: Path, label: str) -> dict[str, Any]:
+    """A checkpoint folder's ``config.json`` as a dict ({} when there is none)."""
     cfg = folder / "config.json"
     if not cfg.is_file():
+        return {}
+    data = read_json_file(cfg, f"{label} config.json")
+    if not isinstance(data, dict):
+        raise ExtractionError(
+            f"bad {label} config.json: a {type(data).__name__}, not an object", path=cfg
+        )
+    model_type = data.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise ExtractionError(f"bad {label} config.json: model_type is not a string", path=cfg)
+    tie = data.get("tie_word_embeddings")
+    if tie is not None and not isinstance(tie, bool):
+        raise ExtractionError(
+            f"bad {label} config.json: tie_word_embeddings is not true/false", path=cfg
+        )
+    return data
+
+
+def _tied_head(config: dict[str, Any], keys: Mapping[str, Any]) -> dict[str, str]:
+    """``{"lm_head.weight": <input embedding key>}`` when a checkpoint left out an output
+    head tied to its token embedding (``save_pretrained`` stores tied tensors once)."""
+    if config.get("tie_word_embeddings") is False or "lm_head.weight" in keys:
+        return {}
+    if not config:  # no config.json: no claim that anything is tied
+        return {}
+    embeds = [
+        k
+        for k in keys
+        if k.endswith(".weight")
+        and k[: -len(".weight")].rsplit(".", 1)[-1] in _TOKEN_EMBEDDING_LEAVES
+    ]
+    return {"lm_head.weight": embeds[0]} if len(embeds) == 1 else {}
+
+
+def contained(name: str) -> bool:
+    """Whether a file name from an index or a library stays inside its directory:
+    relative, no ``..`` climbing out. Symbolic links inside the directory are allowed
+    (the HF hub cache is made of them)."""
+    if not name or "\x00" in name or Path(name).is_absolute() or os.path.isabs(name):
         return False
-    try:
-        model_type = json.loads(cfg.read_text()).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        return False
-    return model_type in _CONV1D_MODEL_TYPES
+    normal = os.path.normpath(name)
+    return not (normal == ".." or normal.startswith(".." + os.sep) or normal == ".")
 
 
 def _resolve_checkpoint(path: Path, label: str) -> Path | dict[str, Path]:
@@ -220,14 +295,30 @@ def _resolve_checkpoint(path: Path, label: str) -> Path | dict[str, Path]:
 
 
 def _read_index(index: Path, label: str) -> dict[str, Path]:
-    try:
-        data = json.loads(index.read_text())
-        weight_map = data["weight_map"]
-        if not isinstance(weight_map, dict):
-            raise TypeError("weight_map is not an object")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ExtractionError(f"{label}: bad sharded index {index}: {exc}") from exc
-    return {str(k): index.parent / str(v) for k, v in weight_map.items()}
+    data = read_json_file(index, f"{label} sharded index")
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict):
+        raise ExtractionError(
+            f"bad {label} sharded index: no weight_map object (got {type(weight_map).__name__})",
+            path=index,
+        )
+    out: dict[str, Path] = {}
+    for key, shard in weight_map.items():
+        if not isinstance(shard, str):
+            raise ExtractionError(
+                f"bad {label} sharded index: the shard of {key!r} is not a file name",
+                path=index,
+                tensor=key,
+            )
+        if not contained(shard):
+            raise ExtractionError(
+                f"bad {label} sharded index: shard {shard!r} of {key!r} is outside "
+                f"the index's directory",
+                path=index,
+                tensor=key,
+            )
+        out[key] = index.parent / shard
+    return out
 
 
 def open_source(obj: Any, label: str) -> TensorSource:
