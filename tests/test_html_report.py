@@ -329,15 +329,84 @@ def test_a_curve_per_drift_record_with_spikes_on_it(demo, demo_page):
     ] == [65]
 
 
-def test_demo_ghost_bars_use_worst_layer_ratios(demo, demo_page):
-    dom = Dom(demo_page)
-    bars = dom.find("svg", cls="bars")
-    with_layers = [r for r in demo if r["evidence"].get("worst_layers")]
-    assert len(bars) == len(with_layers) > 0
-    for svg in bars:
+def bar_charts(page: str) -> list[tuple[str, Element]]:
+    """(title, svg) of every bar chart on a page, in page order."""
+    out = []
+    for svg in Dom(page).find("svg", cls="bars"):
+        title = next(el.text for el in svg.children if el.tag == "title")
+        out.append((title, svg))
+    return out
+
+
+def test_demo_bars_robust(demo, demo_page):
+    """rules="robust" on two-layer adapters: too few layers to compare, so each
+    layer's mean second moment is drawn (no limit line), and the weights
+    probe's delta energy per layer."""
+    bars = bar_charts(demo_page)
+    ghost = [
+        r for r in demo if r["probe"] == "gradient_ghost" and r["evidence"].get("layer_exp_avg_sq")
+    ]
+    weights = [r for r in demo if r["evidence"].get("layer_delta_energy")]
+    assert len(bars) == len(ghost) + len(weights) > 0
+    means = [svg for title, svg in bars if title.startswith("Mean Adam exp_avg_sq per layer")]
+    assert len(means) == len(ghost)
+    for svg in means:
         rects = [el for el in svg.children if el.tag == "rect"]
         assert len(rects) == 2  # the demo adapters have two layers
-        assert not [el for el in rects if el.has_class("flag")]  # 1.67x < 2x: not flagged
+        assert not [el for el in rects if el.has_class("flag")]
+        assert not [el for el in svg.children if el.has_class("limit")]
+
+
+def test_demo_bars_sway_against_the_calmest_layer(demo):
+    """rules="sway": each layer's mean second moment with the sway limit
+    (2x the calmest layer) drawn; 1.67x is under it, so nothing is flagged."""
+    records = [r.to_dict() for r in ap.scan(DEMO_STORE, rules="sway")]
+    page = render_html(records, settings=SETTINGS, generated_at=WHEN)
+    with_layers = [r for r in records if r["evidence"].get("worst_layers")]
+    ghost_bars = [svg for title, svg in bar_charts(page) if "exp_avg_sq" in title]
+    assert len(ghost_bars) == len(with_layers) > 0
+    for svg in ghost_bars:
+        rects = [el for el in svg.children if el.tag == "rect"]
+        assert len(rects) == 2
+        assert not [el for el in rects if el.has_class("flag")]
+        labels = [el.text for el in svg.children if el.has_class("lt")]
+        assert labels == ["2× calmest"]
+
+
+def test_robust_bars_compare_layers_with_their_peers():
+    """A compared adapter: scores against peers, the exploded layer flagged,
+    the limit drawn only when a bar comes near it."""
+    scores = {str(i): 1.0 + 0.1 * i for i in range(6)}
+    evidence = {
+        "rules": "robust",
+        "layer_exp_avg_sq": {k: 1e-6 for k in scores},
+        "layer_ratio_to_peers": scores,
+        "flagged_layers": [],
+        "thresholds": {"layer_outlier_ratio": 1000.0},
+    }
+    calm = {
+        "store": "/r/a",
+        "adapter": "/r/a/v1",
+        "probe": "gradient_ghost",
+        "verdict": "pass",
+        "score": 0.9,
+        "message": "ok",
+        "evidence": evidence,
+    }
+    hot = copy.deepcopy(calm) | {"store": "/r/b", "adapter": "/r/b/v1", "verdict": "warn"}
+    hot["evidence"]["layer_ratio_to_peers"]["3"] = 4000.0
+    hot["evidence"]["flagged_layers"] = [3]
+    charts = dict(bar_charts(render_html([calm, hot], settings=SETTINGS, generated_at=WHEN)))
+    assert len(charts) == 2
+    for title, svg in charts.items():
+        rects = [el for el in svg.children if el.tag == "rect"]
+        assert len(rects) == 6
+        flagged = [el for el in rects if el.has_class("flag")]
+        limit = [el.text for el in svg.children if el.has_class("lt")]
+        if "WARN above 1000×" in title:  # the calm one: limit named, not drawn
+            assert not flagged and not limit
+        else:
+            assert len(flagged) == 1 and "layer 3" in flagged[0].text and limit == ["1000× limit"]
 
 
 # ---------------------------------------------------------------------------
@@ -619,7 +688,7 @@ def test_write_html_is_atomic(demo, tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(report.os, "replace", broken)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(ap.UsageError, match="disk full"):
         write_html(target, demo, title="new", generated_at=WHEN)
     assert "new</title>" not in target.read_text(encoding="utf-8")
     assert os.listdir(tmp_path) == ["report.html"]  # no temp file left behind

@@ -311,20 +311,24 @@ def _judge_robust(inputs: Any, o: GhostOptions, result: Any) -> ProbeResult:
                     f"same tensor in other layers did: " + "; ".join(parts),
                 )
             )
-    if attribution is not None and not layer_values:
-        # Not compared, but still worth drawing: each layer's mean second moment.
+    layer_means: dict[str, float] = {}
+    if attribution is not None:
+        # Each layer's mean second moment: worth drawing whether compared or not.
         value = {p.param_id: p.exp_avg_sq_mean for p in per_param}
         per_layer: dict[int, list[float]] = {}
         for ps in attribution.params:
             per_layer.setdefault(ps.layer, []).append(value[ps.param_id])
-        layer_values = {str(layer): mean(v) for layer, v in sorted(per_layer.items())}
+        layer_means = {str(layer): mean(v) for layer, v in sorted(per_layer.items())}
     evidence = {
         **base,
         "checked": checked,
         "not_checked": not_checked,
         "findings": [{"rule": r, "verdict": v.value, "message": t} for v, r, t in findings],
         "num_layers": 0 if attribution is None else len(attribution.layer_indices),
-        "layer_exp_avg_sq": layer_values,
+        "layer_exp_avg_sq": layer_means,
+        # Each compared layer's score: the median over its tensors of the ratio
+        # to the same tensor's median across layers (1.0 is a typical layer).
+        "layer_ratio_to_peers": layer_values,
         "flagged_layers": sorted({x["layer"] for x in outliers}),
         "outliers": outliers,
         "thresholds": o.to_dict(),

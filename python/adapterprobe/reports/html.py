@@ -612,6 +612,8 @@ def _ghost_ratio(settings: Mapping[str, Any] | None) -> float:
 
 def _ghost_chart(rec: _Rec, uid: str, ratio: float) -> str:
     ev = rec.evidence
+    if ev.get("rules") == "robust":
+        return _robust_ghost_chart(ev, uid)
     items = _layer_items(ev.get("layer_exp_avg_sq"))
     if items:
         flagged = set(_names(ev.get("flagged_layers")))
@@ -636,6 +638,33 @@ def _ghost_chart(rec: _Rec, uid: str, ratio: float) -> str:
                 "× calmest",
                 (ratio, f"{_num(ratio)}× limit"),
             )
+    return ""
+
+
+def _robust_ghost_chart(ev: Mapping[str, Any], uid: str) -> str:
+    """rules="robust": each layer against its peers when the layers were
+    compared (the outlier limit drawn), else each layer's mean second moment."""
+    flagged = set(_names(ev.get("flagged_layers")))
+    scores = _layer_items(ev.get("layer_ratio_to_peers"))
+    if scores:
+        thresholds = ev.get("thresholds")
+        limit = (
+            _finite(thresholds.get("layer_outlier_ratio"))
+            if isinstance(thresholds, Mapping)
+            else None
+        )
+        title = "Second moments per layer vs the same tensors in the other layers"
+        # A limit far above every bar would flatten them: named, not drawn.
+        drawn = limit is not None and max(v for _, v in scores) >= limit / 10
+        if limit is not None and not drawn:
+            title += f" (WARN above {_num(limit)}×)"
+        line = (limit, f"{_num(limit)}× limit") if drawn and limit is not None else None
+        return _bars_svg(scores, flagged, uid, title, "× peers", line)
+    means = _layer_items(ev.get("layer_exp_avg_sq"))
+    if means:
+        return _bars_svg(
+            means, flagged, uid, "Mean Adam exp_avg_sq per layer (not compared)", "exp_avg_sq"
+        )
     return ""
 
 
