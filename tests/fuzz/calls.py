@@ -9,6 +9,7 @@ error is raised at the end. Any other exception propagates at once.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ EVENTS_NAME = "events.out.tfevents.1700000000.host.1.0"
 
 
 def _touch(obj: Any, depth: int = 0) -> None:
-    """Read every property of an adapterprobe result (and of the results in it)."""
+    """Read every property of a Rust result object (and of the results in it)."""
     if depth > 8:
         return
     if isinstance(obj, (list, tuple)):
@@ -28,7 +29,7 @@ def _touch(obj: Any, depth: int = 0) -> None:
     elif isinstance(obj, dict):
         for item in list(obj.values())[:64]:
             _touch(item, depth + 1)
-    elif type(obj).__module__.startswith("adapterprobe"):
+    elif type(obj).__module__ == "adapterprobe._core":
         for name in dir(obj):
             if not name.startswith("_"):
                 value = getattr(obj, name)
@@ -104,3 +105,47 @@ def training_state(case: Path) -> None:
 
 def ckpt(case: Path) -> None:
     _each(lambda: ap.read_optimizer_state(case / "last.ckpt"))
+
+
+def store_scan(case: Path) -> None:
+    """A whole dlm store with one file mutated: discovery, the three probes, the report.
+
+    The probes turn bad input into ERROR results, not exceptions; the first
+    such result is raised as an AdapterProbeError so that the fuzzer counts
+    it as an error and tells its messages apart.
+    """
+    version = case / "adapter" / "versions" / "v0001"
+    results: list[Any] = []
+
+    def scan() -> None:
+        report = ap.scan(case, workers=1)
+        report.to_json()
+        report.to_csv()
+        report.exit_code("warn")
+        results.extend(report)
+
+    def probe(fn: Callable[[Path], Any], path: Path) -> None:
+        results.append(fn(path))
+
+    _each(
+        scan,
+        lambda: probe(ap.training_drift, case),
+        lambda: probe(ap.gradient_ghost, version),
+        lambda: probe(ap.adapter_weights, version),
+    )
+    for r in results:
+        repr(r)
+        if r.verdict == "error":
+            raise ap.AdapterProbeError(r.message)
+
+
+KERNELS = ("robust_curve", "curve_metrics", "count_spikes", "spike_indices")
+
+
+def kernel_call(case: Path) -> None:
+    """One kernel call described by call.json (for saved kernel cases; not a fuzz target)."""
+    spec = json.loads((case / "call.json").read_text(encoding="utf-8"))
+    if spec["function"] not in KERNELS:
+        raise ValueError(f"not a kernel: {spec['function']!r}")
+    fn = getattr(ap, spec["function"])
+    _touch(fn(*spec.get("args", []), **spec.get("kwargs", {})))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -75,7 +76,12 @@ def main(argv: list[str] | None = None) -> int:
         help="fuzz only this parser (repeatable; default: all)",
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("fuzz-out"), help="bug cases go here")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / time.strftime("adapterprobe-fuzz-%Y%m%d-%H%M%S"),
+        help="bug cases are saved here (default: a new folder in the temp dir)",
+    )
     parser.add_argument("--workers", type=int, default=1, help="parsers fuzzed at once")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="per case")
     parser.add_argument("--memory", type=int, default=DEFAULT_MEMORY >> 20, help="MiB per worker")
@@ -99,7 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         timeout=args.timeout,
         memory=args.memory << 20,
     )
-    return 1 if report(stats) else 0
+    bugs = report(stats)
+    if bugs:
+        print(f"{bugs} bug cases; replay with: python -m tests.fuzz --replay {args.out}")
+    return 1 if bugs else 0
 
 
 def _replay(folder: Path, timeout: float, memory: int) -> int:

@@ -32,7 +32,7 @@ import time
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from . import mutators
@@ -159,8 +159,7 @@ class Worker:
             else:
                 child.unlink()
         self.case_dir.mkdir(parents=True, exist_ok=True)
-        for name, data in files.items():
-            (self.case_dir / name).write_bytes(data)
+        write_files(self.case_dir, files)
 
     def run(self, files: dict[str, bytes], timeout: float) -> Result:
         """Write the case, run it, and judge the reply and the files."""
@@ -233,6 +232,15 @@ def _signature(result: Result, case_dir: Path) -> str:
     return f"{result.outcome}|{result.exception}|{message}"
 
 
+class _Variant:
+    """One mutable file of a target, with its own pool of inputs."""
+
+    def __init__(self, target: Target, seeds: dict[str, list[Path]]) -> None:
+        self.target = target
+        self.pool: list[bytes] = [p.read_bytes() for p in seeds[target.seed_kind]]
+        self.n_seeds = len(self.pool)
+
+
 class Fuzzer:
     """The mutate-run-judge loop of one target."""
 
@@ -249,9 +257,9 @@ class Fuzzer:
     ) -> None:
         self.target = target
         self.rng = random.Random(seed ^ zlib.crc32(target.name.encode()))
-        self.pool: list[bytes] = [p.read_bytes() for p in seeds[target.seed_kind]]
-        self.n_seeds = len(self.pool)
+        self.variants = [_Variant(t, seeds) for t in target.alternatives or (target,)]
         self.companions = {name: seeds[kind][0].read_bytes() for name, kind in target.companions}
+        self.companions.update(dict(target.static))
         self.worker = Worker(target.call, workdir / target.name, memory)
         self.out = out
         self.timeout = timeout
@@ -259,12 +267,13 @@ class Fuzzer:
         self.seen: set[str] = set()
         self.saved_per_signature: Counter[str] = Counter()
 
-    def mutate(self) -> tuple[bytes, list[str]]:
+    def mutate(self, variant: _Variant) -> tuple[bytes, list[str]]:
         # Half the time a pristine seed, so the pool's broken inputs do not take over.
-        data = self.rng.choice(self.pool[: self.n_seeds] if self.rng.random() < 0.5 else self.pool)
+        pristine = self.rng.random() < 0.5
+        data = self.rng.choice(variant.pool[: variant.n_seeds] if pristine else variant.pool)
         applied: list[str] = []
         for _ in range(1 if self.rng.random() < 0.5 else self.rng.randint(2, 4)):
-            name, mutator = self.target.pick_mutator(self.rng)
+            name, mutator = variant.target.pick_mutator(self.rng)
             try:
                 new = mutator(data, self.rng)
             except Exception:  # a mutator bug must not stop the run
@@ -278,16 +287,21 @@ class Fuzzer:
             applied.append(name)
         return data, applied
 
-    def files_for(self, data: bytes) -> dict[str, bytes]:
+    def files_for(self, variant: _Variant, data: bytes) -> dict[str, bytes]:
+        """The case: companions, the mutated file, and its fix-ups (named beside it)."""
+        target = variant.target
         files = dict(self.companions)
-        files[self.target.primary] = data
-        if self.target.fix_up is not None:
-            files.update(self.target.fix_up(data, self.rng))
+        files[target.primary] = data
+        if target.fix_up is not None:
+            folder = PurePosixPath(target.primary).parent
+            for name, body in target.fix_up(data, self.rng).items():
+                files[str(folder / name)] = body
         return files
 
     def one(self) -> Result:
-        data, applied = self.mutate()
-        files = self.files_for(data)
+        variant = self.rng.choice(self.variants)
+        data, applied = self.mutate(variant)
+        files = self.files_for(variant, data)
         result = self.worker.run(files, self.timeout)
         self.stats.cases += 1
         self.stats.outcomes[result.outcome] += 1
@@ -297,18 +311,20 @@ class Fuzzer:
             self.seen.add(signature)
         keep = new or (result.outcome == "ok" and self.rng.random() < 0.05)
         if keep and result.outcome not in BUGS and len(data) <= POOL_ENTRY_CAP:
-            self._keep(data)
+            self._keep(variant, data)
         if result.outcome in BUGS and self.out is not None:
-            self._save(files, result, applied, new)
+            self._save(variant.target.primary, files, result, applied, new)
         return result
 
-    def _keep(self, data: bytes) -> None:
-        if len(self.pool) < POOL_CAP:
-            self.pool.append(data)
+    def _keep(self, variant: _Variant, data: bytes) -> None:
+        if len(variant.pool) < POOL_CAP:
+            variant.pool.append(data)
         else:
-            self.pool[self.rng.randrange(self.n_seeds, POOL_CAP)] = data
+            variant.pool[self.rng.randrange(variant.n_seeds, POOL_CAP)] = data
 
-    def _save(self, files: dict[str, bytes], result: Result, applied: list[str], new: bool) -> None:
+    def _save(
+        self, primary: str, files: dict[str, bytes], result: Result, applied: list[str], new: bool
+    ) -> None:
         """Every new kind of bug, and a few repeats of each outcome and exception type."""
         assert self.out is not None
         key = f"{result.outcome}|{result.exception}"
@@ -317,9 +333,9 @@ class Fuzzer:
             return
         if len(self.stats.saved) >= MAX_SAVED:
             return
-        digest = hashlib.sha256(files[self.target.primary]).hexdigest()[:12]
+        digest = hashlib.sha256(files[primary]).hexdigest()[:12]
         case = self.out / self.target.name / f"{result.outcome}-{digest}"
-        save_case(case, self.target, files, result, applied)
+        save_case(case, self.target, primary, files, result, applied)
         self.stats.saved.append(case)
 
     def run(self, seconds: float | None = None, max_cases: int | None = None) -> Stats:
@@ -336,17 +352,28 @@ class Fuzzer:
         return self.stats
 
 
+def write_files(folder: Path, files: dict[str, bytes]) -> None:
+    for name, data in files.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
 def save_case(
-    case: Path, target: Target, files: dict[str, bytes], result: Result, applied: list[str]
+    case: Path,
+    target: Target,
+    primary: str,
+    files: dict[str, bytes],
+    result: Result,
+    applied: list[str],
 ) -> None:
     """Write a bug case: its files and a case.json that --replay reads."""
     case.mkdir(parents=True, exist_ok=True)
-    for name, data in files.items():
-        (case / name).write_bytes(data)
+    write_files(case, files)
     info = {
         "target": target.name,
         "call": target.call,
-        "primary": target.primary,
+        "primary": primary,
         "outcome": result.outcome,
         "exception": result.exception,
         "message": result.message,
@@ -354,9 +381,18 @@ def save_case(
         "detail": result.detail,
         "mutations": applied,
         "files": sorted(files),
-        "sha256": hashlib.sha256(files[target.primary]).hexdigest(),
+        "sha256": hashlib.sha256(files[primary]).hexdigest(),
     }
     (case / "case.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+
+
+def case_files(case: Path) -> dict[str, bytes]:
+    """The input files of a saved case (everything but its case.json), by relative name."""
+    return {
+        str(p.relative_to(case)): p.read_bytes()
+        for p in sorted(case.rglob("*"))
+        if p.is_file() and p != case / "case.json"
+    }
 
 
 def scratch_dir() -> Path:
@@ -378,11 +414,7 @@ def replay(
             info = json.loads(case_json.read_text(encoding="utf-8"))
             target = targets.get(info["target"])
             call = target.call if target is not None else info["call"]
-            files = {
-                p.name: p.read_bytes()
-                for p in sorted(case_json.parent.iterdir())
-                if p.is_file() and p.name != "case.json"
-            }
+            files = case_files(case_json.parent)
             worker = Worker(call, work / "replay", memory)
             try:
                 out.append((case_json.parent, info, worker.run(files, timeout)))

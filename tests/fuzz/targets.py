@@ -30,6 +30,11 @@ class Target:
     families: tuple[str, ...]
     companions: tuple[tuple[str, str], ...] = ()
     fix_up: FixUp | None = None
+    # Fixed files of the case, by name (e.g. a store's current.txt).
+    static: tuple[tuple[str, bytes], ...] = ()
+    # Targets whose `primary` files take turns being mutated (a whole store);
+    # their `call` is unused, this target's runs on the case.
+    alternatives: tuple[Target, ...] = ()
 
     def pick_mutator(self, rng: random.Random) -> tuple[str, m.Mutator]:
         """A structure-aware mutator 70% of the time, a generic byte edit otherwise."""
@@ -55,6 +60,8 @@ def sha256_sidecar(data: bytes, rng: random.Random) -> dict[str, bytes]:
 
 
 CALLS = ".calls"
+VERSION = "adapter/versions/v0001/"
+LOG = "logs/train-000001-20250301T090000.jsonl"
 
 TARGETS: dict[str, Target] = {
     t.name: t
@@ -114,5 +121,40 @@ TARGETS: dict[str, Target] = {
             fix_up=sha256_sidecar,
         ),
         Target("ckpt", f"{CALLS}:ckpt", "last.ckpt", "ckpt", ("generic", "zip")),
+        Target(
+            "store_scan",
+            f"{CALLS}:store_scan",
+            VERSION + "adapter_model.safetensors",
+            "safetensors",
+            ("generic", "safetensors"),
+            companions=(
+                (VERSION + "adapter_model.safetensors", "safetensors"),
+                (VERSION + "adapter_config.json", "adapter_config"),
+                (VERSION + "training_state.pt", "training_state"),
+                (LOG, "dlm_log"),
+            ),
+            static=(("adapter/current.txt", b"versions/v0001"),),
+            alternatives=(
+                Target(
+                    "",
+                    "",
+                    VERSION + "adapter_model.safetensors",
+                    "safetensors",
+                    ("generic", "safetensors"),
+                ),
+                Target(
+                    "", "", VERSION + "adapter_config.json", "adapter_config", ("generic", "json")
+                ),
+                Target(
+                    "",
+                    "",
+                    VERSION + "training_state.pt",
+                    "training_state",
+                    ("generic", "zip"),
+                    fix_up=sha256_sidecar,
+                ),
+                Target("", "", LOG, "dlm_log", ("generic", "jsonl")),
+            ),
+        ),
     )
 }
