@@ -98,6 +98,10 @@ class Worker:
         self.buffer = b""
         self.starts += 1
         env = child_env()
+        # Address space reserved up front grows with threads (rayon's pool, malloc
+        # arenas); bound it so that the limit measures the input, not the core count.
+        env.setdefault("RAYON_NUM_THREADS", str(min(4, os.cpu_count() or 1)))
+        env.setdefault("MALLOC_ARENA_MAX", "2")
         with open(self.stderr_path, "wb") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", f"{_package()}.worker", self.call, str(self.memory)],

@@ -20,6 +20,8 @@ import warnings
 import zipfile
 from collections.abc import Callable
 
+from . import torchpickle
+
 Mutator = Callable[[bytes, random.Random], bytes]
 
 INTERESTING_U64 = (
@@ -703,11 +705,35 @@ def proto_edit(payload: bytes, rng: random.Random) -> bytes:
     return payload
 
 
+def tf_event(tag: bytes, step: int, value: float) -> bytes:
+    """An Event protobuf with one simple_value scalar (what SummaryWriter.add_scalar writes)."""
+    val = b"\x0a" + _varint(len(tag)) + tag + b"\x15" + struct.pack("<f", value)
+    summary = b"\x0a" + _varint(len(val)) + val
+    return b"\x10" + _varint(step) + b"\x2a" + _varint(len(summary)) + summary
+
+
+def tf_bomb(rng: random.Random) -> bytes:
+    """Many records: distinct tags past the reader's tag cap, or a long, odd series."""
+    if rng.random() < 0.5:
+        n = rng.choice((1000, 100_001))
+        return b"".join(tf_frame(tf_event(b"t%d" % i, i, 1.0)) for i in range(n))
+    n = rng.choice((1000, 200_000))
+    steps = rng.choice(("up", "down", "same", "huge"))
+    out = []
+    for i in range(n):
+        step = {"up": i, "down": n - i, "same": 7, "huge": (1 << 63) - 1 - i}[steps]
+        value = rng.choice((1.0, float("nan"), float("inf"), 1e-45)) if i % 7 == 0 else 2.0
+        out.append(tf_frame(tf_event(b"train/loss", step, value)))
+    return b"".join(out)
+
+
 def tf_edit(data: bytes, rng: random.Random) -> bytes:
     """Record-level edits: lengths (CRC fixed or not), payloads with CRCs fixed, record order."""
     records = tf_records(data)
     if not records:
         return data
+    if rng.random() < 0.02:
+        return data + tf_bomb(rng)
     i = rng.randrange(len(records))
     op = rng.choice((0, 1, 2, 2, 2, 3, 4, 5))
     if op in (0, 1):  # length field, with the length CRC fixed up (op 0) or not
@@ -816,9 +842,10 @@ def zip_structure(data: bytes, rng: random.Random) -> bytes:
             return data
         j = cd + 46 + rng.randrange(n)
         return data[:j] + bytes([rng.choice(b"aZ/._\x00\xff")]) + data[j + 1 :]
-    if op == 2:  # another EOCD later on (junk after it), or one in the comment
-        junk = bytes(rng.randrange(256) for _ in range(rng.choice((0, 1, 30))))
-        return data + junk + data[eocd : eocd + 22]
+    if op == 2:  # the EOCD moved: after junk, or copied there with the original kept
+        junk = bytes(rng.randrange(256) for _ in range(rng.choice((0, 1, 30, 70_000))))
+        head = data if rng.random() < 0.5 else data[:eocd] + data[eocd + 22 :]
+        return head + junk + data[eocd : eocd + 22]
     if op == 3:  # a zip64 locator before the EOCD pointing anywhere
         target = rng.choice((0, offset, len(data) - 10, 1 << 40, (1 << 64) - 1))
         locator = b"PK\x06\x07" + struct.pack("<IQI", 0, target, 1)
@@ -971,6 +998,22 @@ def zip_pickle(data: bytes, rng: random.Random) -> bytes:
     return _rewrite(data, {name: pickle_edit(pkl, rng)})
 
 
+def zip_pickle_tree(data: bytes, rng: random.Random) -> bytes:
+    """Change values inside data.pkl (sizes, strides, offsets, numels, keys, dtypes,
+    steps, param groups...) and write it back well formed (see torchpickle.py)."""
+    found = _pickle_entry(data)
+    if found is None:
+        return data
+    name, pkl, _infos = found
+    try:
+        tree = torchpickle.decode(pkl)
+        for _ in range(rng.choice((1, 1, 2, 3))):
+            tree = torchpickle.mutate(tree, rng)
+        return _rewrite(data, {name: torchpickle.encode(tree)})
+    except Exception:  # a pickle we cannot model, or a tree that does not encode
+        return data
+
+
 def zip_storage(data: bytes, rng: random.Random) -> bytes:
     """Edit a tensor storage entry: truncated, grown, or filled with non-finite floats."""
     try:
@@ -1000,7 +1043,8 @@ ZIP: dict[str, Mutator] = {
     "zip_fields": zip_fields,
     "zip_structure": zip_structure,
     "zip_pickle": zip_pickle,
-    "zip_pickle_2": zip_pickle,
+    "zip_pickle_tree": zip_pickle_tree,
+    "zip_pickle_tree_2": zip_pickle_tree,
     "zip_storage": zip_storage,
 }
 
