@@ -71,9 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=60.0, help="total wall time")
     parser.add_argument(
         "--parser",
-        action="append",
+        action="extend",
+        nargs="+",
         choices=sorted(TARGETS),
-        help="fuzz only this parser (repeatable; default: all)",
+        metavar="NAME",
+        help=f"fuzz only these parsers (default: all): {', '.join(sorted(TARGETS))}",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(

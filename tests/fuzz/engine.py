@@ -227,6 +227,8 @@ class Stats:
     def line(self, name: str) -> str:
         rate = self.cases / self.seconds if self.seconds else 0.0
         counts = " ".join(f"{k}={self.outcomes[k]}" for k in OUTCOMES if self.outcomes[k])
+        if self.mutator_errors:
+            counts += f" (mutator errors: {self.mutator_errors})"
         return f"{name:<20} {self.cases:>8} cases {rate:>8.1f}/s  {counts}"
 
 

@@ -10,6 +10,7 @@ streams, and the JSON and CSV dialect corners.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import pickletools
@@ -352,6 +353,69 @@ def json_escapes(data: bytes, rng: random.Random) -> bytes:
     else:
         body += rng.choice(("é", "😀", "\u2028", "\u0000")).encode("utf-8")
     return data[: m.start()] + b'"' + body + b'"' + data[m.end() :]
+
+
+HOSTILE_PATTERNS = (
+    "(a*)*b",
+    "(?=q)proj",
+    r"(q)\1",
+    "a{4294967295}",
+    "(",
+    "[",
+    r"\p{L}{1000}",
+    "x" * 1025,
+    "(" * 300 + ")" * 300,
+    "q_proj|v_proj",
+    ".*",
+    "",
+    "all-linear",
+    "ALL-LINEAR",
+    "layers\\.0\\..*",
+    "(?i)Q_PROJ",
+    "é+",
+)
+
+
+def peft_config_edit(data: bytes, rng: random.Random) -> bytes:
+    """PEFT fields the weights reader uses: r, lora_alpha, the patterns, target_modules."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError):
+        return data
+    if not isinstance(doc, dict):
+        return data
+    field = rng.choice(
+        ("r", "lora_alpha", "rank_pattern", "alpha_pattern", "target_modules", "flags", "peft_type")
+    )
+    numbers = (0, -1, 1, 2**31, 2**64, 1e400, 0.5, float("nan"), float("inf"), "4", None, True)
+    if field in ("r", "lora_alpha"):
+        doc[field] = rng.choice(numbers)
+    elif field in ("rank_pattern", "alpha_pattern"):
+        n = rng.choice((1, 2, 3, 1025))
+        doc[field] = {
+            (rng.choice(HOSTILE_PATTERNS) if n < 5 else f"k{i}"): rng.choice(numbers)
+            for i in range(n)
+        }
+    elif field == "target_modules":
+        doc[field] = rng.choice(
+            (
+                rng.choice(HOSTILE_PATTERNS),
+                [rng.choice(HOSTILE_PATTERNS) for _ in range(3)],
+                [],
+                None,
+                7,
+                ["q_proj"] * 2000,
+            )
+        )
+    elif field == "flags":
+        key = rng.choice(("use_rslora", "use_dora", "fan_in_fan_out", "modules_to_save"))
+        doc[key] = rng.choice((True, False, None, 1, "yes", ["lm_head"], ["x"] * 3))
+    else:
+        doc[field] = rng.choice(("LORA", "ADALORA", "lora", None, 3, ""))
+    try:
+        return json.dumps(doc).encode()
+    except (TypeError, ValueError):
+        return data
 
 
 JSON: dict[str, Mutator] = {
@@ -715,14 +779,22 @@ def tf_event(tag: bytes, step: int, value: float) -> bytes:
 def tf_bomb(rng: random.Random) -> bytes:
     """Many records: distinct tags past the reader's tag cap, or a long, odd series."""
     if rng.random() < 0.5:
-        n = rng.choice((1000, 100_001))
-        return b"".join(tf_frame(tf_event(b"t%d" % i, i, 1.0)) for i in range(n))
-    n = rng.choice((1000, 200_000))
-    steps = rng.choice(("up", "down", "same", "huge"))
+        return _tf_bomb("tags", rng.choice((1000, 100_001)), "up")
+    return _tf_bomb(
+        "series", rng.choice((1000, 50_000)), rng.choice(("up", "down", "same", "huge"))
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _tf_bomb(kind: str, n: int, steps: str) -> bytes:
+    # Cached: the CRCs of a few MiB take seconds in pure Python.
     out = []
     for i in range(n):
+        if kind == "tags":
+            out.append(tf_frame(tf_event(b"t%d" % i, i, 1.0)))
+            continue
         step = {"up": i, "down": n - i, "same": 7, "huge": (1 << 63) - 1 - i}[steps]
-        value = rng.choice((1.0, float("nan"), float("inf"), 1e-45)) if i % 7 == 0 else 2.0
+        value = (1.0, float("nan"), float("inf"), 1e-45)[i % 4] if i % 7 == 0 else 2.0
         out.append(tf_frame(tf_event(b"train/loss", step, value)))
     return b"".join(out)
 
@@ -1049,8 +1121,11 @@ ZIP: dict[str, Mutator] = {
 }
 
 
+PEFT: dict[str, Mutator] = {"peft_config_edit": peft_config_edit}
+
 FAMILIES: dict[str, dict[str, Mutator]] = {
     "generic": GENERIC,
+    "peft": PEFT,
     "json": JSON,
     "jsonl": JSONL,
     "safetensors": SAFETENSORS,

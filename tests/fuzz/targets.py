@@ -86,7 +86,7 @@ TARGETS: dict[str, Target] = {
             f"{CALLS}:adapter_weights",
             "adapter_config.json",
             "adapter_config",
-            ("generic", "json"),
+            ("generic", "json", "peft"),
             companions=(("adapter_model.safetensors", "safetensors"),),
         ),
         Target(
@@ -143,7 +143,11 @@ TARGETS: dict[str, Target] = {
                     ("generic", "safetensors"),
                 ),
                 Target(
-                    "", "", VERSION + "adapter_config.json", "adapter_config", ("generic", "json")
+                    "",
+                    "",
+                    VERSION + "adapter_config.json",
+                    "adapter_config",
+                    ("generic", "json", "peft"),
                 ),
                 Target(
                     "",

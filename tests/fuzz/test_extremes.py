@@ -61,7 +61,7 @@ sizes = st.one_of(
 positive = st.one_of(st.floats(min_value=1e-3, max_value=50.0), st.just(3.0), floats)
 
 SETTINGS = settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 
 
