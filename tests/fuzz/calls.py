@@ -1,0 +1,151 @@
+"""What each fuzz target does with a case directory, inside the worker.
+
+Each function reads the mutated file the way a user would, through the
+public Python API, then touches every property of the result so that the
+Rust-to-Python conversions run too. Several readers of one input all run:
+an AdapterProbeError from one does not stop the next, and the first such
+error is raised at the end. Any other exception propagates at once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import adapterprobe as ap
+
+EVENTS_NAME = "events.out.tfevents.1700000000.host.1.0"
+
+
+def _touch(obj: Any, depth: int = 0) -> None:
+    """Read every property of a Rust result object (and of the results in it)."""
+    if depth > 8:
+        return
+    if isinstance(obj, (list, tuple)):
+        for item in obj[:64]:
+            _touch(item, depth + 1)
+    elif isinstance(obj, dict):
+        for item in list(obj.values())[:64]:
+            _touch(item, depth + 1)
+    elif type(obj).__module__ == "adapterprobe._core":
+        for name in dir(obj):
+            if not name.startswith("_"):
+                value = getattr(obj, name)
+                if not callable(value):
+                    _touch(value, depth + 1)
+        repr(obj)
+
+
+def _each(*reads: Callable[[], Any]) -> None:
+    first: ap.AdapterProbeError | None = None
+    for read in reads:
+        try:
+            _touch(read())
+        except ap.AdapterProbeError as exc:
+            first = first or exc
+    if first is not None:
+        raise first
+
+
+def _curve(source: Any, **kw: Any) -> Any:
+    curve = ap.read_loss_curve(source, **kw)
+    _touch(curve)
+    len(curve)
+    curve.metrics()
+    curve.metrics(rolling_window=1, spike_sigma=0.5)
+    robust = curve.robust()
+    if robust is not None:
+        robust.relative_drop()
+        robust.relative_regression()
+    return curve.sample(cap=3)
+
+
+def safetensors_header(case: Path) -> None:
+    _each(
+        lambda: ap.read_safetensors_header(case / "adapter_model.safetensors"),
+        lambda: ap.group_layers(case),
+        lambda: ap.group_layers(case, num_params=4),
+    )
+
+
+def adapter_weights(case: Path) -> None:
+    _each(lambda: ap.read_adapter_weights(case))
+
+
+def dlm_log(case: Path) -> None:
+    log = case / "train-000001-20250301T090000.jsonl"
+    _each(lambda: _curve(log), lambda: _curve([log]))
+
+
+def trainer_state(case: Path) -> None:
+    path = case / "trainer_state.json"
+    _each(lambda: _curve(path), lambda: _curve(path, tag="eval_loss"))
+
+
+def tfevents(case: Path) -> None:
+    path = case / EVENTS_NAME
+    _each(lambda: _curve(path), lambda: _curve(path, tag="train/learning_rate"))
+
+
+def csv(case: Path) -> None:
+    path = case / "metrics.csv"
+    _each(lambda: _curve(path), lambda: _curve(path, tag="train_loss_epoch"))
+
+
+def optimizer_pt(case: Path) -> None:
+    _each(lambda: ap.read_optimizer_state(case / "optimizer.pt"))
+
+
+def training_state(case: Path) -> None:
+    path = case / "training_state.pt"
+    _each(lambda: ap.read_training_state(path), lambda: ap.read_optimizer_state(path))
+
+
+def ckpt(case: Path) -> None:
+    _each(lambda: ap.read_optimizer_state(case / "last.ckpt"))
+
+
+def store_scan(case: Path) -> None:
+    """A whole dlm store with one file mutated: discovery, the three probes, the report.
+
+    The probes turn bad input into ERROR results, not exceptions; the first
+    such result is raised as an AdapterProbeError so that the fuzzer counts
+    it as an error and tells its messages apart.
+    """
+    version = case / "adapter" / "versions" / "v0001"
+    results: list[Any] = []
+
+    def scan() -> None:
+        report = ap.scan(case, workers=1)
+        report.to_json()
+        report.to_csv()
+        report.exit_code("warn")
+        results.extend(report)
+
+    def probe(fn: Callable[[Path], Any], path: Path) -> None:
+        results.append(fn(path))
+
+    _each(
+        scan,
+        lambda: probe(ap.training_drift, case),
+        lambda: probe(ap.gradient_ghost, version),
+        lambda: probe(ap.adapter_weights, version),
+    )
+    for r in results:
+        repr(r)
+        if r.verdict == "error":
+            raise ap.AdapterProbeError(r.message)
+
+
+KERNELS = ("robust_curve", "curve_metrics", "count_spikes", "spike_indices")
+
+
+def kernel_call(case: Path) -> None:
+    """One kernel call described by call.json (for saved kernel cases; not a fuzz target)."""
+    spec = json.loads((case / "call.json").read_text(encoding="utf-8"))
+    if spec["function"] not in KERNELS:
+        raise ValueError(f"not a kernel: {spec['function']!r}")
+    fn = getattr(ap, spec["function"])
+    _touch(fn(*spec.get("args", []), **spec.get("kwargs", {})))

@@ -1,0 +1,273 @@
+"""Seed files for the fuzzer, written by the real libraries, cached in a temp dir.
+
+Mutating our own idea of a format would only test that idea, so every seed
+is the output of the library that writes the format in the wild: PEFT's
+``save_pretrained``, dlm's log and ``training_state.pt`` writers
+(``tools/realruns/dlm.py``), ``torch.save`` of an optimizer state dict, a
+real ``lightning.Trainer`` run (``.ckpt`` and ``CSVLogger`` ``metrics.csv``),
+transformers' ``TrainerState.save_to_json`` and torch's ``SummaryWriter``.
+
+Building imports torch, transformers, peft and lightning (tens of seconds),
+so it runs once in a child process (`python -m <package>.seeds DIR`) and
+the result is cached under the temp dir, keyed by the library versions and
+this file's source. Kinds whose library is missing are left out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFEST = "seeds.json"
+LIBRARIES = ("torch", "transformers", "peft", "safetensors", "lightning", "tensorboard")
+
+
+def _versions() -> dict[str, str | None]:
+    from importlib import metadata
+
+    out: dict[str, str | None] = {}
+    for name in LIBRARIES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def cache_key() -> str:
+    """Changes when a seed-writing library or this builder changes."""
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    digest.update(json.dumps(_versions(), sort_keys=True).encode())
+    return digest.hexdigest()[:16]
+
+
+def _package() -> str:
+    return __package__ or "tests.fuzz"
+
+
+def _import_root() -> Path:
+    """The sys.path entry that makes this package importable under its own name."""
+    return Path(__file__).resolve().parents[_package().count(".") + 1]
+
+
+def child_env() -> dict[str, str]:
+    """Environment for child processes: this package and tools/ importable."""
+    env = dict(os.environ)
+    extra = [str(_import_root()), str(ROOT / "tools")]
+    old = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = os.pathsep.join(extra + ([old] if old else []))
+    return env
+
+
+def ensure_seeds(cache_root: Path | None = None) -> dict[str, list[Path]]:
+    """The seed files by kind, building them (in a child process) on first use."""
+    base = Path(cache_root or tempfile.gettempdir()) / f"adapterprobe-fuzz-seeds-{cache_key()}"
+    if not (base / MANIFEST).is_file():
+        base.parent.mkdir(parents=True, exist_ok=True)
+        with open(str(base) + ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (base / MANIFEST).is_file():
+                staging = Path(tempfile.mkdtemp(prefix=base.name + ".", dir=base.parent))
+                try:
+                    subprocess.run(
+                        [sys.executable, "-m", f"{_package()}.seeds", str(staging)],
+                        check=True,
+                        env=child_env(),
+                        cwd=str(ROOT),
+                        timeout=900,
+                    )
+                    shutil.rmtree(base, ignore_errors=True)
+                    os.rename(staging, base)
+                finally:
+                    shutil.rmtree(staging, ignore_errors=True)
+    manifest = json.loads((base / MANIFEST).read_text(encoding="utf-8"))
+    return {kind: [base / rel for rel in files] for kind, files in manifest.items()}
+
+
+# ---------------------------------------------------------------------------
+# The builders (run in the child process).
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    yield
+
+
+def _dlm(out: Path, seeds: dict[str, list[str]]) -> Any:
+    """A PEFT adapter, its training_state.pt and its dlm logs, from a real tiny run."""
+    import torch
+
+    from realruns import dlm
+
+    torch.manual_seed(0)
+    run = dlm.train_tiny_lora(steps=4, layers=1, total_steps=8, nan_steps=(3,))
+    version = dlm.write_adapter_version(out / "store", 1, run)
+    rel = version.relative_to(out)
+    seeds["safetensors"] = [str(rel / "adapter_model.safetensors")]
+    seeds["adapter_config"] = [str(rel / "adapter_config.json")]
+    seeds["training_state"] = [str(rel / "training_state.pt")]
+    log = dlm.write_log(out / "store", 1, run.records, plan=dlm.training_plan(run))
+    torn = dlm.write_log(
+        out / "store",
+        2,
+        run.records,
+        started=dlm.DEFAULT_START.replace(hour=12),
+        complete=False,
+        torn_tail=True,
+    )
+    seeds["dlm_log"] = [str(log.relative_to(out)), str(torn.relative_to(out))]
+
+    # The same weights in half precision, written by safetensors itself.
+    from safetensors.torch import load_file, save_file
+
+    half = out / "half" / "adapter_model.safetensors"
+    half.parent.mkdir()
+    weights = load_file(str(out / rel / "adapter_model.safetensors"))
+    save_file({k: v.to(torch.bfloat16) for k, v in weights.items()}, str(half))
+    seeds["safetensors"].append(str(half.relative_to(out)))
+    return run
+
+
+def _optimizers(out: Path, run: Any, seeds: dict[str, list[str]]) -> None:
+    """`torch.save(optimizer.state_dict())` as HF Trainer writes optimizer.pt."""
+    import torch
+
+    hf = out / "hf"
+    hf.mkdir()
+    torch.save(run.optimizer.state_dict(), hf / "optimizer.pt")
+    params = [torch.nn.Parameter(torch.randn(3, 2)), torch.nn.Parameter(torch.randn(4))]
+    sgd = torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    for _ in range(2):
+        sgd.zero_grad()
+        sum((p**2).sum() for p in params).backward()
+        sgd.step()
+    torch.save(sgd.state_dict(), hf / "sgd_optimizer.pt")
+    seeds["optimizer_pt"] = ["hf/optimizer.pt", "hf/sgd_optimizer.pt"]
+
+
+def _trainer_state(out: Path, run: Any, seeds: dict[str, list[str]]) -> None:
+    """transformers' own TrainerState writer, with the log_history a Trainer keeps."""
+    from transformers import TrainerState
+
+    history: list[dict[str, Any]] = []
+    for rec in run.records:
+        history.append(
+            {
+                "epoch": rec["step"] / len(run.records),
+                "grad_norm": rec["grad_norm"],
+                "learning_rate": rec["lr"],
+                "loss": rec["loss"],
+                "step": rec["step"],
+            }
+        )
+        if rec["step"] % 2 == 0:
+            history.append({"epoch": 1.0, "eval_loss": rec["loss"] * 1.1, "step": rec["step"]})
+    history.append({"epoch": 1.0, "step": len(run.records), "train_loss": 1.5, "total_flos": 1})
+    state = TrainerState(
+        epoch=1.0,
+        global_step=len(run.records),
+        max_steps=len(run.records),
+        logging_steps=1,
+        log_history=history,
+    )
+    path = out / "hf" / "trainer_state.json"
+    state.save_to_json(str(path))
+    seeds["trainer_state"] = ["hf/trainer_state.json"]
+
+
+def _tensorboard(out: Path, run: Any, seeds: dict[str, list[str]]) -> None:
+    """An event file from torch's SummaryWriter: scalars old and new style, plus non-scalars."""
+    import torch
+    from torch.utils.tensorboard import SummaryWriter
+
+    logdir = out / "tb"
+    writer = SummaryWriter(str(logdir))
+    for rec in run.records:
+        writer.add_scalar("train/loss", rec["loss"], rec["step"])
+        writer.add_scalar("train/learning_rate", rec["lr"], rec["step"], new_style=True)
+    writer.add_text("note", "tiny run", 0)
+    writer.add_histogram("weights", torch.arange(8.0), 0)
+    writer.close()
+    seeds["tfevents"] = [str(p.relative_to(out)) for p in sorted(logdir.iterdir())]
+
+
+class UserConfig:
+    """A user class Lightning pickles into hyper_parameters (the placeholder path)."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+
+
+def _lightning(out: Path, seeds: dict[str, list[str]]) -> None:
+    """A few steps of a real lightning.Trainer: a .ckpt and CSVLogger's metrics.csv."""
+    import lightning as L
+    import torch
+    from lightning.pytorch.loggers import CSVLogger
+
+    class Module(L.LightningModule):
+        def __init__(self, config: UserConfig) -> None:
+            super().__init__()
+            self.save_hyperparameters()
+            self.layer = torch.nn.Linear(config.width, 1)
+
+        def training_step(self, batch: Any, _index: int) -> Any:
+            (x,) = batch
+            loss = (self.layer(x) ** 2).mean()
+            self.log("train_loss", loss, on_step=True, on_epoch=True)
+            return loss
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+    torch.manual_seed(0)
+    data = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.randn(12, 4)), batch_size=4
+    )
+    logger = CSVLogger(str(out / "lightning"), name="logs", version=0)
+    trainer = L.Trainer(
+        max_epochs=2,
+        logger=logger,
+        log_every_n_steps=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+    )
+    trainer.fit(Module(UserConfig(4)), data)
+    version = Path(logger.log_dir)
+    seeds["csv"] = [str((version / "metrics.csv").relative_to(out))]
+    seeds["ckpt"] = [str(p.relative_to(out)) for p in sorted(version.rglob("*.ckpt"))]
+
+
+def build(out: Path) -> dict[str, list[str]]:
+    """Write every seed kind whose library is installed under `out`; return the manifest."""
+    seeds: dict[str, list[str]] = {}
+    with _quiet():
+        run = _dlm(out, seeds)
+        _optimizers(out, run, seeds)
+        with contextlib.suppress(ImportError):
+            _trainer_state(out, run, seeds)
+        with contextlib.suppress(ImportError):
+            _tensorboard(out, run, seeds)
+        with contextlib.suppress(ImportError):
+            _lightning(out, seeds)
+    (out / MANIFEST).write_text(json.dumps(seeds, indent=1, sort_keys=True), encoding="utf-8")
+    return seeds
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT / "tools"))
+    build(Path(sys.argv[1]))
