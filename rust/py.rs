@@ -204,7 +204,7 @@ impl LayerGrouping {
 fn group_layers(
     py: Python<'_>,
     adapter: PathBuf,
-    num_params: Option<i64>,
+    num_params: Option<Size>,
 ) -> Result<LayerGrouping> {
     let num_params = num_params
         .map(|n| count("num_params", n).map(|n| n as u64))
@@ -276,11 +276,11 @@ impl LossCurve {
     }
     /// Drift metrics of this curve, with `spike_steps` and `nonfinite_steps`
     /// as step numbers (see `curve_metrics`).
-    #[pyo3(signature = (*, rolling_window=10, spike_sigma=3.0))]
+    #[pyo3(signature = (*, rolling_window=Size(10), spike_sigma=3.0), text_signature = "($self, *, rolling_window=10, spike_sigma=3.0)")]
     fn metrics<'py>(
         &self,
         py: Python<'py>,
-        rolling_window: i64,
+        rolling_window: Size,
         spike_sigma: f64,
     ) -> PyResult<Bound<'py, PyDict>> {
         let rolling_window = count("rolling_window", rolling_window)?;
@@ -291,22 +291,22 @@ impl LossCurve {
     }
     /// The robust analysis of this curve (see `robust_curve`); None when no
     /// loss is finite.
-    #[pyo3(signature = (*, trend_window=11, spike_z=6.0, min_spike_rise=0.1, scale_block=64))]
+    #[pyo3(signature = (*, trend_window=Size(11), spike_z=6.0, min_spike_rise=0.1, scale_block=Size(64)), text_signature = "($self, *, trend_window=11, spike_z=6.0, min_spike_rise=0.1, scale_block=64)")]
     fn robust(
         &self,
         py: Python<'_>,
-        trend_window: i64,
+        trend_window: Size,
         spike_z: f64,
         min_spike_rise: f64,
-        scale_block: i64,
+        scale_block: Size,
     ) -> Result<Option<RobustCurve>> {
         let params = robust_params(trend_window, spike_z, min_spike_rise, scale_block)?;
         Ok(py.detach(|| robust_curve::analyse(&self.losses, &params)))
     }
     /// At most about `cap` evenly strided (step, loss) points, the first and
     /// last always kept; a non-finite loss is None.
-    #[pyo3(name = "sample", signature = (cap=512))]
-    fn sample_py(&self, cap: i64) -> Result<Vec<(i64, Option<f64>)>> {
+    #[pyo3(name = "sample", signature = (cap=Size(512)), text_signature = "($self, cap=512)")]
+    fn sample_py(&self, cap: Size) -> Result<Vec<(i64, Option<f64>)>> {
         self.sample(count("cap", cap)?)
     }
     fn __len__(&self) -> usize {
@@ -356,12 +356,37 @@ fn read_optimizer_state(py: Python<'_>, path: PathBuf) -> Result<OptimizerState>
 
 /// A count argument (a window, a cap, a number of workers) as usize: a
 /// negative one is a UsageError naming it, not an OverflowError.
-fn count(name: &str, value: i64) -> Result<usize> {
+fn count(name: &str, value: Size) -> Result<usize> {
+    let Size(value) = value;
     usize::try_from(value).map_err(|_| {
-        usage_error(&format!(
-            "{name} must be a non-negative integer, got {value}"
-        ))
+        let got = if value == i64::MIN {
+            "a negative integer beyond 64 bits".to_string()
+        } else {
+            value.to_string()
+        };
+        usage_error(&format!("{name} must be a non-negative integer, got {got}"))
     })
+}
+
+/// An integer argument that never fails to convert: one beyond i64 is
+/// clamped to i64::MIN or i64::MAX, so `count` reports a negative one as a
+/// UsageError and a huge one behaves as "as large as you like", where PyO3's
+/// own i64 conversion would raise OverflowError.
+#[derive(Clone, Copy)]
+struct Size(i64);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Size {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        match obj.extract::<i64>() {
+            Ok(n) => Ok(Size(n)),
+            Err(err) if err.is_instance_of::<pyo3::exceptions::PyOverflowError>(obj.py()) => {
+                Ok(Size(if obj.lt(0)? { i64::MIN } else { i64::MAX }))
+            }
+            Err(err) => Err(err),
+        }
+    }
 }
 
 fn usage_error(message: &str) -> Error {
@@ -378,11 +403,11 @@ fn f64_values(obj: &Bound<'_, PyAny>) -> Result<Vec<f64>> {
 }
 
 #[pyfunction]
-#[pyo3(signature = (losses, *, rolling_window=10, spike_sigma=3.0))]
+#[pyo3(signature = (losses, *, rolling_window=Size(10), spike_sigma=3.0), text_signature = "(losses, *, rolling_window=10, spike_sigma=3.0)")]
 fn curve_metrics<'py>(
     py: Python<'py>,
     losses: &Bound<'py, PyAny>,
-    rolling_window: i64,
+    rolling_window: Size,
     spike_sigma: f64,
 ) -> PyResult<Bound<'py, PyDict>> {
     let rolling_window = count("rolling_window", rolling_window)?;
@@ -394,11 +419,11 @@ fn curve_metrics<'py>(
 }
 
 #[pyfunction]
-#[pyo3(signature = (deltas, *, window=10, sigma=3.0))]
+#[pyo3(signature = (deltas, *, window=Size(10), sigma=3.0), text_signature = "(deltas, *, window=10, sigma=3.0)")]
 fn count_spikes(
     py: Python<'_>,
     deltas: &Bound<'_, PyAny>,
-    window: i64,
+    window: Size,
     sigma: f64,
 ) -> Result<usize> {
     let window = count("window", window)?;
@@ -408,11 +433,11 @@ fn count_spikes(
 }
 
 #[pyfunction]
-#[pyo3(signature = (deltas, *, window=10, sigma=3.0))]
+#[pyo3(signature = (deltas, *, window=Size(10), sigma=3.0), text_signature = "(deltas, *, window=10, sigma=3.0)")]
 fn spike_indices<'py>(
     py: Python<'py>,
     deltas: &Bound<'py, PyAny>,
-    window: i64,
+    window: Size,
     sigma: f64,
 ) -> PyResult<Bound<'py, PyAny>> {
     let window = count("window", window)?;
@@ -424,10 +449,10 @@ fn spike_indices<'py>(
 
 /// The robust parameters from Python arguments, checked.
 fn robust_params(
-    trend_window: i64,
+    trend_window: Size,
     spike_z: f64,
     min_spike_rise: f64,
-    scale_block: i64,
+    scale_block: Size,
 ) -> Result<RobustParams> {
     let params = RobustParams {
         trend_window: count("trend_window", trend_window)?,
@@ -442,14 +467,14 @@ fn robust_params(
 /// Robust analysis of a loss sequence: rolling-median trend, noise, spike
 /// events and levels. None when no loss is finite.
 #[pyfunction(name = "robust_curve")]
-#[pyo3(signature = (losses, *, trend_window=11, spike_z=6.0, min_spike_rise=0.1, scale_block=64))]
+#[pyo3(signature = (losses, *, trend_window=Size(11), spike_z=6.0, min_spike_rise=0.1, scale_block=Size(64)), text_signature = "(losses, *, trend_window=11, spike_z=6.0, min_spike_rise=0.1, scale_block=64)")]
 fn robust_curve_py(
     py: Python<'_>,
     losses: &Bound<'_, PyAny>,
-    trend_window: i64,
+    trend_window: Size,
     spike_z: f64,
     min_spike_rise: f64,
-    scale_block: i64,
+    scale_block: Size,
 ) -> Result<Option<RobustCurve>> {
     let params = robust_params(trend_window, spike_z, min_spike_rise, scale_block)?;
     let values = f64_values(losses)?;
@@ -638,7 +663,7 @@ fn discover(
     py: Python<'_>,
     roots: Vec<PathBuf>,
     all_versions: bool,
-    workers: Option<i64>,
+    workers: Option<Size>,
 ) -> Result<Discovery> {
     let workers = workers.map(|n| count("workers", n)).transpose()?;
     py.detach(|| scan::pool(workers).map(|p| p.install(|| scan::discover(&roots, all_versions))))
@@ -653,7 +678,7 @@ fn probe_targets(
     drift: bool,
     ghost: bool,
     weights: bool,
-    workers: Option<i64>,
+    workers: Option<Size>,
 ) -> Result<Vec<TargetInputs>> {
     let workers = workers.map(|n| count("workers", n)).transpose()?;
     let wanted = scan::Wanted {

@@ -164,7 +164,9 @@ def hf_trainer_run(work: Path) -> None:
     )
     run_dirs = sorted((out / "runs").iterdir())
     assert len(run_dirs) == 1, run_dirs
-    events = stable_event_names(run_dirs[0], dst / "runs" / "Jan01_00-00-00_fixturehost", 1700000000)
+    events = stable_event_names(
+        run_dirs[0], dst / "runs" / "Jan01_00-00-00_fixturehost", 1700000000
+    )
 
     for state_file in [dst / "trainer_state.json", dst / "checkpoint-20" / "trainer_state.json"]:
         state = json.loads(state_file.read_text())
@@ -241,8 +243,13 @@ def torch_writer_run(work: Path) -> None:
 
 def tf2_tensor_file(work: Path) -> None:
     import numpy as np
-    from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
-    from tensorboard.compat.proto import types_pb2
+    from tensorboard.compat.proto import (
+        event_pb2,
+        summary_pb2,
+        tensor_pb2,
+        tensor_shape_pb2,
+        types_pb2,
+    )
     from tensorboard.plugins.scalar import summary_v2
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
     from tensorboard.util import tensor_util
@@ -275,7 +282,9 @@ def tf2_tensor_file(work: Path) -> None:
         summary.value.add(
             tag="not_scalar", tensor=tensor_util.make_tensor_proto(np.array([1.0, 2.0], np.float32))
         )
-        text = summary.value.add(tag="text_note", tensor=tensor_util.make_tensor_proto(np.array("hi")))
+        text = summary.value.add(
+            tag="text_note", tensor=tensor_util.make_tensor_proto(np.array("hi"))
+        )
         text.metadata.plugin_data.plugin_name = "text"
         writer.add_event(event_pb2.Event(wall_time=1700002000.0 + step, step=step, summary=summary))
     writer.close()

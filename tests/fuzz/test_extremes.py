@@ -224,12 +224,25 @@ def test_read_loss_curve_on_generated_dlm_lines(
     assert r is None or len(r.trend) == len(curve)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=OverflowError,
-    reason="known bug (tests/fuzz/found/negative-window): a negative size argument "
-    "raises OverflowError from the binding instead of UsageError",
-)
-def test_negative_window_is_a_usage_error() -> None:
-    with pytest.raises(ap.UsageError):
-        ap.count_spikes([1.0, 2.0], window=-1)
+_SIZE_ARGUMENTS = [
+    ("count_spikes", lambda n: ap.count_spikes([1.0, 2.0], window=n)),
+    ("spike_indices", lambda n: ap.spike_indices([1.0, 2.0], window=n)),
+    ("curve_metrics", lambda n: ap.curve_metrics([1.0, 2.0], rolling_window=n)),
+    ("robust_curve trend_window", lambda n: ap.robust_curve([1.0, 2.0], trend_window=n)),
+    ("robust_curve scale_block", lambda n: ap.robust_curve([1.0, 2.0], scale_block=n)),
+]
+
+
+@pytest.mark.parametrize("name,call", _SIZE_ARGUMENTS, ids=[n for n, _ in _SIZE_ARGUMENTS])
+@pytest.mark.parametrize("value", [-1, -(2**70)])
+def test_negative_size_argument_is_a_usage_error(name: str, call: Any, value: int) -> None:
+    # Found by the fuzzer: PyO3's integer conversion raised OverflowError.
+    with pytest.raises(ap.UsageError, match="non-negative integer"):
+        call(value)
+
+
+@given(values=st.lists(st.floats(allow_nan=False, allow_infinity=False), max_size=40))
+@settings(max_examples=30, deadline=None)
+def test_huge_size_argument_is_no_overflow(values: list[float]) -> None:
+    # Beyond 64 bits means "as large as you like", not OverflowError.
+    assert ap.count_spikes(values, window=2**70) == ap.count_spikes(values, window=2**62)
