@@ -17,6 +17,7 @@ pub mod csv_log;
 pub mod files;
 pub mod float_reduce;
 pub mod json_line;
+pub mod json_text;
 pub mod layers;
 pub mod layout;
 pub mod loss_log;

@@ -45,6 +45,7 @@ __all__ = [
     "drift_input",
     "ghost_input",
     "group_layers",
+    "json_dumps",
     "probe_targets",
     "read_adapter_weights",
     "read_loss_curve",
@@ -542,3 +543,8 @@ def probe_targets(
     weights: bool = True,
     workers: int | None = None,
 ) -> list[TargetInputs]: ...
+def json_dumps(value: object) -> str:
+    """``json.dumps(value)`` (default separators, ``ensure_ascii``, floats as
+    ``repr``) for plain trees of dict, list, tuple, str, int, float, bool and
+    None, written in Rust. Other types raise TypeError; NaN and infinities
+    ValueError."""
