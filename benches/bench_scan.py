@@ -80,22 +80,35 @@ def seed_path(root: Path) -> list[tuple[str, str]]:
     return out
 
 
+# Runs the scan from a small process: a child forked straight from this one
+# (which holds the last scan's records) would report this process's pages
+# as its own peak RSS.
+_TRAMPOLINE = """
+import os, subprocess, sys, time
+start = time.perf_counter()
+proc = subprocess.Popen(sys.argv[1:])
+_, status, usage = os.wait4(proc.pid, 0)
+elapsed = time.perf_counter() - start
+print(f"{elapsed} {usage.ru_maxrss}", file=sys.stderr)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
 def cli_scan(root: Path, *extra: str) -> tuple[float, list, int]:
     """Wall time, records and peak RSS (KiB) of one whole `adapterprobe scan` process."""
     out_path = DATA / "scan-output.json"
-    start = time.perf_counter()
+    command = [sys.executable, "-m", "adapterprobe", "scan", str(root), "--format", "json"]
     with out_path.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "adapterprobe", "scan", str(root), "--format", "json", *extra],
+        proc = subprocess.run(
+            [sys.executable, "-c", _TRAMPOLINE, *command, *extra],
             stdout=out,
             stderr=subprocess.PIPE,
+            text=True,
         )
-        _, status, usage = os.wait4(proc.pid, 0)
-    elapsed = time.perf_counter() - start
-    code = os.waitstatus_to_exitcode(status)
-    if code not in (0, 1):
-        raise SystemExit(proc.stderr.read().decode() if proc.stderr else f"exit {code}")
-    return elapsed, json.loads(out_path.read_text()), usage.ru_maxrss
+    if proc.returncode not in (0, 1):
+        raise SystemExit(proc.stderr or f"exit {proc.returncode}")
+    elapsed, peak_kib = proc.stderr.strip().splitlines()[-1].split()
+    return float(elapsed), json.loads(out_path.read_text()), int(peak_kib)
 
 
 def main() -> None:
