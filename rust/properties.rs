@@ -21,7 +21,7 @@ use adapterprobe_core::pickle::{
     op, resolve_global, unpickle, unpickle_with, unpickle_with_policy, Id, Limits, UnknownGlobals,
     Unpickled, Value,
 };
-use adapterprobe_core::safetensors_header::{parse_header, read_header, Header};
+use adapterprobe_core::safetensors_header::{dtype_bits, parse_header, read_header, Header};
 use adapterprobe_core::tensor_data::SafetensorsData;
 use adapterprobe_core::zip_archive::Archive;
 use adapterprobe_core::Area;
@@ -47,19 +47,6 @@ fn write_temp(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> PathBuf {
 
 // ---------------------------------------------------------------------------
 // safetensors headers
-
-/// Element width in bits, for the dtypes the format defines.
-fn dtype_bits(dtype: &str) -> Option<u64> {
-    Some(match dtype {
-        "BOOL" | "U8" | "I8" | "F8_E5M2" | "F8_E4M3" | "F8_E8M0" => 8,
-        "I16" | "U16" | "F16" | "BF16" => 16,
-        "I32" | "U32" | "F32" => 32,
-        "I64" | "U64" | "F64" | "C64" => 64,
-        "F4" => 4,
-        "F6_E2M3" | "F6_E3M2" => 6,
-        _ => return None,
-    })
-}
 
 /// What every accepted header must satisfy: offsets ordered and inside the
 /// data section, each span exactly the bytes its dtype and shape need.

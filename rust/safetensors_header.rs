@@ -50,8 +50,8 @@ pub struct Header {
     pub data_len: u64,
 }
 
-/// Byte width of a safetensors dtype, or None for an unknown one.
-fn dtype_bits(dtype: &str) -> Option<u64> {
+/// Element width in bits of a safetensors dtype, or None for an unknown one.
+pub fn dtype_bits(dtype: &str) -> Option<u64> {
     Some(match dtype {
         "BOOL" | "U8" | "I8" | "F8_E5M2" | "F8_E4M3" | "F8_E8M0" => 8,
         "I16" | "U16" | "F16" | "BF16" => 16,
