@@ -23,7 +23,8 @@
 //!
 //! Eigen-solver: nalgebra's `SymmetricEigen` (Householder tridiagonalisation
 //! then implicit symmetric QR with Wilkinson shifts), run with a bounded
-//! iteration count. Chosen over a hand-written one because r×r with r ≤ 1024
+//! iteration count, once per module when `H` has a Cholesky factor `L`
+//! (the spectrum is that of `Lᵀ·G·L`), twice otherwise (`H^½` first). Chosen over a hand-written one because r×r with r ≤ 1024
 //! is cheap next to reading the factors and a maintained, tested solver is
 //! worth more here than one dependency less. Gram-route accuracy: `λ` carries
 //! an absolute error of about `ε_f64·λ_max`, so `σ_i` is accurate to about
@@ -54,7 +55,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use nalgebra::{DMatrix, SymmetricEigen};
+use nalgebra::{Cholesky, DMatrix, SymmetricEigen};
 use rayon::prelude::*;
 
 use crate::adapter_config::{AdapterConfig, TargetModules, CONFIG_FILE};
@@ -198,18 +199,23 @@ pub struct AdapterWeights {
     pub nonfinite_total: u64,
 }
 
+/// Tensor data from which an adapter's modules are reduced in parallel.
+const PARALLEL_MIN_BYTES: u64 = 4 << 20;
+
 /// Read and check the adapter at `path`: an adapter directory (holding
 /// `adapter_model.safetensors` and, normally, `adapter_config.json`) or the
 /// `.safetensors` file itself (the config is looked up beside it).
 pub fn read_adapter_weights(path: &Path) -> Result<AdapterWeights> {
-    read_adapter_weights_chunked(path, DEFAULT_CHUNK_ELEMS)
+    read_adapter_weights_chunked(path, DEFAULT_CHUNK_ELEMS, PARALLEL_MIN_BYTES)
 }
 
 /// [`read_adapter_weights`] with an explicit read size (tests use tiny ones
-/// to exercise block boundaries).
+/// to exercise block boundaries) and parallel threshold (tests take both
+/// routes).
 pub(crate) fn read_adapter_weights_chunked(
     path: &Path,
     chunk_elems: usize,
+    parallel_min_bytes: u64,
 ) -> Result<AdapterWeights> {
     let (weights_path, config_path) = locate(path)?;
     let config = match AdapterConfig::read(&config_path) {
@@ -220,42 +226,59 @@ pub(crate) fn read_adapter_weights_chunked(
     let data = SafetensorsData::open(&weights_path)?;
     let plan = plan(&data, config.as_ref())?;
 
-    let mut modules: Vec<LoraModuleStats> = plan
-        .modules
-        .par_iter()
-        .map_init(|| data.reader(chunk_elems), reduce_module)
-        .collect::<Result<_>>()?;
+    let tensor_bytes: u64 = data
+        .header()
+        .tensors
+        .iter()
+        .map(|t| t.data_offsets.1 - t.data_offsets.0)
+        .sum();
+    let stats_of = |reader: &mut TensorReader, t: &FloatTensor| -> Result<TensorStats> {
+        let m = reader.moments(t)?;
+        Ok(TensorStats {
+            name: t.name.clone(),
+            dtype: t.kind.safetensors_name().to_string(),
+            shape: t.shape.clone(),
+            numel: t.numel,
+            norm: m.norm(),
+            max_abs: m.max_abs,
+            nonfinite: m.nonfinite,
+        })
+    };
+    // Modules in parallel only when there is enough data to share out: a
+    // small adapter (most of a store) costs less on one thread, with one set
+    // of buffers, and a scan already runs adapters in parallel.
+    let (mut modules, other_tensors) = if tensor_bytes >= parallel_min_bytes {
+        let modules: Vec<LoraModuleStats> = plan
+            .modules
+            .par_iter()
+            .map_init(|| data.reader(chunk_elems), reduce_module)
+            .collect::<Result<_>>()?;
+        let others: Vec<TensorStats> = plan
+            .others
+            .par_iter()
+            .map_init(|| data.reader(chunk_elems), stats_of)
+            .collect::<Result<_>>()?;
+        (modules, others)
+    } else {
+        let mut reader = data.reader(chunk_elems);
+        let modules: Vec<LoraModuleStats> = plan
+            .modules
+            .iter()
+            .map(|m| reduce_module(&mut reader, m))
+            .collect::<Result<_>>()?;
+        let others: Vec<TensorStats> = plan
+            .others
+            .iter()
+            .map(|t| stats_of(&mut reader, t))
+            .collect::<Result<_>>()?;
+        (modules, others)
+    };
     modules.sort_by(module_order);
-    let other_tensors: Vec<TensorStats> = plan
-        .others
-        .par_iter()
-        .map_init(
-            || data.reader(chunk_elems),
-            |reader, t| {
-                let m = reader.moments(t)?;
-                Ok(TensorStats {
-                    name: t.name.clone(),
-                    dtype: t.kind.safetensors_name().to_string(),
-                    shape: t.shape.clone(),
-                    numel: t.numel,
-                    norm: m.norm(),
-                    max_abs: m.max_abs,
-                    nonfinite: m.nonfinite,
-                })
-            },
-        )
-        .collect::<Result<_>>()?;
 
     let nonfinite_total = modules
         .iter()
         .map(|m| m.nonfinite_a + m.nonfinite_b + m.magnitude_nonfinite)
         .chain(other_tensors.iter().map(|t| t.nonfinite))
-        .sum();
-    let tensor_bytes = data
-        .header()
-        .tensors
-        .iter()
-        .map(|t| t.data_offsets.1 - t.data_offsets.0)
         .sum();
     Ok(AdapterWeights {
         path: weights_path,
@@ -631,8 +654,8 @@ fn reduce_module(reader: &mut TensorReader, m: &ModulePlan) -> Result<LoraModule
     })
 }
 
-/// Eigenvalues (descending, clamped at 0) of `H^½·G·H^½`: the squared
-/// singular values of B·A when `G = A·Aᵀ` and `H = Bᵀ·B`. None if the
+/// Eigenvalues (descending, clamped at 0) of `H^½·G·H^½` (computed as
+/// those of `Lᵀ·G·L` when `H = L·Lᵀ`): the squared singular values of B·A when `G = A·Aᵀ` and `H = Bᵀ·B`. None if the
 /// solver does not converge or the product overflows.
 pub fn product_spectrum(g: &DMatrix<f64>, h: &DMatrix<f64>) -> Option<Vec<f64>> {
     let n = g.nrows();
@@ -640,14 +663,26 @@ pub fn product_spectrum(g: &DMatrix<f64>, h: &DMatrix<f64>) -> Option<Vec<f64>> 
         return Some(Vec::new());
     }
     let max_iter = 30 * n + 30;
-    let eh = SymmetricEigen::try_new(h.clone(), f64::EPSILON, max_iter)?;
-    // H^½ = V·diag(sqrt(max(d, 0)))·Vᵀ; PSD up to rounding, so clamp.
-    let mut vd = eh.eigenvectors.clone();
-    for (mut col, &d) in vd.column_iter_mut().zip(eh.eigenvalues.iter()) {
-        col *= d.max(0.0).sqrt();
-    }
-    let root = &vd * eh.eigenvectors.transpose();
-    let m = &root * g * &root;
+    // A matrix with the spectrum of G·H: Lᵀ·G·L when H = L·Lᵀ (Cholesky,
+    // which holds when B has full column rank: the usual trained adapter),
+    // else H^½·G·H^½ from H's eigen-decomposition (an untouched B is zero).
+    // The first costs a fraction of the second's solve.
+    let m = match Cholesky::new(h.clone()) {
+        Some(c) => {
+            let l = c.unpack();
+            l.transpose() * g * &l
+        }
+        None => {
+            let eh = SymmetricEigen::try_new(h.clone(), f64::EPSILON, max_iter)?;
+            // H^½ = V·diag(sqrt(max(d, 0)))·Vᵀ; PSD up to rounding, so clamp.
+            let mut vd = eh.eigenvectors.clone();
+            for (mut col, &d) in vd.column_iter_mut().zip(eh.eigenvalues.iter()) {
+                col *= d.max(0.0).sqrt();
+            }
+            let root = &vd * eh.eigenvectors.transpose();
+            &root * g * &root
+        }
+    };
     let m = (&m + m.transpose()) * 0.5;
     if !m.iter().all(|v| v.is_finite()) {
         return None;
@@ -849,8 +884,14 @@ mod tests {
     fn every_fixture_matches_torch_float64() {
         let (mut worst_norm, mut worst_sigma) = (0.0f64, 0.0f64);
         for dir in all_fixtures() {
-            for chunk in [DEFAULT_CHUNK_ELEMS, 1, 3, 50] {
-                let got = read_adapter_weights_chunked(&dir, chunk).unwrap();
+            for (chunk, parallel) in [
+                (DEFAULT_CHUNK_ELEMS, 0),
+                (DEFAULT_CHUNK_ELEMS, u64::MAX),
+                (1, 0),
+                (3, u64::MAX),
+                (50, 0),
+            ] {
+                let got = read_adapter_weights_chunked(&dir, chunk, parallel).unwrap();
                 let (n, s) = compare(&dir, &got);
                 worst_norm = worst_norm.max(n);
                 worst_sigma = worst_sigma.max(s);
