@@ -524,13 +524,7 @@ class CorpusRun(TinyRun):
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
 
-        val_loss = None
-        if step % _EVAL_EVERY == 0:
-            val_loss = self._val_loss(torch)
-            if math.isfinite(val_loss) and (
-                self.best_val_loss is None or val_loss < self.best_val_loss
-            ):
-                self.best_val_loss = val_loss
+        val_loss = self._evaluate(torch, step, every=_EVAL_EVERY)
         tokens = spec.batch * spec.grad_accum * _SEQ_LEN
         return {
             "type": "step",

@@ -141,13 +141,7 @@ class TinyRun:
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
 
-        val_loss = None
-        if step % _EVAL_EVERY == 0:
-            val_loss = self._val_loss(torch)
-            if math.isfinite(val_loss) and (
-                self.best_val_loss is None or val_loss < self.best_val_loss
-            ):
-                self.best_val_loss = val_loss
+        val_loss = self._evaluate(torch, step, every=_EVAL_EVERY)
         tokens = int(batch.numel())
         return {
             "type": "step",
@@ -169,6 +163,18 @@ class TinyRun:
         embeds = self.model.get_input_embeddings()(batch).clone()
         embeds[0, 0, 0] = math.inf
         return self.model(inputs_embeds=embeds, labels=batch).loss
+
+    def _evaluate(self, torch: Any, step: int, *, every: int) -> float | None:
+        """The validation loss on every `every`-th step (None between), and
+        the best one so far kept in ``best_val_loss``."""
+        if step % every:
+            return None
+        val_loss = self._val_loss(torch)
+        if math.isfinite(val_loss) and (
+            self.best_val_loss is None or val_loss < self.best_val_loss
+        ):
+            self.best_val_loss = val_loss
+        return val_loss
 
     def _val_loss(self, torch: Any) -> float:
         self.model.eval()
