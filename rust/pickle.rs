@@ -1880,16 +1880,25 @@ mod tests {
         // A cheap deterministic fuzz: every prefix and every single-byte
         // mutation of a valid tensor pickle must return, never panic.
         let base = b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\n((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x000X\x03\x00\x00\x00cpuK\x06tQK\x01K\x02K\x02\x86K\x03K\x01\x86\x89ccollections\nOrderedDict\n)RtR.";
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        for_prefixes_and_byte_edits(base, 0x9e37_79b9_7f4a_7c15, |bytes| {
+            let _ = run(bytes);
+        });
+    }
+
+    /// Calls `check` on every prefix of `base` and on 16 single-byte
+    /// mutations per position (xorshift from `seed`): a cheap, deterministic
+    /// fuzz for "returns, never panics".
+    fn for_prefixes_and_byte_edits(base: &[u8], seed: u64, mut check: impl FnMut(&[u8])) {
+        let mut state = seed;
         for i in 0..base.len() {
-            let _ = run(&base[..i]);
+            check(&base[..i]);
             for _ in 0..16 {
                 state ^= state << 13;
                 state ^= state >> 7;
                 state ^= state << 17;
                 let mut m = base.to_vec();
                 m[i] = (state >> 32) as u8;
-                let _ = run(&m);
+                check(&m);
             }
         }
     }
@@ -1997,17 +2006,8 @@ mod tests {
     fn placeholder_mode_never_panics_on_byte_soup() {
         let base = b"\x80\x02}(X\x05\x00\x00\x00hparsc__main__\nCfg\n)\x81}X\x01\x00\x00\x00aK\x01sbX\x03\x00\x00\x00optccopyreg\n_reconstructor\n(cfoo\nBar\ncbuiltins\nobject\nNtR\x82\x01\x86u.";
         assert!(lenient(base).is_ok());
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        for i in 0..base.len() {
-            let _ = lenient(&base[..i]);
-            for _ in 0..16 {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                let mut m = base.to_vec();
-                m[i] = (state >> 32) as u8;
-                let _ = lenient(&m);
-            }
-        }
+        for_prefixes_and_byte_edits(base, 0x2545_f491_4f6c_dd1d, |bytes| {
+            let _ = lenient(bytes);
+        });
     }
 }
