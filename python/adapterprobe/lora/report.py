@@ -14,7 +14,7 @@ With ``verify`` it also holds the measured logit agreement (:mod:`.verify`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from adapterprobe._json import json_safe
@@ -37,6 +37,12 @@ _HINTS = {
 }
 
 
+def _fields_as_json(record: Any) -> dict[str, Any]:
+    """A dataclass's fields in declaration order, as plain JSON values
+    (tuples such as ``shape`` become lists)."""
+    return json_safe({f.name: getattr(record, f.name) for f in fields(record)})
+
+
 @dataclass
 class ModuleReport:
     """One extracted module: its rank and how much of the delta the factors keep."""
@@ -51,18 +57,7 @@ class ModuleReport:
     seconds: float
 
     def to_dict(self) -> dict[str, Any]:
-        return json_safe(
-            {
-                "name": self.name,
-                "shape": list(self.shape),
-                "rank": self.rank,
-                "energy_kept": self.energy_kept,
-                "rel_error": self.rel_error,
-                "delta_norm": self.delta_norm,
-                "target_reached": self.target_reached,
-                "seconds": self.seconds,
-            }
-        )
+        return _fields_as_json(self)
 
 
 @dataclass
@@ -76,14 +71,7 @@ class SkippedTensor:
     delta_norm: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return json_safe(
-            {
-                "name": self.name,
-                "shape": list(self.shape),
-                "reason": self.reason,
-                "delta_norm": self.delta_norm,
-            }
-        )
+        return _fields_as_json(self)
 
 
 @dataclass
@@ -97,15 +85,7 @@ class SavedTensor:
     delta_norm: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return json_safe(
-            {
-                "name": self.name,
-                "key": self.key,
-                "shape": list(self.shape),
-                "reason": self.reason,
-                "delta_norm": self.delta_norm,
-            }
-        )
+        return _fields_as_json(self)
 
 
 @dataclass
