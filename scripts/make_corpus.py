@@ -14,13 +14,12 @@ Needs the ``peft`` extra (torch, transformers, peft, safetensors).
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
 
+from adapterprobe._fs import atomic_dir
 from adapterprobe.errors import AdapterProbeError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
@@ -43,25 +42,16 @@ def generate(out: Path, names: list[str]) -> None:
                 f"{out} holds files that are not corpus stores ({', '.join(unexpected)}); "
                 "refusing to replace it"
             )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".corpus-", dir=out.parent))
-    retired = staging.with_name(staging.name + "-old")
     began = time.perf_counter()
     _preload()
     print(f"{'(imports)':<26} {time.perf_counter() - began:5.1f} s", flush=True)
-    try:
-        fresh = staging / out.name
+    with atomic_dir(out, overwrite=True) as fresh:
+        fresh.chmod(0o755)  # as mkdir would make it (mkdtemp makes 0700)
         for name in names:
             start = time.perf_counter()
             corpus.write_corpus(fresh, names=[name])
             took = time.perf_counter() - start
             print(f"{name:<26} {took:5.1f} s  {_summary(fresh / name)}", flush=True)
-        if out.exists():
-            out.rename(retired)
-        fresh.rename(out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-        shutil.rmtree(retired, ignore_errors=True)
     total = time.perf_counter() - began
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     print(f"{len(names)} runs in {out}: {size / 1024:.0f} KiB, trained in {total:.1f} s")

@@ -14,13 +14,12 @@ Needs the ``peft`` extra (torch, transformers, peft, safetensors).
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
 
+from adapterprobe._fs import atomic_dir
 from adapterprobe.errors import AdapterProbeError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
@@ -42,24 +41,13 @@ def generate(out: Path, *, seed: int) -> None:
                 f"{out} holds files that are not demo stores ({', '.join(unexpected)}); "
                 "refusing to replace it"
             )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".demo-store-", dir=out.parent))
-    retired = staging.with_name(staging.name + "-old")
-    try:
-        fresh = staging / out.name
-        fresh.mkdir()
+    with atomic_dir(out, overwrite=True) as fresh:
         for directory, scenario in storegen.DEMO_STORES.items():
             began = time.perf_counter()
             storegen.write_store(fresh / directory, scenario, seed=seed)
             took = time.perf_counter() - began
             print(f"{directory:<14} ({scenario}) written in {took:.1f} s")
         _make_world_readable(fresh)
-        if out.exists():
-            out.rename(retired)
-        fresh.rename(out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-        shutil.rmtree(retired, ignore_errors=True)
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     print(f"demo stores in {out}: {size / 1024:.0f} KiB")
 
@@ -67,7 +55,7 @@ def generate(out: Path, *, seed: int) -> None:
 def _make_world_readable(root: Path) -> None:
     """The stores ship in the wheel: safetensors writes its files 0600, which a
     system-wide install would leave unreadable to other users."""
-    for path in root.rglob("*"):
+    for path in [root, *root.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
 
 
