@@ -10,29 +10,16 @@ pub mod error;
 mod py;
 
 pub use error::{Area, Error, Result};
-pub mod adapter_config;
-pub mod adapter_weights;
-pub mod attribution;
-pub mod csv_log;
-pub mod files;
-pub mod float_reduce;
-pub mod json_line;
-pub mod json_text;
-pub mod layers;
-pub mod layout;
-pub mod loss_log;
-pub mod metrics;
-pub mod optimizer_state;
-pub mod pickle;
-pub mod probe_inputs;
-pub mod robust_curve;
-pub mod safetensors_header;
-pub mod scan;
-pub mod second_moment;
-pub mod sidecar;
-pub mod tensor_data;
-pub mod tfevents;
-pub mod torch_save;
-pub mod torch_state;
-pub mod trainer_state;
-pub mod zip_archive;
+pub mod analysis;
+pub mod formats;
+pub mod io;
+pub mod store;
+
+// Old flat paths, kept for one commit so the moves above change no file's content.
+pub use analysis::{
+    adapter_weights, attribution, float_reduce, layers, metrics, robust_curve, second_moment,
+};
+pub use formats::logs::{csv_log, json_line, loss_log, tfevents, trainer_state};
+pub use formats::{adapter_config, pickle, safetensors_header, tensor_data, torch_save};
+pub use io::{files, json_text, sidecar, zip_archive};
+pub use store::{layout, optimizer_state, probe_inputs, scan, torch_state};

@@ -1,0 +1,12 @@
+//! Training logs: each trainer's format read into the same loss curve.
+//!
+//! One module per format (dlm's JSON lines, HF `trainer_state.json`,
+//! TensorBoard event files, Lightning/CSV `metrics.csv`) and [`loss_log`],
+//! which finds a run's logs, picks the reader and merges what it reads
+//! into one deduplicated series.
+
+pub mod csv_log;
+pub mod json_line;
+pub mod loss_log;
+pub mod tfevents;
+pub mod trainer_state;

@@ -1,0 +1,16 @@
+//! One module per file format: bytes in, typed values out, no judging.
+//!
+//! What belongs here: parsers of the files a training run leaves behind
+//! (safetensors headers and tensor data, PEFT's `adapter_config.json`, the
+//! allow-listed pickle interpreter and `torch.save` archives, and the
+//! training logs under [`logs`]). A reader checks every size it is given
+//! against the file and a cap, and reports bad input as an `Error`; what a
+//! value *means* for a run's health is decided in `analysis` and `store`.
+//! Modules here depend only on `io` and on each other.
+
+pub mod adapter_config;
+pub mod logs;
+pub mod pickle;
+pub mod safetensors_header;
+pub mod tensor_data;
+pub mod torch_save;

@@ -1,0 +1,11 @@
+//! Opening inputs safely and cheaply, before any format is known.
+//!
+//! What belongs here: finding and opening files (regular files only, no
+//! walking out of a root), bounded positioned reads, the zip container that
+//! `torch.save` uses, checksum sidecars, and writing JSON text. Nothing here
+//! knows a file format beyond its container, and nothing knows a probe.
+
+pub mod files;
+pub mod json_text;
+pub mod sidecar;
+pub mod zip_archive;
