@@ -13,18 +13,20 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
-use crate::adapter_weights::{self, AdapterWeights};
+use crate::analysis::adapter_weights::{self, AdapterWeights};
+use crate::analysis::layers::{self, LayerGrouping};
+use crate::analysis::metrics;
+use crate::analysis::robust_curve::{self, RobustCurve, RobustParams, SpikeEvent};
 use crate::error::{Area, Error};
-use crate::layers::{self, LayerGrouping};
-use crate::loss_log::{self, LossCurve};
-use crate::optimizer_state::{self, OptimizerState};
-use crate::robust_curve::{self, RobustCurve, RobustParams, SpikeEvent};
-use crate::safetensors_header::{self, Header, TensorInfo};
-use crate::scan::{
+use crate::formats::logs::loss_log::{self, LossCurve};
+use crate::formats::safetensors_header::{self, Header, TensorInfo};
+use crate::io::json_text;
+use crate::store::optimizer_state::{self, OptimizerState};
+use crate::store::scan::{
     self, Discovery, DriftInput, GhostInput, LogsStatus, Target, TargetInputs, WeightsInput,
 };
-use crate::torch_state::{self, ParamStat, TrainingState};
-use crate::{json_text, metrics, Result};
+use crate::store::torch_state::{self, ParamStat, TrainingState};
+use crate::Result;
 
 // ---- errors ----
 
@@ -812,8 +814,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<SpikeEvent>()?;
     m.add_function(wrap_pyfunction!(robust_curve_py, m)?)?;
     m.add_class::<ParamStat>()?;
-    m.add_class::<crate::attribution::Attribution>()?;
-    m.add_class::<crate::attribution::ParamSlot>()?;
+    m.add_class::<crate::analysis::attribution::Attribution>()?;
+    m.add_class::<crate::analysis::attribution::ParamSlot>()?;
     m.add_class::<TrainingState>()?;
     m.add_class::<LogsStatus>()?;
     m.add_class::<DriftInput>()?;

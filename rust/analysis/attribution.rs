@@ -669,8 +669,8 @@ mod tests {
     mod real_runs {
         //! HF Trainer + PEFT runs written by rust/testdata/make_optim_fixtures.py.
         use super::super::*;
-        use crate::optimizer_state::read_optimizer_state;
-        use crate::safetensors_header::read_header;
+        use crate::formats::safetensors_header::read_header;
+        use crate::store::optimizer_state::read_optimizer_state;
         use serde_json::Value as Json;
         use std::path::{Path, PathBuf};
 

@@ -6,9 +6,9 @@
 //! bfloat16. Contiguous runs use several independent accumulators so the
 //! loops vectorize.
 
-use crate::pickle::DType;
-use crate::tensor_data::{dec_bf16, dec_f16, dec_f32, dec_f64};
-pub use crate::tensor_data::{f16_to_f32, FloatKind};
+use crate::formats::pickle::DType;
+use crate::formats::tensor_data::{dec_bf16, dec_f16, dec_f32, dec_f64};
+pub use crate::formats::tensor_data::{f16_to_f32, FloatKind};
 
 impl FloatKind {
     /// The reducible float kind of a pickled torch dtype.
@@ -301,7 +301,7 @@ fn reduce_strided(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tensor_data::tests::encode;
+    use crate::formats::tensor_data::tests::encode;
 
     /// Reference: decode every element the slow obvious way.
     fn naive(

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Area, Error, Result};
-use crate::safetensors_header::read_header;
+use crate::formats::safetensors_header::read_header;
 
 pub const ADAPTER_WEIGHTS: &str = "adapter_model.safetensors";
 

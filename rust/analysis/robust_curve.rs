@@ -12,7 +12,7 @@
 //! `min_spike_rise` of the trend; adjacent spike points form one event.
 //! Everything is O(n log w) for a trend window of w points.
 
-use crate::metrics::SortedWindow;
+use crate::analysis::metrics::SortedWindow;
 
 /// Tuning of the robust analysis (see the module doc).
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -32,12 +32,12 @@
 //! - SGD keeps `momentum_buffer` only, bitsandbytes' one-state optimizers
 //!   (Lion, SGD, RMSprop, ...) `state1` only: no second moment.
 
+use crate::analysis::float_reduce::Reduction;
 use crate::error::Result;
-use crate::float_reduce::Reduction;
-use crate::optimizer_state::ParamStat;
-use crate::pickle::{DType, Id, Tensor, Unpickled, Value};
-use crate::tensor_data::decode;
-use crate::torch_save::{float_kind, TorchSave, WorkBudget};
+use crate::formats::pickle::{DType, Id, Tensor, Unpickled, Value};
+use crate::formats::tensor_data::decode;
+use crate::formats::torch_save::{float_kind, TorchSave, WorkBudget};
+use crate::store::optimizer_state::ParamStat;
 
 /// Key under which bitsandbytes >= 0.50 nests its quantization state.
 pub const BNB_QUANT_STATE: &str = "__bnb_optimizer_quant_state__";

@@ -45,7 +45,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::error::{Area, Error, Result};
-use crate::files::open_regular;
+use crate::io::files::open_regular;
 
 /// File name of the config beside the weights.
 pub const CONFIG_FILE: &str = "adapter_config.json";

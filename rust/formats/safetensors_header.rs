@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::error::{Area, Error, Result};
-use crate::files::open_regular;
+use crate::io::files::open_regular;
 
 /// Largest header we accept (the reference implementation uses the same cap).
 pub const MAX_HEADER_BYTES: u64 = 100 * 1024 * 1024;

@@ -9,12 +9,12 @@
 
 use std::path::Path;
 
-use crate::error::{Error, Result};
-use crate::float_reduce::{
+use crate::analysis::float_reduce::{
     for_each_run, plan_view, reduce_bytes, reduce_planned, FloatKind, Reduction, ViewPlan,
 };
-use crate::pickle::{self, Tensor, UnknownGlobals, Unpickled};
-use crate::zip_archive::{Archive, Entry};
+use crate::error::{Error, Result};
+use crate::formats::pickle::{self, Tensor, UnknownGlobals, Unpickled};
+use crate::io::zip_archive::{Archive, Entry};
 
 /// A `torch.save` archive and its unpickled payload.
 pub struct TorchSave {
@@ -354,9 +354,9 @@ fn decode_scalar(dtype: &str, bytes: &[u8]) -> Option<f64> {
     let value = match dtype {
         "float32" => f64::from(f32::from_le_bytes(le(bytes)?)),
         "float64" => f64::from_le_bytes(le(bytes)?),
-        "float16" => f64::from(crate::float_reduce::f16_to_f32(u16::from_le_bytes(le(
-            bytes,
-        )?))),
+        "float16" => f64::from(crate::analysis::float_reduce::f16_to_f32(
+            u16::from_le_bytes(le(bytes)?),
+        )),
         "bfloat16" => f64::from(f32::from_bits(
             u32::from(u16::from_le_bytes(le(bytes)?)) << 16,
         )),
@@ -375,7 +375,7 @@ fn decode_scalar(dtype: &str, bytes: &[u8]) -> Option<f64> {
 pub(crate) mod test_support {
     use std::path::{Path, PathBuf};
 
-    use crate::zip_archive::Archive;
+    use crate::io::zip_archive::Archive;
 
     /// A zip of `entries` with compression `method` (0 = STORED, as
     /// torch.save writes), sizes claimed truthfully.

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Area, Error, Result};
-use crate::files::open_regular;
+use crate::io::files::open_regular;
 
 /// Run `parse` on `file`; when `<file>.sha256` sits beside it, its digest
 /// must match the file's, else the result is an `Area::Integrity` error

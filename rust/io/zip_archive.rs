@@ -12,7 +12,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Area, Error, Result};
-use crate::files::open_regular;
+use crate::io::files::open_regular;
 
 /// Caps on what a zip header may make us allocate.
 const MAX_CENTRAL_DIR_BYTES: u64 = 64 << 20;

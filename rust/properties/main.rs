@@ -16,14 +16,16 @@ use std::collections::HashSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use adapterprobe_core::json_line::{classify, LineKind};
-use adapterprobe_core::pickle::{
+use adapterprobe_core::formats::logs::json_line::{classify, LineKind};
+use adapterprobe_core::formats::pickle::{
     op, resolve_global, unpickle, unpickle_with, unpickle_with_policy, Id, Limits, UnknownGlobals,
     Unpickled, Value,
 };
-use adapterprobe_core::safetensors_header::{dtype_bits, parse_header, read_header, Header};
-use adapterprobe_core::tensor_data::SafetensorsData;
-use adapterprobe_core::zip_archive::Archive;
+use adapterprobe_core::formats::safetensors_header::{
+    dtype_bits, parse_header, read_header, Header,
+};
+use adapterprobe_core::formats::tensor_data::SafetensorsData;
+use adapterprobe_core::io::zip_archive::Archive;
 use adapterprobe_core::Area;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence};

@@ -18,10 +18,10 @@
 use std::fs;
 use std::path::{Component, Path, PathBuf};
 
+use crate::analysis::layers::ADAPTER_WEIGHTS;
 use crate::error::Area;
-use crate::files::read_small;
-use crate::layers::ADAPTER_WEIGHTS;
-use crate::torch_state::STATE_FILE;
+use crate::io::files::read_small;
+use crate::store::torch_state::STATE_FILE;
 
 /// Largest `current.txt` read.
 const MAX_POINTER_BYTES: u64 = 4096;

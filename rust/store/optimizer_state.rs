@@ -21,11 +21,11 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use crate::analysis::second_moment::{check_slot, classify, Family, Layout, MomentReader};
 use crate::error::{Area, Error, Result};
-use crate::pickle::{Id, UnknownGlobals, Value};
-use crate::second_moment::{check_slot, classify, Family, Layout, MomentReader};
-use crate::sidecar;
-use crate::torch_save::TorchSave;
+use crate::formats::pickle::{Id, UnknownGlobals, Value};
+use crate::formats::torch_save::TorchSave;
+use crate::io::sidecar;
 
 /// File names a checkpoint or adapter version directory may hold.
 pub const HF_OPTIMIZER_FILE: &str = "optimizer.pt";
@@ -511,7 +511,7 @@ fn step_of(ts: &TorchSave, slot: Id, param_id: i64, scratch: &mut Vec<u8>) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::torch_save::test_support::{
+    use crate::formats::torch_save::test_support::{
         insert_before_stop, replace_after, text, with_edited_pickle,
     };
     use serde_json::Value as Json;
@@ -630,8 +630,9 @@ mod tests {
             "{why}"
         );
         // dlm's reader has no way to say "no second moment": it refuses.
-        let e = crate::torch_state::read_training_state(&fixtures().join("sgd/optimizer.pt"))
-            .unwrap_err();
+        let e =
+            crate::store::torch_state::read_training_state(&fixtures().join("sgd/optimizer.pt"))
+                .unwrap_err();
         assert_eq!(e.area, Area::TrainingState);
     }
 
@@ -805,7 +806,7 @@ mod tests {
     fn dlm_reader_accepts_bitsandbytes_through_the_shared_walk() {
         let want = expected("dlm_bnb8");
         let path = fixtures().join("dlm_bnb8/training_state.pt");
-        let dlm = crate::torch_state::read_training_state(&path).unwrap();
+        let dlm = crate::store::torch_state::read_training_state(&path).unwrap();
         assert_eq!(dlm.global_step, 30);
         assert_eq!(dlm.epoch, Some(1.5));
         assert_eq!(dlm.best_val_loss, 2.25);
@@ -830,7 +831,7 @@ mod tests {
             Area::Integrity
         );
         assert_eq!(
-            crate::torch_state::read_training_state(dir.path())
+            crate::store::torch_state::read_training_state(dir.path())
                 .unwrap_err()
                 .area,
             Area::Integrity

@@ -5,16 +5,16 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::adapter_weights::{self, AdapterWeights};
-use crate::attribution::{self, Attribution};
+use crate::analysis::adapter_weights::{self, AdapterWeights};
+use crate::analysis::attribution::{self, Attribution};
+use crate::analysis::layers::{self, LayerGrouping};
 use crate::error::{Area, Error, Result};
-use crate::layers::{self, LayerGrouping};
-use crate::layout::{self, Target, HF_TRAINER, LIGHTNING, PEFT, TRAINER_STATE};
-use crate::loss_log::{self, LossCurve};
-use crate::optimizer_state::{self, OptimizerState};
-use crate::safetensors_header::read_header;
-use crate::torch_state::{self, TrainingState};
-use crate::trainer_state;
+use crate::formats::logs::loss_log::{self, LossCurve};
+use crate::formats::logs::trainer_state;
+use crate::formats::safetensors_header::read_header;
+use crate::store::layout::{self, Target, HF_TRAINER, LIGHTNING, PEFT, TRAINER_STATE};
+use crate::store::optimizer_state::{self, OptimizerState};
+use crate::store::torch_state::{self, TrainingState};
 
 /// What reading a store's logs gave.
 #[cfg_attr(

@@ -15,9 +15,9 @@ use std::sync::Mutex;
 use rayon::prelude::*;
 
 use crate::error::{Area, Error, Result};
-pub use crate::layout::Target;
-use crate::layout::{self};
-pub use crate::probe_inputs::{
+pub use crate::store::layout::Target;
+use crate::store::layout::{self};
+pub use crate::store::probe_inputs::{
     drift_input, ghost_input, weights_input, DriftInput, GhostInput, LogsStatus, TargetInputs,
     Wanted, WeightsInput,
 };
@@ -158,7 +158,7 @@ pub fn discover(roots: &[PathBuf], all: bool) -> Discovery {
 pub fn probe_targets(targets: &[Target], wanted: Wanted) -> Vec<TargetInputs> {
     targets
         .par_iter()
-        .map(|t| crate::probe_inputs::gather(t, wanted))
+        .map(|t| crate::store::probe_inputs::gather(t, wanted))
         .collect()
 }
 
@@ -196,7 +196,7 @@ mod tests {
 
     fn version(store: &Path, adapter: &str, v: &str) -> PathBuf {
         let dir = mkdirs(store, &format!("{adapter}/versions/{v}"));
-        fs::write(dir.join(crate::torch_state::STATE_FILE), b"x").unwrap();
+        fs::write(dir.join(crate::store::torch_state::STATE_FILE), b"x").unwrap();
         dir
     }
 

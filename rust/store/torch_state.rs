@@ -12,11 +12,11 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::{Area, Error, Result};
-use crate::optimizer_state::summarize;
-pub use crate::optimizer_state::ParamStat;
-use crate::pickle::{UnknownGlobals, Value};
-use crate::sidecar;
-use crate::torch_save::TorchSave;
+use crate::formats::pickle::{UnknownGlobals, Value};
+use crate::formats::torch_save::TorchSave;
+use crate::io::sidecar;
+use crate::store::optimizer_state::summarize;
+pub use crate::store::optimizer_state::ParamStat;
 
 /// File name inside an adapter version directory.
 pub const STATE_FILE: &str = "training_state.pt";
@@ -132,7 +132,7 @@ fn parse_state(file: &Path) -> Result<TrainingState> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::torch_save::test_support::zip_bytes;
+    use crate::formats::torch_save::test_support::zip_bytes;
     use sha2::{Digest, Sha256};
     use std::io::Write;
 

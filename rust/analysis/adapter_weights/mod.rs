@@ -58,12 +58,12 @@ use std::path::{Path, PathBuf};
 use nalgebra::{Cholesky, DMatrix, SymmetricEigen};
 use rayon::prelude::*;
 
-use crate::adapter_config::{AdapterConfig, TargetModules, CONFIG_FILE};
-use crate::attribution::layer_number;
+use crate::analysis::attribution::layer_number;
+use crate::analysis::layers::ADAPTER_WEIGHTS;
 use crate::error::{Area, Error, Result};
-use crate::layers::ADAPTER_WEIGHTS;
-use crate::safetensors_header::TensorInfo;
-use crate::tensor_data::{
+use crate::formats::adapter_config::{AdapterConfig, TargetModules, CONFIG_FILE};
+use crate::formats::safetensors_header::TensorInfo;
+use crate::formats::tensor_data::{
     FloatTensor, Moments, SafetensorsData, TensorReader, DEFAULT_CHUNK_ELEMS, MAX_GRAM_DIM,
 };
 

@@ -23,8 +23,8 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Area, Error, Result};
-use crate::files::open_regular;
-use crate::json_line::{float_to_step, python_float, python_int};
+use crate::formats::logs::json_line::{float_to_step, python_float, python_int};
+use crate::io::files::open_regular;
 
 /// Loss columns tried, in order, when the caller names none.
 pub const DEFAULT_LOSS_COLUMNS: [&str; 4] = ["train_loss", "train_loss_step", "loss", "train/loss"];

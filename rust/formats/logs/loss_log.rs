@@ -15,9 +15,9 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Area, Error, Result};
-use crate::files::open_regular;
-use crate::json_line::{classify, LineKind};
-use crate::{csv_log, tfevents, trainer_state};
+use crate::formats::logs::json_line::{classify, LineKind};
+use crate::formats::logs::{csv_log, tfevents, trainer_state};
+use crate::io::files::open_regular;
 
 /// Bytes read per batch; each batch is parsed in parallel pieces.
 const BATCH: usize = 8 << 20;

@@ -23,8 +23,8 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Area, Error, Result};
-use crate::files::open_regular;
-use crate::json_line::{to_loss, to_step, unescape, Scalar, Scanner, MAX_DEPTH};
+use crate::formats::logs::json_line::{to_loss, to_step, unescape, Scalar, Scanner, MAX_DEPTH};
+use crate::io::files::open_regular;
 
 /// Largest `trainer_state.json` read (real ones are kilobytes to a few MiB).
 pub const MAX_TRAINER_STATE_BYTES: u64 = 512 << 20;

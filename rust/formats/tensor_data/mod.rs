@@ -26,8 +26,8 @@ use std::path::{Path, PathBuf};
 use nalgebra::DMatrix;
 
 use crate::error::{Area, Error, Result};
-use crate::files::open_regular;
-use crate::safetensors_header::{read_header, Header, TensorInfo};
+use crate::formats::safetensors_header::{read_header, Header, TensorInfo};
+use crate::io::files::open_regular;
 
 /// Largest single read (and largest decoded buffer) this module makes.
 pub const MAX_CHUNK_BYTES: usize = 8 << 20;
