@@ -8,4 +8,5 @@
 pub mod files;
 pub mod json_text;
 pub mod sidecar;
+pub mod walk;
 pub mod zip_archive;

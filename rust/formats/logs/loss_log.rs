@@ -18,6 +18,7 @@ use crate::error::{Area, Error, Result};
 use crate::formats::logs::json_line::{classify, LineKind};
 use crate::formats::logs::{csv_log, tfevents, trainer_state};
 use crate::io::files::open_regular;
+use crate::io::walk::files_under;
 
 /// Bytes read per batch; each batch is parsed in parallel pieces.
 const BATCH: usize = 8 << 20;
@@ -115,57 +116,6 @@ pub fn resolve_source(source: &Path) -> Result<Vec<PathBuf>> {
     } else {
         train_logs_in(source)
     }
-}
-
-/// Subdirectory levels searched below a directory for event files or a
-/// `metrics.csv` (HF: `runs/<date>_<host>/`; Lightning: `lightning_logs/version_N/`).
-pub const MAX_SEARCH_DEPTH: usize = 4;
-/// Directory entries looked at in one search before it gives up.
-pub const MAX_SEARCH_ENTRIES: usize = 100_000;
-
-/// Files whose name `matches`, in `dir` and up to `MAX_SEARCH_DEPTH`
-/// subdirectory levels below it, sorted by file name (then path). Hidden
-/// directories and symlinked directories (possible loops) are not entered.
-pub(crate) fn files_under(dir: &Path, matches: impl Fn(&str) -> bool) -> Result<Vec<PathBuf>> {
-    let mut found = vec![];
-    let mut level = vec![dir.to_path_buf()];
-    let mut seen = 0usize;
-    for depth in 0..=MAX_SEARCH_DEPTH {
-        let mut next_level = vec![];
-        for current in &level {
-            let entries =
-                std::fs::read_dir(current).map_err(|e| Error::io(Area::LogFormat, current, &e))?;
-            for entry in entries {
-                let entry = entry.map_err(|e| Error::io(Area::LogFormat, current, &e))?;
-                seen += 1;
-                if seen > MAX_SEARCH_ENTRIES {
-                    return Err(Error::new(
-                        Area::LogFormat,
-                        dir,
-                        format!(
-                            "holds more than {MAX_SEARCH_ENTRIES} entries within \
-                             {MAX_SEARCH_DEPTH} levels; point at the run's own directory"
-                        ),
-                    ));
-                }
-                let file_name = entry.file_name();
-                let Some(name) = file_name.to_str() else {
-                    continue;
-                };
-                let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
-                if is_dir {
-                    if depth < MAX_SEARCH_DEPTH && !name.starts_with('.') {
-                        next_level.push(entry.path());
-                    }
-                } else if matches(name) {
-                    found.push(entry.path());
-                }
-            }
-        }
-        level = next_level;
-    }
-    found.sort_by(|a, b| a.file_name().cmp(&b.file_name()).then_with(|| a.cmp(b)));
-    Ok(found)
 }
 
 /// Whether Python's `str.isspace()` holds for `c` (what `str.strip()`
@@ -486,7 +436,7 @@ pub const ACCEPTED_SOURCES: &str = "a dlm store, logs directory or .jsonl log; a
 /// the first match winning:
 /// 1. dlm logs (`logs/train-*.jsonl`, or `train-*.jsonl` in it);
 /// 2. its own `trainer_state.json` (the final save holds the whole run);
-/// 3. event files up to `MAX_SEARCH_DEPTH` levels down (HF's `runs/`
+/// 3. event files up to [`MAX_SEARCH_DEPTH`](crate::io::walk::MAX_SEARCH_DEPTH) levels down (HF's `runs/`
 ///    holds every logged step, also those after the last checkpoint, and a
 ///    resumed run's new `runs/<date>` directory);
 /// 4. the `trainer_state.json` of the highest `checkpoint-<step>/`;
@@ -508,7 +458,7 @@ pub fn detect_log_source(source: &Path) -> Result<(LogSource, Vec<PathBuf>)> {
     if state.is_file() {
         return Ok((LogSource::TrainerState, vec![state]));
     }
-    let found = files_under(source, |name| {
+    let found = files_under(source, Area::LogFormat, |name| {
         tfevents::is_event_file_name(name) || name == "metrics.csv"
     })?;
     let (events, csvs): (Vec<PathBuf>, Vec<PathBuf>) = found.into_iter().partition(|p| {

@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Area, Error, Result};
 use crate::io::files::open_regular;
+use crate::io::walk::files_under;
 
 /// Largest record accepted (TensorBoard's own reader has no cap; real
 /// scalar, histogram and text events are far below this).
@@ -85,7 +86,7 @@ pub fn is_event_file_name(name: &str) -> bool {
 }
 
 /// Event files at `source`: the file itself, or those found up to
-/// `crate::formats::logs::loss_log::MAX_SEARCH_DEPTH` directories below it (HF writes
+/// [`MAX_SEARCH_DEPTH`](crate::io::walk::MAX_SEARCH_DEPTH) directories below it (HF writes
 /// `runs/<date>_<host>/`, Lightning `lightning_logs/version_N/`), sorted by
 /// file name, which starts with the creation time.
 pub fn event_files(source: &Path) -> Result<Vec<PathBuf>> {
@@ -93,7 +94,7 @@ pub fn event_files(source: &Path) -> Result<Vec<PathBuf>> {
     if !meta.is_dir() {
         return Ok(vec![source.to_path_buf()]);
     }
-    crate::formats::logs::loss_log::files_under(source, is_event_file_name)
+    files_under(source, Area::LogFormat, is_event_file_name)
 }
 
 /// The scalar tags present in `files`, sorted.
