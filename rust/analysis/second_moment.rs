@@ -37,7 +37,6 @@ use crate::error::Result;
 use crate::formats::pickle::{DType, Id, Tensor, Unpickled, Value};
 use crate::formats::tensor_data::decode;
 use crate::formats::torch_save::{float_kind, TorchSave, WorkBudget};
-use crate::store::optimizer_state::ParamStat;
 
 /// Key under which bitsandbytes >= 0.50 nests its quantization state.
 pub const BNB_QUANT_STATE: &str = "__bnb_optimizer_quant_state__";
@@ -54,6 +53,29 @@ const CODES_PER_CHUNK: u64 = 1 << 16;
 
 /// More keys than any optimizer keeps per parameter (Adam has 3-4).
 pub const MAX_SLOT_KEYS: usize = 64;
+
+/// Statistics of one parameter's second moment.
+#[cfg_attr(
+    feature = "python",
+    pyo3::pyclass(frozen, get_all, skip_from_py_object, module = "adapterprobe._core")
+)]
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParamStat {
+    pub param_id: i64,
+    /// Elements of the parameter.
+    pub numel: u64,
+    /// Shape of the parameter (for Adafactor's factored states, the shape
+    /// the row and column factors describe).
+    pub shape: Vec<u64>,
+    /// Mean of the second moment over all elements, accumulated in f64
+    /// (Adam's `exp_avg_sq`, bitsandbytes' dequantized `state2`, or the mean
+    /// of Adafactor's reconstruction); NaN when any element is NaN or the
+    /// tensor is empty. The name is Adam's, kept for the binding.
+    pub exp_avg_sq_mean: f64,
+    /// Elements that are NaN or ±inf (for Adafactor's factored states,
+    /// entries of the stored factors).
+    pub nonfinite: u64,
+}
 
 /// The optimizer family one parameter's state belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

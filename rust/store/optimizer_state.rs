@@ -21,7 +21,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::analysis::second_moment::{check_slot, classify, Family, Layout, MomentReader};
+use crate::analysis::second_moment::{
+    check_slot, classify, Family, Layout, MomentReader, ParamStat,
+};
 use crate::error::{Area, Error, Result};
 use crate::formats::pickle::{Id, UnknownGlobals, Value};
 use crate::formats::torch_save::TorchSave;
@@ -30,29 +32,6 @@ use crate::io::sidecar;
 /// File names a checkpoint or adapter version directory may hold.
 pub const HF_OPTIMIZER_FILE: &str = "optimizer.pt";
 pub const DLM_STATE_FILE: &str = "training_state.pt";
-
-/// Statistics of one parameter's second moment.
-#[cfg_attr(
-    feature = "python",
-    pyo3::pyclass(frozen, get_all, skip_from_py_object, module = "adapterprobe._core")
-)]
-#[derive(Debug, Clone, PartialEq)]
-pub struct ParamStat {
-    pub param_id: i64,
-    /// Elements of the parameter.
-    pub numel: u64,
-    /// Shape of the parameter (for Adafactor's factored states, the shape
-    /// the row and column factors describe).
-    pub shape: Vec<u64>,
-    /// Mean of the second moment over all elements, accumulated in f64
-    /// (Adam's `exp_avg_sq`, bitsandbytes' dequantized `state2`, or the mean
-    /// of Adafactor's reconstruction); NaN when any element is NaN or the
-    /// tensor is empty. The name is Adam's, kept for the binding.
-    pub exp_avg_sq_mean: f64,
-    /// Elements that are NaN or ±inf (for Adafactor's factored states,
-    /// entries of the stored factors).
-    pub nonfinite: u64,
-}
 
 /// What an optimizer state file says about the optimizer and its run.
 #[cfg_attr(

@@ -11,12 +11,12 @@
 
 use std::path::{Path, PathBuf};
 
+pub use crate::analysis::second_moment::ParamStat;
 use crate::error::{Area, Error, Result};
 use crate::formats::pickle::{UnknownGlobals, Value};
 use crate::formats::torch_save::TorchSave;
 use crate::io::sidecar;
 use crate::store::optimizer_state::summarize;
-pub use crate::store::optimizer_state::ParamStat;
 
 /// File name inside an adapter version directory.
 pub const STATE_FILE: &str = "training_state.pt";
