@@ -11,3 +11,6 @@ pub mod optimizer_state;
 pub mod probe_inputs;
 pub mod scan;
 pub mod torch_state;
+
+#[cfg(test)]
+mod attribution_on_real_runs;
