@@ -1,27 +1,16 @@
 //! Float reduction kernels over raw little-endian storage bytes.
 //!
-//! A tensor view (offset, sizes, strides) is validated against its storage's
-//! capacity, contiguous dimensions are merged, and the elements are summed in
-//! f64 with non-finite values counted, for float32, float64, float16 and
+//! The elements of a planned tensor view (`formats::tensor_view`) are summed
+//! in f64 with non-finite values counted, for float32, float64, float16 and
 //! bfloat16. Contiguous runs use several independent accumulators so the
-//! loops vectorize.
+//! loops vectorize. [`reduce_tensor`] reduces one tensor of a `torch.save`
+//! archive in bounded memory, streaming views larger than a chunk.
 
-use crate::formats::pickle::DType;
-use crate::formats::tensor_data::{dec_bf16, dec_f16, dec_f32, dec_f64};
-pub use crate::formats::tensor_data::{f16_to_f32, FloatKind};
-
-impl FloatKind {
-    /// The reducible float kind of a pickled torch dtype.
-    pub fn of(d: DType) -> Option<FloatKind> {
-        match d.name {
-            "float32" => Some(FloatKind::F32),
-            "float64" => Some(FloatKind::F64),
-            "float16" => Some(FloatKind::F16),
-            "bfloat16" => Some(FloatKind::BF16),
-            _ => None,
-        }
-    }
-}
+use crate::error::{Error, Result};
+use crate::formats::pickle::Tensor;
+use crate::formats::tensor_data::{dec_bf16, dec_f16, dec_f32, dec_f64, f16_to_f32, FloatKind};
+use crate::formats::tensor_view::{for_each_run, ViewPlan};
+use crate::formats::torch_save::{float_kind, TorchSave, WorkBudget, STREAM_CHUNK_BYTES};
 
 /// Sum and non-finite count of a set of elements.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -40,91 +29,6 @@ impl Reduction {
             self.sum / self.numel as f64
         }
     }
-}
-
-/// A validated tensor view, relative to the first element it touches.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ViewPlan {
-    pub numel: u64,
-    /// First storage element read.
-    pub first: u64,
-    /// Elements from `first` through the last element read.
-    pub span: u64,
-    /// (size, stride) pairs, size-1 dims dropped and mergeable dims merged,
-    /// outermost first. Empty for a scalar.
-    pub dims: Vec<(u64, u64)>,
-}
-
-/// Logical elements a view may have beyond its storage's size (broadcast
-/// views with stride 0); past this, such views are refused.
-const MAX_OVERLAP_NUMEL: u64 = 1 << 24;
-
-/// Check that the view (offset, size, stride) lies inside a storage of
-/// `capacity` elements and describe how to walk it.
-pub fn plan_view(
-    offset: u64,
-    size: &[u64],
-    stride: &[u64],
-    capacity: u64,
-) -> std::result::Result<ViewPlan, String> {
-    if size.len() != stride.len() {
-        return Err("size and stride have different lengths".into());
-    }
-    let numel = size
-        .iter()
-        .try_fold(1u64, |acc, &s| acc.checked_mul(s))
-        .ok_or("element count overflows")?;
-    if numel == 0 {
-        if offset > capacity {
-            return Err(format!(
-                "view offset {offset} is past the end of its storage ({capacity} elements)"
-            ));
-        }
-        return Ok(ViewPlan {
-            numel: 0,
-            first: offset,
-            span: 0,
-            dims: Vec::new(),
-        });
-    }
-    let mut last = offset;
-    for (&s, &st) in size.iter().zip(stride) {
-        last = (s - 1)
-            .checked_mul(st)
-            .and_then(|x| last.checked_add(x))
-            .ok_or("view extent overflows")?;
-    }
-    if last >= capacity {
-        return Err(format!(
-            "tensor view (offset {offset}, size {size:?}, stride {stride:?}) reaches element \
-             {last}, past the end of its storage ({capacity} elements)"
-        ));
-    }
-    if numel > capacity && numel > MAX_OVERLAP_NUMEL {
-        return Err(format!(
-            "tensor view has {numel} elements over a storage of {capacity} (overlapping \
-             strides); refusing the work"
-        ));
-    }
-    let mut dims: Vec<(u64, u64)> = Vec::with_capacity(size.len());
-    for (&s, &st) in size.iter().zip(stride) {
-        if s == 1 {
-            continue;
-        }
-        match dims.last_mut() {
-            // The previous (outer) dim steps exactly over this one: merge.
-            Some(outer) if outer.1 == st.saturating_mul(s) => {
-                *outer = (outer.0 * s, st);
-            }
-            _ => dims.push((s, st)),
-        }
-    }
-    Ok(ViewPlan {
-        numel,
-        first: offset,
-        span: last - offset + 1,
-        dims,
-    })
 }
 
 /// Reduce the elements of `plan` from `bytes`, which start at element
@@ -165,33 +69,77 @@ pub fn reduce_planned(
     Ok(out)
 }
 
-/// Call `f(start, len, stride)` for each innermost run of the view: `len`
-/// elements starting at element `start` of the planned span (relative to
-/// `plan.first`), `stride` elements apart. A scalar view is one run of one.
-pub fn for_each_run(
-    plan: &ViewPlan,
-    mut f: impl FnMut(u64, u64, u64) -> std::result::Result<(), String>,
-) -> std::result::Result<(), String> {
-    let Some((&(inner_n, inner_stride), outer)) = plan.dims.split_last() else {
-        return f(0, 1, 1);
+/// Sum and non-finite count of the float tensor `t` of the archive `ts`. Memory stays
+/// bounded whatever the file claims: a view whose storage span is
+/// larger than [`STREAM_CHUNK_BYTES`] is read run by run, in chunks.
+pub fn reduce_tensor(
+    ts: &TorchSave,
+    t: &Tensor,
+    what: &str,
+    scratch: &mut Vec<u8>,
+    budget: &mut WorkBudget,
+) -> Result<Reduction> {
+    let kind = float_kind(t, what).map_err(|m| ts.err(m))?;
+    let v = ts.view(t, what)?;
+    if v.plan.numel == 0 {
+        return Ok(Reduction::default());
+    }
+    if !budget.charge(v.plan.numel.saturating_add(v.plan.span)) {
+        return Err(ts.over_budget(what));
+    }
+    let es = v.elem_size;
+    if v.plan.span.saturating_mul(es) <= STREAM_CHUNK_BYTES {
+        ts.archive.read_entry_range(
+            &v.entry_name,
+            v.entry,
+            v.plan.first * es,
+            v.plan.span * es,
+            scratch,
+        )?;
+        return reduce_planned(scratch, kind, &v.plan).map_err(|m| ts.err(format!("{what}: {m}")));
+    }
+    let mut out = Reduction {
+        numel: v.plan.numel,
+        ..Reduction::default()
     };
-    let mut index = vec![0u64; outer.len()];
-    loop {
-        let base: u64 = index.iter().zip(outer).map(|(i, d)| i * d.1).sum();
-        f(base, inner_n, inner_stride)?;
-        // Odometer over the outer dims, innermost fastest.
-        let mut d = outer.len();
-        loop {
-            if d == 0 {
-                return Ok(());
+    let mut failure: Option<Error> = None;
+    let per_chunk = (STREAM_CHUNK_BYTES / es).max(1);
+    let walked = for_each_run(&v.plan, |start, len, stride| {
+        let read = |from: u64, count: u64, buf: &mut Vec<u8>| {
+            ts.archive.read_entry_range(
+                &v.entry_name,
+                v.entry,
+                (v.plan.first + from) * es,
+                count * es,
+                buf,
+            )
+        };
+        // Contiguous runs in chunks; a strided run one element at a time
+        // (the budget above bounds how many there can be).
+        let (chunk, step) = if stride == 1 {
+            (per_chunk, per_chunk)
+        } else {
+            (1, 1)
+        };
+        let mut done = 0u64;
+        while done < len {
+            let count = chunk.min(len - done);
+            let at = start + done * if stride == 1 { 1 } else { stride };
+            if let Err(e) = read(at, count, scratch) {
+                failure = Some(e);
+                return Err(String::new());
             }
-            d -= 1;
-            index[d] += 1;
-            if index[d] < outer[d].0 {
-                break;
-            }
-            index[d] = 0;
+            let (s, nf) = reduce_bytes(scratch, kind);
+            out.sum += s;
+            out.nonfinite += nf;
+            done += step.min(len - done);
         }
+        Ok(())
+    });
+    match (walked, failure) {
+        (_, Some(e)) => Err(e),
+        (Err(m), None) => Err(ts.err(format!("{what}: {m}"))),
+        (Ok(()), None) => Ok(out),
     }
 }
 
@@ -302,6 +250,7 @@ fn reduce_strided(
 mod tests {
     use super::*;
     use crate::formats::tensor_data::tests::encode;
+    use crate::formats::tensor_view::plan_view;
 
     /// Reference: decode every element the slow obvious way.
     fn naive(
@@ -405,6 +354,7 @@ mod tests {
 
     #[test]
     fn nonfinite_counted_and_nan_propagates() {
+        assert!(Reduction::default().mean().is_nan());
         let vals = [
             1.0,
             f64::NAN,
@@ -437,26 +387,5 @@ mod tests {
         )
         .unwrap();
         assert_eq!(r.mean(), f64::INFINITY);
-    }
-
-    #[test]
-    fn views_past_the_storage_are_refused() {
-        assert!(plan_view(0, &[10], &[1], 10).is_ok());
-        assert!(plan_view(1, &[10], &[1], 10).is_err());
-        assert!(plan_view(0, &[4, 3], &[3, 1], 11).is_err());
-        assert!(plan_view(0, &[3, 4], &[1, 3], 12).is_ok());
-        assert!(plan_view(0, &[u64::MAX, 2], &[1, 1], 10).is_err());
-        assert!(plan_view(0, &[2], &[u64::MAX], 10).is_err());
-        assert!(plan_view(11, &[0], &[1], 10).is_err());
-        assert_eq!(plan_view(10, &[0, 5], &[5, 1], 10).unwrap().numel, 0);
-        assert!(plan_view(0, &[1 << 30], &[0], 1).is_err());
-        assert!(Reduction::default().mean().is_nan());
-    }
-
-    #[test]
-    fn contiguous_dims_merge() {
-        let plan = plan_view(6, &[2, 3, 4], &[12, 4, 1], 30).unwrap();
-        assert_eq!(plan.dims, vec![(24, 1)]);
-        assert_eq!(plan.span, 24);
     }
 }

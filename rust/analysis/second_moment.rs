@@ -32,7 +32,7 @@
 //! - SGD keeps `momentum_buffer` only, bitsandbytes' one-state optimizers
 //!   (Lion, SGD, RMSprop, ...) `state1` only: no second moment.
 
-use crate::analysis::float_reduce::Reduction;
+use crate::analysis::float_reduce::{reduce_tensor, Reduction};
 use crate::error::Result;
 use crate::formats::pickle::{DType, Id, Tensor, Unpickled, Value};
 use crate::formats::tensor_data::decode;
@@ -327,7 +327,7 @@ impl<'a> MomentReader<'a> {
     }
 
     fn reduce(&mut self, t: &Tensor, what: &str) -> Result<Reduction> {
-        self.ts.reduce(t, what, &mut self.bytes, &mut self.budget)
+        reduce_tensor(self.ts, t, what, &mut self.bytes, &mut self.budget)
     }
 
     /// Sum and non-finite count of `qmap[code] * absmax[i / B]` over the

@@ -13,4 +13,5 @@ pub mod logs;
 pub mod pickle;
 pub mod safetensors_header;
 pub mod tensor_data;
+pub mod tensor_view;
 pub mod torch_save;

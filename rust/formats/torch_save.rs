@@ -9,11 +9,10 @@
 
 use std::path::Path;
 
-use crate::analysis::float_reduce::{
-    for_each_run, plan_view, reduce_bytes, reduce_planned, FloatKind, Reduction, ViewPlan,
-};
 use crate::error::{Error, Result};
 use crate::formats::pickle::{self, Tensor, UnknownGlobals, Unpickled};
+use crate::formats::tensor_data::{f16_to_f32, FloatKind};
+use crate::formats::tensor_view::{plan_view, ViewPlan};
 use crate::io::zip_archive::{Archive, Entry};
 
 /// A `torch.save` archive and its unpickled payload.
@@ -156,81 +155,6 @@ impl TorchSave {
         })
     }
 
-    /// Sum and non-finite count of the float tensor `t`. Memory stays
-    /// bounded whatever the file claims: a view whose storage span is
-    /// larger than [`STREAM_CHUNK_BYTES`] is read run by run, in chunks.
-    pub fn reduce(
-        &self,
-        t: &Tensor,
-        what: &str,
-        scratch: &mut Vec<u8>,
-        budget: &mut WorkBudget,
-    ) -> Result<Reduction> {
-        let kind = float_kind(t, what).map_err(|m| self.err(m))?;
-        let v = self.view(t, what)?;
-        if v.plan.numel == 0 {
-            return Ok(Reduction::default());
-        }
-        if !budget.charge(v.plan.numel.saturating_add(v.plan.span)) {
-            return Err(self.over_budget(what));
-        }
-        let es = v.elem_size;
-        if v.plan.span.saturating_mul(es) <= STREAM_CHUNK_BYTES {
-            self.archive.read_entry_range(
-                &v.entry_name,
-                v.entry,
-                v.plan.first * es,
-                v.plan.span * es,
-                scratch,
-            )?;
-            return reduce_planned(scratch, kind, &v.plan)
-                .map_err(|m| self.err(format!("{what}: {m}")));
-        }
-        let mut out = Reduction {
-            numel: v.plan.numel,
-            ..Reduction::default()
-        };
-        let mut failure: Option<Error> = None;
-        let per_chunk = (STREAM_CHUNK_BYTES / es).max(1);
-        let walked = for_each_run(&v.plan, |start, len, stride| {
-            let read = |from: u64, count: u64, buf: &mut Vec<u8>| {
-                self.archive.read_entry_range(
-                    &v.entry_name,
-                    v.entry,
-                    (v.plan.first + from) * es,
-                    count * es,
-                    buf,
-                )
-            };
-            // Contiguous runs in chunks; a strided run one element at a time
-            // (the budget above bounds how many there can be).
-            let (chunk, step) = if stride == 1 {
-                (per_chunk, per_chunk)
-            } else {
-                (1, 1)
-            };
-            let mut done = 0u64;
-            while done < len {
-                let count = chunk.min(len - done);
-                let at = start + done * if stride == 1 { 1 } else { stride };
-                if let Err(e) = read(at, count, scratch) {
-                    failure = Some(e);
-                    return Err(String::new());
-                }
-                let (s, nf) = reduce_bytes(scratch, kind);
-                out.sum += s;
-                out.nonfinite += nf;
-                done += step.min(len - done);
-            }
-            Ok(())
-        });
-        match (walked, failure) {
-            (_, Some(e)) => Err(e),
-            (Err(m), None) => Err(self.err(format!("{what}: {m}"))),
-            (Ok(()), None) => Ok(out),
-        }
-    }
-
     /// The value of the one-element tensor `t` (a 0-d `step`), for float
     /// and integer dtypes.
     pub fn scalar(&self, t: &Tensor, what: &str, scratch: &mut Vec<u8>) -> Result<f64> {
@@ -307,7 +231,8 @@ impl TorchSave {
         )
     }
 
-    fn over_budget(&self, what: &str) -> Error {
+    /// The error for a file whose views add up to more work than its budget.
+    pub fn over_budget(&self, what: &str) -> Error {
         self.err(format!(
             "{what}: the tensors read add up to far more data than the file holds (shared \
              or overlapping views); refusing the work"
@@ -354,9 +279,7 @@ fn decode_scalar(dtype: &str, bytes: &[u8]) -> Option<f64> {
     let value = match dtype {
         "float32" => f64::from(f32::from_le_bytes(le(bytes)?)),
         "float64" => f64::from_le_bytes(le(bytes)?),
-        "float16" => f64::from(crate::analysis::float_reduce::f16_to_f32(
-            u16::from_le_bytes(le(bytes)?),
-        )),
+        "float16" => f64::from(f16_to_f32(u16::from_le_bytes(le(bytes)?))),
         "bfloat16" => f64::from(f32::from_bits(
             u32::from(u16::from_le_bytes(le(bytes)?)) << 16,
         )),
