@@ -1,0 +1,262 @@
+//! Which tensors make up each LoRA module: keys grouped into modules, each
+//! factor checked to be a matrix of the rank the config says, and the
+//! config's `target_modules` checked against what the file holds.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use super::{KEY_PREFIX, MAX_RANK};
+use crate::analysis::attribution::layer_number;
+use crate::error::{Area, Error, Result};
+use crate::formats::adapter_config::{AdapterConfig, TargetModules};
+use crate::formats::safetensors_header::TensorInfo;
+use crate::formats::tensor_data::{FloatTensor, SafetensorsData};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Role {
+    A,
+    B,
+    Magnitude,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ModuleKind {
+    Linear,
+    Embedding,
+}
+
+impl ModuleKind {
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            ModuleKind::Linear => "linear",
+            ModuleKind::Embedding => "embedding",
+        }
+    }
+}
+
+/// (module name, role, kind) of a LoRA tensor key; None for other tensors.
+pub(super) fn classify(key: &str) -> Option<(&str, Role, Option<ModuleKind>)> {
+    const SUFFIXES: [(&str, Role, Option<ModuleKind>); 6] = [
+        (".lora_A.weight", Role::A, Some(ModuleKind::Linear)),
+        (".lora_B.weight", Role::B, Some(ModuleKind::Linear)),
+        (".lora_embedding_A", Role::A, Some(ModuleKind::Embedding)),
+        (".lora_embedding_B", Role::B, Some(ModuleKind::Embedding)),
+        (".lora_magnitude_vector", Role::Magnitude, None),
+        (".lora_magnitude_vector.weight", Role::Magnitude, None),
+    ];
+    SUFFIXES.iter().find_map(|&(suffix, role, kind)| {
+        let module = key.strip_suffix(suffix)?;
+        let module = module.strip_prefix(KEY_PREFIX).unwrap_or(module);
+        (!module.is_empty()).then_some((module, role, kind))
+    })
+}
+
+/// Tensors of one module as found in the header.
+#[derive(Default)]
+pub(super) struct Found<'h> {
+    pub(super) a: Option<(&'h TensorInfo, ModuleKind)>,
+    pub(super) b: Option<(&'h TensorInfo, ModuleKind)>,
+    pub(super) magnitude: Option<&'h TensorInfo>,
+}
+
+/// A module checked and ready to reduce.
+pub(super) struct ModulePlan {
+    pub(super) name: String,
+    pub(super) layer: Option<u64>,
+    pub(super) kind: ModuleKind,
+    pub(super) rank: u64,
+    pub(super) in_features: u64,
+    pub(super) out_features: u64,
+    pub(super) a: FloatTensor,
+    pub(super) b: FloatTensor,
+    pub(super) magnitude: Option<FloatTensor>,
+    pub(super) alpha: Option<f64>,
+    pub(super) scale: Option<f64>,
+}
+
+pub(super) struct Plan {
+    pub(super) modules: Vec<ModulePlan>,
+    pub(super) others: Vec<FloatTensor>,
+}
+
+pub(super) fn plan(data: &SafetensorsData, config: Option<&AdapterConfig>) -> Result<Plan> {
+    let err = |msg: String| Error::new(Area::Weights, data.path(), msg);
+    let mut found: BTreeMap<&str, Found> = BTreeMap::new();
+    let mut others = Vec::new();
+    for info in &data.header().tensors {
+        let Some((module, role, kind)) = classify(&info.name) else {
+            others.push(data.float_tensor(info)?);
+            continue;
+        };
+        let slot = found.entry(module).or_default();
+        let taken = match role {
+            Role::A => slot.a.replace((info, kind.unwrap_or(ModuleKind::Linear))),
+            Role::B => slot.b.replace((info, kind.unwrap_or(ModuleKind::Linear))),
+            Role::Magnitude => slot
+                .magnitude
+                .replace(info)
+                .map(|t| (t, ModuleKind::Linear)),
+        };
+        if let Some((earlier, _)) = taken {
+            return Err(err(format!(
+                "tensors {:?} and {:?} are both the {role:?} tensor of module {module:?}",
+                earlier.name, info.name
+            )));
+        }
+    }
+
+    let mut modules = Vec::with_capacity(found.len());
+    for (name, f) in found {
+        let ((a, kind_a), (b, kind_b)) = match (f.a, f.b) {
+            (Some(a), Some(b)) => (a, b),
+            (Some((a, _)), None) => {
+                return Err(err(format!(
+                    "module {name:?} has lora_A ({:?}) but no lora_B",
+                    a.name
+                )))
+            }
+            (None, Some((b, _))) => {
+                return Err(err(format!(
+                    "module {name:?} has lora_B ({:?}) but no lora_A",
+                    b.name
+                )))
+            }
+            (None, None) => {
+                let m = f.magnitude.map_or("", |m| m.name.as_str());
+                return Err(err(format!(
+                    "module {name:?} has a DoRA magnitude ({m:?}) but no lora_A/lora_B"
+                )));
+            }
+        };
+        if kind_a != kind_b {
+            return Err(err(format!(
+                "module {name:?} mixes {:?} and {:?} (one embedding and one linear factor)",
+                a.name, b.name
+            )));
+        }
+        let ta = data.float_tensor(a)?;
+        let tb = data.float_tensor(b)?;
+        let (rank, in_features) = matrix(&ta, name, "lora_A").map_err(err)?;
+        let (out_features, rank_b) = matrix(&tb, name, "lora_B").map_err(err)?;
+        if rank != rank_b {
+            return Err(err(format!(
+                "module {name:?}: lora_A {:?} has rank {rank} (shape {:?}) but lora_B {:?} has \
+                 rank {rank_b} (shape {:?})",
+                a.name, ta.shape, b.name, tb.shape
+            )));
+        }
+        if rank == 0 || rank > MAX_RANK {
+            return Err(err(format!(
+                "module {name:?}: rank {rank} is outside 1..={MAX_RANK}"
+            )));
+        }
+        let magnitude = match f.magnitude {
+            None => None,
+            Some(m) => {
+                let tm = data.float_tensor(m)?;
+                if tm.shape != [out_features] {
+                    return Err(err(format!(
+                        "module {name:?}: DoRA magnitude {:?} has shape {:?}, expected [{out_features}] \
+                         (one per output feature)",
+                        m.name, tm.shape
+                    )));
+                }
+                Some(tm)
+            }
+        };
+        let (alpha, scale) = match config {
+            None => (None, None),
+            Some(c) => {
+                let s = c.scale_for(name);
+                if s.r != rank {
+                    let source = c.rank_pattern_key(name).map_or_else(
+                        || "its r".to_string(),
+                        |k| format!("rank_pattern key {k:?}"),
+                    );
+                    return Err(Error::new(
+                        Area::Weights,
+                        &c.path,
+                        format!(
+                            "module {name:?} has rank {rank} in {} but the config gives it rank {} \
+                             ({source})",
+                            data.path().display(),
+                            s.r
+                        ),
+                    ));
+                }
+                (Some(s.alpha), Some(s.scale))
+            }
+        };
+        modules.push(ModulePlan {
+            name: name.to_string(),
+            layer: layer_number(name),
+            kind: kind_a,
+            rank,
+            in_features,
+            out_features,
+            a: ta,
+            b: tb,
+            magnitude,
+            alpha,
+            scale,
+        });
+    }
+
+    if let Some(c) = config {
+        check_targets(c, &modules, data.path())?;
+    }
+    Ok(Plan { modules, others })
+}
+
+/// (rows, cols) of a LoRA factor, or why it is not a matrix.
+pub(super) fn matrix(
+    t: &FloatTensor,
+    module: &str,
+    role: &str,
+) -> std::result::Result<(u64, u64), String> {
+    t.matrix_dims().ok_or_else(|| {
+        let hint = if t.shape.len() > 2 {
+            " (LoRA factors of conv layers are not supported)"
+        } else {
+            ""
+        };
+        format!(
+            "{role} of module {module:?} ({:?}) has shape {:?}: LoRA factors are matrices{hint}",
+            t.name, t.shape
+        )
+    })
+}
+
+pub(super) fn check_targets(
+    c: &AdapterConfig,
+    modules: &[ModulePlan],
+    weights: &Path,
+) -> Result<()> {
+    let Some(targets) = &c.target_modules else {
+        return Ok(());
+    };
+    let applies = match targets {
+        TargetModules::Names(names) => !names.is_empty(),
+        TargetModules::Regex { .. } => true,
+        TargetModules::AllLinear => false,
+    };
+    if !applies || modules.iter().any(|m| targets.matches(&m.name)) {
+        return Ok(());
+    }
+    let shown: Vec<&str> = modules.iter().take(5).map(|m| m.name.as_str()).collect();
+    Err(Error::new(
+        Area::Weights,
+        &c.path,
+        format!(
+            "target_modules {:?} names none of the {} LoRA modules in {}{}",
+            targets.entries(),
+            modules.len(),
+            weights.display(),
+            if shown.is_empty() {
+                String::new()
+            } else {
+                format!(" (e.g. {})", shown.join(", "))
+            }
+        ),
+    ))
+}
