@@ -165,6 +165,14 @@ impl Archive {
         let mut cd = Vec::new();
         archive.read_exact_at(cd_offset, cd_size, &mut cd)?;
         archive.entries = parse_central_dir(&cd, total).map_err(|m| archive.err(m))?;
+        // An entry can never hold more bytes than the whole file: refuse the
+        // claim at open, so no caller sizes anything from it.
+        if let Some((name, e)) = archive.entries.iter().find(|(_, e)| e.size > archive.len) {
+            return Err(archive.err(format!(
+                "zip entry {name} claims {} bytes, more than the whole file ({} bytes)",
+                e.size, archive.len
+            )));
+        }
         Ok(archive)
     }
 

@@ -173,3 +173,25 @@ proptest! {
         check_archive(&path, &data);
     }
 }
+
+/// An entry whose central-directory sizes claim more than the whole file is
+/// refused when the archive is opened (the random edits above find this
+/// only now and then).
+#[test]
+fn entry_larger_than_the_file_is_refused_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut data = zip_bytes(&[("archive/data.pkl".to_string(), b"abc".to_vec())]);
+    let cd = data.windows(4).position(|w| w == b"PK\x01\x02").unwrap();
+    for field in [cd + 20, cd + 24] {
+        data[field..field + 4].copy_from_slice(&1_000_000u32.to_le_bytes());
+    }
+    let path = write_temp(&dir, "big.zip", &data);
+    let e = Archive::open(&path)
+        .err()
+        .expect("an oversized entry must be refused");
+    assert!(
+        e.message.contains("more than the whole file"),
+        "{}",
+        e.message
+    );
+}
