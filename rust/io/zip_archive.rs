@@ -169,7 +169,7 @@ impl Archive {
         // claim at open, so no caller sizes anything from it.
         if let Some((name, e)) = archive.entries.iter().find(|(_, e)| e.size > archive.len) {
             return Err(archive.err(format!(
-                "zip entry {name} claims {} bytes, more than the whole file ({} bytes)",
+                "zip entry {name} claims {} bytes, which runs past the end of the file ({} bytes)",
                 e.size, archive.len
             )));
         }

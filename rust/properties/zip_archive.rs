@@ -190,7 +190,7 @@ fn entry_larger_than_the_file_is_refused_at_open() {
         .err()
         .expect("an oversized entry must be refused");
     assert!(
-        e.message.contains("more than the whole file"),
+        e.message.contains("past the end of the file"),
         "{}",
         e.message
     );

@@ -7,7 +7,6 @@
 use std::collections::HashMap;
 
 use super::op;
-use super::policy::{clip, resolve_global};
 use super::{Id, Limits, PResult, PickleError, UnknownGlobals, Value};
 use crate::error::Area;
 
@@ -81,20 +80,6 @@ impl<'a> Machine<'a> {
             offset: self.op_start,
             message: message.into(),
             global: None,
-        }
-    }
-
-    pub(super) fn unsafe_global(&self, module: &str, name: &str) -> PickleError {
-        let module = clip(module);
-        let name = clip(name);
-        PickleError {
-            area: Area::UnsafePickle,
-            offset: self.op_start,
-            message: format!(
-                "pickle names the global {module}.{name}, which is not on the allow-list; \
-                 refusing the file (nothing was imported or executed)"
-            ),
-            global: Some(format!("{module}.{name}")),
         }
     }
 
@@ -619,12 +604,7 @@ impl<'a> Machine<'a> {
                 op::INST => {
                     let module = self.line_str()?.to_owned();
                     let name = self.line_str()?.to_owned();
-                    if resolve_global(&module, &name).is_some() {
-                        return Err(self.err(format!(
-                            "INST of {module}.{name}: instantiating classes is not supported"
-                        )));
-                    }
-                    let placeholder = self.placeholder(&module, &name)?;
+                    let placeholder = self.inst(&module, &name)?;
                     self.pop_mark()?;
                     self.push_new(placeholder)?
                 }

@@ -39,7 +39,6 @@ mod torch;
 mod tests;
 
 use machine::{Machine, Memo};
-use policy::clip;
 pub use policy::{resolve_global, DType, Global};
 
 /// Index of a value in the arena.
@@ -327,4 +326,12 @@ pub fn unpickle_with_policy(
         values: m.values,
         root,
     })
+}
+
+/// At most 200 characters of a name a hostile file chose, for messages.
+fn clip(s: &str) -> String {
+    match s.char_indices().nth(200) {
+        Some((i, _)) => format!("{}...", s.get(..i).unwrap_or_default()),
+        None => s.to_owned(),
+    }
 }

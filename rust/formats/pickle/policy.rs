@@ -9,7 +9,8 @@
 use std::sync::Arc;
 
 use super::machine::{Machine, FALSE_ID};
-use super::{Id, PResult, UnknownGlobals, Value};
+use super::{clip, Id, PResult, PickleError, UnknownGlobals, Value};
+use crate::error::Area;
 
 /// Element type of a storage or tensor, as torch names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -270,6 +271,32 @@ pub fn resolve_global(module: &str, name: &str) -> Option<Global> {
 }
 
 impl Machine<'_> {
+    /// The refusal of a global outside the allow-list, naming it.
+    pub(super) fn unsafe_global(&self, module: &str, name: &str) -> PickleError {
+        let module = clip(module);
+        let name = clip(name);
+        PickleError {
+            area: Area::UnsafePickle,
+            offset: self.op_start,
+            message: format!(
+                "pickle names the global {module}.{name}, which is not on the allow-list; \
+                 refusing the file (nothing was imported or executed)"
+            ),
+            global: Some(format!("{module}.{name}")),
+        }
+    }
+
+    /// INST of `module.name`: an allowed global is never instantiated; an
+    /// unknown one becomes a placeholder (or the refusal, when strict).
+    pub(super) fn inst(&mut self, module: &str, name: &str) -> PResult<Value> {
+        if resolve_global(module, name).is_some() {
+            return Err(self.err(format!(
+                "INST of {module}.{name}: instantiating classes is not supported"
+            )));
+        }
+        self.placeholder(module, name)
+    }
+
     pub(super) fn global(&mut self, module: &str, name: &str) -> PResult<()> {
         match resolve_global(module, name) {
             Some(g) => self.push_new(Value::Global(g)),
@@ -341,13 +368,5 @@ impl Machine<'_> {
             Some(name) => self.push_new(Value::Opaque(name)),
             None => Err(self.err(format!("{opcode}: instantiating classes is not supported"))),
         }
-    }
-}
-
-/// At most 200 characters of a name a hostile file chose, for messages.
-pub(super) fn clip(s: &str) -> String {
-    match s.char_indices().nth(200) {
-        Some((i, _)) => format!("{}...", s.get(..i).unwrap_or_default()),
-        None => s.to_owned(),
     }
 }
