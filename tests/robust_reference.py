@@ -1,4 +1,4 @@
-"""Plain-Python restatement of the robust curve analysis (rust/robust_curve.rs),
+"""Plain-Python restatement of the robust curve analysis (rust/analysis/robust_curve.rs),
 written from its specification, for property tests against the Rust kernel.
 
 Slow on purpose: a sort per window, no sliding structures.
