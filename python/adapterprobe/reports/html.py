@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import html
 import json
 import math
 import os
@@ -26,8 +25,23 @@ from pathlib import Path
 from typing import Any
 
 from adapterprobe._fs import atomic_write_text
+from adapterprobe.reports.svg import MAX_BARS as MAX_BARS  # re-exported: tests read it here
+from adapterprobe.reports.svg import (
+    Scale,
+    axes,
+    bar_chart,
+    clip,
+    downsample,
+    esc,
+    line_path,
+    num,
+    px,
+    svg_open,
+)
 
 __all__ = ["PLOT_LIMIT", "VERDICTS", "render_html", "write_html"]
+
+_esc = esc  # the tests read the escaper here by its old private name
 
 VERDICTS = ("error", "fail", "warn", "skip", "pass")  # worst first
 SEVERITY = {v: len(VERDICTS) - 1 - i for i, v in enumerate(VERDICTS)}
@@ -35,7 +49,6 @@ PROBLEM = SEVERITY["warn"]  # a store with any record this bad is shown in detai
 
 PLOT_LIMIT = 200  # stores drawn with plots; the rest are table rows
 MAX_POINTS = 300  # points per drawn curve
-MAX_BARS = 128  # bars per chart (more layers are bucketed)
 MAX_MARKS = 120  # spike markers / non-finite bands per chart
 PAGE_ROWS = 100  # rows per page of a compact table (JS paging)
 MAX_ROWS = 40  # verdict rows shown per detailed store (--all-versions can make many)
@@ -63,37 +76,12 @@ DRAWN = frozenset(
 )
 
 
-def _esc(value: Any) -> str:
-    return html.escape(str(value), quote=True)
-
-
 def _finite(value: Any) -> float | None:
     """A finite float, or None for anything else (bools, strings, NaN, inf)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     f = float(value)
     return f if math.isfinite(f) else None
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _num(value: float) -> str:
-    """A number for people: 4 significant digits, short exponents."""
-    if value == int(value) and abs(value) < 1e6:
-        return str(int(value))
-    text = f"{value:.4g}"
-    if "e" in text:
-        mant, exp = text.split("e")
-        text = f"{mant}e{int(exp)}"
-    return text
-
-
-def _c(value: float) -> str:
-    """An SVG coordinate: one decimal is plenty and keeps the file small."""
-    text = f"{value:.1f}"
-    return text[:-2] if text.endswith(".0") else text
 
 
 def _natural(text: str) -> tuple[Any, ...]:
@@ -214,7 +202,7 @@ def _adapter_name(rec: _Rec) -> str:
 
 
 def _badge(verdict: str, label: str | None = None) -> str:
-    return f'<b class="v v-{verdict}">{_esc(label or verdict)}</b>'
+    return f'<b class="v v-{verdict}">{esc(label or verdict)}</b>'
 
 
 def _count_text(counts: Mapping[str, int]) -> str:
@@ -231,12 +219,12 @@ def _facts(evidence: Mapping[str, Any], limit: int = 8) -> str:
             text = "true" if value else "false"
         elif isinstance(value, (int, float)):
             f = _finite(value)
-            text = "non-finite" if f is None else _num(f)
+            text = "non-finite" if f is None else num(f)
         elif isinstance(value, str):
-            text = _clip(value, 60)
+            text = clip(value, 60)
         else:
             continue
-        parts.append(f"<span>{_esc(key)} <b>{_esc(text)}</b></span>")
+        parts.append(f"<span>{esc(key)} <b>{esc(text)}</b></span>")
         if len(parts) == limit:
             break
     return f'<div class="facts">{"".join(parts)}</div>' if parts else ""
@@ -253,9 +241,9 @@ def _step_list(steps: list[float], limit: int = 10) -> str:
     parts: list[str] = []
     for run in runs:
         if len(run) >= 3:
-            parts.append(f"{_num(run[0])}–{_num(run[-1])}")
+            parts.append(f"{num(run[0])}–{num(run[-1])}")
         else:
-            parts.extend(_num(s) for s in run)
+            parts.extend(num(s) for s in run)
     shown = ", ".join(parts[:limit])
     return shown + (f" and {len(parts) - limit} more" if len(parts) > limit else "")
 
@@ -284,139 +272,6 @@ def _pairs(value: Any, allow_null: bool) -> list[tuple[float, float | None]]:
 
 
 # ---------------------------------------------------------------------------
-# Axes
-
-
-def _nice_ticks(lo: float, hi: float, count: int = 5, integer: bool = False) -> list[float]:
-    """About `count` round tick values covering [lo, hi]."""
-    span = hi - lo
-    if not span > 0:
-        return [lo]
-    raw = span / count
-    mag = 10 ** math.floor(math.log10(raw))
-    step = mag
-    for m in (1.0, 2.0, 2.5, 5.0, 10.0):
-        step = m * mag
-        if span / step <= count:
-            break
-    if integer:
-        step = max(1.0, round(step))
-    first = math.ceil(lo / step - 1e-9)
-    ticks = []
-    i = first
-    while i * step <= hi + step * 1e-9:
-        ticks.append(round(i * step, 12))
-        i += 1
-    return ticks
-
-
-def _log_ticks(lo: float, hi: float) -> list[float]:
-    """Tick values for a log axis spanning log10 values [lo, hi]."""
-    decades = list(range(math.ceil(lo - 1e-9), math.floor(hi + 1e-9) + 1))
-    if len(decades) >= 2:
-        every = max(1, math.ceil(len(decades) / 6))
-        return [10.0**d for d in decades[::every]]
-    values = _nice_ticks(10**lo, 10**hi, 4)
-    return [v for v in values if v > 0 and lo - 1e-9 <= math.log10(v) <= hi + 1e-9]
-
-
-class _Scale:
-    """Maps data to SVG pixels along one axis (optionally log10)."""
-
-    def __init__(self, lo: float, hi: float, a: float, b: float, log: bool = False):
-        self.log = log
-        if log:
-            lo, hi = math.log10(lo), math.log10(hi)
-        if not hi > lo:
-            pad = abs(lo) * 0.1 or 1.0
-            lo, hi = lo - pad, hi + pad
-        self.lo, self.hi, self.a, self.b = lo, hi, a, b
-
-    def __call__(self, value: float) -> float:
-        v = math.log10(value) if self.log else value
-        return self.a + (v - self.lo) / (self.hi - self.lo) * (self.b - self.a)
-
-    def ticks(self, count: int, integer: bool = False) -> list[float]:
-        if self.log:
-            return _log_ticks(self.lo, self.hi)
-        return _nice_ticks(self.lo, self.hi, count, integer)
-
-
-def _downsample(
-    points: list[tuple[float, float | None]], limit: int
-) -> list[tuple[float, float | None]]:
-    """At most `limit` points keeping each bucket's lowest and highest loss (so
-    spikes survive) and its gaps (non-finite losses break the line)."""
-    if len(points) <= limit:
-        return points
-    buckets = max(1, limit // 3)
-    size = len(points) / buckets
-    out: list[tuple[float, float | None]] = []
-    for b in range(buckets):
-        chunk = points[int(b * size) : int((b + 1) * size)]
-        finite = [p for p in chunk if p[1] is not None]
-        keep: set[tuple[float, float | None]] = set()
-        if finite:
-            keep.add(min(finite, key=lambda p: (p[1], p[0])))
-            keep.add(max(finite, key=lambda p: (p[1], -p[0])))
-        gap = next((p for p in chunk if p[1] is None), None)
-        if gap is not None:
-            keep.add(gap)
-        out.extend(sorted(keep, key=lambda p: (p[0], p[1] is None)))
-    return out
-
-
-def _line(points: list[tuple[float, float | None]], sx: _Scale, sy: _Scale) -> str:
-    """SVG path data; a None y lifts the pen, a lone point becomes a dot."""
-    parts: list[str] = []
-    run = 0
-    for x, y in points:
-        if y is None:
-            if run == 1:
-                parts.append("h0")
-            run = 0
-            continue
-        parts.append(("L" if run else "M") + f"{_c(sx(x))},{_c(sy(y))}")
-        run += 1
-    if run == 1:
-        parts.append("h0")
-    return "".join(parts)
-
-
-def _axes(
-    sx: _Scale,
-    sy: _Scale,
-    box: tuple[float, float, float, float],
-    x_label: str,
-    y_label: str,
-    x_ticks: list[float],
-    y_ticks: list[float],
-) -> str:
-    left, top, right, bottom = box
-    grid = "".join(f"M{_c(left)},{_c(sy(t))}H{_c(right)}" for t in y_ticks)
-    out = [f'<path class="grid" d="{grid}"/>'] if grid else []
-    out.append(f'<path class="axis" d="M{_c(left)},{_c(top)}V{_c(bottom)}H{_c(right)}"/>')
-    for t in y_ticks:
-        out.append(f'<text class="yt" x="{_c(left - 5)}" y="{_c(sy(t) + 4)}">{_num(t)}</text>')
-    for t in x_ticks:
-        out.append(f'<text class="xt" x="{_c(sx(t))}" y="{_c(bottom + 15)}">{_num(t)}</text>')
-    mid_y = (top + bottom) / 2
-    out.append(f'<text class="xl" x="{_c((left + right) / 2)}" y="{_c(bottom + 30)}">')
-    out.append(f"{_esc(x_label)}</text>")
-    out.append(f'<text class="yl" transform="translate(13 {_c(mid_y)}) rotate(-90)">')
-    out.append(f"{_esc(y_label)}</text>")
-    return "".join(out)
-
-
-def _svg_open(uid: str, width: int, height: int, title: str, desc: str, cls: str) -> str:
-    return (
-        f'<svg class="{cls}" viewBox="0 0 {width} {height}" role="img" '
-        f'aria-labelledby="{uid}-t {uid}-d"><title id="{uid}-t">{_esc(title)}</title>'
-        f'<desc id="{uid}-d">{_esc(desc)}</desc>'
-    )
-
-
-# ---------------------------------------------------------------------------
 # Plots
 
 CURVE_W, CURVE_H = 520, 230
@@ -439,23 +294,23 @@ def _loss_figure(rec: _Rec, uid: str, store_name: str) -> str:
     ys = [y for _, y in finite] + [y for _, y in trend]
     y_lo, y_hi = min(ys), max(ys)
     log = y_lo > 0 and y_hi / y_lo >= LOG_RATIO
-    sx = _Scale(min(xs), max(xs), left, right)
-    sy = _Scale(y_lo, y_hi, bottom, top, log=log)
+    sx = Scale(min(xs), max(xs), left, right)
+    sy = Scale(y_lo, y_hi, bottom, top, log=log)
     pad = (sy.hi - sy.lo) * 0.05
     sy.lo, sy.hi = sy.lo - pad, sy.hi + pad
 
     in_range = [s for s in spikes if sx.lo <= s <= sx.hi]
     nan_in = [s for s in nonfinite if sx.lo <= s <= sx.hi]
     desc = (
-        f"{len(finite)} finite loss values from step {_num(finite[0][0])} to "
-        f"{_num(finite[-1][0])}, loss {_num(finite[0][1])} to {_num(finite[-1][1])}"
+        f"{len(finite)} finite loss values from step {num(finite[0][0])} to "
+        f"{num(finite[-1][0])}, loss {num(finite[0][1])} to {num(finite[-1][1])}"
         + (" (log scale)" if log else "")
         + (f"; loss spikes at steps {_step_list(spikes)}" if spikes else "")
         + (f"; non-finite loss at steps {_step_list(nonfinite)}" if nonfinite else "")
     )
-    out = [_svg_open(uid, CURVE_W, CURVE_H, f"Loss curve of {store_name}", desc, "chart curve")]
+    out = [svg_open(uid, CURVE_W, CURVE_H, f"Loss curve of {store_name}", desc, "chart curve")]
     out.append(
-        _axes(
+        axes(
             sx,
             sy,
             CURVE_BOX,
@@ -469,17 +324,17 @@ def _loss_figure(rec: _Rec, uid: str, store_name: str) -> str:
         seen: set[str] = set()
         bands = []
         for s in nan_in:
-            x = _c(sx(s) - 1.5)
+            x = px(sx(s) - 1.5)
             if x not in seen and len(seen) < MAX_MARKS:
                 seen.add(x)
-                bands.append(f'<rect x="{x}" y="{_c(top)}" width="3" height="{_c(bottom - top)}"/>')
-                bands.append(f'<path class="nan-tick" d="M{_c(sx(s))},{_c(top + 7)}l-4,-7h8z"/>')
-        out.append(f'<g class="nan" data-steps="{" ".join(_num(s) for s in nan_in)}">')
+                bands.append(f'<rect x="{x}" y="{px(top)}" width="3" height="{px(bottom - top)}"/>')
+                bands.append(f'<path class="nan-tick" d="M{px(sx(s))},{px(top + 7)}l-4,-7h8z"/>')
+        out.append(f'<g class="nan" data-steps="{" ".join(num(s) for s in nan_in)}">')
         out.append("".join(bands) + "</g>")
     if trend:
-        line = _line(_downsample(list(trend), MAX_POINTS), sx, sy)
+        line = line_path(downsample(list(trend), MAX_POINTS), sx, sy)
         out.append(f'<path class="trend" d="{line}"/>')
-    out.append(f'<path class="loss" d="{_line(_downsample(curve, MAX_POINTS), sx, sy)}"/>')
+    out.append(f'<path class="loss" d="{line_path(downsample(curve, MAX_POINTS), sx, sy)}"/>')
     if in_range:
         steps = [x for x, _ in finite]
         marks = []
@@ -490,8 +345,8 @@ def _loss_figure(rec: _Rec, uid: str, store_name: str) -> str:
             y = finite[j][1]
             assert y is not None
             marks.append(
-                f'<circle class="spike" data-step="{_num(s)}" cx="{_c(sx(s))}" '
-                f'cy="{_c(sy(y))}" r="4"><title>loss spike at step {_num(s)}</title></circle>'
+                f'<circle class="spike" data-step="{num(s)}" cx="{px(sx(s))}" '
+                f'cy="{px(sy(y))}" r="4"><title>loss spike at step {num(s)}</title></circle>'
             )
         out.append(f'<g class="spikes">{"".join(marks)}</g>')
     out.append("</svg>")
@@ -510,85 +365,6 @@ def _loss_figure(rec: _Rec, uid: str, store_name: str) -> str:
         f"{' (log scale)' if log else ''}</p>{''.join(out)}"
         f"<figcaption>{' '.join(legend)}</figcaption></figure>"
     )
-
-
-BARS_W, BARS_H = 320, 160
-BARS_BOX = (50.0, 10.0, 312.0, 122.0)
-
-
-def _bucket(
-    items: list[tuple[str, float]], flagged: set[str]
-) -> tuple[list[tuple[str, float]], set[str]]:
-    """At most MAX_BARS bars: neighbouring layers merged, keeping their maximum."""
-    if len(items) <= MAX_BARS:
-        return items, flagged
-    size = math.ceil(len(items) / MAX_BARS)
-    out, flags = [], set()
-    for i in range(0, len(items), size):
-        chunk = items[i : i + size]
-        name = f"{chunk[0][0]}–{chunk[-1][0]}" if len(chunk) > 1 else chunk[0][0]
-        out.append((name, max(v for _, v in chunk)))
-        if any(k in flagged for k, _ in chunk):
-            flags.add(name)
-    return out, flags
-
-
-def _bars_svg(
-    items: list[tuple[str, float]],
-    flagged: set[str],
-    uid: str,
-    title: str,
-    y_label: str,
-    threshold: tuple[float, str] | None = None,
-) -> str:
-    """A bar per layer; flagged layers stand out, an optional dashed limit line."""
-    items, flagged = _bucket(items, flagged)
-    left, top, right, bottom = BARS_BOX
-    values = [v for _, v in items] + ([threshold[0]] if threshold else [])
-    sx_n = len(items)
-    sy = _Scale(min(0.0, *values), max(values), bottom, top)
-    sy.hi += (sy.hi - sy.lo) * 0.05
-    width = (right - left) / sx_n
-    gap = width * 0.18 if width > 4 else 0.0
-    zero = sy(max(sy.lo, 0.0))
-    flagged_names = [k for k, _ in items if k in flagged]
-    desc = f"{sx_n} bars, highest {_num(max(v for _, v in items))}" + (
-        f"; flagged: layers {', '.join(flagged_names[:12])}" if flagged_names else ""
-    )
-    out = [
-        f'<p class="ptitle" aria-hidden="true">{_esc(title)}</p>',
-        _svg_open(uid, BARS_W, BARS_H, title, desc, "chart bars"),
-    ]
-    every = max(1, math.ceil(sx_n / 12))
-    labels = [(i, k) for i, (k, _) in enumerate(items) if i % every == 0]
-    grid = "".join(f"M{_c(left)},{_c(sy(t))}H{_c(right)}" for t in sy.ticks(3))
-    out.append(f'<path class="grid" d="{grid}"/>')
-    for t in sy.ticks(3):
-        out.append(f'<text class="yt" x="{_c(left - 4)}" y="{_c(sy(t) + 4)}">{_num(t)}</text>')
-    for i, (key, value) in enumerate(items):
-        y = sy(value)
-        cls = ' class="flag"' if key in flagged else ""
-        out.append(
-            f'<rect{cls} x="{_c(left + i * width + gap / 2)}" y="{_c(min(y, zero))}" '
-            f'width="{_c(max(width - gap, 0.6))}" height="{_c(max(abs(zero - y), 0.6))}">'
-            f"<title>layer {_esc(key)}: {_num(value)}</title></rect>"
-        )
-    for i, key in labels:
-        x = left + (i + 0.5) * width
-        out.append(
-            f'<text class="xt" x="{_c(x)}" y="{_c(bottom + 13)}">{_esc(_clip(key, 8))}</text>'
-        )
-    if threshold:
-        limit_y = _c(sy(threshold[0]))
-        out.append(f'<path class="limit" d="M{_c(left)},{limit_y}H{_c(right)}"/>')
-        out.append(f'<text class="lt" x="{_c(right)}" y="{_c(sy(threshold[0]) - 3)}">')
-        out.append(f"{_esc(threshold[1])}</text>")
-    out.append(f'<path class="axis" d="M{_c(left)},{_c(top)}V{_c(bottom)}H{_c(right)}"/>')
-    out.append(f'<text class="xl" x="{_c((left + right) / 2)}" y="{_c(bottom + 28)}">layer</text>')
-    mid = (top + bottom) / 2
-    out.append(f'<text class="yl" transform="translate(11 {_c(mid)}) rotate(-90)">')
-    out.append(f"{_esc(y_label)}</text></svg>")
-    return "".join(out)
 
 
 def _layer_items(value: Any) -> list[tuple[str, float]]:
@@ -618,8 +394,8 @@ def _ghost_chart(rec: _Rec, uid: str, ratio: float) -> str:
     if items:
         flagged = set(_names(ev.get("flagged_layers")))
         low = min(v for _, v in items)
-        limit = (low * ratio, f"{_num(ratio)}× calmest") if low > 0 else None
-        return _bars_svg(items, flagged, uid, "Mean Adam exp_avg_sq per layer", "exp_avg_sq", limit)
+        limit = (low * ratio, f"{num(ratio)}× calmest") if low > 0 else None
+        return bar_chart(items, flagged, uid, "Mean Adam exp_avg_sq per layer", "exp_avg_sq", limit)
     worst = ev.get("worst_layers")
     if isinstance(worst, (list, tuple)):
         items = [
@@ -630,13 +406,13 @@ def _ghost_chart(rec: _Rec, uid: str, ratio: float) -> str:
         items.sort(key=lambda kv: _natural(kv[0]))
         if items:
             flagged = {k for k, v in items if v > ratio}
-            return _bars_svg(
+            return bar_chart(
                 items,
                 flagged,
                 uid,
                 "exp_avg_sq of the worst layers vs the calmest",
                 "× calmest",
-                (ratio, f"{_num(ratio)}× limit"),
+                (ratio, f"{num(ratio)}× limit"),
             )
     return ""
 
@@ -657,12 +433,12 @@ def _robust_ghost_chart(ev: Mapping[str, Any], uid: str) -> str:
         # A limit far above every bar would flatten them: named, not drawn.
         drawn = limit is not None and max(v for _, v in scores) >= limit / 10
         if limit is not None and not drawn:
-            title += f" (WARN above {_num(limit)}×)"
-        line = (limit, f"{_num(limit)}× limit") if drawn and limit is not None else None
-        return _bars_svg(scores, flagged, uid, title, "× peers", line)
+            title += f" (WARN above {num(limit)}×)"
+        line = (limit, f"{num(limit)}× limit") if drawn and limit is not None else None
+        return bar_chart(scores, flagged, uid, title, "× peers", line)
     means = _layer_items(ev.get("layer_exp_avg_sq"))
     if means:
-        return _bars_svg(
+        return bar_chart(
             means, flagged, uid, "Mean Adam exp_avg_sq per layer (not compared)", "exp_avg_sq"
         )
     return ""
@@ -673,7 +449,7 @@ def _weights_chart(rec: _Rec, uid: str) -> str:
     out = []
     items = _layer_items(ev.get("layer_delta_energy"))
     if items:
-        out.append(_bars_svg(items, set(), uid, "Adapter delta energy per layer", "energy"))
+        out.append(bar_chart(items, set(), uid, "Adapter delta energy per layer", "energy"))
     top = ev.get("top_modules")
     if isinstance(top, (list, tuple)):
         rows = []
@@ -684,7 +460,7 @@ def _weights_chart(rec: _Rec, uid: str) -> str:
             pct = "—" if share is None else f"{share * 100:.1f}%"
             width = 0.0 if share is None else max(0.0, min(100.0, share * 100))
             rows.append(
-                f'<tr><td class="mod">{_esc(_clip(str(item.get("module", "")), 120))}</td>'
+                f'<tr><td class="mod">{esc(clip(str(item.get("module", "")), 120))}</td>'
                 f'<td class="share"><span class="sbar" style="width:{width:.0f}%"></span>'
                 f"{pct}</td></tr>"
             )
@@ -696,11 +472,11 @@ def _weights_chart(rec: _Rec, uid: str) -> str:
             )
     dead = _names(ev.get("dead_modules"))
     if dead:
-        shown = ", ".join(_clip(d, 120) for d in dead[:12])
+        shown = ", ".join(clip(d, 120) for d in dead[:12])
         more = f" and {len(dead) - 12} more" if len(dead) > 12 else ""
         out.append(
             f'<p class="dead"><b>{len(dead)} dead module{"s" if len(dead) != 1 else ""}</b> '
-            f"(no change from the base): {_esc(shown)}{more}</p>"
+            f"(no change from the base): {esc(shown)}{more}</p>"
         )
     return "".join(out)
 
@@ -726,10 +502,10 @@ def _adapter_figures(store: _Store, ratio: float, room: int) -> tuple[list[str],
             skipped += 1
             continue
         step = _finite(rec.evidence.get("global_step"))
-        extra = f" · global_step {_num(step)}" if step is not None else ""
+        extra = f" · global_step {num(step)}" if step is not None else ""
         figures.append(
             f'<figure class="plot">{body}<figcaption>{_badge(rec.verdict, rec.label)} '
-            f"<b>{_esc(rec.probe)}</b> · {_esc(_adapter_name(rec))}{extra}</figcaption></figure>"
+            f"<b>{esc(rec.probe)}</b> · {esc(_adapter_name(rec))}{extra}</figcaption></figure>"
         )
     return figures, skipped
 
@@ -744,10 +520,10 @@ def _reasons(store: _Store) -> str:
         score = "—" if r.score is None else f"{r.score:.2f}"
         rows.append(
             f'<tr data-v="{r.verdict}"><td class="c-v">{_badge(r.verdict, r.label)}</td>'
-            f'<td class="c-p">{_esc(r.probe)}</td>'
-            f'<td class="c-a{" none" if r.adapter is None else ""}">{_esc(_adapter_name(r))}</td>'
+            f'<td class="c-p">{esc(r.probe)}</td>'
+            f'<td class="c-a{" none" if r.adapter is None else ""}">{esc(_adapter_name(r))}</td>'
             f'<td class="c-s">{score}</td><td class="c-m">'
-            f"{_esc(_clip(r.message, MESSAGE_CHARS)) or '<i>no message</i>'}"
+            f"{esc(clip(r.message, MESSAGE_CHARS)) or '<i>no message</i>'}"
             f"{_facts(r.evidence)}</td></tr>"
         )
     rest = store.records[MAX_ROWS:]
@@ -758,10 +534,10 @@ def _reasons(store: _Store) -> str:
         present = " ".join(v for v in VERDICTS if counts[v])
         rows.append(
             f'<tr data-v="{present}"><td class="c-more" colspan="5">and {len(rest):,} more '
-            f"records, not listed: {_esc(_count_text(counts))}</td></tr>"
+            f"records, not listed: {esc(_count_text(counts))}</td></tr>"
         )
     return (
-        f'<table class="reasons"><caption class="sr">Verdicts for {_esc(store.name)}</caption>'
+        f'<table class="reasons"><caption class="sr">Verdicts for {esc(store.name)}</caption>'
         '<thead><tr><th scope="col">verdict</th><th scope="col">probe</th>'
         '<th scope="col">adapter</th><th scope="col">score</th><th scope="col">message</th>'
         f"</tr></thead><tbody>{''.join(rows)}</tbody></table>"
@@ -771,15 +547,15 @@ def _reasons(store: _Store) -> str:
 def _store_title(store: _Store) -> str:
     worst = VERDICTS[len(VERDICTS) - 1 - store.worst]
     layout = store.layout
-    tag = f' <span class="tag">{_esc(layout)}</span>' if layout else ""
+    tag = f' <span class="tag">{esc(layout)}</span>' if layout else ""
     return (
-        f'{_badge(worst)} <span class="name">{_esc(store.name)}</span>{tag}'
-        f' <span class="muted">{_esc(_count_text(store.counts()))}</span>'
+        f'{_badge(worst)} <span class="name">{esc(store.name)}</span>{tag}'
+        f' <span class="muted">{esc(_count_text(store.counts()))}</span>'
     )
 
 
 def _store_body(store: _Store, ratio: float, plots: bool) -> str:
-    parts = [f'<p class="path">{_esc(store.path)}</p>', _reasons(store)]
+    parts = [f'<p class="path">{esc(store.path)}</p>', _reasons(store)]
     if plots:
         figures = []
         drift = [r for r in store.records if r.probe == "training_drift"]
@@ -819,16 +595,16 @@ def _compact_table(stores: list[_Store], caption: str) -> str:
     rows = []
     for s in stores:
         worst = s.records[0]
-        tag = f' <span class="tag">{_esc(s.layout)}</span>' if s.layout else ""
+        tag = f' <span class="tag">{esc(s.layout)}</span>' if s.layout else ""
         counts = " ".join(f'<b class="v v-{v}">{n} {v}</b>' for v, n in s.counts().items() if n)
-        message = _esc(_clip(worst.message, ROW_MESSAGE_CHARS))
+        message = esc(clip(worst.message, ROW_MESSAGE_CHARS))
         rows.append(
             f'<tr id="s{s.index}" data-store data-v="{" ".join(s.verdicts)}">'
-            f'<td class="c-n">{_esc(s.name)}{tag}</td><td class="c-c">{counts}</td>'
-            f'<td class="c-m"><span class="probe">{_esc(worst.probe)}</span> {message}</td></tr>'
+            f'<td class="c-n">{esc(s.name)}{tag}</td><td class="c-c">{counts}</td>'
+            f'<td class="c-m"><span class="probe">{esc(worst.probe)}</span> {message}</td></tr>'
         )
     return (
-        f'<div class="scroll"><table class="compact paged"><caption>{_esc(caption)}</caption>'
+        f'<div class="scroll"><table class="compact paged"><caption>{esc(caption)}</caption>'
         '<thead><tr><th scope="col">store</th><th scope="col">records</th>'
         '<th scope="col">worst finding</th></tr></thead>'
         f"<tbody>{''.join(rows)}</tbody></table></div>"
@@ -856,7 +632,7 @@ def _flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
 
 def _settings_html(settings: Mapping[str, Any] | None) -> str:
     rows = "".join(
-        f'<tr><th scope="row">{_esc(k)}</th><td>{_esc(_clip(v, 500))}</td></tr>'
+        f'<tr><th scope="row">{esc(k)}</th><td>{esc(clip(v, 500))}</td></tr>'
         for k, v in (_flatten(settings) if settings else ())
     )
     body = (
@@ -899,7 +675,7 @@ def _summary(stores: list[_Store], settings: Mapping[str, Any] | None, when: str
     return (
         '<section id="summary" aria-labelledby="summary-h"><h2 id="summary-h">Summary</h2>'
         f'<p class="meta">{total:,} records from {len(stores):,} stores'
-        f" (by worst verdict: {_esc(_count_text(worst_counts)) or 'none'}) · generated {when}</p>"
+        f" (by worst verdict: {esc(_count_text(worst_counts)) or 'none'}) · generated {when}</p>"
         f'<ul class="counts" aria-label="records per verdict, worst first">{"".join(cards)}</ul>'
         f'<div class="ratio" aria-hidden="true">{ratio_bar}</div>'
         '<form id="filter" class="filter" hidden><fieldset><legend>Show stores with</legend>'
@@ -1158,7 +934,7 @@ def render_html(
     stores = _group(records)
     ratio = _ghost_ratio(settings)
     machine, human = _when(generated_at)
-    when = f'<time datetime="{_esc(machine)}">{_esc(human)}</time>'
+    when = f'<time datetime="{esc(machine)}">{esc(human)}</time>'
 
     def by_badness(s: _Store) -> tuple[Any, ...]:
         return (-s.worst, -s.counts()[VERDICTS[len(VERDICTS) - 1 - s.worst]], s.name, s.path)
@@ -1198,7 +974,7 @@ def render_html(
     if rest:
         caption = f"{len(rest):,} {'more ' if folded else ''}healthy stores"
         body.append(
-            f'<details class="more"><summary>{_esc(caption)} (table, no plots)</summary>'
+            f'<details class="more"><summary>{esc(caption)} (table, no plots)</summary>'
             f"{_compact_table(rest, caption)}</details>"
         )
     body.append("</section>")
@@ -1206,15 +982,15 @@ def render_html(
     if not stores:
         body.insert(1, '<p class="note">This scan produced no records.</p>')
     base = _common_base([s.path for s in stores])
-    root = f" · stores under {_esc(base)}" if base else ""
+    root = f" · stores under {esc(base)}" if base else ""
     return (
         "<!DOCTYPE html>\n"
         '<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
         '<meta name="generator" content="adapterprobe">'
-        f"<title>{_esc(title)}</title><style>{CSS}</style></head>\n"
-        f'<body><header class="top"><h1>{_esc(title)}</h1>'
+        f"<title>{esc(title)}</title><style>{CSS}</style></head>\n"
+        f'<body><header class="top"><h1>{esc(title)}</h1>'
         f"<p>adapterprobe scan · {len(stores):,} stores{root}</p></header>\n"
         f"<main>{''.join(body)}</main>\n"
         f"<footer>Generated {when} by adapterprobe. Works offline; "
