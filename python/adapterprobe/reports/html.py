@@ -13,18 +13,31 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
-import math
 import os
-import re
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from adapterprobe._fs import atomic_write_text
+from adapterprobe.reports.shaping import SEVERITY as SEVERITY  # re-exported: tests read it here
+from adapterprobe.reports.shaping import (
+    VERDICTS,
+    Record,
+    Store,
+    adapter_name,
+    as_finite,
+    common_base,
+    flatten,
+    ghost_ratio,
+    group_stores,
+    layer_values,
+    name_list,
+    natural_key,
+    sorted_steps,
+    xy_pairs,
+)
 from adapterprobe.reports.svg import MAX_BARS as MAX_BARS  # re-exported: tests read it here
 from adapterprobe.reports.svg import (
     Scale,
@@ -43,8 +56,6 @@ __all__ = ["PLOT_LIMIT", "VERDICTS", "render_html", "write_html"]
 
 _esc = esc  # the tests read the escaper here by its old private name
 
-VERDICTS = ("error", "fail", "warn", "skip", "pass")  # worst first
-SEVERITY = {v: len(VERDICTS) - 1 - i for i, v in enumerate(VERDICTS)}
 PROBLEM = SEVERITY["warn"]  # a store with any record this bad is shown in detail
 
 PLOT_LIMIT = 200  # stores drawn with plots; the rest are table rows
@@ -56,7 +67,6 @@ MAX_FIGURES = 12  # charts per detailed store
 MESSAGE_CHARS = 4000  # a detailed message is clipped here
 ROW_MESSAGE_CHARS = 240  # a compact row's message is clipped here
 LOG_RATIO = 30.0  # a positive curve spanning this factor is drawn on a log axis
-GHOST_RATIO = 2.0  # gradient_ghost's default undertrained_layer_ratio
 
 # Evidence keys that are drawn rather than listed as facts.
 DRAWN = frozenset(
@@ -74,127 +84,6 @@ DRAWN = frozenset(
         "thresholds",
     }
 )
-
-
-def _finite(value: Any) -> float | None:
-    """A finite float, or None for anything else (bools, strings, NaN, inf)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    f = float(value)
-    return f if math.isfinite(f) else None
-
-
-def _natural(text: str) -> tuple[Any, ...]:
-    """Sort key that puts layer "10" after layer "9"."""
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text))
-
-
-# ---------------------------------------------------------------------------
-# Records and stores
-
-
-@dataclass
-class _Rec:
-    store: str
-    adapter: str | None
-    probe: str
-    verdict: str  # one of VERDICTS (unknown verdicts count as error)
-    label: str  # the verdict as written in the record
-    score: float | None
-    message: str
-    evidence: Mapping[str, Any]
-    layout: str | None
-
-    @property
-    def severity(self) -> int:
-        return SEVERITY[self.verdict]
-
-
-@dataclass
-class _Store:
-    path: str
-    name: str = ""
-    index: int = 0
-    records: list[_Rec] = field(default_factory=list)
-
-    @property
-    def worst(self) -> int:
-        return max(r.severity for r in self.records)
-
-    @property
-    def verdicts(self) -> list[str]:
-        present = {r.verdict for r in self.records}
-        return [v for v in VERDICTS if v in present]
-
-    @property
-    def layout(self) -> str | None:
-        return next((r.layout for r in self.records if r.layout), None)
-
-    def counts(self) -> dict[str, int]:
-        out = dict.fromkeys(VERDICTS, 0)
-        for r in self.records:
-            out[r.verdict] += 1
-        return out
-
-
-def _record(raw: Any) -> _Rec:
-    """Read one record tolerantly: missing or odd fields get safe defaults."""
-    if not isinstance(raw, Mapping) and hasattr(raw, "to_dict"):
-        raw = raw.to_dict()
-    d: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
-    label = str(d.get("verdict") or "error")
-    verdict = label.lower() if label.lower() in SEVERITY else "error"
-    evidence = d.get("evidence")
-    adapter = d.get("adapter")
-    layout = d.get("layout")
-    return _Rec(
-        store=str(d.get("store") or "(no store)"),
-        adapter=None if adapter is None else str(adapter),
-        probe=str(d.get("probe") or "(unknown probe)"),
-        verdict=verdict,
-        label=label,
-        score=_finite(d.get("score")),
-        message=str(d.get("message") or ""),
-        evidence=evidence if isinstance(evidence, Mapping) else {},
-        layout=str(layout) if layout else None,
-    )
-
-
-def _group(records: Iterable[Any]) -> list[_Store]:
-    stores: dict[str, _Store] = {}
-    for raw in records:
-        rec = _record(raw)
-        stores.setdefault(rec.store, _Store(rec.store)).records.append(rec)
-    out = list(stores.values())
-    base = _common_base([s.path for s in out])
-    for i, s in enumerate(out):
-        s.index = i
-        s.name = _relative(s.path, base) or s.path
-        s.records.sort(key=lambda r: (-r.severity, r.probe, r.adapter or ""))
-    return out
-
-
-def _common_base(paths: list[str]) -> str:
-    """The directory the store names are shown relative to ("" for none)."""
-    if len(paths) < 2:
-        return os.path.dirname(paths[0].rstrip("/")) if paths else ""
-    try:
-        base = os.path.commonpath(paths)
-    except ValueError:  # mixed absolute and relative paths
-        return ""
-    return os.path.dirname(base) if base in paths else base
-
-
-def _relative(path: str, base: str) -> str:
-    if base and path.startswith(base.rstrip("/") + "/"):
-        return path[len(base.rstrip("/")) + 1 :]
-    return path
-
-
-def _adapter_name(rec: _Rec) -> str:
-    if rec.adapter is None:
-        return "—"
-    return _relative(rec.adapter, rec.store)
 
 
 # ---------------------------------------------------------------------------
@@ -218,7 +107,7 @@ def _facts(evidence: Mapping[str, Any], limit: int = 8) -> str:
         if isinstance(value, bool):
             text = "true" if value else "false"
         elif isinstance(value, (int, float)):
-            f = _finite(value)
+            f = as_finite(value)
             text = "non-finite" if f is None else num(f)
         elif isinstance(value, str):
             text = clip(value, 60)
@@ -248,29 +137,6 @@ def _step_list(steps: list[float], limit: int = 10) -> str:
     return shown + (f" and {len(parts) - limit} more" if len(parts) > limit else "")
 
 
-def _ints(value: Any) -> list[float]:
-    """Finite numbers from an evidence list (steps), sorted and deduplicated."""
-    if not isinstance(value, (list, tuple)):
-        return []
-    return sorted({f for v in value if (f := _finite(v)) is not None})
-
-
-def _pairs(value: Any, allow_null: bool) -> list[tuple[float, float | None]]:
-    """``[[x, y], ...]`` evidence as (x, y) tuples; a null y is kept only if allowed."""
-    if not isinstance(value, (list, tuple)):
-        return []
-    out: list[tuple[float, float | None]] = []
-    for item in value:
-        if not isinstance(item, (list, tuple)) or len(item) < 2:
-            continue
-        x, y = _finite(item[0]), _finite(item[1])
-        if x is None or (y is None and not allow_null):
-            continue
-        out.append((x, y))
-    out.sort(key=lambda p: p[0])
-    return out
-
-
 # ---------------------------------------------------------------------------
 # Plots
 
@@ -278,16 +144,20 @@ CURVE_W, CURVE_H = 520, 230
 CURVE_BOX = (58.0, 14.0, 508.0, 190.0)  # left, top, right, bottom
 
 
-def _loss_figure(rec: _Rec, uid: str, store_name: str) -> str:
+def _loss_figure(rec: Record, uid: str, store_name: str) -> str:
     """The training_drift loss curve with its trend, spikes and non-finite steps."""
     ev = rec.evidence
-    curve = _pairs(ev.get("curve_sampled"), allow_null=True)
+    curve = xy_pairs(ev.get("curve_sampled"), allow_null=True)
     finite = [(x, y) for x, y in curve if y is not None]
     if not finite:
         return ""
-    trend = [(x, y) for x, y in _pairs(ev.get("trend_sampled"), allow_null=False) if y is not None]
-    spikes = _ints(ev.get("spike_steps"))
-    nonfinite = sorted(set(_ints(ev.get("nonfinite_steps"))) | {x for x, y in curve if y is None})
+    trend = [
+        (x, y) for x, y in xy_pairs(ev.get("trend_sampled"), allow_null=False) if y is not None
+    ]
+    spikes = sorted_steps(ev.get("spike_steps"))
+    nonfinite = sorted(
+        set(sorted_steps(ev.get("nonfinite_steps"))) | {x for x, y in curve if y is None}
+    )
 
     left, top, right, bottom = CURVE_BOX
     xs = [x for x, _ in curve] + [x for x, _ in trend]
@@ -367,32 +237,13 @@ def _loss_figure(rec: _Rec, uid: str, store_name: str) -> str:
     )
 
 
-def _layer_items(value: Any) -> list[tuple[str, float]]:
-    if not isinstance(value, Mapping):
-        return []
-    items = [(str(k), f) for k, v in value.items() if (f := _finite(v)) is not None]
-    return sorted(items, key=lambda kv: _natural(kv[0]))
-
-
-def _names(value: Any) -> list[str]:
-    if not isinstance(value, (list, tuple)):
-        return []
-    return [str(v) for v in value if isinstance(v, (str, int)) and not isinstance(v, bool)]
-
-
-def _ghost_ratio(settings: Mapping[str, Any] | None) -> float:
-    opts = (settings or {}).get("gradient_ghost")
-    ratio = _finite(opts.get("undertrained_layer_ratio")) if isinstance(opts, Mapping) else None
-    return ratio if ratio is not None and ratio > 0 else GHOST_RATIO
-
-
-def _ghost_chart(rec: _Rec, uid: str, ratio: float) -> str:
+def _ghost_chart(rec: Record, uid: str, ratio: float) -> str:
     ev = rec.evidence
     if ev.get("rules") == "robust":
         return _robust_ghost_chart(ev, uid)
-    items = _layer_items(ev.get("layer_exp_avg_sq"))
+    items = layer_values(ev.get("layer_exp_avg_sq"))
     if items:
-        flagged = set(_names(ev.get("flagged_layers")))
+        flagged = set(name_list(ev.get("flagged_layers")))
         low = min(v for _, v in items)
         limit = (low * ratio, f"{num(ratio)}× calmest") if low > 0 else None
         return bar_chart(items, flagged, uid, "Mean Adam exp_avg_sq per layer", "exp_avg_sq", limit)
@@ -401,9 +252,9 @@ def _ghost_chart(rec: _Rec, uid: str, ratio: float) -> str:
         items = [
             (str(w.get("layer")), r)
             for w in worst
-            if isinstance(w, Mapping) and (r := _finite(w.get("ratio"))) is not None
+            if isinstance(w, Mapping) and (r := as_finite(w.get("ratio"))) is not None
         ]
-        items.sort(key=lambda kv: _natural(kv[0]))
+        items.sort(key=lambda kv: natural_key(kv[0]))
         if items:
             flagged = {k for k, v in items if v > ratio}
             return bar_chart(
@@ -420,12 +271,12 @@ def _ghost_chart(rec: _Rec, uid: str, ratio: float) -> str:
 def _robust_ghost_chart(ev: Mapping[str, Any], uid: str) -> str:
     """rules="robust": each layer against its peers when the layers were
     compared (the outlier limit drawn), else each layer's mean second moment."""
-    flagged = set(_names(ev.get("flagged_layers")))
-    scores = _layer_items(ev.get("layer_ratio_to_peers"))
+    flagged = set(name_list(ev.get("flagged_layers")))
+    scores = layer_values(ev.get("layer_ratio_to_peers"))
     if scores:
         thresholds = ev.get("thresholds")
         limit = (
-            _finite(thresholds.get("layer_outlier_ratio"))
+            as_finite(thresholds.get("layer_outlier_ratio"))
             if isinstance(thresholds, Mapping)
             else None
         )
@@ -436,7 +287,7 @@ def _robust_ghost_chart(ev: Mapping[str, Any], uid: str) -> str:
             title += f" (WARN above {num(limit)}×)"
         line = (limit, f"{num(limit)}× limit") if drawn and limit is not None else None
         return bar_chart(scores, flagged, uid, title, "× peers", line)
-    means = _layer_items(ev.get("layer_exp_avg_sq"))
+    means = layer_values(ev.get("layer_exp_avg_sq"))
     if means:
         return bar_chart(
             means, flagged, uid, "Mean Adam exp_avg_sq per layer (not compared)", "exp_avg_sq"
@@ -444,10 +295,10 @@ def _robust_ghost_chart(ev: Mapping[str, Any], uid: str) -> str:
     return ""
 
 
-def _weights_chart(rec: _Rec, uid: str) -> str:
+def _weights_chart(rec: Record, uid: str) -> str:
     ev = rec.evidence
     out = []
-    items = _layer_items(ev.get("layer_delta_energy"))
+    items = layer_values(ev.get("layer_delta_energy"))
     if items:
         out.append(bar_chart(items, set(), uid, "Adapter delta energy per layer", "energy"))
     top = ev.get("top_modules")
@@ -456,7 +307,7 @@ def _weights_chart(rec: _Rec, uid: str) -> str:
         for item in top[:10]:
             if not isinstance(item, Mapping):
                 continue
-            share = _finite(item.get("share"))
+            share = as_finite(item.get("share"))
             pct = "—" if share is None else f"{share * 100:.1f}%"
             width = 0.0 if share is None else max(0.0, min(100.0, share * 100))
             rows.append(
@@ -470,7 +321,7 @@ def _weights_chart(rec: _Rec, uid: str) -> str:
                 '<thead><tr><th scope="col">module</th><th scope="col">share</th></tr></thead>'
                 f"<tbody>{''.join(rows)}</tbody></table>"
             )
-    dead = _names(ev.get("dead_modules"))
+    dead = name_list(ev.get("dead_modules"))
     if dead:
         shown = ", ".join(clip(d, 120) for d in dead[:12])
         more = f" and {len(dead) - 12} more" if len(dead) > 12 else ""
@@ -481,13 +332,13 @@ def _weights_chart(rec: _Rec, uid: str) -> str:
     return "".join(out)
 
 
-def _adapter_figures(store: _Store, ratio: float, room: int) -> tuple[list[str], int]:
+def _adapter_figures(store: Store, ratio: float, room: int) -> tuple[list[str], int]:
     """Charts of the per-adapter records, worst first, at most `room` of them;
     also how many more there were."""
     figures: list[str] = []
     skipped = 0
     per_adapter = [r for r in store.records if r.adapter is not None]
-    per_adapter.sort(key=lambda r: (-r.severity, _natural(_adapter_name(r)), r.probe))
+    per_adapter.sort(key=lambda r: (-r.severity, natural_key(adapter_name(r)), r.probe))
     for j, rec in enumerate(per_adapter):
         uid = f"s{store.index}-a{j}"
         if rec.probe == "gradient_ghost":
@@ -501,11 +352,11 @@ def _adapter_figures(store: _Store, ratio: float, room: int) -> tuple[list[str],
         if len(figures) >= room:
             skipped += 1
             continue
-        step = _finite(rec.evidence.get("global_step"))
+        step = as_finite(rec.evidence.get("global_step"))
         extra = f" · global_step {num(step)}" if step is not None else ""
         figures.append(
             f'<figure class="plot">{body}<figcaption>{_badge(rec.verdict, rec.label)} '
-            f"<b>{esc(rec.probe)}</b> · {esc(_adapter_name(rec))}{extra}</figcaption></figure>"
+            f"<b>{esc(rec.probe)}</b> · {esc(adapter_name(rec))}{extra}</figcaption></figure>"
         )
     return figures, skipped
 
@@ -514,14 +365,14 @@ def _adapter_figures(store: _Store, ratio: float, room: int) -> tuple[list[str],
 # Stores
 
 
-def _reasons(store: _Store) -> str:
+def _reasons(store: Store) -> str:
     rows = []
     for r in store.records[:MAX_ROWS]:
         score = "—" if r.score is None else f"{r.score:.2f}"
         rows.append(
             f'<tr data-v="{r.verdict}"><td class="c-v">{_badge(r.verdict, r.label)}</td>'
             f'<td class="c-p">{esc(r.probe)}</td>'
-            f'<td class="c-a{" none" if r.adapter is None else ""}">{esc(_adapter_name(r))}</td>'
+            f'<td class="c-a{" none" if r.adapter is None else ""}">{esc(adapter_name(r))}</td>'
             f'<td class="c-s">{score}</td><td class="c-m">'
             f"{esc(clip(r.message, MESSAGE_CHARS)) or '<i>no message</i>'}"
             f"{_facts(r.evidence)}</td></tr>"
@@ -544,7 +395,7 @@ def _reasons(store: _Store) -> str:
     )
 
 
-def _store_title(store: _Store) -> str:
+def _store_title(store: Store) -> str:
     worst = VERDICTS[len(VERDICTS) - 1 - store.worst]
     layout = store.layout
     tag = f' <span class="tag">{esc(layout)}</span>' if layout else ""
@@ -554,7 +405,7 @@ def _store_title(store: _Store) -> str:
     )
 
 
-def _store_body(store: _Store, ratio: float, plots: bool) -> str:
+def _store_body(store: Store, ratio: float, plots: bool) -> str:
     parts = [f'<p class="path">{esc(store.path)}</p>', _reasons(store)]
     if plots:
         figures = []
@@ -572,7 +423,7 @@ def _store_body(store: _Store, ratio: float, plots: bool) -> str:
     return "".join(parts)
 
 
-def _store_card(store: _Store, ratio: float) -> str:
+def _store_card(store: Store, ratio: float) -> str:
     sid = f"s{store.index}"
     return (
         f'<article class="store card" id="{sid}" data-store data-v="{" ".join(store.verdicts)}" '
@@ -581,7 +432,7 @@ def _store_card(store: _Store, ratio: float) -> str:
     )
 
 
-def _store_fold(store: _Store, ratio: float) -> str:
+def _store_fold(store: Store, ratio: float) -> str:
     sid = f"s{store.index}"
     return (
         f'<details class="store fold" id="{sid}" data-store data-v="{" ".join(store.verdicts)}">'
@@ -590,7 +441,7 @@ def _store_fold(store: _Store, ratio: float) -> str:
     )
 
 
-def _compact_table(stores: list[_Store], caption: str) -> str:
+def _compact_table(stores: list[Store], caption: str) -> str:
     """One row per store, no plots: how big scans stay small and fast."""
     rows = []
     for s in stores:
@@ -615,25 +466,10 @@ def _compact_table(stores: list[_Store], caption: str) -> str:
 # Summary
 
 
-def _flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
-    if isinstance(value, Mapping) and value:
-        for key, item in value.items():
-            yield from _flatten(item, f"{prefix}.{key}" if prefix else str(key))
-        return
-    if isinstance(value, str):
-        text = value
-    else:
-        try:
-            text = json.dumps(value, default=str)
-        except (TypeError, ValueError):
-            text = str(value)
-    yield prefix or "(value)", text
-
-
 def _settings_html(settings: Mapping[str, Any] | None) -> str:
     rows = "".join(
         f'<tr><th scope="row">{esc(k)}</th><td>{esc(clip(v, 500))}</td></tr>'
-        for k, v in (_flatten(settings) if settings else ())
+        for k, v in (flatten(settings) if settings else ())
     )
     body = (
         f'<table class="kv"><caption class="sr">Settings</caption>{rows}</table>'
@@ -643,7 +479,7 @@ def _settings_html(settings: Mapping[str, Any] | None) -> str:
     return f'<details class="settings"><summary>Settings used</summary>{body}</details>'
 
 
-def _summary(stores: list[_Store], settings: Mapping[str, Any] | None, when: str) -> str:
+def _summary(stores: list[Store], settings: Mapping[str, Any] | None, when: str) -> str:
     counts = dict.fromkeys(VERDICTS, 0)
     store_counts = dict.fromkeys(VERDICTS, 0)
     for s in stores:
@@ -931,12 +767,12 @@ def render_html(
     10,000 stores stays a few MB. With ``generated_at`` fixed the output is
     a pure function of the input.
     """
-    stores = _group(records)
-    ratio = _ghost_ratio(settings)
+    stores = group_stores(records)
+    ratio = ghost_ratio(settings)
     machine, human = _when(generated_at)
     when = f'<time datetime="{esc(machine)}">{esc(human)}</time>'
 
-    def by_badness(s: _Store) -> tuple[Any, ...]:
+    def by_badness(s: Store) -> tuple[Any, ...]:
         return (-s.worst, -s.counts()[VERDICTS[len(VERDICTS) - 1 - s.worst]], s.name, s.path)
 
     problems = sorted((s for s in stores if s.worst >= PROBLEM), key=by_badness)
@@ -981,7 +817,7 @@ def render_html(
 
     if not stores:
         body.insert(1, '<p class="note">This scan produced no records.</p>')
-    base = _common_base([s.path for s in stores])
+    base = common_base([s.path for s in stores])
     root = f" · stores under {esc(base)}" if base else ""
     return (
         "<!DOCTYPE html>\n"
