@@ -80,6 +80,17 @@ from torch.utils.hooks import RemovableHandle
 
 from adapterprobe._fs import atomic_dir
 from adapterprobe.errors import MonitorConfigError, UsageError, require
+from adapterprobe.monitor.options import (
+    DETAILS,
+    KINDS,
+    NONFINITE,
+    STATS,
+    detail_option,
+    int_option,
+    kinds_option,
+    patterns_option,
+    sinks_option,
+)
 from adapterprobe.sinks import GapSink, JsonlSink, TensorBoardSink, step_record
 
 __all__ = [
@@ -92,73 +103,12 @@ __all__ = [
     "TensorBoardSink",
 ]
 
-KINDS = ("param", "grad", "activation", "activation_grad")
-STATS = ("mean", "var", "max_abs", "l2_norm", "nonfinite")
-DETAILS = ("summary", "tensors")
-MEAN, VAR, MAX_ABS, L2_NORM, NONFINITE = range(len(STATS))
 
 _PLAIN_TENSOR_TYPES = (torch.Tensor, nn.Parameter)
 # what the reductions handle everywhere (float8 and complex tensors are skipped)
 _STAT_DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
 _SEARCH_DEPTH = 4  # how deep to look for a tensor inside a module's output
 _NOTHING = nullcontext()  # what a non-sampled step returns: shared, costs nothing
-
-
-# ---------------------------------------------------------------------------
-# Option checks
-# ---------------------------------------------------------------------------
-
-
-def _int_option(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise MonitorConfigError(f"{name} must be an int, got {value!r}")
-    if value < minimum:
-        raise MonitorConfigError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
-def _patterns(name: str, value: Any) -> tuple[str, ...]:
-    """Glob patterns from None, one string, or an iterable of strings."""
-    if value is None:
-        return ()
-    items = (value,) if isinstance(value, str) else value
-    try:
-        patterns = tuple(items)
-    except TypeError:
-        raise MonitorConfigError(f"{name} must be a glob string or a list of them") from None
-    for pattern in patterns:
-        if not isinstance(pattern, str) or not pattern:
-            raise MonitorConfigError(f"{name} patterns must be non-empty strings, got {pattern!r}")
-    return patterns
-
-
-def _kinds(value: Any) -> tuple[str, ...]:
-    chosen = _patterns("kinds", value)
-    unknown = sorted(set(chosen) - set(KINDS))
-    if unknown:
-        raise MonitorConfigError(f"unknown kinds {unknown}; choose from {list(KINDS)}")
-    return tuple(kind for kind in KINDS if kind in chosen)
-
-
-def _detail(value: Any) -> str:
-    if value not in DETAILS:
-        raise MonitorConfigError(f"detail must be one of {list(DETAILS)}, got {value!r}")
-    return str(value)
-
-
-def _sinks(value: Any) -> list[Any]:
-    """Checked sink arguments (a path or a sink object each); opened by the caller."""
-    if value is None:
-        return []
-    items = list(value) if isinstance(value, (list, tuple)) else [value]
-    for item in items:
-        if isinstance(item, (str, os.PathLike)):
-            continue
-        if not all(callable(getattr(item, m, None)) for m in ("write_gap", "write_step", "close")):
-            raise MonitorConfigError(
-                f"sink must be a path or have write_gap/write_step/close, got {type(item).__name__}"
-            )
-    return items
 
 
 # ---------------------------------------------------------------------------
@@ -191,10 +141,10 @@ class GradientDump:
         self.directory = Path(directory)
         if self.directory.exists() and not self.directory.is_dir():
             raise MonitorConfigError(f"gradient dump directory {self.directory} is a file")
-        self.start = _int_option("start", start, 0)
-        self.end = None if end is None else _int_option("end (inclusive, >= start)", end, start)
-        self.every = _int_option("every", every, 1)
-        self.first_n = None if first_n is None else _int_option("first_n", first_n, 1)
+        self.start = int_option("start", start, 0)
+        self.end = None if end is None else int_option("end (inclusive, >= start)", end, start)
+        self.every = int_option("every", every, 1)
+        self.first_n = None if first_n is None else int_option("first_n", first_n, 1)
 
     def wants(self, step: int) -> bool:
         """Whether a sampled ``step`` falls in the dump range."""
@@ -689,20 +639,20 @@ class GAPMonitor:
         if not isinstance(model, nn.Module):
             raise MonitorConfigError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         self.model = model
-        self.interval = _int_option("interval", interval, 1)
-        self.kinds = _kinds(kinds)
-        self.include = _patterns("include", include)
-        self.exclude = _patterns("exclude", exclude)
-        self.detail = _detail(detail)
+        self.interval = int_option("interval", interval, 1)
+        self.kinds = kinds_option(kinds)
+        self.include = patterns_option("include", include)
+        self.exclude = patterns_option("exclude", exclude)
+        self.detail = detail_option(detail)
         if top_k is not None:
-            self.top_k = _int_option("top_k", top_k, 0)
+            self.top_k = int_option("top_k", top_k, 0)
         if dump is not None and not isinstance(dump, GradientDump):
             raise MonitorConfigError(f"dump must be a GradientDump, got {type(dump).__name__}")
         if not self.kinds and dump is None:
             raise MonitorConfigError("nothing to monitor: kinds is empty and there is no dump")
         self.dump = dump
         self.sinks: tuple[GapSink, ...] = tuple(
-            JsonlSink(s) if isinstance(s, (str, os.PathLike)) else s for s in _sinks(sink)
+            JsonlSink(s) if isinstance(s, (str, os.PathLike)) else s for s in sinks_option(sink)
         )
         self.latest: dict[str, float] = {}
         self.latest_step: int | None = None
