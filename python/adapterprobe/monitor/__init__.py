@@ -90,6 +90,15 @@ from adapterprobe.monitor.options import (
     patterns_option,
     sinks_option,
 )
+from adapterprobe.monitor.stats import (
+    HookRow,
+    StatsTable,
+    activation_tables,
+    concat_tables,
+    layer_of,
+    summarize,
+    whole_tensor_table,
+)
 from adapterprobe.sinks import GapSink, JsonlSink, TensorBoardSink, step_record
 
 __all__ = [
@@ -244,18 +253,6 @@ def _instance_stats(values: torch.Tensor) -> tuple[Any, ...]:
     return (np.concatenate((host_sums, host_norms, (lo, hi, bad))),)
 
 
-def _moments(sums: np.ndarray, norms: np.ndarray, n: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and unbiased variance from sums and L2 norms over ``n`` elements each."""
-    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        mean = sums / n
-        var = np.maximum((norms * norms - sums * mean) / (n - 1), 0.0)  # NaN stays NaN
-    return mean, var
-
-
-def _max_abs(lows: np.ndarray, highs: np.ndarray) -> np.ndarray:
-    return np.maximum(np.abs(lows), np.abs(highs))  # NaN stays NaN
-
-
 def _fetch(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
     """Copy small device tensors to the host: one concatenation and one copy per device."""
     out: list[np.ndarray] = [np.empty(0)] * len(tensors)
@@ -318,215 +315,8 @@ def _first_activation(output: Any, depth: int = 0) -> torch.Tensor | None:
 
 
 # ---------------------------------------------------------------------------
-# Host-side assembly
-# ---------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class _Table:
-    """One kind's statistics per tensor name, on the host (the unit summaries are made of)."""
-
-    names: list[str]
-    sumsq: np.ndarray  # sum of squares over every element recorded (all calls)
-    numel: np.ndarray  # elements recorded
-    max_abs: np.ndarray
-    nonfinite: np.ndarray
-    stats: np.ndarray | None = None  # [n, len(STATS)], detail="tensors" only
-
-
-def _max(a: float, b: float) -> float:
-    """max() that lets NaN win, so a NaN anywhere shows in the maximum."""
-    return math.nan if (a != a or b != b) else max(a, b)
-
-
-def _rank(value: float) -> float:
-    return math.inf if value != value else value
-
-
-def _layer_of(name: str) -> str | None:
-    """``model.layers.3.mlp.up_proj.weight`` -> ``model.layers.3``; None without a number."""
-    parts = name.split(".")
-    for index, part in enumerate(parts):
-        if part.isdigit():
-            return ".".join(parts[: index + 1])
-    return None
-
-
-def _fold(acc: list[float], sumsq: float, numel: float, top: float, bad: float) -> None:
-    """Fold one tensor into [sum of squares, elements, max_abs, nonfinite, nonfinite tensors]."""
-    acc[0] += sumsq
-    acc[1] += numel
-    acc[2] = _max(acc[2], top)
-    acc[3] += bad
-    acc[4] += bad > 0
-
-
-def _summarize(
-    kind: str,
-    table: _Table,
-    *,
-    top_k: int,
-    layers: Mapping[str, str | None] | None = None,
-) -> dict[str, float]:
-    """The summary keys of one kind: global, per layer, and the ``top_k`` offenders.
-
-    ``layers`` maps names to layers when known (a cache); others go through
-    :func:`_layer_of`.
-    """
-    prefix = f"gap/summary/{kind}s"
-    whole = kind in ("param", "grad")
-    total = [0.0, 0.0, 0.0, 0.0, 0.0]
-    groups: dict[str, list[float]] = {}
-    columns = (
-        table.sumsq.tolist(),
-        table.numel.tolist(),
-        table.max_abs.tolist(),
-        table.nonfinite.tolist(),
-    )
-    for name, sumsq, numel, top, bad in zip(table.names, *columns, strict=True):
-        _fold(total, sumsq, numel, top, bad)
-        layer = layers.get(name) if layers is not None and name in layers else _layer_of(name)
-        if layer is not None:
-            group = groups.get(layer)
-            if group is None:
-                group = groups[layer] = [0.0, 0.0, 0.0, 0.0, 0.0]
-            _fold(group, sumsq, numel, top, bad)
-    out: dict[str, float] = {}
-    size_stat = "l2_norm" if whole else "rms"
-    for where, acc in [("", total), *((f"layers/{k}/", v) for k, v in groups.items())]:
-        if whole:
-            size = math.sqrt(acc[0]) if acc[0] == acc[0] else math.nan
-        else:
-            size = math.sqrt(acc[0] / acc[1]) if acc[1] and acc[0] == acc[0] else math.nan
-        out[f"{prefix}/{where}{size_stat}"] = size
-        out[f"{prefix}/{where}max_abs"] = acc[2]
-        if not where:
-            out[f"{prefix}/nonfinite"] = acc[3]
-            out[f"{prefix}/nonfinite_tensors"] = acc[4]
-        elif acc[3]:  # per layer only where NaN/inf showed up: the record stays small
-            out[f"{prefix}/{where}nonfinite"] = acc[3]
-    if top_k:
-        with np.errstate(invalid="ignore"):
-            ranking = (np.sqrt(table.sumsq) if whole else table.max_abs).tolist()
-        stat = "l2_norm" if whole else "max_abs"
-        order = sorted(range(len(ranking)), key=lambda i: _rank(ranking[i]), reverse=True)
-        for i in order[:top_k]:
-            out[f"{prefix}/top_{stat}/{table.names[i]}"] = ranking[i]
-    return out
-
-
-def _whole_table(
-    named: list[tuple[str, torch.Tensor]], values: np.ndarray, with_sums: bool
-) -> tuple[_Table, list[int]]:
-    """A table for params or grads from ``_whole_tensor_stats`` output; also the rows
-    whose NaN/inf still need counting (a non-finite norm or extreme says there are some)."""
-    n = len(named)
-    norms, lows, highs = values[:n], values[n : 2 * n], values[2 * n : 3 * n]
-    sizes = np.array([tensor.numel() for _, tensor in named], dtype=np.float64)
-    max_abs = _max_abs(lows, highs)
-    with np.errstate(over="ignore", invalid="ignore"):
-        table = _Table([name for name, _ in named], norms * norms, sizes, max_abs, np.zeros(n))
-    suspects = np.nonzero(~(np.isfinite(max_abs) & np.isfinite(norms)))[0].tolist()
-    if with_sums:
-        means, variances = _moments(values[3 * n :], norms, sizes)
-        table.stats = np.stack([means, variances, max_abs, norms, table.nonfinite], axis=1)
-    return table, suspects
-
-
-def _activation_tables(rows: list[_Row], values: list[Any], with_stats: bool) -> dict[str, _Table]:
-    """Fold every hook call of the step into one row per (kind, module).
-
-    ``values[i]`` is row i's host values: ``[min, max, sum of squares, nonfinite]``, or
-    with ``with_stats`` an array ``[sums (B), norms (B), min, max, nonfinite]``.
-    """
-    if not rows:
-        return {}
-    if with_stats:
-        return _instance_tables(rows, values)
-    totals: dict[tuple[str, str], list[float]] = {}  # sumsq, numel, max, nonfinite
-    for (kind, name, instances, size, _), row in zip(rows, values, strict=True):
-        low, high, sumsq, bad = row.tolist() if isinstance(row, np.ndarray) else row
-        acc = totals.get((kind, name))
-        if acc is None:
-            acc = totals[(kind, name)] = [0.0, 0.0, 0.0, 0.0]
-        acc[0] += sumsq
-        acc[1] += instances * size
-        acc[2] = _max(acc[2], _max(abs(low), abs(high)))
-        acc[3] += bad
-    return _tables_from(totals, None)
-
-
-def _tables_from(
-    totals: dict[tuple[str, str], list[float]], stats: dict[tuple[str, str], list[float]] | None
-) -> dict[str, _Table]:
-    by_kind: dict[str, list[tuple[str, list[float]]]] = {}
-    for (kind, name), acc in totals.items():
-        by_kind.setdefault(kind, []).append((name, acc))
-    tables = {}
-    for kind, entries in by_kind.items():
-        array = np.array([acc for _, acc in entries], dtype=np.float64).reshape(-1, 4)
-        names = [name for name, _ in entries]
-        table = _Table(names, array[:, 0], array[:, 1], array[:, 2], array[:, 3])
-        if stats is not None:
-            table.stats = np.array([stats[(kind, name)] for name in names], dtype=np.float64)
-        tables[kind] = table
-    return tables
-
-
-def _instance_tables(rows: list[_Row], values: list[np.ndarray]) -> dict[str, _Table]:
-    """Per-instance statistics averaged over every call of a module in the step.
-
-    Vectorised over all rows at once: a sampled step has a row per hook call, and
-    numpy calls on a handful of numbers each would cost more than the arithmetic.
-    """
-    counts = np.array([row[2] for row in rows])
-    sizes = np.array([row[3] for row in rows], dtype=np.float64)
-    sums = np.concatenate([v[:b] for v, b in zip(values, counts.tolist(), strict=True)])
-    norms = np.concatenate([v[b : 2 * b] for v, b in zip(values, counts.tolist(), strict=True)])
-    tails = np.stack([v[-3:] for v in values])  # min, max, nonfinite per row
-    means, variances = _moments(sums, norms, np.repeat(sizes, counts))
-    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-    with np.errstate(over="ignore", invalid="ignore"):
-        squares = np.add.reduceat(norms * norms, starts)
-    per_row = zip(
-        rows,
-        np.add.reduceat(means, starts).tolist(),
-        np.add.reduceat(variances, starts).tolist(),
-        np.add.reduceat(norms, starts).tolist(),
-        squares.tolist(),
-        _max_abs(tails[:, 0], tails[:, 1]).tolist(),
-        tails[:, 2].tolist(),
-        strict=True,
-    )
-    # instances, mean, var, l2, sumsq, numel, max, nonfinite
-    merged: dict[tuple[str, str], list[float]] = {}
-    for (kind, name, instances, size, _), mean, var, l2, sumsq, top, bad in per_row:
-        acc = merged.get((kind, name))
-        if acc is None:
-            acc = merged[(kind, name)] = [0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
-        acc[0] += instances
-        acc[1] += mean
-        acc[2] += var
-        acc[3] += l2
-        acc[4] += sumsq
-        acc[5] += instances * size
-        acc[6] = _max(acc[6], top)
-        acc[7] += bad
-    totals = {key: [acc[4], acc[5], acc[6], acc[7]] for key, acc in merged.items()}
-    stats = {
-        key: [acc[1] / acc[0], acc[2] / acc[0], acc[6], acc[3] / acc[0], acc[7]]
-        for key, acc in merged.items()
-    }
-    return _tables_from(totals, stats)
-
-
-# ---------------------------------------------------------------------------
 # The monitor
 # ---------------------------------------------------------------------------
-
-
-# kind, module name, instances, elements per instance, statistics of one hook call
-_Row = tuple[str, str, int, int, tuple[Any, ...]]
 
 
 class _SampledStep:
@@ -602,7 +392,7 @@ class GAPMonitor:
         self._active: int | None = None
         self._closed = False
         self._handles: list[RemovableHandle] = []
-        self._rows: list[_Row] = []
+        self._rows: list[HookRow] = []
         # id(tensor) -> (weak ref, version, stats): one module's output is often another's
         # (self_attn and o_proj, mlp and down_proj), and its gradient is the same too
         self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, tuple[Any, ...]]] = {}
@@ -739,15 +529,15 @@ class GAPMonitor:
             self._keys[(kind, name)] = keys
         return keys
 
-    def _layer_cache(self, tables: Iterable[_Table]) -> dict[str, str | None]:
+    def _layer_cache(self, tables: Iterable[StatsTable]) -> dict[str, str | None]:
         for table in tables:
             for name in table.names:
                 if name not in self._layers:
-                    self._layers[name] = _layer_of(name)
+                    self._layers[name] = layer_of(name)
         return self._layers
 
     @torch.no_grad()
-    def _collect(self, step: int, rows: list[_Row]) -> None:
+    def _collect(self, step: int, rows: list[HookRow]) -> None:
         params = [
             (name, p)
             for name, p in self.model.named_parameters()
@@ -770,10 +560,10 @@ class GAPMonitor:
         on_device = [piece for row in rows for piece in row[4] if isinstance(piece, torch.Tensor)]
         host = _to_host([stats for _, _, stats in blocks] + on_device)
 
-        tables: dict[str, list[_Table]] = {}
-        suspects: list[tuple[_Table, int, torch.Tensor]] = []
+        tables: dict[str, list[StatsTable]] = {}
+        suspects: list[tuple[StatsTable, int, torch.Tensor]] = []
         for (kind, named, _), values in zip(blocks, host, strict=False):
-            table, rows_to_count = _whole_table(named, values, self._tensors)
+            table, rows_to_count = whole_tensor_table(named, values, self._tensors)
             suspects += [(table, i, named[i][1]) for i in rows_to_count]
             tables.setdefault(kind, []).append(table)
         if suspects:  # rare: count NaN/inf only where the norm or extremes say there are some
@@ -790,10 +580,10 @@ class GAPMonitor:
                 per_row.append(np.concatenate([next(fetched) for _ in stats]))
             else:  # CPU: four floats (summary) or one array (tensors)
                 per_row.append(stats[0] if len(stats) == 1 else stats)
-        for kind, table in _activation_tables(rows, per_row, self._tensors).items():
+        for kind, table in activation_tables(rows, per_row, self._tensors).items():
             tables.setdefault(kind, []).append(table)
 
-        merged = {kind: _concat(parts) for kind, parts in tables.items()}
+        merged = {kind: concat_tables(parts) for kind, parts in tables.items()}
         layers = self._layer_cache(merged.values())
         latest: dict[str, float] = {}
         for kind in KINDS:
@@ -803,7 +593,7 @@ class GAPMonitor:
             if table.stats is not None:
                 for name, stats in zip(table.names, table.stats.tolist(), strict=True):
                     latest.update(zip(self._stat_keys(kind, name), stats, strict=True))
-            latest.update(_summarize(kind, table, top_k=self.top_k, layers=layers))
+            latest.update(summarize(kind, table, top_k=self.top_k, layers=layers))
         self.latest = latest
         self.latest_step = step
 
@@ -811,18 +601,3 @@ class GAPMonitor:
             self.dump.write(step, [(name, p.grad) for name, p in params if p.grad is not None])
         for sink in self.sinks:
             sink.write_gap(step, latest)
-
-
-def _concat(tables: list[_Table]) -> _Table:
-    """One table from several (params of different dtypes or devices)."""
-    if len(tables) == 1:
-        return tables[0]
-    stats = [t.stats for t in tables]
-    return _Table(
-        [name for t in tables for name in t.names],
-        np.concatenate([t.sumsq for t in tables]),
-        np.concatenate([t.numel for t in tables]),
-        np.concatenate([t.max_abs for t in tables]),
-        np.concatenate([t.nonfinite for t in tables]),
-        None if any(s is None for s in stats) else np.concatenate(stats),  # type: ignore[arg-type]
-    )
