@@ -126,11 +126,16 @@ def path_vertices(d: str) -> list[tuple[float, float]]:
 # Records
 
 
-@pytest.fixture(scope="module")
-def demo() -> list[dict[str, Any]]:
+def demo_records() -> list[dict[str, Any]]:
+    """The records of a scan of the bundled demo store."""
     records = [r.to_dict() for r in ap.scan(DEMO_STORE)]
     assert {r["verdict"] for r in records} >= {"pass", "warn", "fail", "skip"}
     return records
+
+
+@pytest.fixture(scope="module")
+def demo() -> list[dict[str, Any]]:
+    return demo_records()
 
 
 @pytest.fixture(scope="module")
@@ -709,12 +714,17 @@ def test_ten_thousand_stores_stay_small(demo, big_page):
         assert len(path_vertices(path.attrs["d"])) <= report.MAX_POINTS
 
 
-@pytest.fixture(scope="module")
-def big_page(demo):
+def big_scan_page(demo: list[dict[str, Any]]) -> tuple[str, float, list[dict[str, Any]]]:
+    """A page for 10,000 synthetic stores: (page, seconds to render, records)."""
     records = synthetic(demo, 10_000)
     start = time.perf_counter()
     page = render_html(records, settings=SETTINGS, generated_at=WHEN)
     return page, time.perf_counter() - start, records
+
+
+@pytest.fixture(scope="module")
+def big_page(demo):
+    return big_scan_page(demo)
 
 
 # ---------------------------------------------------------------------------
