@@ -1,5 +1,5 @@
-"""The HTML report: content from a real demo scan, escaping, determinism, size at
-10,000 stores, and a real headless Chromium that must load it cleanly."""
+"""The HTML report: content from a real demo scan, escaping, determinism and size at
+10,000 stores (test_html_report_browser.py loads the pages in a real Chromium)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import json
 import math
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -19,7 +18,6 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
-import browser
 import pytest
 
 import adapterprobe as ap
@@ -32,10 +30,6 @@ SETTINGS = {
     "rules": "robust",
     "training_drift": {"min_steps": 10, "spike_sigma": 3.0},
     "gradient_ghost": {"min_steps_threshold": 50, "undertrained_layer_ratio": 2.0},
-}
-# The CSS colour of each verdict, to find in screenshots.
-COLOURS = {
-    v: browser.hex_rgb(re.search(rf"--{v}:(#[0-9a-f]{{6}})", report.CSS)[1]) for v in VERDICTS
 }
 HOSTILE = "<script>alert(1)</script>"
 
@@ -126,11 +120,16 @@ def path_vertices(d: str) -> list[tuple[float, float]]:
 # Records
 
 
-@pytest.fixture(scope="module")
-def demo() -> list[dict[str, Any]]:
+def demo_records() -> list[dict[str, Any]]:
+    """The records of a scan of the bundled demo store."""
     records = [r.to_dict() for r in ap.scan(DEMO_STORE)]
     assert {r["verdict"] for r in records} >= {"pass", "warn", "fail", "skip"}
     return records
+
+
+@pytest.fixture(scope="module")
+def demo() -> list[dict[str, Any]]:
+    return demo_records()
 
 
 @pytest.fixture(scope="module")
@@ -709,186 +708,14 @@ def test_ten_thousand_stores_stay_small(demo, big_page):
         assert len(path_vertices(path.attrs["d"])) <= report.MAX_POINTS
 
 
-@pytest.fixture(scope="module")
-def big_page(demo):
+def big_scan_page(demo: list[dict[str, Any]]) -> tuple[str, float, list[dict[str, Any]]]:
+    """A page for 10,000 synthetic stores: (page, seconds to render, records)."""
     records = synthetic(demo, 10_000)
     start = time.perf_counter()
     page = render_html(records, settings=SETTINGS, generated_at=WHEN)
     return page, time.perf_counter() - start, records
 
 
-# ---------------------------------------------------------------------------
-# A real browser
-
-
 @pytest.fixture(scope="module")
-def chromium():
-    try:
-        path = browser.find_browser()
-    except browser.BrowserMissing as exc:
-        pytest.fail(f"{exc}. The HTML report tests need a real browser.")
-    with browser.Browser(path) as b:
-        yield b
-
-
-@pytest.fixture(scope="module")
-def shots(tmp_path_factory) -> Path:
-    """Where screenshots go: $ADAPTERPROBE_SCREENSHOTS if set (to look at), else a temp dir."""
-    keep = os.environ.get("ADAPTERPROBE_SCREENSHOTS")
-    if keep:
-        Path(keep).mkdir(parents=True, exist_ok=True)
-        return Path(keep)
-    return tmp_path_factory.mktemp("shots")
-
-
-def test_browser_check_catches_console_errors_and_exceptions(chromium, tmp_path):
-    bad = tmp_path / "bad.html"
-    bad.write_text(
-        "<!DOCTYPE html><html><body><p>hi</p><script>"
-        "console.log('fine'); console.error('deliberate console error');"
-        "setTimeout(function () { throw new Error('deliberate late exception'); }, 0);"
-        "throw new TypeError('deliberate exception');"
-        "</script></body></html>"
-    )
-    res = chromium.load(bad, screenshot=False)
-    text = "\n".join(res.errors)
-    assert "console.error: deliberate console error" in text
-    assert "TypeError: deliberate exception" in text
-    assert "deliberate late exception" in text
-    assert ("log", "fine") in res.console
-    # A blocked external resource is an error too (the report's CSP would cause these).
-    csp = tmp_path / "csp.html"
-    csp.write_text(
-        '<!DOCTYPE html><meta http-equiv="Content-Security-Policy" content="default-src \'none\'">'
-        "<script>console.log(1)</script><p>x</p>"
-    )
-    assert chromium.load(csp, screenshot=False).errors
-    good = tmp_path / "good.html"
-    good.write_text("<!DOCTYPE html><p>ok</p><script>console.log('ok')</script>")
-    assert chromium.load(good, screenshot=False).errors == []
-
-
-def test_browser_timeout_kills_the_browser(chromium, tmp_path):
-    slow = tmp_path / "slow.html"
-    slow.write_text("<!DOCTYPE html><script>while (true);</script>")
-    own = browser.Browser(chromium.path)
-    start = time.monotonic()
-    with pytest.raises(browser.BrowserTimeout, match=r"Page\.loadEventFired"):
-        own.load(slow, timeout=2)
-    assert time.monotonic() - start < 15
-    with pytest.raises(ProcessLookupError):  # the whole process group is gone
-        os.killpg(own.pid, 0)
-
-
-def test_demo_page_in_a_browser(chromium, demo, demo_page, tmp_path, shots):
-    page = write_html(tmp_path / "demo.html", demo, settings=SETTINGS, generated_at=WHEN)
-    for width, height in ((1280, 900), (420, 900)):
-        res = chromium.load(
-            page,
-            width=width,
-            height=height,
-            full_page=True,
-            evaluate={
-                "overflow": "document.documentElement.scrollWidth - window.innerWidth",
-                "shown": "document.getElementById('shown').textContent",
-                "filter_visible": "!document.getElementById('filter').hidden",
-            },
-        )
-        assert res.errors == []
-        assert res.values["overflow"] <= 0, f"horizontal scroll at {width}px"
-        assert res.values["shown"] == "Showing 4 of 4 stores." and res.values["filter_visible"]
-        assert res.screenshot is not None
-        shot = shots / f"demo-{width}.png"
-        shot.write_bytes(res.screenshot)
-        img = browser.decode_png(res.screenshot)
-        assert img.width == width and img.height >= height
-        colours = img.colours()
-        assert len(colours) > 200, "the screenshot is nearly blank"
-        background = colours.most_common(1)[0][1] / sum(colours.values())
-        assert background < 0.8
-        for verdict in {r["verdict"] for r in demo}:
-            assert browser.near(colours, COLOURS[verdict]) > 50, f"no {verdict} colour in {shot}"
-
-
-def test_content_works_without_javascript(chromium, demo, tmp_path):
-    page = write_html(tmp_path / "demo.html", demo, generated_at=WHEN)
-    res = chromium.load(
-        page,
-        javascript=False,
-        screenshot=False,
-        evaluate={
-            "filter_hidden": "document.getElementById('filter').hidden",
-            "stores": "document.querySelectorAll('[data-store]').length",
-            "curves": "[...document.querySelectorAll('svg.curve')]"
-            ".filter(el => el.getBoundingClientRect().width > 300).length",
-        },
-    )
-    assert res.errors == []
-    assert res.values["filter_hidden"]  # no dead controls without JS
-    assert res.values["stores"] == len(by_store(demo))
-    assert res.values["curves"] >= 1  # the problem store's curve is drawn and visible
-
-
-def test_filter_and_paging_work_in_a_browser(chromium, demo, tmp_path):
-    page = write_html(tmp_path / "demo.html", demo, generated_at=WHEN)
-    only_fail = """(() => {
-      for (const box of document.querySelectorAll('#filter input'))
-        box.checked = box.value === 'fail';
-      document.getElementById('filter').dispatchEvent(new Event('change'));
-      return [...document.querySelectorAll('[data-store]')]
-        .filter(el => el.getClientRects().length).map(el => el.id);
-    })()"""
-    res = chromium.load(page, screenshot=False, evaluate={"visible": only_fail})
-    stores = list(by_store(demo))
-    failing = {
-        f"s{i}"
-        for i, s in enumerate(stores)
-        if any(r["verdict"] == "fail" for r in by_store(demo)[s])
-    }
-    assert set(res.values["visible"]) == failing and failing
-
-
-def test_hostile_page_runs_no_injected_script(chromium, tmp_path):
-    records = [
-        {
-            "store": HOSTILE,
-            "adapter": None,
-            "probe": "training_drift",
-            "verdict": "warn",
-            "message": HOSTILE,
-        }
-    ]
-    page = write_html(tmp_path / "x.html", records, title=HOSTILE, generated_at=WHEN)
-    res = chromium.load(page, evaluate={"text": "document.body.innerText"})
-    assert res.errors == [] and res.dialogs == []
-    assert HOSTILE in res.values["text"]
-
-
-def test_ten_thousand_stores_load_fast_in_a_browser(chromium, big_page, tmp_path, shots):
-    page_text, _, _ = big_page
-    page = tmp_path / "big.html"
-    page.write_text(page_text, encoding="utf-8")
-    rows = """[...document.querySelectorAll('table.paged')].map(t => [...t.tBodies[0].rows]
-      .filter(r => getComputedStyle(r).display !== 'none').length)"""
-    res = chromium.load(page, evaluate={"rows": rows}, timeout=120)
-    print(
-        f"\n10k-store report in Chromium: {page.stat().st_size / 1e6:.2f} MB, load event after "
-        f"{res.load_ms:.0f} ms (page timing: DOMContentLoaded "
-        f"{res.timing.get('domContentLoadedEventEnd', 0):.0f} ms, "
-        f"load end {res.timing.get('loadEventEnd', 0):.0f} ms)"
-    )
-    assert res.errors == []
-    assert res.load_ms < 20_000
-    assert len(res.values["rows"]) == 2  # more problem stores, more healthy stores
-    assert all(0 < n <= report.PAGE_ROWS for n in res.values["rows"])  # both are paged
-    assert res.screenshot is not None
-    (shots / "big-1280.png").write_bytes(res.screenshot)
-    assert len(browser.decode_png(res.screenshot).colours(step=2)) > 100
-
-
-def test_missing_browser_fails_with_a_hint(monkeypatch):
-    monkeypatch.setenv("PATH", "/nonexistent")
-    monkeypatch.delenv("ADAPTERPROBE_CHROMIUM", raising=False)
-    with pytest.raises(browser.BrowserMissing, match=r"ensure_chromium\.sh"):
-        browser.find_browser()
-    assert shutil.which("chromium") is None
+def big_page(demo):
+    return big_scan_page(demo)

@@ -115,9 +115,9 @@ def test_param_and_grad_stats_match_direct_computation():
 def test_accelerator_code_path_matches_direct_computation(monkeypatch):
     """The path taken where host reads stall the device (float64 sums, counts always),
     exercised on CPU; the CUDA test below runs it for real where a GPU is present."""
-    import adapterprobe.monitor as monitor_module
+    import adapterprobe.monitor.reductions as reductions
 
-    monkeypatch.setattr(monitor_module, "_cheap_host_reads", lambda device: False)
+    monkeypatch.setattr(reductions, "_cheap_host_reads", lambda device: False)
     model = mlp()
     with torch.no_grad():
         model[0].weight[3, 1] = float("nan")

@@ -1,0 +1,279 @@
+"""The charts of each probe's evidence: the training_drift loss curve, the
+gradient_ghost per-layer bars and adapter_weights' delta energy and modules.
+
+This is the one place that knows which evidence keys a probe writes and how to
+draw them (:data:`DRAWN` lists the keys, so the page does not repeat them as
+facts). It reads evidence through :mod:`adapterprobe.reports.shaping` and draws
+with :mod:`adapterprobe.reports.svg`; where a chart sits on the page is the
+page's business.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Mapping
+from typing import Any
+
+from adapterprobe.reports.shaping import (
+    Record,
+    as_finite,
+    layer_values,
+    name_list,
+    natural_key,
+    sorted_steps,
+    xy_pairs,
+)
+from adapterprobe.reports.svg import (
+    Scale,
+    axes,
+    bar_chart,
+    clip,
+    downsample,
+    esc,
+    line_path,
+    num,
+    px,
+    svg_open,
+)
+
+MAX_POINTS = 300  # points per drawn curve
+MAX_MARKS = 120  # spike markers / non-finite bands per chart
+LOG_RATIO = 30.0  # a positive curve spanning this factor is drawn on a log axis
+
+# Evidence keys that are drawn rather than listed as facts.
+DRAWN = frozenset(
+    {
+        "curve_sampled",
+        "trend_sampled",
+        "spike_steps",
+        "nonfinite_steps",
+        "layer_exp_avg_sq",
+        "flagged_layers",
+        "worst_layers",
+        "layer_delta_energy",
+        "dead_modules",
+        "top_modules",
+        "thresholds",
+    }
+)
+
+
+def _step_list(steps: list[float], limit: int = 10) -> str:
+    """Sorted steps as short text: runs of 3 or more become ranges ("411–416")."""
+    runs: list[list[float]] = []
+    for s in steps:
+        if runs and s - runs[-1][-1] == 1:
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    parts: list[str] = []
+    for run in runs:
+        if len(run) >= 3:
+            parts.append(f"{num(run[0])}–{num(run[-1])}")
+        else:
+            parts.extend(num(s) for s in run)
+    shown = ", ".join(parts[:limit])
+    return shown + (f" and {len(parts) - limit} more" if len(parts) > limit else "")
+
+
+# ---------------------------------------------------------------------------
+# Loss curve (training_drift)
+
+CURVE_W, CURVE_H = 520, 230
+CURVE_BOX = (58.0, 14.0, 508.0, 190.0)  # left, top, right, bottom
+
+
+def loss_figure(rec: Record, uid: str, store_name: str) -> str:
+    """The training_drift loss curve with its trend, spikes and non-finite steps."""
+    ev = rec.evidence
+    curve = xy_pairs(ev.get("curve_sampled"), allow_null=True)
+    finite = [(x, y) for x, y in curve if y is not None]
+    if not finite:
+        return ""
+    trend = [
+        (x, y) for x, y in xy_pairs(ev.get("trend_sampled"), allow_null=False) if y is not None
+    ]
+    spikes = sorted_steps(ev.get("spike_steps"))
+    nonfinite = sorted(
+        set(sorted_steps(ev.get("nonfinite_steps"))) | {x for x, y in curve if y is None}
+    )
+
+    left, top, right, bottom = CURVE_BOX
+    xs = [x for x, _ in curve] + [x for x, _ in trend]
+    ys = [y for _, y in finite] + [y for _, y in trend]
+    y_lo, y_hi = min(ys), max(ys)
+    log = y_lo > 0 and y_hi / y_lo >= LOG_RATIO
+    sx = Scale(min(xs), max(xs), left, right)
+    sy = Scale(y_lo, y_hi, bottom, top, log=log)
+    pad = (sy.hi - sy.lo) * 0.05
+    sy.lo, sy.hi = sy.lo - pad, sy.hi + pad
+
+    in_range = [s for s in spikes if sx.lo <= s <= sx.hi]
+    nan_in = [s for s in nonfinite if sx.lo <= s <= sx.hi]
+    desc = (
+        f"{len(finite)} finite loss values from step {num(finite[0][0])} to "
+        f"{num(finite[-1][0])}, loss {num(finite[0][1])} to {num(finite[-1][1])}"
+        + (" (log scale)" if log else "")
+        + (f"; loss spikes at steps {_step_list(spikes)}" if spikes else "")
+        + (f"; non-finite loss at steps {_step_list(nonfinite)}" if nonfinite else "")
+    )
+    out = [svg_open(uid, CURVE_W, CURVE_H, f"Loss curve of {store_name}", desc, "chart curve")]
+    out.append(
+        axes(
+            sx,
+            sy,
+            CURVE_BOX,
+            "step",
+            "loss (log scale)" if log else "loss",
+            sx.ticks(6, integer=True),
+            sy.ticks(5),
+        )
+    )
+    if nan_in:
+        seen: set[str] = set()
+        bands = []
+        for s in nan_in:
+            x = px(sx(s) - 1.5)
+            if x not in seen and len(seen) < MAX_MARKS:
+                seen.add(x)
+                bands.append(f'<rect x="{x}" y="{px(top)}" width="3" height="{px(bottom - top)}"/>')
+                bands.append(f'<path class="nan-tick" d="M{px(sx(s))},{px(top + 7)}l-4,-7h8z"/>')
+        out.append(f'<g class="nan" data-steps="{" ".join(num(s) for s in nan_in)}">')
+        out.append("".join(bands) + "</g>")
+    if trend:
+        line = line_path(downsample(list(trend), MAX_POINTS), sx, sy)
+        out.append(f'<path class="trend" d="{line}"/>')
+    out.append(f'<path class="loss" d="{line_path(downsample(curve, MAX_POINTS), sx, sy)}"/>')
+    if in_range:
+        steps = [x for x, _ in finite]
+        marks = []
+        for s in in_range[:MAX_MARKS]:
+            i = bisect_left(steps, s)
+            near = [j for j in (i - 1, i) if 0 <= j < len(steps)]
+            j = min(near, key=lambda k: (abs(steps[k] - s), k))
+            y = finite[j][1]
+            assert y is not None
+            marks.append(
+                f'<circle class="spike" data-step="{num(s)}" cx="{px(sx(s))}" '
+                f'cy="{px(sy(y))}" r="4"><title>loss spike at step {num(s)}</title></circle>'
+            )
+        out.append(f'<g class="spikes">{"".join(marks)}</g>')
+    out.append("</svg>")
+
+    legend = ['<span class="key k-loss">loss</span>']
+    if trend:
+        legend.append('<span class="key k-trend">trend</span>')
+    if spikes:
+        legend.append(f'<span class="key k-spike">spikes: steps {_step_list(spikes, 6)}</span>')
+    if nonfinite:
+        legend.append(
+            f'<span class="key k-nan">non-finite: steps {_step_list(nonfinite, 6)}</span>'
+        )
+    return (
+        '<figure class="plot wide"><p class="ptitle" aria-hidden="true">Loss curve'
+        f"{' (log scale)' if log else ''}</p>{''.join(out)}"
+        f"<figcaption>{' '.join(legend)}</figcaption></figure>"
+    )
+
+
+# ---------------------------------------------------------------------------
+# Layer bars (gradient_ghost)
+
+
+def ghost_chart(rec: Record, uid: str, ratio: float) -> str:
+    ev = rec.evidence
+    if ev.get("rules") == "robust":
+        return _robust_ghost_chart(ev, uid)
+    items = layer_values(ev.get("layer_exp_avg_sq"))
+    if items:
+        flagged = set(name_list(ev.get("flagged_layers")))
+        low = min(v for _, v in items)
+        limit = (low * ratio, f"{num(ratio)}× calmest") if low > 0 else None
+        return bar_chart(items, flagged, uid, "Mean Adam exp_avg_sq per layer", "exp_avg_sq", limit)
+    worst = ev.get("worst_layers")
+    if isinstance(worst, (list, tuple)):
+        items = [
+            (str(w.get("layer")), r)
+            for w in worst
+            if isinstance(w, Mapping) and (r := as_finite(w.get("ratio"))) is not None
+        ]
+        items.sort(key=lambda kv: natural_key(kv[0]))
+        if items:
+            flagged = {k for k, v in items if v > ratio}
+            return bar_chart(
+                items,
+                flagged,
+                uid,
+                "exp_avg_sq of the worst layers vs the calmest",
+                "× calmest",
+                (ratio, f"{num(ratio)}× limit"),
+            )
+    return ""
+
+
+def _robust_ghost_chart(ev: Mapping[str, Any], uid: str) -> str:
+    """rules="robust": each layer against its peers when the layers were
+    compared (the outlier limit drawn), else each layer's mean second moment."""
+    flagged = set(name_list(ev.get("flagged_layers")))
+    scores = layer_values(ev.get("layer_ratio_to_peers"))
+    if scores:
+        thresholds = ev.get("thresholds")
+        limit = (
+            as_finite(thresholds.get("layer_outlier_ratio"))
+            if isinstance(thresholds, Mapping)
+            else None
+        )
+        title = "Second moments per layer vs the same tensors in the other layers"
+        # A limit far above every bar would flatten them: named, not drawn.
+        drawn = limit is not None and max(v for _, v in scores) >= limit / 10
+        if limit is not None and not drawn:
+            title += f" (WARN above {num(limit)}×)"
+        line = (limit, f"{num(limit)}× limit") if drawn and limit is not None else None
+        return bar_chart(scores, flagged, uid, title, "× peers", line)
+    means = layer_values(ev.get("layer_exp_avg_sq"))
+    if means:
+        return bar_chart(
+            means, flagged, uid, "Mean Adam exp_avg_sq per layer (not compared)", "exp_avg_sq"
+        )
+    return ""
+
+
+# ---------------------------------------------------------------------------
+# Delta energy and modules (adapter_weights)
+
+
+def weights_chart(rec: Record, uid: str) -> str:
+    ev = rec.evidence
+    out = []
+    items = layer_values(ev.get("layer_delta_energy"))
+    if items:
+        out.append(bar_chart(items, set(), uid, "Adapter delta energy per layer", "energy"))
+    top = ev.get("top_modules")
+    if isinstance(top, (list, tuple)):
+        rows = []
+        for item in top[:10]:
+            if not isinstance(item, Mapping):
+                continue
+            share = as_finite(item.get("share"))
+            pct = "—" if share is None else f"{share * 100:.1f}%"
+            width = 0.0 if share is None else max(0.0, min(100.0, share * 100))
+            rows.append(
+                f'<tr><td class="mod">{esc(clip(str(item.get("module", "")), 120))}</td>'
+                f'<td class="share"><span class="sbar" style="width:{width:.0f}%"></span>'
+                f"{pct}</td></tr>"
+            )
+        if rows:
+            out.append(
+                '<table class="mods"><caption>Top modules by share of delta energy</caption>'
+                '<thead><tr><th scope="col">module</th><th scope="col">share</th></tr></thead>'
+                f"<tbody>{''.join(rows)}</tbody></table>"
+            )
+    dead = name_list(ev.get("dead_modules"))
+    if dead:
+        shown = ", ".join(clip(d, 120) for d in dead[:12])
+        more = f" and {len(dead) - 12} more" if len(dead) > 12 else ""
+        out.append(
+            f'<p class="dead"><b>{len(dead)} dead module{"s" if len(dead) != 1 else ""}</b> '
+            f"(no change from the base): {esc(shown)}{more}</p>"
+        )
+    return "".join(out)

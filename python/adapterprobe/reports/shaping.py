@@ -1,0 +1,222 @@
+"""Scan records shaped for the page: stores, verdict severities and evidence as series.
+
+Records arrive as ``ScanRecord.to_dict()`` mappings (or objects with
+``to_dict``) from any version and any probe, so everything here reads them
+tolerantly: an odd or missing field gets a safe default and a non-finite or
+non-numeric value is dropped rather than drawn. What comes out is plain data
+(:class:`Store` groups of :class:`Record`, sorted steps, ``(x, y)`` pairs, layer
+values) for the page and the charts to lay out; no markup is made here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+VERDICTS = ("error", "fail", "warn", "skip", "pass")  # worst first
+SEVERITY = {v: len(VERDICTS) - 1 - i for i, v in enumerate(VERDICTS)}
+GHOST_RATIO = 2.0  # gradient_ghost's default undertrained_layer_ratio
+
+
+def as_finite(value: Any) -> float | None:
+    """A finite float, or None for anything else (bools, strings, NaN, inf)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    f = float(value)
+    return f if math.isfinite(f) else None
+
+
+def natural_key(text: str) -> tuple[Any, ...]:
+    """Sort key that puts layer "10" after layer "9"."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text))
+
+
+# ---------------------------------------------------------------------------
+# Records and stores
+
+
+@dataclass
+class Record:
+    """One scan record as the page reads it."""
+
+    store: str
+    adapter: str | None
+    probe: str
+    verdict: str  # one of VERDICTS (unknown verdicts count as error)
+    label: str  # the verdict as written in the record
+    score: float | None
+    message: str
+    evidence: Mapping[str, Any]
+    layout: str | None
+
+    @property
+    def severity(self) -> int:
+        return SEVERITY[self.verdict]
+
+
+@dataclass
+class Store:
+    """The records of one store, worst first, and how the page names it."""
+
+    path: str
+    name: str = ""
+    index: int = 0
+    records: list[Record] = field(default_factory=list)
+
+    @property
+    def worst(self) -> int:
+        return max(r.severity for r in self.records)
+
+    @property
+    def verdicts(self) -> list[str]:
+        present = {r.verdict for r in self.records}
+        return [v for v in VERDICTS if v in present]
+
+    @property
+    def layout(self) -> str | None:
+        return next((r.layout for r in self.records if r.layout), None)
+
+    def counts(self) -> dict[str, int]:
+        out = dict.fromkeys(VERDICTS, 0)
+        for r in self.records:
+            out[r.verdict] += 1
+        return out
+
+
+def read_record(raw: Any) -> Record:
+    """Read one record tolerantly: missing or odd fields get safe defaults."""
+    if not isinstance(raw, Mapping) and hasattr(raw, "to_dict"):
+        raw = raw.to_dict()
+    d: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    label = str(d.get("verdict") or "error")
+    verdict = label.lower() if label.lower() in SEVERITY else "error"
+    evidence = d.get("evidence")
+    adapter = d.get("adapter")
+    layout = d.get("layout")
+    return Record(
+        store=str(d.get("store") or "(no store)"),
+        adapter=None if adapter is None else str(adapter),
+        probe=str(d.get("probe") or "(unknown probe)"),
+        verdict=verdict,
+        label=label,
+        score=as_finite(d.get("score")),
+        message=str(d.get("message") or ""),
+        evidence=evidence if isinstance(evidence, Mapping) else {},
+        layout=str(layout) if layout else None,
+    )
+
+
+def group_stores(records: Iterable[Any]) -> list[Store]:
+    """Records grouped by store, in order of first appearance, each named
+    relative to the stores' common directory."""
+    stores: dict[str, Store] = {}
+    for raw in records:
+        rec = read_record(raw)
+        stores.setdefault(rec.store, Store(rec.store)).records.append(rec)
+    out = list(stores.values())
+    base = common_base([s.path for s in out])
+    for i, s in enumerate(out):
+        s.index = i
+        s.name = relative_to(s.path, base) or s.path
+        s.records.sort(key=lambda r: (-r.severity, r.probe, r.adapter or ""))
+    return out
+
+
+def common_base(paths: list[str]) -> str:
+    """The directory the store names are shown relative to ("" for none)."""
+    if len(paths) < 2:
+        return os.path.dirname(paths[0].rstrip("/")) if paths else ""
+    try:
+        base = os.path.commonpath(paths)
+    except ValueError:  # mixed absolute and relative paths
+        return ""
+    return os.path.dirname(base) if base in paths else base
+
+
+def relative_to(path: str, base: str) -> str:
+    """`path` below `base`, or `path` itself when it is not below it."""
+    if base and path.startswith(base.rstrip("/") + "/"):
+        return path[len(base.rstrip("/")) + 1 :]
+    return path
+
+
+def adapter_name(rec: Record) -> str:
+    """The record's adapter relative to its store ("—" for a store-wide record)."""
+    if rec.adapter is None:
+        return "—"
+    return relative_to(rec.adapter, rec.store)
+
+
+# ---------------------------------------------------------------------------
+# Evidence as series
+
+
+def sorted_steps(value: Any) -> list[float]:
+    """Finite numbers from an evidence list (steps), sorted and deduplicated."""
+    if not isinstance(value, (list, tuple)):
+        return []
+    return sorted({f for v in value if (f := as_finite(v)) is not None})
+
+
+def xy_pairs(value: Any, allow_null: bool) -> list[tuple[float, float | None]]:
+    """``[[x, y], ...]`` evidence as (x, y) tuples; a null y is kept only if allowed."""
+    if not isinstance(value, (list, tuple)):
+        return []
+    out: list[tuple[float, float | None]] = []
+    for item in value:
+        if not isinstance(item, (list, tuple)) or len(item) < 2:
+            continue
+        x, y = as_finite(item[0]), as_finite(item[1])
+        if x is None or (y is None and not allow_null):
+            continue
+        out.append((x, y))
+    out.sort(key=lambda p: p[0])
+    return out
+
+
+def layer_values(value: Any) -> list[tuple[str, float]]:
+    """``{layer: value}`` evidence as (layer, value) pairs in natural layer order,
+    non-finite values dropped."""
+    if not isinstance(value, Mapping):
+        return []
+    items = [(str(k), f) for k, v in value.items() if (f := as_finite(v)) is not None]
+    return sorted(items, key=lambda kv: natural_key(kv[0]))
+
+
+def name_list(value: Any) -> list[str]:
+    """Names (layers, modules) from an evidence list; anything else is dropped."""
+    if not isinstance(value, (list, tuple)):
+        return []
+    return [str(v) for v in value if isinstance(v, (str, int)) and not isinstance(v, bool)]
+
+
+def ghost_ratio(settings: Mapping[str, Any] | None) -> float:
+    """The undertrained_layer_ratio gradient_ghost judged with (its default if unset)."""
+    opts = (settings or {}).get("gradient_ghost")
+    ratio = as_finite(opts.get("undertrained_layer_ratio")) if isinstance(opts, Mapping) else None
+    return ratio if ratio is not None and ratio > 0 else GHOST_RATIO
+
+
+# ---------------------------------------------------------------------------
+# Settings
+
+
+def flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
+    """Nested settings as (dotted key, text) rows."""
+    if isinstance(value, Mapping) and value:
+        for key, item in value.items():
+            yield from flatten(item, f"{prefix}.{key}" if prefix else str(key))
+        return
+    if isinstance(value, str):
+        text = value
+    else:
+        try:
+            text = json.dumps(value, default=str)
+        except (TypeError, ValueError):
+            text = str(value)
+    yield prefix or "(value)", text
