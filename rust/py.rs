@@ -277,6 +277,21 @@ impl LossCurve {
     fn torn_files(&self) -> Vec<PathBuf> {
         self.torn_files.clone()
     }
+    /// `(step, eval loss)` pairs logged beside the training loss, by step.
+    #[getter]
+    fn eval_loss(&self) -> Vec<(i64, f64)> {
+        self.side.eval_loss.clone()
+    }
+    /// `(step, gradient norm before clipping)` pairs, by step (NaN kept).
+    #[getter]
+    fn grad_norm(&self) -> Vec<(i64, f64)> {
+        self.side.grad_norm.clone()
+    }
+    /// `(step, learning rate)` pairs, by step.
+    #[getter]
+    fn learning_rate(&self) -> Vec<(i64, f64)> {
+        self.side.learning_rate.clone()
+    }
     /// Drift metrics of this curve, with `spike_steps` and `nonfinite_steps`
     /// as step numbers (see `curve_metrics`).
     #[pyo3(signature = (*, rolling_window=Size(10), spike_sigma=3.0), text_signature = "($self, *, rolling_window=10, spike_sigma=3.0)")]

@@ -115,6 +115,15 @@ class LossCurve:
     def series(self) -> str: ...
     @property
     def torn_files(self) -> list[Path]: ...
+    @property
+    def eval_loss(self) -> list[tuple[int, float]]:
+        """(step, eval loss) pairs logged beside the training loss, by step."""
+    @property
+    def grad_norm(self) -> list[tuple[int, float]]:
+        """(step, gradient norm before clipping) pairs, by step; NaN kept."""
+    @property
+    def learning_rate(self) -> list[tuple[int, float]]:
+        """(step, learning rate) pairs, by step."""
     def metrics(self, *, rolling_window: int = 10, spike_sigma: float = 3.0) -> dict[str, Any]:
         """Drift metrics; spike_steps/nonfinite_steps are step numbers."""
     def robust(

@@ -48,6 +48,11 @@ pub struct TrainerState {
     pub train_points: Vec<(i64, f64)>,
     /// `(step, eval_loss)` of the evaluation entries, in file order.
     pub eval_points: Vec<(i64, f64)>,
+    /// `(step, grad_norm)` of the training entries that carry one (the
+    /// global norm before clipping; NaN stays NaN), in file order.
+    pub grad_norm_points: Vec<(i64, f64)>,
+    /// `(step, learning_rate)` of the training entries that carry one.
+    pub learning_rate_points: Vec<(i64, f64)>,
 }
 
 /// Read the `trainer_state.json` at `path`.
@@ -231,7 +236,7 @@ fn top_level(s: &mut Scanner) -> Parsed<TrainerState> {
             "logging_steps" => state.logging_steps = optional_integer(s, "logging_steps")?,
             "log_history" => {
                 history_seen = true;
-                log_history(s, &mut state.train_points, &mut state.eval_points)?;
+                log_history(s, &mut state)?;
             }
             _ => s.skip_value(1)?,
         }
@@ -252,18 +257,16 @@ fn top_level(s: &mut Scanner) -> Parsed<TrainerState> {
     Ok(state)
 }
 
-fn log_history(
-    s: &mut Scanner,
-    train: &mut Vec<(i64, f64)>,
-    eval: &mut Vec<(i64, f64)>,
-) -> Parsed<()> {
+fn log_history(s: &mut Scanner, state: &mut TrainerState) -> Parsed<()> {
     if s.peek() != Some(b'[') {
         s.skip_value(1)?;
         return Err(Fail::Bad("log_history is not a list".into()));
     }
     // A repeated key replaces the earlier list, as in a Python dict.
-    train.clear();
-    eval.clear();
+    state.train_points.clear();
+    state.eval_points.clear();
+    state.grad_norm_points.clear();
+    state.learning_rate_points.clear();
     s.eat(b'[')?;
     s.ws();
     if s.peek() == Some(b']') {
@@ -272,7 +275,7 @@ fn log_history(
     }
     let mut index = 0usize;
     loop {
-        log_entry(s, index, train, eval)?;
+        log_entry(s, index, state)?;
         index += 1;
         if s.closes(b']')? {
             return Ok(());
@@ -280,22 +283,20 @@ fn log_history(
     }
 }
 
-fn log_entry(
-    s: &mut Scanner,
-    index: usize,
-    train: &mut Vec<(i64, f64)>,
-    eval: &mut Vec<(i64, f64)>,
-) -> Parsed<()> {
+fn log_entry(s: &mut Scanner, index: usize, state: &mut TrainerState) -> Parsed<()> {
     if s.peek() != Some(b'{') {
         s.skip_value(2)?;
         return Err(Fail::Bad(format!("log_history[{index}] is not an object")));
     }
     let (mut step, mut loss, mut eval_loss) = (None, None, None);
+    let (mut grad_norm, mut learning_rate) = (None, None);
     members(s, |s, name| {
         match name {
             "step" => step = Some(s.scalar()?),
             "loss" => loss = Some(s.scalar()?),
             "eval_loss" => eval_loss = Some(s.scalar()?),
+            "grad_norm" => grad_norm = Some(s.scalar()?),
+            "learning_rate" => learning_rate = Some(s.scalar()?),
             _ => s.skip_value(3)?,
         }
         Ok(())
@@ -305,13 +306,21 @@ fn log_entry(
     };
     let what = |key: &str| format!("log_history[{index}].{key}");
     if let Some(loss) = loss {
-        train.push((
-            integer(&step, &what("step"))?,
-            number(&loss, &what("loss"))?,
-        ));
+        let step = integer(&step, &what("step"))?;
+        state
+            .train_points
+            .push((step, number(&loss, &what("loss"))?));
+        // Side values of a training entry: a null or odd one is left out
+        // rather than failing the loss curve it came with.
+        if let Some(v) = grad_norm.as_ref().and_then(to_loss) {
+            state.grad_norm_points.push((step, v));
+        }
+        if let Some(v) = learning_rate.as_ref().and_then(to_loss) {
+            state.learning_rate_points.push((step, v));
+        }
     }
     if let Some(eval_loss) = eval_loss {
-        eval.push((
+        state.eval_points.push((
             integer(&step, &what("step"))?,
             number(&eval_loss, &what("eval_loss"))?,
         ));

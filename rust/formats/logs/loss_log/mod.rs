@@ -50,6 +50,127 @@ pub struct LossCurve {
     pub series: String,
     /// Files that ended in a torn record or line (read up to it).
     pub torn_files: Vec<PathBuf>,
+    /// Series logged beside the loss (see [`SideSeries`]); empty where the
+    /// logs carry none.
+    pub side: SideSeries,
+}
+
+/// What a run logs beside its training loss, each series `(step, value)`
+/// ascending by step, a later record for a step winning, non-finite values
+/// kept as they were logged (a NaN gradient norm is evidence).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SideSeries {
+    /// Loss on held-out data (`eval_loss`, `eval/loss`, `val_loss`, ...).
+    pub eval_loss: Vec<(i64, f64)>,
+    /// The global gradient norm before clipping (`grad_norm`).
+    pub grad_norm: Vec<(i64, f64)>,
+    /// The scheduler's learning rate (`learning_rate`, `lr`, `lr-AdamW`, ...).
+    pub learning_rate: Vec<(i64, f64)>,
+}
+
+impl SideSeries {
+    /// Whether no side series was found.
+    pub fn is_empty(&self) -> bool {
+        self.eval_loss.is_empty() && self.grad_norm.is_empty() && self.learning_rate.is_empty()
+    }
+
+    /// The side series of a trainer state's `log_history`.
+    pub fn of_trainer_state(state: &trainer_state::TrainerState) -> SideSeries {
+        SideSeries {
+            eval_loss: by_step(state.eval_points.clone()),
+            grad_norm: by_step(state.grad_norm_points.clone()),
+            learning_rate: by_step(state.learning_rate_points.clone()),
+        }
+    }
+
+    /// Fill the series still empty from TensorBoard event files whose tags
+    /// (`tags`, as a read listed them) include a known name for them. Each
+    /// series is one more pass over the files; a series that cannot be read
+    /// is left empty (the loss curve is what the read is for).
+    pub fn fill_from_events(&mut self, files: &[PathBuf], tags: &[String]) {
+        let read = |names: &[&str]| {
+            let tag = pick(tags, names)?;
+            tfevents::read_scalar_series(files, Some(tag))
+                .ok()
+                .map(|series| by_step(series.points))
+        };
+        if self.eval_loss.is_empty() {
+            self.eval_loss = read(&EVAL_LOSS_NAMES).unwrap_or_default();
+        }
+        if self.grad_norm.is_empty() {
+            self.grad_norm = read(&GRAD_NORM_NAMES).unwrap_or_default();
+        }
+        if self.learning_rate.is_empty() {
+            self.learning_rate = read(&LEARNING_RATE_NAMES).unwrap_or_default();
+        }
+    }
+
+    /// Fill the series still empty from the columns of a `metrics.csv`.
+    pub fn fill_from_csv(&mut self, path: &Path, columns: &[String]) {
+        let read = |names: &[&str]| {
+            let column = pick(columns, names)?;
+            csv_log::read_csv_series(path, Some(column))
+                .ok()
+                .map(|series| by_step(series.points))
+        };
+        if self.eval_loss.is_empty() {
+            self.eval_loss = read(&EVAL_LOSS_NAMES).unwrap_or_default();
+        }
+        if self.grad_norm.is_empty() {
+            self.grad_norm = read(&GRAD_NORM_NAMES).unwrap_or_default();
+        }
+        if self.learning_rate.is_empty() {
+            self.learning_rate = read(&LEARNING_RATE_NAMES).unwrap_or_default();
+        }
+    }
+}
+
+/// Names trainers give the held-out loss: HF (trainer state, TensorBoard),
+/// Lightning's common `self.log` names (also with on_epoch's suffix).
+pub const EVAL_LOSS_NAMES: [&str; 8] = [
+    "eval_loss",
+    "eval/loss",
+    "val_loss",
+    "val/loss",
+    "valid_loss",
+    "validation_loss",
+    "val_loss_epoch",
+    "eval_loss_epoch",
+];
+/// Names of the global gradient norm (HF, and common hand-written loggers).
+pub const GRAD_NORM_NAMES: [&str; 4] = [
+    "grad_norm",
+    "train/grad_norm",
+    "gradient_norm",
+    "grad_norm_step",
+];
+/// Names of the learning rate: HF, and Lightning's `LearningRateMonitor`
+/// (`lr-<Optimizer>`, matched by prefix after the exact names).
+pub const LEARNING_RATE_NAMES: [&str; 4] = ["learning_rate", "train/learning_rate", "lr", "lr-"];
+
+/// The first of `names` present in `available` (a name ending in `-` is a
+/// prefix, matched against the available names in their order).
+fn pick<'a>(available: &'a [String], names: &[&str]) -> Option<&'a str> {
+    names.iter().find_map(|&name| match name.strip_suffix('-') {
+        Some(_) => available
+            .iter()
+            .find(|a| a.starts_with(name))
+            .map(String::as_str),
+        None => available.iter().find(|a| *a == name).map(String::as_str),
+    })
+}
+
+/// Points sorted by step, the last one read for each step kept.
+pub fn by_step(mut points: Vec<(i64, f64)>) -> Vec<(i64, f64)> {
+    points.sort_by_key(|&(step, _)| step);
+    let mut out: Vec<(i64, f64)> = Vec::with_capacity(points.len());
+    for p in points {
+        match out.last_mut() {
+            Some(last) if last.0 == p.0 => *last = p,
+            _ => out.push(p),
+        }
+    }
+    out
 }
 
 impl LossCurve {
@@ -383,6 +504,7 @@ pub fn assemble(mut records: Vec<(i64, f64)>, files: Vec<PathBuf>) -> LossCurve 
         source: LogSource::Dlm.name().to_string(),
         series: "loss".to_string(),
         torn_files: vec![],
+        side: SideSeries::default(),
     }
 }
 
@@ -586,15 +708,20 @@ pub fn read_curve_from(source: &Path, tag: Option<&str>) -> Result<LossCurve> {
                 }
             };
             let state = trainer_state::read_trainer_state(path)?;
-            if eval {
+            let side = SideSeries::of_trainer_state(&state);
+            let curve = if eval {
                 read("eval_loss", state.eval_points, files, vec![])
             } else {
                 read("loss", state.train_points, files, vec![])
-            }
+            };
+            curve.map(|c| LossCurve { side, ..c })
         }
         LogSource::TensorBoard => {
             let series = tfevents::read_scalar_series(&files, tag)?;
+            let mut side = SideSeries::default();
+            side.fill_from_events(&series.files, &series.tags);
             read(&series.tag, series.points, series.files, series.torn_files)
+                .map(|c| LossCurve { side, ..c })
         }
         LogSource::Csv => {
             let path = files.first().map_or(source, PathBuf::as_path);
@@ -604,7 +731,9 @@ pub fn read_curve_from(source: &Path, tag: Option<&str>) -> Result<LossCurve> {
             } else {
                 vec![]
             };
-            read(&series.column, series.points, files, torn)
+            let mut side = SideSeries::default();
+            side.fill_from_csv(path, &series.columns);
+            read(&series.column, series.points, files, torn).map(|c| LossCurve { side, ..c })
         }
     }
 }
@@ -646,14 +775,18 @@ pub fn read_hf_run_curve(run: &Path) -> Result<LossCurve> {
     let mut files = vec![];
     let mut torn = vec![];
     let mut sources = vec![];
+    let mut side = SideSeries::default();
     if let Some(path) = state {
-        points.extend(trainer_state::read_trainer_state(&path)?.train_points);
+        let state = trainer_state::read_trainer_state(&path)?;
+        side = SideSeries::of_trainer_state(&state);
+        points.extend(state.train_points);
         files.push(path);
         sources.push(LogSource::TrainerState.name());
     }
     if !events.is_empty() {
         match tfevents::read_scalar_series(&events, None) {
             Ok(series) => {
+                side.fill_from_events(&series.files, &series.tags);
                 points.extend(series.points);
                 files.extend(series.files);
                 torn.extend(series.torn_files);
@@ -668,6 +801,7 @@ pub fn read_hf_run_curve(run: &Path) -> Result<LossCurve> {
         source: sources.join("+"),
         series: "loss".to_string(),
         torn_files: torn,
+        side,
         ..assemble(points, files)
     })
 }

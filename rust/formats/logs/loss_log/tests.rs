@@ -375,3 +375,45 @@ fn the_search_does_not_follow_directory_symlinks() {
     let e = read_curve_from(dir.path(), None).unwrap_err();
     assert!(e.message.contains("holds no training log"), "{e}");
 }
+
+#[test]
+fn side_series_come_from_the_trainer_state_and_else_from_tensorboard() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    copy_tree(&fixture("hf_run"), &out);
+    let from_state = read_curve(&out, None).unwrap();
+    let side = &from_state.side;
+    assert_eq!(
+        side.eval_loss.iter().map(|p| p.0).collect::<Vec<_>>(),
+        vec![10, 20, 30]
+    );
+    // One grad norm and learning rate per logged training step (this run's
+    // NaN losses were logged with finite norms).
+    assert_eq!(
+        side.grad_norm.iter().map(|p| p.0).collect::<Vec<_>>(),
+        from_state.steps
+    );
+    assert!(side.grad_norm.iter().all(|p| p.1.is_finite()));
+    assert_eq!(side.learning_rate[0], (1, 0.003));
+
+    // Without the trainer state, the same series come from the event files.
+    std::fs::remove_file(out.join("trainer_state.json")).unwrap();
+    let from_events = read_curve_from(&out, None).unwrap();
+    let ev = &from_events.side;
+    assert_eq!(ev.eval_loss.len(), 3);
+    assert_eq!(ev.grad_norm.len(), side.grad_norm.len());
+    // TensorBoard keeps float32: equal to the trainer state's at f32 precision.
+    for (a, b) in ev.learning_rate.iter().zip(&side.learning_rate) {
+        assert_eq!(a.0, b.0);
+        assert_eq!(a.1 as f32, b.1 as f32);
+    }
+}
+
+#[test]
+fn side_series_keep_the_last_value_of_each_step_in_step_order() {
+    let points = vec![(3, 1.0), (1, 2.0), (3, 5.0), (2, f64::NAN)];
+    let sorted = by_step(points);
+    assert_eq!(sorted.len(), 3);
+    assert_eq!((sorted[0], sorted[2]), ((1, 2.0), (3, 5.0)));
+    assert!(sorted[1].1.is_nan());
+}
