@@ -309,7 +309,8 @@ impl LossCurve {
     }
     /// The robust analysis of this curve (see `robust_curve`); None when no
     /// loss is finite.
-    #[pyo3(signature = (*, trend_window=Size(11), spike_z=6.0, min_spike_rise=0.1, scale_block=Size(64)), text_signature = "($self, *, trend_window=11, spike_z=6.0, min_spike_rise=0.1, scale_block=64)")]
+    #[pyo3(signature = (*, trend_window=Size(11), spike_z=6.0, min_spike_rise=0.1, scale_block=Size(64), spike_false_alarm=0.01, spike_fall_share=0.1), text_signature = "($self, *, trend_window=11, spike_z=6.0, min_spike_rise=0.1, scale_block=64, spike_false_alarm=0.01, spike_fall_share=0.1)")]
+    #[allow(clippy::too_many_arguments)]
     fn robust(
         &self,
         py: Python<'_>,
@@ -317,8 +318,17 @@ impl LossCurve {
         spike_z: f64,
         min_spike_rise: f64,
         scale_block: Size,
+        spike_false_alarm: f64,
+        spike_fall_share: f64,
     ) -> Result<Option<RobustCurve>> {
-        let params = robust_params(trend_window, spike_z, min_spike_rise, scale_block)?;
+        let params = robust_params(
+            trend_window,
+            spike_z,
+            min_spike_rise,
+            scale_block,
+            spike_false_alarm,
+            spike_fall_share,
+        )?;
         Ok(py.detach(|| robust_curve::analyse(&self.losses, &params)))
     }
     /// At most about `cap` evenly strided (step, loss) points, the first and
@@ -471,12 +481,16 @@ fn robust_params(
     spike_z: f64,
     min_spike_rise: f64,
     scale_block: Size,
+    spike_false_alarm: f64,
+    spike_fall_share: f64,
 ) -> Result<RobustParams> {
     let params = RobustParams {
         trend_window: count("trend_window", trend_window)?,
         spike_z,
         min_spike_rise,
         scale_block: count("scale_block", scale_block)?,
+        spike_false_alarm,
+        spike_fall_share,
     };
     robust_curve::check_params(&params)?;
     Ok(params)
@@ -485,7 +499,8 @@ fn robust_params(
 /// Robust analysis of a loss sequence: rolling-median trend, noise, spike
 /// events and levels. None when no loss is finite.
 #[pyfunction(name = "robust_curve")]
-#[pyo3(signature = (losses, *, trend_window=Size(11), spike_z=6.0, min_spike_rise=0.1, scale_block=Size(64)), text_signature = "(losses, *, trend_window=11, spike_z=6.0, min_spike_rise=0.1, scale_block=64)")]
+#[pyo3(signature = (losses, *, trend_window=Size(11), spike_z=6.0, min_spike_rise=0.1, scale_block=Size(64), spike_false_alarm=0.01, spike_fall_share=0.1), text_signature = "(losses, *, trend_window=11, spike_z=6.0, min_spike_rise=0.1, scale_block=64, spike_false_alarm=0.01, spike_fall_share=0.1)")]
+#[allow(clippy::too_many_arguments)]
 fn robust_curve_py(
     py: Python<'_>,
     losses: &Bound<'_, PyAny>,
@@ -493,8 +508,17 @@ fn robust_curve_py(
     spike_z: f64,
     min_spike_rise: f64,
     scale_block: Size,
+    spike_false_alarm: f64,
+    spike_fall_share: f64,
 ) -> Result<Option<RobustCurve>> {
-    let params = robust_params(trend_window, spike_z, min_spike_rise, scale_block)?;
+    let params = robust_params(
+        trend_window,
+        spike_z,
+        min_spike_rise,
+        scale_block,
+        spike_false_alarm,
+        spike_fall_share,
+    )?;
     let values = f64_values(losses)?;
     Ok(py.detach(|| robust_curve::analyse(&values, &params)))
 }

@@ -9,6 +9,10 @@ from __future__ import annotations
 import math
 
 MAD_TO_SIGMA = 1.4826
+Q90_ABS_TO_SIGMA = 1.6448536269514722
+#: Our scale estimate of a Student-t(4) variable in its own units: its 95th
+#: percentile (the 90th percentile of |T|) over 1.645.
+T4_SCALE = 2.131846786326649 / Q90_ABS_TO_SIGMA
 
 
 def median(values: list[float]) -> float:
@@ -41,13 +45,56 @@ def rolling_median(values: list[float], window: int) -> list[float]:
     return out
 
 
+def quantile(values: list[float], q: float) -> float:
+    """numpy's default (linear) quantile."""
+    s = sorted(values)
+    at = q * (len(s) - 1)
+    lo = math.floor(at)
+    frac = at - lo
+    return s[lo] + frac * (s[lo + 1] - s[lo]) if frac > 0 else s[lo]
+
+
+def scale_of(abs_residuals: list[float]) -> float:
+    """Larger of 1.4826 x the median and the 90th percentile / 1.645."""
+    return max(
+        MAD_TO_SIGMA * median(abs_residuals), quantile(abs_residuals, 0.9) / Q90_ABS_TO_SIGMA
+    )
+
+
 def block_scales(residuals: list[float], block: int) -> list[float]:
     n = len(residuals)
     blocks = max(n // max(block, 8), 1)
     return [
-        MAD_TO_SIGMA * median([abs(r) for r in residuals[b * n // blocks : (b + 1) * n // blocks]])
+        scale_of([abs(r) for r in residuals[b * n // blocks : (b + 1) * n // blocks]])
         for b in range(blocks)
     ]
+
+
+def t4_upper_tail(t: float) -> float:
+    """P(T > t) for Student's t with 4 degrees of freedom (closed form)."""
+    u = t / math.sqrt(1 + t * t / 4)
+    return 0.5 - 0.375 * u * (1 - u * u / 12)
+
+
+def spike_threshold(n: int, false_alarm: float, floor: float) -> float:
+    """The t4 quantile at per-record probability false_alarm / n, in scale units."""
+    p = false_alarm / max(n, 1)
+    lo, hi = 0.0, 1.0
+    while t4_upper_tail(hi) > p and hi < 1e12:
+        hi *= 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if t4_upper_tail(mid) > p:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-12 * hi:
+            break
+    return max((lo + hi) / 2 / T4_SCALE, floor)
+
+
+def level_points(n: int) -> int:
+    return min(max(n // 20, 3), 10, max(n // 3, 1), n)
 
 
 def local_scale(residuals: list[float], block: int) -> list[float]:
@@ -57,7 +104,7 @@ def local_scale(residuals: list[float], block: int) -> list[float]:
     centres, scales = [], []
     for b in range(blocks):
         lo, hi = b * n // blocks, (b + 1) * n // blocks
-        scales.append(MAD_TO_SIGMA * median([abs(r) for r in residuals[lo:hi]]))
+        scales.append(scale_of([abs(r) for r in residuals[lo:hi]]))
         centres.append((lo + hi - 1) / 2)
     out = []
     for i in range(n):
@@ -72,7 +119,15 @@ def local_scale(residuals: list[float], block: int) -> list[float]:
     return out
 
 
-def analyse(losses, trend_window=11, spike_z=6.0, min_spike_rise=0.1, scale_block=64):
+def analyse(
+    losses,
+    trend_window=11,
+    spike_z=6.0,
+    min_spike_rise=0.1,
+    scale_block=64,
+    spike_false_alarm=0.01,
+    spike_fall_share=0.1,
+):
     """(trend, spikes as (start, end, peak), nonfinite, head, tail, best, best_index, noise)."""
     filled = carry_forward(list(losses))
     if filled is None:
@@ -83,27 +138,31 @@ def analyse(losses, trend_window=11, spike_z=6.0, min_spike_rise=0.1, scale_bloc
     relative = all(t > 0 for t in trend)
     resid = [(x - t) / t if relative else x - t for x, t in zip(filled, trend, strict=True)]
     scale = local_scale(resid, scale_block)
+    k = level_points(n)
+    head = median(filled[:k])
+    best_index = min(range(n), key=lambda i: (trend[i], i))
+    threshold = spike_threshold(n, spike_false_alarm, spike_z)
+    min_rise = spike_fall_share * max(head - trend[best_index], 0.0)
     spikes: list[list[int]] = []
     for i in range(n):
         if not math.isfinite(losses[i]):
             continue
         r = resid[i]
-        if not (r > min_spike_rise and r > spike_z * scale[i]):
-            continue
         rise = filled[i] - trend[i]
+        if not (r > min_spike_rise and r > threshold * scale[i] and rise >= min_rise):
+            continue
         if spikes and spikes[-1][1] + 1 == i:
             spikes[-1][1] = i
             if rise > spikes[-1][3]:
                 spikes[-1][2], spikes[-1][3] = i, rise
         else:
             spikes.append([i, i, i, rise])
-    k = min(max(n // 20, 3), 10, n)
-    best_index = min(range(n), key=lambda i: (trend[i], i))
     return {
         "trend": trend,
         "spikes": [tuple(s[:3]) for s in spikes],
         "nonfinite": nonfinite,
-        "head": median(filled[:k]),
+        "head": head,
+        "threshold": threshold,
         "tail": median(filled[n - k :]),
         "best": trend[best_index],
         "best_index": best_index,

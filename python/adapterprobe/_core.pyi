@@ -133,6 +133,8 @@ class LossCurve:
         spike_z: float = 6.0,
         min_spike_rise: float = 0.1,
         scale_block: int = 64,
+        spike_false_alarm: float = 0.01,
+        spike_fall_share: float = 0.1,
     ) -> RobustCurve | None:
         """The robust analysis of this curve (see robust_curve); None if no loss is finite."""
     def sample(self, cap: int = 512) -> list[tuple[int, float | None]]:
@@ -195,6 +197,8 @@ class RobustCurve:
     def relative(self) -> bool: ...
     @property
     def level_points(self) -> int: ...
+    @property
+    def spike_threshold(self) -> float: ...
     def relative_drop(self) -> float: ...
     def relative_regression(self) -> float: ...
 
@@ -205,6 +209,8 @@ def robust_curve(
     spike_z: float = 6.0,
     min_spike_rise: float = 0.1,
     scale_block: int = 64,
+    spike_false_alarm: float = 0.01,
+    spike_fall_share: float = 0.1,
 ) -> RobustCurve | None:
     """Robust trend, noise and spike events of a loss sequence (None if no loss is finite)."""
 

@@ -5,12 +5,29 @@
 //! median (symmetric windows that shrink at the ends, so a steep early
 //! descent is not mistaken for a rise). Residuals are taken relative to the
 //! trend when the trend is positive (cross-entropy noise scales with the
-//! loss), and their robust scale (1.4826 x the median absolute residual) is
-//! estimated per block of points and interpolated, so a curve whose noise
-//! shrinks as it trains is judged against its local noise. A point is a
-//! spike when its rise above the trend is both `spike_z` robust scales and
-//! `min_spike_rise` of the trend; adjacent spike points form one event.
-//! Everything is O(n log w) for a trend window of w points.
+//! loss), and their scale is estimated per block of points and
+//! interpolated, so a curve whose noise shrinks as it trains is judged
+//! against its local noise.
+//!
+//! The spike rule is built for a stated false-alarm rate. Small batches make
+//! heavy-tailed, skewed noise (a few hard batches per hundred), so:
+//!
+//! - the scale of a block is the larger of 1.4826 x its median absolute
+//!   residual and its 90th percentile absolute residual / 1.645 (both equal
+//!   σ for Gaussian noise; the second one sees a tail the median misses);
+//! - the null model is Student's t with [`TAIL_DOF`] degrees of freedom in
+//!   those units (much heavier tails than Gaussian or log-normal batch
+//!   means), and the threshold is the t quantile at which `n` records give a
+//!   spike with probability `spike_false_alarm` in all (a Bonferroni bound
+//!   over the records judged): a 3,000-record run is not 100× likelier to
+//!   warn than a 30-record one, it needs a larger excursion;
+//! - a spike must also matter to the run: its rise is at least
+//!   `min_spike_rise` of the trend *and* `spike_fall_share` of how far the
+//!   run has fallen (start level minus best level), so bumps on a near-zero
+//!   tail after a long fall are not instabilities.
+//!
+//! `spike_z` is a floor under the threshold. Adjacent spike points form one
+//! event. Everything is O(n log w) for a trend window of w points.
 
 use crate::analysis::metrics::SortedWindow;
 
@@ -26,6 +43,12 @@ pub struct RobustParams {
     pub min_spike_rise: f64,
     /// Points per block when estimating the local noise scale.
     pub scale_block: usize,
+    /// Probability that a run whose noise follows the null model shows a
+    /// spike anywhere (the threshold grows with the number of records).
+    pub spike_false_alarm: f64,
+    /// A spike also rises this share of the run's fall (start level minus
+    /// best level), when the run fell.
+    pub spike_fall_share: f64,
 }
 
 impl Default for RobustParams {
@@ -35,8 +58,60 @@ impl Default for RobustParams {
             spike_z: 6.0,
             min_spike_rise: 0.1,
             scale_block: 64,
+            spike_false_alarm: 0.01,
+            spike_fall_share: 0.1,
         }
     }
+}
+
+/// Degrees of freedom of the Student-t null model of the residuals.
+pub const TAIL_DOF: u32 = 4;
+
+/// Upper tail `P(T > t)` of Student's t with 4 degrees of freedom, exact:
+/// with `u = t / sqrt(1 + t²/4)`, `F(t) = 1/2 + (3/8)·u·(1 − u²/12)`.
+pub fn t4_upper_tail(t: f64) -> f64 {
+    let u = t / (1.0 + t * t / 4.0).sqrt();
+    0.5 - 0.375 * u * (1.0 - u * u / 12.0)
+}
+
+/// The `t` with `P(T > t) = p` for Student's t with 4 degrees of freedom
+/// (`0 < p < 1/2`), by bisection on the exact tail.
+pub fn t4_upper_quantile(p: f64) -> f64 {
+    if p.is_nan() || p <= 0.0 {
+        return f64::INFINITY;
+    }
+    if p >= 0.5 {
+        return 0.0;
+    }
+    let (mut lo, mut hi) = (0.0f64, 1.0f64);
+    while t4_upper_tail(hi) > p && hi < 1e12 {
+        hi *= 2.0;
+    }
+    for _ in 0..200 {
+        let mid = 0.5 * (lo + hi);
+        if t4_upper_tail(mid) > p {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+        if hi - lo <= 1e-12 * hi {
+            break;
+        }
+    }
+    0.5 * (lo + hi)
+}
+
+/// Our scale estimate of a t4 variable, in its own units: the larger of
+/// 1.4826 x its median |T| (t4's 75th percentile, 0.7407) and its 90th
+/// percentile |T| / 1.645 (t4's 95th percentile, 2.1318); the second wins.
+const T4_SCALE_IN_OUR_UNITS: f64 = 2.131_846_786_326_649 / 1.644_853_626_951_472_2;
+
+/// The spike threshold, in noise scales, for a curve of `n` records: the t4
+/// quantile at which one of `n` records exceeds it with probability
+/// `false_alarm`, in our scale units, and never below `floor`.
+pub fn spike_threshold(n: usize, false_alarm: f64, floor: f64) -> f64 {
+    let per_record = false_alarm / n.max(1) as f64;
+    (t4_upper_quantile(per_record) / T4_SCALE_IN_OUR_UNITS).max(floor)
 }
 
 /// One spike: a run of adjacent points above the spike threshold.
@@ -77,13 +152,15 @@ pub struct RobustCurve {
     /// The lowest trend value and its index.
     pub best_level: f64,
     pub best_index: usize,
-    /// Typical noise: the median over blocks of 1.4826 x median |residual|,
+    /// Typical noise: the median of the block scales (see `block_scale`),
     /// relative to the trend when `relative` (else absolute).
     pub noise: f64,
     /// Whether residuals were taken relative to the trend.
     pub relative: bool,
     /// Points in each of `head_level` and `tail_level`.
     pub level_points: usize,
+    /// The spike threshold used, in noise scales (see [`spike_threshold`]).
+    pub spike_threshold: f64,
 }
 
 impl RobustCurve {
@@ -166,12 +243,34 @@ fn median_in_place(values: &mut [f64]) -> f64 {
 }
 
 const MAD_TO_SIGMA: f64 = 1.4826;
+/// The 95th percentile of the standard normal: its 90th percentile |x|.
+const Q90_ABS_TO_SIGMA: f64 = 1.644_853_626_951_472_2;
 
-/// Robust scale (1.4826 x median |r|) per block of `block` residuals,
-/// interpolated linearly between block centres; one value per point.
-/// Robust noise scale along the curve: 1.4826 x median |residual| per block
-/// of points, interpolated linearly between block centres (the nearest
-/// block's value before the first centre and after the last).
+/// The scale of one block of absolute residuals (which it reorders): the
+/// larger of 1.4826 x their median and their 90th percentile / 1.645.
+fn block_scale(abs_residuals: &mut [f64]) -> f64 {
+    let n = abs_residuals.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    let mad = MAD_TO_SIGMA * median_in_place(abs_residuals);
+    // The order statistic at 0.9·(n − 1), interpolated linearly (numpy's default).
+    let at = 0.9 * (n - 1) as f64;
+    let lo = at.floor() as usize;
+    let frac = at - lo as f64;
+    let (_, &mut below, above) = abs_residuals.select_nth_unstable_by(lo, f64::total_cmp);
+    let next = above.iter().copied().fold(f64::INFINITY, f64::min);
+    let q90 = if frac > 0.0 && next.is_finite() {
+        below + frac * (next - below)
+    } else {
+        below
+    };
+    mad.max(q90 / Q90_ABS_TO_SIGMA)
+}
+
+/// Noise scale along the curve: [`block_scale`] per block of points,
+/// interpolated linearly between block centres (the nearest block's value
+/// before the first centre and after the last).
 struct LocalScale {
     centres: Vec<f64>,
     scales: Vec<f64>,
@@ -188,7 +287,7 @@ impl LocalScale {
             let (from, to) = (b * n / blocks, (b + 1) * n / blocks);
             scratch.clear();
             scratch.extend((from..to).map(|i| residual(i).abs()));
-            scales.push(MAD_TO_SIGMA * median_in_place(&mut scratch));
+            scales.push(block_scale(&mut scratch));
             centres.push((from + to - 1) as f64 / 2.0);
         }
         LocalScale { centres, scales }
@@ -249,6 +348,18 @@ pub fn check_params(p: &RobustParams) -> crate::Result<()> {
             p.scale_block
         ));
     }
+    if !(p.spike_false_alarm > 0.0 && p.spike_false_alarm < 1.0) {
+        return bad(format!(
+            "spike_false_alarm must be a probability in (0, 1), got {}",
+            p.spike_false_alarm
+        ));
+    }
+    if !(p.spike_fall_share >= 0.0 && p.spike_fall_share.is_finite()) {
+        return bad(format!(
+            "spike_fall_share must be a number >= 0, got {}",
+            p.spike_fall_share
+        ));
+    }
     Ok(())
 }
 
@@ -281,15 +392,31 @@ pub fn analyse(losses: &[f64], params: &RobustParams) -> Option<RobustCurve> {
         }
     };
     let scale = LocalScale::new(n, params.scale_block, residual);
+    let k = level_points(n);
+    let head_level = median_in_place(&mut filled[..k].to_vec());
+    let tail_level = median_in_place(&mut filled[n - k..].to_vec());
+    let (best_index, best_level) =
+        trend
+            .iter()
+            .copied()
+            .enumerate()
+            .fold(
+                (0, f64::INFINITY),
+                |best, (i, t)| if t < best.1 { (i, t) } else { best },
+            );
+    let threshold = spike_threshold(n, params.spike_false_alarm, params.spike_z);
+    // How far the run fell: a spike smaller than a share of it does not matter.
+    let min_rise = params.spike_fall_share * (head_level - best_level).max(0.0);
     let mut spikes: Vec<SpikeEvent> = Vec::new();
     for (i, s) in scale.along(n).enumerate() {
         let r = residual(i);
+        let rise = filled[i] - trend[i];
         // A non-finite loss is its own kind of event, never a spike.
-        if !(r > params.min_spike_rise && r > params.spike_z * s && losses[i].is_finite()) {
+        let stands_out = r > params.min_spike_rise && r > threshold * s && rise >= min_rise;
+        if !(stands_out && losses[i].is_finite()) {
             continue;
         }
         let z = if s > 0.0 { r / s } else { f64::INFINITY };
-        let rise = filled[i] - trend[i];
         let relative_rise = if relative { r } else { f64::NAN };
         match spikes.last_mut() {
             Some(last) if last.end + 1 == i => {
@@ -309,24 +436,6 @@ pub fn analyse(losses: &[f64], params: &RobustParams) -> Option<RobustCurve> {
             }),
         }
     }
-    let k = (n / 20).clamp(3, 10).min(n);
-    let head_level = median_in_place(&mut filled[..k].to_vec());
-    let tail_level = median_in_place(&mut filled[n - k..].to_vec());
-    let (best_index, best_level) =
-        trend
-            .iter()
-            .copied()
-            .enumerate()
-            .fold(
-                (0, f64::INFINITY),
-                |best, (i, t)| {
-                    if t < best.1 {
-                        (i, t)
-                    } else {
-                        best
-                    }
-                },
-            );
     Some(RobustCurve {
         noise: scale.typical(),
         trend,
@@ -338,7 +447,15 @@ pub fn analyse(losses: &[f64], params: &RobustParams) -> Option<RobustCurve> {
         best_index,
         relative,
         level_points: k,
+        spike_threshold: threshold,
     })
+}
+
+/// Points in each of the start and end levels: a twentieth of the curve,
+/// 3 to 10 points, but at most a third of it (at least one), so the two
+/// levels of a short curve never share a point.
+pub fn level_points(n: usize) -> usize {
+    (n / 20).clamp(3, 10).min((n / 3).max(1)).min(n)
 }
 
 #[cfg(test)]
@@ -409,14 +526,59 @@ mod tests {
         assert!(a.spikes.is_empty(), "{:?}", a.spikes);
         assert!(a.relative_drop() > 0.8, "{}", a.relative_drop());
         let mut spiky = clean.clone();
-        spiky[700] *= 1.8;
-        spiky[701] *= 1.5;
-        spiky[1500] *= 2.5;
+        // Jumps that undo at least a tenth of the run's fall (4.0).
+        spiky[700] *= 3.0;
+        spiky[701] *= 2.0;
+        spiky[1500] *= 4.0;
         let a = analyse(&spiky, &RobustParams::default()).unwrap();
         let at: Vec<(usize, usize, usize)> =
             a.spikes.iter().map(|s| (s.start, s.end, s.peak)).collect();
         assert_eq!(at, vec![(700, 701, 700), (1500, 1500, 1500)]);
-        assert!(a.spikes[1].relative_rise > 1.0 && a.spikes[1].z > 6.0);
+        assert!(a.spikes[1].relative_rise > 1.0 && a.spikes[1].z > a.spike_threshold);
+        // The same +80% jump is a spike on a flat curve, where nothing says
+        // it is small next to the run's own progress.
+        let mut next = lcg(11);
+        let mut flat: Vec<f64> = (0..2000)
+            .map(|_| 1.0 + 0.02 * (next() + next() + next() + next() - 2.0))
+            .collect();
+        flat[900] *= 1.8;
+        let a = analyse(&flat, &RobustParams::default()).unwrap();
+        assert_eq!(a.spikes.iter().map(|s| s.peak).collect::<Vec<_>>(), [900]);
+    }
+
+    #[test]
+    fn the_threshold_grows_with_the_records_judged() {
+        let p = RobustParams::default();
+        let t30 = spike_threshold(30, p.spike_false_alarm, 0.0);
+        let t3000 = spike_threshold(3000, p.spike_false_alarm, 0.0);
+        assert!(t30 > 6.0 && t30 < 9.0, "{t30}");
+        assert!(t3000 > 2.0 * t30, "{t30} {t3000}");
+        // Under the null model itself the per-run false-alarm rate is the one asked for.
+        for n in [30usize, 300, 3000] {
+            let z = spike_threshold(n, 0.01, 0.0) * T4_SCALE_IN_OUR_UNITS;
+            let per_run = 1.0 - (1.0 - t4_upper_tail(z)).powi(n as i32);
+            assert!((per_run - 0.01).abs() < 1e-4, "n={n}: {per_run}");
+        }
+        assert_eq!(spike_threshold(30, 0.01, 50.0), 50.0);
+    }
+
+    #[test]
+    fn t4_tail_and_quantile_agree_with_known_values() {
+        // Tables: t_{0.95}(4) = 2.131847, t_{0.995}(4) = 4.604095.
+        assert!((t4_upper_quantile(0.05) - 2.131_847).abs() < 1e-5);
+        assert!((t4_upper_quantile(0.005) - 4.604_095).abs() < 1e-5);
+        assert!((t4_upper_tail(0.0) - 0.5).abs() < 1e-15);
+        assert_eq!(t4_upper_quantile(0.0), f64::INFINITY);
+    }
+
+    #[test]
+    fn heavy_tailed_scale_sees_the_tail_the_median_misses() {
+        // Two batch kinds: most near the trend, one in five 30% above it.
+        let mut abs: Vec<f64> = (0..100)
+            .map(|i| if i % 5 == 0 { 0.3 } else { 0.005 })
+            .collect();
+        let s = block_scale(&mut abs);
+        assert!(s > 0.15, "{s}");
     }
 
     #[test]

@@ -37,7 +37,10 @@ class DriftOptions(ProbeOptions):
     """Thresholds of :func:`training_drift`; None takes the rule set's default."""
 
     min_steps: int = option(
-        Rule(int, low=2), "fewer step records than this: SKIP", robust=20, sway=10
+        Rule(int, low=2),
+        "fewer logged records than this: SKIP (records, not training steps)",
+        robust=4,
+        sway=10,
     )
     # rules="sway"
     rolling_window: int = option(
@@ -58,16 +61,33 @@ class DriftOptions(ProbeOptions):
         Rule(int, low=0), "most instability events that pass", sway=0
     )
     # rules="robust"
+    min_spike_records: int = option(
+        Rule(int, low=3),
+        "fewer logged records than this: spikes are not judged (trend verdicts still are)",
+        robust=20,
+    )
     trend_window: int = option(
         Rule(int, low=3), "points in the rolling-median trend window", robust=11
     )
+    spike_false_alarm: float = option(
+        Rule(float, low=0, low_open=True, high=0.5),
+        "chance that a healthy run (t4-tailed noise) shows a spike; the threshold grows "
+        "with the records judged",
+        robust=0.01,
+    )
     spike_z: float = option(
         Rule(float, low=0, low_open=True),
-        "a spike rises this many robust noise scales above the trend",
+        "a spike rises at least this many noise scales above the trend (a floor under the "
+        "false-alarm threshold)",
         robust=6.0,
     )
     min_spike_rise: float = option(
         Rule(float, low=0), "... and at least this fraction of the trend", robust=0.1
+    )
+    spike_fall_share: float = option(
+        Rule(float, low=0),
+        "... and at least this share of how far the run has fallen (start minus best)",
+        robust=0.1,
     )
     max_spike_events: int = option(Rule(int, low=0), "more spike events than this: WARN", robust=0)
     min_relative_drop: float = option(
@@ -79,6 +99,11 @@ class DriftOptions(ProbeOptions):
         Rule(float, low=0),
         "ending more than this share of the start above the best level: WARN",
         robust=0.1,
+    )
+    max_eval_rise: float = option(
+        Rule(float, low=0),
+        "eval loss ending more than this share above its best while training loss fell: WARN",
+        robust=0.2,
     )
 
 
@@ -99,9 +124,12 @@ def judge_drift(inputs: Any, options: DriftOptions, *, name: str = KIND) -> Prob
     curve = inputs.curve
     num_steps = len(curve)
     if num_steps < options.min_steps:
+        steps = curve.steps.tolist()
+        span = steps[-1] - steps[0] + 1 if steps else 0
+        over = f" over {span:,} steps" if span > num_steps else ""
         return result(
             Verdict.SKIP,
-            f"{num_steps} step records, fewer than min_steps={options.min_steps}: "
+            f"{num_steps} logged records{over}, fewer than min_steps={options.min_steps}: "
             "too short a curve to judge",
             evidence={"num_steps": num_steps, "num_log_files": curve.num_files},
         )
@@ -165,6 +193,14 @@ def _judge_sway(curve: Any, o: DriftOptions, result: Any) -> ProbeResult:
 #: A final loss that is not finite, or more than this share of non-finite
 #: steps, makes non-finite losses a FAIL rather than a WARN.
 NONFINITE_FAIL_SHARE = 0.05
+#: Non-finite gradient norms on more than this share of records (or on the
+#: last one) WARN; fewer are what fp16 loss scaling does while it calibrates.
+NONFINITE_GRAD_SHARE = 0.05
+#: Zero gradient norms or a zero learning rate on more than this share of
+#: the logged records: nothing was training for most of the run.
+ZERO_SHARE = 0.5
+#: Eval points needed before the eval loss is judged.
+MIN_EVAL_POINTS = 3
 
 
 def _steps_text(steps: list[int], limit: int = 6) -> str:
@@ -172,43 +208,261 @@ def _steps_text(steps: list[int], limit: int = 6) -> str:
     return shown + (f" and {len(steps) - limit} more" if len(steps) > limit else "")
 
 
+def _span_text(steps: list[int]) -> str:
+    """'over 2,750 steps (6 logged records)': training steps and records, both."""
+    n = len(steps)
+    span = steps[-1] - steps[0] + 1 if n else 0
+    records = f"{n:,} logged record{'s' if n != 1 else ''}"
+    if span == n:
+        return f"over {n:,} step{'s' if n != 1 else ''}"
+    return f"over {span:,} steps ({records})"
+
+
+def _change_text(head: float, tail: float) -> str:
+    """The change from head to tail with its sign: '+0.5%' is a rise."""
+    return f"{(tail - head) / abs(head):+.1%}"
+
+
+def _sampled(points: list[tuple[int, float]], cap: int = CURVE_SAMPLE_CAP) -> list[Any]:
+    """At most about ``cap`` evenly strided points, the last kept, non-finite as None."""
+    idx = _sample_indices(len(points), cap)
+    return [[points[i][0], points[i][1] if math.isfinite(points[i][1]) else None] for i in idx]
+
+
+#: A series whose start is below this, and below this share of its largest
+#: value, starts at zero rather than at a loss (a KL-regularised RL objective).
+NEAR_ZERO_START = 1e-3
+
+
+def _is_positive_loss(losses: list[float]) -> bool:
+    """Whether the series reads as a loss to be minimised from a positive start.
+
+    Cross-entropy and its kin start well above zero and stay >= 0; exact
+    zeros later on are judged (NaN masking, memorisation). A negative value,
+    a start at or below zero, or a start that is near zero next to the rest of
+    the series (GRPO's loss grows from ~1e-8 with its KL term) is some other
+    objective, for which "fell by x%" means nothing.
+    """
+    finite = [v for v in losses if math.isfinite(v)]
+    if not finite or min(finite) < 0:
+        return False
+    start = sorted(finite[:3])[len(finite[:3]) // 2]
+    near_zero = start < NEAR_ZERO_START and start < NEAR_ZERO_START * max(finite)
+    return start > 0 and not near_zero
+
+
+def _side_findings(
+    curve: Any, steps: list[int], losses: list[float], o: DriftOptions
+) -> tuple[list[tuple[Verdict, str, str]], dict[str, Any]]:
+    """Findings and evidence from what the logs carry beside the loss."""
+    findings: list[tuple[Verdict, str, str]] = []
+    evidence: dict[str, Any] = {}
+    grad = list(curve.grad_norm)
+    lr = list(curve.learning_rate)
+    evals = list(curve.eval_loss)
+    loss_at = dict(zip(steps, losses, strict=True))
+
+    if grad:
+        evidence["grad_norm_sampled"] = _sampled(grad)
+        bad = [s for s, g in grad if not math.isfinite(g)]
+        # The Trainer's NaN masking: NaN gradients, and the loss logged as 0.0.
+        masked = [s for s in bad if loss_at.get(s) == 0.0]
+        if masked:
+            findings.append(
+                (
+                    Verdict.FAIL,
+                    "nan_masked",
+                    f"the loss is logged as exactly 0.0 with NaN/inf gradient norms at "
+                    f"{len(masked)} records (steps {_steps_text(masked)}): the weights went "
+                    "NaN and the trainer masked the loss",
+                )
+            )
+        elif bad:
+            share = len(bad) / len(grad)
+            if share > NONFINITE_GRAD_SHARE or bad[-1] == grad[-1][0]:
+                findings.append(
+                    (
+                        Verdict.WARN,
+                        "nonfinite_grad_norm",
+                        f"{len(bad)} NaN/inf gradient norms ({share:.1%} of records"
+                        + (", the last one included" if bad[-1] == grad[-1][0] else "")
+                        + f") at steps {_steps_text(bad)}",
+                    )
+                )
+        finite = [g for _, g in grad if math.isfinite(g)]
+        zeros = sum(1 for g in finite if g == 0.0)
+        if finite and zeros > ZERO_SHARE * len(grad):
+            findings.append(
+                (
+                    Verdict.WARN,
+                    "zero_gradients",
+                    f"the gradient norm is exactly 0 at {zeros} of {len(grad)} logged records: "
+                    "nothing is being trained (frozen parameters, or a LoRA B and A that "
+                    "cannot move)",
+                )
+            )
+    if lr:
+        evidence["learning_rate_sampled"] = _sampled(lr)
+        zeros = sum(1 for _, v in lr if v == 0.0)
+        if zeros > ZERO_SHARE * len(lr):
+            findings.append(
+                (
+                    Verdict.WARN,
+                    "zero_learning_rate",
+                    f"the learning rate is 0 at {zeros} of {len(lr)} logged records",
+                )
+            )
+    if evals:
+        evidence["eval_loss_sampled"] = _sampled(evals)
+        bad = [s for s, v in evals if not math.isfinite(v)]
+        finite = [(s, v) for s, v in evals if math.isfinite(v)]
+        if bad:
+            findings.append(
+                (
+                    Verdict.FAIL,
+                    "nonfinite_eval_loss",
+                    f"{len(bad)} NaN/inf eval losses at steps {_steps_text(bad)}",
+                )
+            )
+        if len(finite) >= MIN_EVAL_POINTS and all(v > 0 for _, v in finite):
+            best_step, best = min(finite, key=lambda p: p[1])
+            last_step, last = finite[-1]
+            rise = (last - best) / best
+            evidence["eval_best_loss"] = best
+            evidence["eval_best_step"] = best_step
+            evidence["eval_final_loss"] = last
+            train_fell = _train_fell_between(steps, losses, best_step, last_step)
+            if rise > o.max_eval_rise and train_fell:
+                findings.append(
+                    (
+                        Verdict.WARN,
+                        "eval_rising",
+                        f"eval loss rose {rise:.0%} from its best ({best:.4g} at step "
+                        f"{best_step} -> {last:.4g} at step {last_step}) while the training "
+                        "loss fell: overfitting",
+                    )
+                )
+    return findings, evidence
+
+
+def _train_fell_between(steps: list[int], losses: list[float], first: int, last: int) -> bool:
+    """Whether the training loss is lower around ``last`` than around ``first``
+    (medians of the three finite records nearest each step)."""
+
+    def level_at(step: int) -> float:
+        near = sorted(
+            (abs(s - step), v) for s, v in zip(steps, losses, strict=True) if math.isfinite(v)
+        )[:3]
+        vals = sorted(v for _, v in near)
+        return vals[len(vals) // 2] if vals else math.nan
+
+    return last > first and level_at(last) < level_at(first)
+
+
+def _thirds_drop_bound(losses: list[float], noise: float) -> float:
+    """An upper bound on how far the loss fell, from the medians of the first
+    and last thirds of the records (more points than the start and end levels,
+    so a flat curve is told from a noisy one): the relative drop plus three
+    standard errors of a median of that many points."""
+    finite = [v for v in losses if math.isfinite(v)]
+    third = max(len(finite) // 3, 1)
+    first = sorted(finite[:third])[third // 2]
+    last = sorted(finite[-third:])[third // 2]
+    if not first > 0:
+        return math.inf  # nothing to measure a fall against
+    return (first - last) / first + 3.0 * 1.2533 * noise / third**0.5
+
+
 def _judge_robust(curve: Any, o: DriftOptions, result: Any) -> ProbeResult:
-    """The robust rule set: see the module docstring."""
+    """The robust rule set: see the module docstring and README's rules section."""
     num_steps = len(curve)
     steps = curve.steps.tolist()
-    analysis = curve.robust(
-        trend_window=o.trend_window, spike_z=o.spike_z, min_spike_rise=o.min_spike_rise
-    )
-    if analysis is None:
-        return result(
-            Verdict.FAIL,
-            f"nonfinite_loss: all {num_steps} logged losses are NaN or infinite",
-            score=0.0,
-            evidence={"rules": "robust", "num_steps": num_steps, "nonfinite_steps": steps},
-        )
-    a = analysis
-    drop, regression = a.relative_drop(), a.relative_regression()
-    # How far apart two level estimates may be by noise alone (3 standard errors).
-    level_noise = (
-        3.0 * a.noise * (1.0 if a.relative else 1.0 / abs(a.head_level)) / (a.level_points**0.5)
-    )
-    findings: list[tuple[Verdict, str, str]] = []
+    losses = curve.losses.tolist()
+    span = _span_text(steps)
+    side, side_evidence = _side_findings(curve, steps, losses, o)
+    base_evidence = {
+        "rules": "robust",
+        "num_steps": num_steps,
+        "num_records": num_steps,
+        "step_span": steps[-1] - steps[0] + 1,
+        "num_log_files": curve.num_files,
+        "log_format": curve.source,
+        "curve_sampled": curve.sample(CURVE_SAMPLE_CAP),
+        **side_evidence,
+        "thresholds": o.to_dict(),
+    }
 
-    nonfinite_steps = [steps[i] for i in a.nonfinite]
+    def finish(findings: list[tuple[Verdict, str, str]], summary: str, **kw: Any) -> ProbeResult:
+        findings = findings + side
+        worst = max((v for v, _, _ in findings), key=lambda v: v.severity, default=Verdict.PASS)
+        evidence = {
+            **base_evidence,
+            "findings": [{"rule": r, "verdict": v.value, "message": t} for v, r, t in findings],
+            **kw.pop("evidence", {}),
+        }
+        if worst is Verdict.PASS:
+            return result(Verdict.PASS, summary, evidence=evidence, **kw)
+        score = 0.3 if worst is Verdict.WARN else 0.0
+        message = "; ".join(f"{rule}: {text}" for _, rule, text in findings) + f" ({summary})"
+        return result(worst, message, evidence=evidence, **{**kw, "score": score})
+
+    if not any(math.isfinite(v) for v in losses):
+        return finish(
+            [
+                (
+                    Verdict.FAIL,
+                    "nonfinite_loss",
+                    f"all {num_steps} logged losses are NaN or infinite",
+                )
+            ],
+            f"no finite loss {span}",
+            score=0.0,
+            evidence={"nonfinite_steps": steps},
+        )
+
+    nonfinite_steps = [s for s, v in zip(steps, losses, strict=True) if not math.isfinite(v)]
+    findings: list[tuple[Verdict, str, str]] = []
     if nonfinite_steps:
-        last_bad = a.nonfinite[-1] == num_steps - 1
+        last_bad = nonfinite_steps[-1] == steps[-1]
         share = len(nonfinite_steps) / num_steps
         severe = last_bad or share > NONFINITE_FAIL_SHARE
         findings.append(
             (
                 Verdict.FAIL if severe else Verdict.WARN,
                 "nonfinite_loss",
-                f"{len(nonfinite_steps)} NaN/inf losses ({share:.1%} of steps"
+                f"{len(nonfinite_steps)} NaN/inf losses ({share:.1%} of records"
                 + (", the last one included" if last_bad else "")
                 + f") at steps {_steps_text(nonfinite_steps)}",
             )
         )
 
+    a = curve.robust(
+        trend_window=o.trend_window,
+        spike_z=o.spike_z,
+        min_spike_rise=o.min_spike_rise,
+        spike_false_alarm=o.spike_false_alarm,
+        spike_fall_share=o.spike_fall_share,
+    )
+    head, tail, best = a.head_level, a.tail_level, a.best_level
+    if not (_is_positive_loss(losses) and head > 0):
+        finite = [v for v in losses if math.isfinite(v)]
+        return finish(
+            findings,
+            f"objective {finite[0]:.4g} -> {finite[-1]:.4g} {span}; it is not a positive loss "
+            "(it goes negative or starts at or near 0: an RL, KL or log-ratio objective?), so "
+            "only NaN/inf and the side "
+            "series are judged, not its trend or spikes",
+            score=0.6,
+            raw=None,
+            evidence={"objective": "not_positive", "nonfinite_steps": nonfinite_steps},
+        )
+
+    drop = a.relative_drop()  # head > 0 here: a positive loss
+    regression = a.relative_regression()
+    # How far apart two level estimates may be by noise alone (3 standard errors).
+    level_noise = 3.0 * a.noise * (1.0 if a.relative else 1.0 / head) / (a.level_points**0.5)
+
+    judge_spikes = num_steps >= o.min_spike_records
     spikes = [
         {
             "start_step": steps[e.start],
@@ -218,7 +472,7 @@ def _judge_robust(curve: Any, o: DriftOptions, result: Any) -> ProbeResult:
             "relative_rise": e.relative_rise,
             "z": e.z if math.isfinite(e.z) else None,  # None: a noise-free curve
         }
-        for e in a.spikes
+        for e in (a.spikes if judge_spikes else [])
     ]
     if len(spikes) > o.max_spike_events:
         parts = [
@@ -232,22 +486,22 @@ def _judge_robust(curve: Any, o: DriftOptions, result: Any) -> ProbeResult:
             (
                 Verdict.WARN,
                 "loss_spikes",
-                f"{len(spikes)} loss spikes, more than {o.max_spike_events} allowed: "
-                + "; ".join(parts)
-                + more,
+                f"{len(spikes)} loss spike{'s' if len(spikes) != 1 else ''} beyond "
+                f"{a.spike_threshold:.1f} noise scales (a {o.spike_false_alarm:.0%} false-alarm "
+                f"threshold for {num_steps} records): " + "; ".join(parts) + more,
             )
         )
 
     best_step = steps[a.best_index]
+    change = _change_text(head, tail)
     rise = -drop
     if rise > max(0.05, level_noise):
         findings.append(
             (
                 Verdict.FAIL,
                 "diverged",
-                f"loss ended {rise:.0%} above where it started "
-                f"({a.head_level:.4g} -> {a.tail_level:.4g}; best {a.best_level:.4g} at "
-                f"step {best_step})",
+                f"loss ended {rise:.0%} above where it started ({head:.4g} -> {tail:.4g} "
+                f"{span}; best {best:.4g} at step {best_step})",
             )
         )
     elif regression > max(o.max_regression, level_noise):
@@ -255,63 +509,52 @@ def _judge_robust(curve: Any, o: DriftOptions, result: Any) -> ProbeResult:
             (
                 Verdict.WARN,
                 "regressed",
-                f"loss ended {regression:.0%} of its starting level above its best "
-                f"({a.best_level:.4g} at step {best_step} -> {a.tail_level:.4g} at the end), "
-                f"more than {o.max_regression:.0%}",
+                f"loss climbed back from its best by {regression:.0%} of its starting level "
+                f"({best:.4g} at step {best_step} -> {tail:.4g} at the end), more than "
+                f"{o.max_regression:.0%}",
             )
         )
-    elif drop < o.min_relative_drop:
+    elif drop < o.min_relative_drop and _thirds_drop_bound(losses, a.noise) < o.min_relative_drop:
+        # Even allowing for noise, it fell less than required.
         findings.append(
             (
                 Verdict.WARN,
                 "no_progress",
-                f"loss barely moved: {drop:+.1%} over {num_steps} steps "
-                f"({a.head_level:.4g} -> {a.tail_level:.4g}), less than the "
-                f"{o.min_relative_drop:.0%} required",
+                f"loss did not fall: {change} {span} ({head:.4g} -> {tail:.4g}), less than the "
+                f"{o.min_relative_drop:.0%} fall required",
             )
         )
 
     noise_text = f"{a.noise:.1%}" if a.relative else f"{a.noise:.3g}"
-    summary = (
-        f"loss {a.head_level:.4g} -> {a.tail_level:.4g} ({-drop:+.0%}) over {num_steps} steps, "
-        f"noise {noise_text}"
+    spike_note = (
+        "no spikes"
+        if judge_spikes
+        else f"spikes not judged ({num_steps} records, fewer than {o.min_spike_records})"
     )
-    worst = max((v for v, _, _ in findings), key=lambda v: v.severity, default=Verdict.PASS)
-    if worst is Verdict.PASS:
-        verdict, score = Verdict.PASS, 0.6 + 0.4 * min(1.0, max(0.0, drop) / 0.5)
-        message = f"{summary}; no spikes, no NaN/inf losses"
-    else:
-        verdict = worst
-        score = 0.3 if worst is Verdict.WARN else 0.0
-        message = "; ".join(f"{rule}: {text}" for _, rule, text in findings) + f" ({summary})"
-
+    summary = f"loss {head:.4g} -> {tail:.4g} ({change}) {span}, noise {noise_text}"
     sample_idx = _sample_indices(num_steps, CURVE_SAMPLE_CAP)
     trend = a.trend
-    return result(
-        verdict,
-        message,
-        score=score,
+    clean = not findings and not side
+    return finish(
+        findings,
+        summary + (f"; {spike_note}, no NaN/inf losses" if clean else ""),
+        score=0.6 + 0.4 * min(1.0, max(0.0, drop) / 0.5),
         raw=drop,
         evidence={
-            "rules": "robust",
-            "findings": [{"rule": r, "verdict": v.value, "message": t} for v, r, t in findings],
-            "num_steps": num_steps,
-            "num_log_files": curve.num_files,
-            "log_format": curve.source,
-            "head_loss": a.head_level,
-            "tail_loss": a.tail_level,
-            "best_loss": a.best_level,
+            "head_loss": head,
+            "tail_loss": tail,
+            "best_loss": best,
             "best_step": best_step,
             "relative_drop": drop,
             "relative_regression": regression,
             "noise": a.noise,
             "noise_is_relative": a.relative,
+            "spikes_judged": judge_spikes,
+            "spike_threshold": a.spike_threshold,
             "spikes": spikes,
             "spike_steps": [s["peak_step"] for s in spikes],
             "nonfinite_steps": nonfinite_steps,
-            "curve_sampled": curve.sample(CURVE_SAMPLE_CAP),
             "trend_sampled": [[steps[i], trend[i]] for i in sample_idx],
-            "thresholds": o.to_dict(),
         },
     )
 
@@ -335,12 +578,16 @@ def training_drift(
     assert_smoothness_gte: float | None = None,
     assert_convergence_ratio_lte: float | None = None,
     assert_instability_events_lte: int | None = None,
+    min_spike_records: int | None = None,
     trend_window: int | None = None,
+    spike_false_alarm: float | None = None,
     spike_z: float | None = None,
     min_spike_rise: float | None = None,
+    spike_fall_share: float | None = None,
     max_spike_events: int | None = None,
     min_relative_drop: float | None = None,
     max_regression: float | None = None,
+    max_eval_rise: float | None = None,
     options: DriftOptions | None = None,
     name: str = KIND,
 ) -> ProbeResult:
@@ -360,12 +607,16 @@ def training_drift(
         "assert_smoothness_gte": assert_smoothness_gte,
         "assert_convergence_ratio_lte": assert_convergence_ratio_lte,
         "assert_instability_events_lte": assert_instability_events_lte,
+        "min_spike_records": min_spike_records,
         "trend_window": trend_window,
+        "spike_false_alarm": spike_false_alarm,
         "spike_z": spike_z,
         "min_spike_rise": min_spike_rise,
+        "spike_fall_share": spike_fall_share,
         "max_spike_events": max_spike_events,
         "min_relative_drop": min_relative_drop,
         "max_regression": max_regression,
+        "max_eval_rise": max_eval_rise,
     }
     resolved = resolve(DriftOptions, options, rules, given)
     if store_path is None:

@@ -20,7 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from adapterprobe._fs import atomic_write_text
-from adapterprobe.reports.probe_charts import DRAWN, ghost_chart, loss_figure, weights_chart
+from adapterprobe.reports.probe_charts import (
+    DRAWN,
+    ghost_chart,
+    grad_norm_figure,
+    loss_figure,
+    weights_chart,
+)
 from adapterprobe.reports.probe_charts import MAX_POINTS as MAX_POINTS  # re-exported
 from adapterprobe.reports.shaping import SEVERITY as SEVERITY  # re-exported
 from adapterprobe.reports.shaping import (
@@ -170,6 +176,9 @@ def _store_body(store: Store, ratio: float, plots: bool) -> str:
             fig = loss_figure(rec, f"s{store.index}-c{j}", store.name)
             if fig:
                 figures.append(fig)
+            grad = grad_norm_figure(rec, f"s{store.index}-g{j}", store.name)
+            if grad:
+                figures.append(grad)
         more, skipped = _adapter_figures(store, ratio, MAX_FIGURES - len(figures))
         figures += more
         if figures:
@@ -361,6 +370,8 @@ padding:6px;background:#fcfdfe}
 .chart .loss{fill:none;stroke:var(--loss);stroke-width:1.8;stroke-linejoin:round;
 stroke-linecap:round}
 .chart .trend{fill:none;stroke:#6b7280;stroke-width:1.4;stroke-dasharray:5 4}
+.chart .eval{fill:none;stroke:#b45309;stroke-width:1.6}.chart .evalpts{fill:#b45309}
+.chart .grad{fill:none;stroke:#4d7c0f;stroke-width:1.5;stroke-linejoin:round}
 .chart .spike{fill:var(--fail);stroke:#fff;stroke-width:1.5}
 .chart .nan rect{fill:var(--error);opacity:.16}.chart .nan-tick{fill:var(--error)}
 .bars rect{fill:#7c93ab}.bars rect.flag{fill:var(--fail)}
@@ -369,6 +380,7 @@ stroke-linecap:round}
 .key:before{content:"";display:inline-block;width:16px;height:0;vertical-align:middle;
 margin-right:4px;border-top:2px solid var(--loss)}
 .k-trend:before{border-top:2px dashed #6b7280}
+.k-eval:before{border-top:2px solid #b45309}.k-grad:before{border-top:2px solid #4d7c0f}
 .k-spike:before{width:9px;height:9px;border:0;border-radius:50%;background:var(--fail)}
 .k-nan:before{width:6px;height:12px;border:0;background:var(--error);opacity:.5}
 .mods{font-size:.8rem;width:100%;margin-top:4px}

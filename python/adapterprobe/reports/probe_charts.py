@@ -45,6 +45,9 @@ DRAWN = frozenset(
     {
         "curve_sampled",
         "trend_sampled",
+        "eval_loss_sampled",
+        "grad_norm_sampled",
+        "learning_rate_sampled",
         "spike_steps",
         "nonfinite_steps",
         "layer_exp_avg_sq",
@@ -93,14 +96,17 @@ def loss_figure(rec: Record, uid: str, store_name: str) -> str:
     trend = [
         (x, y) for x, y in xy_pairs(ev.get("trend_sampled"), allow_null=False) if y is not None
     ]
+    evals = [
+        (x, y) for x, y in xy_pairs(ev.get("eval_loss_sampled"), allow_null=True) if y is not None
+    ]
     spikes = sorted_steps(ev.get("spike_steps"))
     nonfinite = sorted(
         set(sorted_steps(ev.get("nonfinite_steps"))) | {x for x, y in curve if y is None}
     )
 
     left, top, right, bottom = CURVE_BOX
-    xs = [x for x, _ in curve] + [x for x, _ in trend]
-    ys = [y for _, y in finite] + [y for _, y in trend]
+    xs = [x for x, _ in curve] + [x for x, _ in trend] + [x for x, _ in evals]
+    ys = [y for _, y in finite] + [y for _, y in trend] + [y for _, y in evals]
     y_lo, y_hi = min(ys), max(ys)
     log = y_lo > 0 and y_hi / y_lo >= LOG_RATIO
     sx = Scale(min(xs), max(xs), left, right)
@@ -114,6 +120,7 @@ def loss_figure(rec: Record, uid: str, store_name: str) -> str:
         f"{len(finite)} finite loss values from step {num(finite[0][0])} to "
         f"{num(finite[-1][0])}, loss {num(finite[0][1])} to {num(finite[-1][1])}"
         + (" (log scale)" if log else "")
+        + (f"; {len(evals)} eval loss values" if evals else "")
         + (f"; loss spikes at steps {_step_list(spikes)}" if spikes else "")
         + (f"; non-finite loss at steps {_step_list(nonfinite)}" if nonfinite else "")
     )
@@ -144,6 +151,18 @@ def loss_figure(rec: Record, uid: str, store_name: str) -> str:
         line = line_path(downsample(list(trend), MAX_POINTS), sx, sy)
         out.append(f'<path class="trend" d="{line}"/>')
     out.append(f'<path class="loss" d="{line_path(downsample(curve, MAX_POINTS), sx, sy)}"/>')
+    if evals:
+        shown = downsample(list(evals), MAX_POINTS)
+        out.append(f'<path class="eval" d="{line_path(shown, sx, sy)}"/>')
+        out.append(
+            '<g class="evalpts">'
+            + "".join(
+                f'<circle cx="{px(sx(x))}" cy="{px(sy(y))}" r="2.5"/>'
+                for x, y in shown
+                if y is not None
+            )
+            + "</g>"
+        )
     if in_range:
         steps = [x for x, _ in finite]
         marks = []
@@ -163,6 +182,8 @@ def loss_figure(rec: Record, uid: str, store_name: str) -> str:
     legend = ['<span class="key k-loss">loss</span>']
     if trend:
         legend.append('<span class="key k-trend">trend</span>')
+    if evals:
+        legend.append('<span class="key k-eval">eval loss</span>')
     if spikes:
         legend.append(f'<span class="key k-spike">spikes: steps {_step_list(spikes, 6)}</span>')
     if nonfinite:
@@ -173,6 +194,48 @@ def loss_figure(rec: Record, uid: str, store_name: str) -> str:
         '<figure class="plot wide"><p class="ptitle" aria-hidden="true">Loss curve'
         f"{' (log scale)' if log else ''}</p>{''.join(out)}"
         f"<figcaption>{' '.join(legend)}</figcaption></figure>"
+    )
+
+
+def grad_norm_figure(rec: Record, uid: str, store_name: str) -> str:
+    """The gradient norm logged beside the loss (log axis when it spans decades),
+    with its non-finite steps marked; empty when the logs had none."""
+    points = xy_pairs(rec.evidence.get("grad_norm_sampled"), allow_null=True)
+    finite = [(x, y) for x, y in points if y is not None]
+    if len(finite) < 2:
+        return ""
+    bad = [x for x, y in points if y is None]
+    left, top, right, bottom = CURVE_BOX
+    ys = [y for _, y in finite]
+    y_lo, y_hi = min(ys), max(ys)
+    log = y_lo > 0 and y_hi / y_lo >= LOG_RATIO
+    sx = Scale(min(x for x, _ in points), max(x for x, _ in points), left, right)
+    sy = Scale(y_lo, y_hi, bottom, top, log=log)
+    pad = (sy.hi - sy.lo) * 0.05
+    sy.lo, sy.hi = sy.lo - pad, sy.hi + pad
+    desc = (
+        f"{len(finite)} finite gradient norms from step {num(finite[0][0])} to "
+        f"{num(finite[-1][0])}, {num(y_lo)} to {num(y_hi)}"
+        + (f"; non-finite at steps {_step_list(bad)}" if bad else "")
+    )
+    out = [svg_open(uid, CURVE_W, CURVE_H, f"Gradient norm of {store_name}", desc, "chart curve")]
+    label = "grad norm (log scale)" if log else "grad norm"
+    out.append(axes(sx, sy, CURVE_BOX, "step", label, sx.ticks(6, integer=True), sy.ticks(5)))
+    for x in bad[:MAX_MARKS]:
+        out.append(
+            f'<g class="nan"><rect x="{px(sx(x) - 1.5)}" y="{px(top)}" width="3" '
+            f'height="{px(bottom - top)}"/></g>'
+        )
+    drawn: list[tuple[float, float | None]] = list(finite)
+    out.append(f'<path class="grad" d="{line_path(downsample(drawn, MAX_POINTS), sx, sy)}"/>')
+    out.append("</svg>")
+    legend = '<span class="key k-grad">gradient norm</span>' + (
+        f' <span class="key k-nan">non-finite: steps {_step_list(bad, 6)}</span>' if bad else ""
+    )
+    return (
+        '<figure class="plot wide"><p class="ptitle" aria-hidden="true">Gradient norm'
+        f"{' (log scale)' if log else ''}</p>{''.join(out)}<figcaption>{legend}</figcaption>"
+        "</figure>"
     )
 
 
