@@ -295,9 +295,9 @@ _HEALTHY = (
         "full-memorise-30ep",
         "healthy",
         "full fine-tune on 64 sequences for 30 epochs (8 steps each), every step logged, "
-        "constant lr: the model memorises its data, the loss steps down at epoch "
-        "boundaries and falls far below the chain's entropy (~1.2) towards zero; no eval "
-        "set, so nothing to overfit against",
+        "constant lr: the model memorises its data, the loss drops at the early epoch "
+        "boundaries (staircase) and falls far below what the data allows on unseen "
+        "sequences, towards zero; no eval set, so nothing to overfit against",
         **{**_FULL, "hidden": 64, "lr": 3e-3},
         epochs=30,
         train_seqs=64,
@@ -416,8 +416,8 @@ _HEALTHY = (
         "healthy",
         "RL-style LoRA run with a GRPO-shaped loss (group-normalised advantage x "
         "exp(logp - logp.detach()) + 0.04 x KL to the adapter-disabled reference): the "
-        "policy term is 0 in value, so the logged 'loss' is exactly 0.0 at first and then "
-        "a small positive KL; grad_norm shows the training",
+        "policy term is 0 in value, so the logged 'loss' is 0 up to rounding (~1e-8) at "
+        "first and then a small positive KL (~0.15); grad_norm shows the training",
         **_LORA,
         objective="grpo",
         max_steps=200,
@@ -463,8 +463,9 @@ _FAULTY = (
     FieldRun(
         "lr-too-high-full-adam3-log10",
         "lr_too_high",
-        "full fine-tune with AdamW lr 3 (constant after 30 warmup steps): the loss jumps "
-        "from ~5 to hundreds within the warmup and stays there",
+        "full fine-tune with AdamW lr 3 (constant after 30 warmup steps), logged every 10 "
+        "steps: the loss climbs from ~7 to over 100 within the warmup and stays between 60 "
+        "and 170",
         signals=(LOSS, TB_LOSS, GRAD_NORM, WEIGHTS),
         **{**_FULL, "hidden": 64, "lr": 3.0},
         max_steps=200,
@@ -570,8 +571,8 @@ _FAULTY = (
         "nan_poisoned",
         "full fine-tune of a ReLU Llama (MLP biases on) with plain SGD at lr 10 and no "
         "clipping: the loss overflows within a few steps and the weights turn NaN; the "
-        "Trainer logs a huge first window, then loss 0.0 with grad_norm NaN (seed-dependent: "
-        "of 6 seeds, 2 go NaN, the others stick at huge or constant losses)",
+        "Trainer logs two huge windows (1e8, 1e7), then loss 0.0 with grad_norm NaN "
+        "(seed-dependent: of 6 seeds, 2 go NaN, the others stick at huge or constant losses)",
         signals=(LOSS, GRAD_NORM, TB_LOSS, WEIGHTS),
         **{**_FULL, "hidden": 64, "lr": 10.0},
         act="relu",
