@@ -140,7 +140,9 @@ def analyse(
     scale = local_scale(resid, scale_block)
     k = level_points(n)
     head = median(filled[:k])
-    best_index = min(range(n), key=lambda i: (trend[i], i))
+    h = trend_window // 2
+    inner = range(h, n - h) if n > 2 * h else range(n)
+    best_index = min(inner, key=lambda i: (trend[i], i))
     threshold = spike_threshold(n, spike_false_alarm, spike_z)
     min_rise = spike_fall_share * max(head - trend[best_index], 0.0)
     spikes: list[list[int]] = []

@@ -149,7 +149,8 @@ pub struct RobustCurve {
     /// curve, 3 to 10 points): where the run started and where it ended.
     pub head_level: f64,
     pub tail_level: f64,
-    /// The lowest trend value and its index.
+    /// The lowest trend value where the trend window is whole (the whole
+    /// curve when it is shorter than two windows) and its index.
     pub best_level: f64,
     pub best_index: usize,
     /// Typical noise: the median of the block scales (see `block_scale`),
@@ -395,11 +396,13 @@ pub fn analyse(losses: &[f64], params: &RobustParams) -> Option<RobustCurve> {
     let k = level_points(n);
     let head_level = median_in_place(&mut filled[..k].to_vec());
     let tail_level = median_in_place(&mut filled[n - k..].to_vec());
+    // The best level is the trend's lowest point where its window is whole:
+    // at the very ends the window shrinks to a single noisy record.
+    let h = params.trend_window / 2;
+    let inner = if n > 2 * h { h..n - h } else { 0..n };
     let (best_index, best_level) =
-        trend
-            .iter()
-            .copied()
-            .enumerate()
+        inner
+            .map(|i| (i, trend[i]))
             .fold(
                 (0, f64::INFINITY),
                 |best, (i, t)| if t < best.1 { (i, t) } else { best },

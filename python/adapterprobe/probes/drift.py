@@ -201,6 +201,9 @@ NONFINITE_GRAD_SHARE = 0.05
 ZERO_SHARE = 0.5
 #: Eval points needed before the eval loss is judged.
 MIN_EVAL_POINTS = 3
+#: The smoothed loss climbing this share above its start (or three noise
+#: scales, if more) mid-run is an instability, wherever the run ends.
+UNSTABLE_RISE = 0.25
 
 
 def _steps_text(steps: list[int], limit: int = 6) -> str:
@@ -359,6 +362,21 @@ def _train_fell_between(steps: list[int], losses: list[float], first: int, last:
     return last > first and level_at(last) < level_at(first)
 
 
+def _regression_noise(a: Any, head: float, window: int) -> float:
+    """How far above its best a healthy run's end level can sit by noise
+    alone, as a share of the start: three standard errors of the end level
+    (a median of ``level_points`` records) plus the expected depth of the
+    lowest of the trend's independent windows below the true level (the best
+    level is a minimum, so it is biased low by about sqrt(2 ln m) of them)."""
+    per_point = 1.2533 * a.noise  # standard error factor of a median
+    tail_scale = abs(a.tail_level) if a.relative else 1.0
+    best_scale = abs(a.best_level) if a.relative else 1.0
+    windows = max(len(a.trend) // max(window, 1), 2)
+    end = 3.0 * per_point * tail_scale / a.level_points**0.5
+    low = per_point * best_scale / max(window, 1) ** 0.5 * math.sqrt(2 * math.log(windows))
+    return (end + low) / head
+
+
 def _thirds_drop_bound(losses: list[float], noise: float) -> float:
     """An upper bound on how far the loss fell, from the medians of the first
     and last thirds of the records (more points than the start and end levels,
@@ -495,6 +513,13 @@ def _judge_robust(curve: Any, o: DriftOptions, result: Any) -> ProbeResult:
     best_step = steps[a.best_index]
     change = _change_text(head, tail)
     rise = -drop
+    # The trend's highest point past the start: a healthy run's smoothed loss
+    # does not climb far above where it began, even when it ends lower.
+    h = o.trend_window // 2
+    inner = range(h, num_steps - h) if num_steps > 2 * h else range(num_steps)
+    peak_index = max(inner, key=lambda i: a.trend[i])
+    peak_rise = (a.trend[peak_index] - head) / head
+    unstable_limit = max(UNSTABLE_RISE, 3.0 * a.noise if a.relative else 3.0 * a.noise / head)
     if rise > max(0.05, level_noise):
         findings.append(
             (
@@ -504,7 +529,17 @@ def _judge_robust(curve: Any, o: DriftOptions, result: Any) -> ProbeResult:
                 f"{span}; best {best:.4g} at step {best_step})",
             )
         )
-    elif regression > max(o.max_regression, level_noise):
+    elif peak_rise > unstable_limit:
+        findings.append(
+            (
+                Verdict.WARN,
+                "unstable",
+                f"the loss trend climbed {peak_rise:.0%} above where it started "
+                f"({head:.4g} -> {a.trend[peak_index]:.4g} at step {steps[peak_index]}) "
+                f"before ending at {tail:.4g}",
+            )
+        )
+    elif regression > max(o.max_regression, _regression_noise(a, head, o.trend_window)):
         findings.append(
             (
                 Verdict.WARN,

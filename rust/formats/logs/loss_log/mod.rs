@@ -792,8 +792,9 @@ pub fn read_hf_run_curve(run: &Path) -> Result<LossCurve> {
                 torn.extend(series.torn_files);
                 sources.push(LogSource::TensorBoard.name());
             }
-            // Events without a loss tag (e.g. only eval metrics) add nothing.
-            Err(e) if e.area == Area::Usage && !files.is_empty() => {}
+            // Events without a loss tag (only eval metrics, or only the final
+            // summary of a run shorter than logging_steps) add nothing.
+            Err(e) if tfevents::is_missing_loss_tags(&e) && !files.is_empty() => {}
             Err(e) => return Err(e),
         }
     }

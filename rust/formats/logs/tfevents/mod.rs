@@ -157,6 +157,16 @@ fn common_path(files: &[PathBuf]) -> PathBuf {
     common
 }
 
+/// The start of the message of a read that found none of the default loss
+/// tags (see [`is_missing_loss_tags`]).
+const NO_LOSS_TAGS: &str = "none of the loss tags";
+
+/// Whether `e` says the event files hold none of the default loss tags (the
+/// files are fine; they just log other things, e.g. only a final summary).
+pub fn is_missing_loss_tags(e: &Error) -> bool {
+    e.area == Area::LogFormat && e.message.starts_with(NO_LOSS_TAGS)
+}
+
 fn missing_tag_error(files: &[PathBuf], tag: Option<&str>, tags: &BTreeSet<String>) -> Error {
     let path = common_path(files);
     const SHOWN: usize = 30;
@@ -175,9 +185,11 @@ fn missing_tag_error(files: &[PathBuf], tag: Option<&str>, tags: &BTreeSet<Strin
         n => format!("{n} event files"),
     };
     let message = match tag {
-        Some(tag) => format!("no scalar tagged {tag:?} in {where_}; scalar tags present: {present}"),
+        Some(tag) => {
+            format!("no scalar tagged {tag:?} in {where_}; scalar tags present: {present}")
+        }
         None => format!(
-            "none of the loss tags {} in {where_}; scalar tags present: {present}; name the tag to read",
+            "{NO_LOSS_TAGS} {} in {where_}; scalar tags present: {present}; name the tag to read",
             DEFAULT_LOSS_TAGS.join(", ")
         ),
     };
