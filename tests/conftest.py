@@ -40,3 +40,38 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, st
     write_corpus(root)
     labels = json.loads((root / "labels.json").read_text(encoding="utf-8"))
     return root, {name: info["label"] for name, info in labels.items()}
+
+
+#: The subset the session trains: every fault class, the layouts (LoRA, full,
+#: resumed) and the healthy traps (small-batch noise, RL losses, a 0.0 loss).
+FIELD_SUBSET = [
+    "lora-b2-log1",
+    "full-b2-log1",
+    "lora-resumed-b8-log1",
+    "rl-reinforce-b8-log1",
+    "lora-prompt-only-rows-b2-log1",
+    "lr-too-high-full-adam1-log1",
+    "nan-empty-batch-b2-log1",
+    "nan-empty-batch-nofilter-log1",
+    "nan-logged-weights-fine-nofilter",
+    "frozen-lora-b-b8-log5",
+    "overfit-full-32seq-eval20",
+    "dead-relu-sgd-log1",
+    "no-progress-full-lr1e-9-b4-log1",
+    "no-progress-lr-horizon-log10",
+    "too-few-steps-full-log1",
+    "too-few-steps-lora-log10",
+]
+
+
+@pytest.fixture(scope="session")
+def field_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """FIELD_SUBSET of the field corpus (tools/realruns/field.py), trained once
+    per session with the real transformers.Trainer (about 40 s of CPU)."""
+    for module in ("torch", "safetensors", "transformers", "peft"):
+        pytest.importorskip(module)
+    from realruns import field
+
+    root = tmp_path_factory.mktemp("field")
+    field.write_field_corpus(root, FIELD_SUBSET)
+    return root

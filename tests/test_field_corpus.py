@@ -27,30 +27,12 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 pytestmark = pytest.mark.slow  # the session's subset takes about half a minute of training
 
+from conftest import FIELD_SUBSET as SUBSET  # noqa: E402
+
 from adapterprobe.errors import UsageError  # noqa: E402
 from realruns import field  # noqa: E402
 from realruns.field import ALL_LABELS, FAULTS, FIELD, LABELS, run_named  # noqa: E402
 
-#: The subset the session trains: every fault class, the layouts (LoRA, full,
-#: resumed) and the healthy traps (small-batch noise, RL losses, a 0.0 loss).
-SUBSET = [
-    "lora-b2-log1",
-    "full-b2-log1",
-    "lora-resumed-b8-log1",
-    "rl-reinforce-b8-log1",
-    "lora-prompt-only-rows-b2-log1",
-    "lr-too-high-full-adam1-log1",
-    "nan-empty-batch-b2-log1",
-    "nan-empty-batch-nofilter-log1",
-    "nan-logged-weights-fine-nofilter",
-    "frozen-lora-b-b8-log5",
-    "overfit-full-32seq-eval20",
-    "dead-relu-sgd-log1",
-    "no-progress-full-lr1e-9-b4-log1",
-    "no-progress-lr-horizon-log10",
-    "too-few-steps-full-log1",
-    "too-few-steps-lora-log10",
-]
 LOSS_KEYS = {"epoch", "grad_norm", "learning_rate", "loss", "step"}
 CHECKPOINT_FILES = {
     "trainer_state.json",
@@ -62,13 +44,6 @@ CHECKPOINT_FILES = {
 LORA_FILES = {"adapter_model.safetensors", "adapter_config.json"}
 FULL_FILES = {"model.safetensors", "config.json"}
 LN_VOCAB = math.log(128)
-
-
-@pytest.fixture(scope="session")
-def field_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("field")
-    field.write_field_corpus(root, SUBSET)
-    return root
 
 
 # ---------------------------------------------------------------------------
