@@ -3,12 +3,15 @@
 Reads the store's loss curve with the Rust readers and judges it under one
 of two rule sets (``rules=``):
 
-- ``"robust"`` (default), built to gate CI on: mini-batch noise is not an
-  instability. A rolling-median trend and the curve's own robust noise scale
-  around it decide what a spike is (a rise of ``spike_z`` noise scales *and*
-  ``min_spike_rise`` of the trend); non-finite losses are always events; the
-  run is judged on what it reached (relative drop from its start, rise above
-  its best, divergence), not on a fixed final/initial ratio. Short runs SKIP.
+- ``"robust"`` (default), built to gate CI on and for every logging
+  cadence: trend verdicts (diverged, unstable, regressed, no progress) from a
+  handful of logged records; spikes against the curve's own heavy-tailed
+  noise, at a threshold set by a stated per-run false-alarm rate and the
+  number of records (see ``analysis::robust_curve`` in the Rust core);
+  non-finite losses always events; the eval loss, gradient norm and learning
+  rate judged where the logs carry them; objectives that are not positive
+  losses judged for NaN/inf only. README's "How the robust drift rules are
+  built" states each rule and its false-alarm design.
 - ``"sway"``: dlm-sway's training_drift exactly: smoothness, convergence
   ratio and MAD spike count against fixed thresholds; PASS needs all three.
 
