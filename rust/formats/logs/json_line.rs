@@ -121,6 +121,9 @@ enum Field {
     Type,
     Step,
     Loss,
+    ValLoss,
+    GradNorm,
+    Lr,
     Other,
 }
 
@@ -131,6 +134,9 @@ impl Field {
             b"type" => Field::Type,
             b"step" => Field::Step,
             b"loss" => Field::Loss,
+            b"val_loss" => Field::ValLoss,
+            b"grad_norm" => Field::GradNorm,
+            b"lr" => Field::Lr,
             _ => Field::Other,
         }
     }
@@ -527,21 +533,35 @@ pub(crate) fn python_float(s: &str) -> Option<f64> {
     cleaned.parse::<f64>().ok()
 }
 
+/// What a dlm step line logs beside its loss; None where a key is absent,
+/// null or not a number (a NaN stays NaN: it is evidence).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepExtras {
+    pub val_loss: Option<f64>,
+    pub grad_norm: Option<f64>,
+    pub lr: Option<f64>,
+}
+
 /// Classify one line (without its line terminator).
 pub fn classify(line: &[u8]) -> LineKind {
+    classify_step(line).0
+}
+
+/// Classify one line and, for a step, read what else it logged.
+pub fn classify_step(line: &[u8]) -> (LineKind, StepExtras) {
     match parse_top(line) {
-        Ok(Some((step, loss))) => match (to_step(&step), to_loss(&loss)) {
-            (Some(s), Some(l)) => LineKind::Step(s, l),
-            _ => LineKind::Other,
+        Ok(Some((step, loss, extras))) => match (to_step(&step), to_loss(&loss)) {
+            (Some(s), Some(l)) => (LineKind::Step(s, l), extras),
+            _ => (LineKind::Other, StepExtras::default()),
         },
-        Ok(None) => LineKind::Other,
-        Err(()) => LineKind::Invalid,
+        Ok(None) => (LineKind::Other, StepExtras::default()),
+        Err(()) => (LineKind::Invalid, StepExtras::default()),
     }
 }
 
-/// Parse a whole document; Some((step, loss)) when it is a step object that
-/// has both keys.
-fn parse_top(line: &[u8]) -> Parse<Option<(Scalar<'_>, Scalar<'_>)>> {
+/// Parse a whole document; Some((step, loss, extras)) when it is a step
+/// object that has both keys.
+fn parse_top(line: &[u8]) -> Parse<Option<(Scalar<'_>, Scalar<'_>, StepExtras)>> {
     let text = std::str::from_utf8(line).map_err(|_| ())?;
     let mut s = Scanner::new(text);
     s.ws();
@@ -552,6 +572,7 @@ fn parse_top(line: &[u8]) -> Parse<Option<(Scalar<'_>, Scalar<'_>)>> {
     }
     s.i += 1;
     let (mut kind, mut step, mut loss) = (None, None, None);
+    let mut extras = StepExtras::default();
     s.ws();
     if s.peek() == Some(b'}') {
         s.i += 1;
@@ -580,6 +601,10 @@ fn parse_top(line: &[u8]) -> Parse<Option<(Scalar<'_>, Scalar<'_>)>> {
                 }
                 Field::Step => step = Some(s.scalar()?),
                 Field::Loss => loss = Some(s.scalar()?),
+                // A later duplicate key wins, as in a Python dict.
+                Field::ValLoss => extras.val_loss = to_loss(&s.scalar()?),
+                Field::GradNorm => extras.grad_norm = to_loss(&s.scalar()?),
+                Field::Lr => extras.lr = to_loss(&s.scalar()?),
                 Field::Other => s.skip_value(1)?,
             }
             if s.closes(b'}')? {
@@ -592,7 +617,7 @@ fn parse_top(line: &[u8]) -> Parse<Option<(Scalar<'_>, Scalar<'_>)>> {
         return Err(());
     }
     Ok(match (kind == Some(true), step, loss) {
-        (true, Some(st), Some(lo)) => Some((st, lo)),
+        (true, Some(st), Some(lo)) => Some((st, lo, extras)),
         _ => None,
     })
 }

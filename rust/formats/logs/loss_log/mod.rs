@@ -15,7 +15,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Area, Error, Result};
-use crate::formats::logs::json_line::{classify, LineKind};
+use crate::formats::logs::json_line::{classify_step, LineKind, StepExtras};
 use crate::formats::logs::{csv_log, tfevents, trainer_state};
 use crate::io::files::open_regular;
 use crate::io::walk::files_under;
@@ -335,32 +335,89 @@ fn only_whitespace(bytes: &[u8], carry: &mut Vec<u8>) -> bool {
     true
 }
 
+/// Where the step lines of a dlm log go: `(step, loss)` records, and for a
+/// sink that keeps them, what else each step logged.
+pub trait StepSink: Default + Send {
+    fn push_step(&mut self, step: i64, loss: f64, extras: StepExtras);
+    fn append(&mut self, other: Self);
+}
+
+/// The loss curve's records alone.
+impl StepSink for Vec<(i64, f64)> {
+    #[inline]
+    fn push_step(&mut self, step: i64, loss: f64, _: StepExtras) {
+        self.push((step, loss));
+    }
+    fn append(&mut self, mut other: Self) {
+        Vec::append(self, &mut other);
+    }
+}
+
+/// Records and, per record, the values logged beside the loss.
+#[derive(Default)]
+pub struct StepsWithExtras {
+    pub records: Vec<(i64, f64)>,
+    pub extras: Vec<StepExtras>,
+}
+
+impl StepSink for StepsWithExtras {
+    #[inline]
+    fn push_step(&mut self, step: i64, loss: f64, extras: StepExtras) {
+        self.records.push((step, loss));
+        self.extras.push(extras);
+    }
+    fn append(&mut self, mut other: Self) {
+        self.records.append(&mut other.records);
+        self.extras.append(&mut other.extras);
+    }
+}
+
+impl StepsWithExtras {
+    /// The side series of these records (reading order; later steps win).
+    pub fn side_series(&self) -> SideSeries {
+        let pick = |get: fn(&StepExtras) -> Option<f64>| {
+            by_step(
+                self.records
+                    .iter()
+                    .zip(&self.extras)
+                    .filter_map(|(r, e)| get(e).map(|v| (r.0, v)))
+                    .collect(),
+            )
+        };
+        SideSeries {
+            eval_loss: pick(|e| e.val_loss),
+            grad_norm: pick(|e| e.grad_norm),
+            learning_rate: pick(|e| e.lr),
+        }
+    }
+}
+
 /// Classify one line; None for a blank one. Over-long lines are unreadable.
-fn line_kind(line: &[u8]) -> Option<LineKind> {
+fn line_kind(line: &[u8]) -> Option<(LineKind, StepExtras)> {
     if line.len() > MAX_LINE {
-        return Some(LineKind::Invalid);
+        return Some((LineKind::Invalid, StepExtras::default()));
     }
     match strip(line) {
         [] => None,
-        stripped => Some(classify(stripped)),
+        stripped => Some(classify_step(stripped)),
     }
 }
 
 /// Step records of a run of complete lines. `\r` and `\n` both end a line;
 /// the empty "line" inside `\r\n` is blank and skipped, which is exactly
 /// what universal newlines give (only line 1's identity matters, below).
-fn steps_in(lines: &[u8], out: &mut Vec<(i64, f64)>) {
+fn steps_in<S: StepSink>(lines: &[u8], out: &mut S) {
     let mut start = 0;
     for end in memchr::memchr2_iter(b'\n', b'\r', lines).chain(std::iter::once(lines.len())) {
-        if let Some(LineKind::Step(step, loss)) = line_kind(&lines[start..end]) {
-            out.push((step, loss));
+        if let Some((LineKind::Step(step, loss), extras)) = line_kind(&lines[start..end]) {
+            out.push_step(step, loss, extras);
         }
         start = end + 1;
     }
 }
 
 /// `steps_in` over a large region, split at line ends and run in parallel.
-fn steps_in_parallel(region: &[u8], out: &mut Vec<(i64, f64)>) {
+fn steps_in_parallel<S: StepSink>(region: &[u8], out: &mut S) {
     use rayon::prelude::*;
     if region.len() < 2 * PIECE {
         return steps_in(region, out);
@@ -374,25 +431,25 @@ fn steps_in_parallel(region: &[u8], out: &mut Vec<(i64, f64)>) {
         pieces.push(&region[start..end]);
         start = end;
     }
-    let parts: Vec<Vec<(i64, f64)>> = pieces
+    let parts: Vec<S> = pieces
         .par_iter()
         .map(|piece| {
-            let mut v = Vec::with_capacity(piece.len() / 128);
+            let mut v = S::default();
             steps_in(piece, &mut v);
             v
         })
         .collect();
     for part in parts {
-        out.extend(part);
+        out.append(part);
     }
 }
 
 /// Append the step records of one log to `out` in file order. Memory stays
 /// bounded by one batch plus one line, whatever the file size.
-pub fn read_steps_from<R: Read>(
+pub fn read_steps_from<R: Read, S: StepSink>(
     mut reader: R,
     size_hint: usize,
-    out: &mut Vec<(i64, f64)>,
+    out: &mut S,
 ) -> std::result::Result<(), String> {
     // Small logs (the common case in a store scan) get a small buffer.
     let mut buf: Vec<u8> = Vec::with_capacity(size_hint.min(BATCH) + 1);
@@ -436,8 +493,8 @@ pub fn read_steps_from<R: Read>(
         if !first_line_seen && !discarding && !region.is_empty() {
             let first_end = memchr::memchr2(b'\n', b'\r', region).unwrap_or(region.len());
             match line_kind(&region[..first_end]) {
-                Some(LineKind::Invalid) => return Err("first line is not valid JSON".into()),
-                Some(LineKind::Step(step, loss)) => out.push((step, loss)),
+                Some((LineKind::Invalid, _)) => return Err("first line is not valid JSON".into()),
+                Some((LineKind::Step(step, loss), extras)) => out.push_step(step, loss, extras),
                 _ => {}
             }
             first_line_seen = true;
@@ -465,7 +522,7 @@ pub fn read_steps_from<R: Read>(
 }
 
 /// Append the step records of the log at `path` to `out` in file order.
-pub fn read_steps(path: &Path, out: &mut Vec<(i64, f64)>) -> Result<()> {
+pub fn read_steps<S: StepSink>(path: &Path, out: &mut S) -> Result<()> {
     let file = open_regular(path, Area::LogFormat)?;
     let size = file
         .metadata()
@@ -512,11 +569,15 @@ pub fn assemble(mut records: Vec<(i64, f64)>, files: Vec<PathBuf>) -> LossCurve 
 pub fn read_loss_curve(files: &[PathBuf]) -> Result<LossCurve> {
     let mut ordered: Vec<PathBuf> = files.to_vec();
     ordered.sort_by(|a, b| a.file_name().cmp(&b.file_name()).then_with(|| a.cmp(b)));
-    let mut records = Vec::new();
+    let mut read = StepsWithExtras::default();
     for path in &ordered {
-        read_steps(path, &mut records)?;
+        read_steps(path, &mut read)?;
     }
-    Ok(assemble(records, ordered))
+    let side = read.side_series();
+    Ok(LossCurve {
+        side,
+        ..assemble(read.records, ordered)
+    })
 }
 
 // ---- any supported format ----

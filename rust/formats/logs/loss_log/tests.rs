@@ -417,3 +417,27 @@ fn side_series_keep_the_last_value_of_each_step_in_step_order() {
     assert_eq!((sorted[0], sorted[2]), ((1, 2.0), (3, 5.0)));
     assert!(sorted[1].1.is_nan());
 }
+
+#[test]
+fn dlm_step_lines_carry_their_side_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("train-000001-20250101T000000.jsonl");
+    let lines = [
+        r#"{"type": "banner", "run_id": 1}"#,
+        r#"{"grad_norm": 1.5, "loss": 2.0, "lr": 0.001, "step": 1, "type": "step", "val_loss": null}"#,
+        r#"{"grad_norm": NaN, "loss": 0.0, "lr": 0.0005, "step": 2, "type": "step", "val_loss": 2.5}"#,
+        r#"{"grad_norm": null, "loss": 1.0, "step": 3, "type": "step"}"#,
+        // A resumed run repeats step 2: the later line wins, extras included.
+        r#"{"grad_norm": 0.9, "loss": 1.5, "lr": 0.0004, "step": 2, "type": "step", "val_loss": 2.4}"#,
+    ];
+    std::fs::write(&log, lines.join("\n")).unwrap();
+    let curve = read_loss_curve(&[log]).unwrap();
+    assert_eq!(curve.steps, vec![1, 2, 3]);
+    assert_eq!(curve.side.grad_norm, vec![(1, 1.5), (2, 0.9)]);
+    assert_eq!(curve.side.learning_rate, vec![(1, 0.001), (2, 0.0004)]);
+    assert_eq!(curve.side.eval_loss, vec![(2, 2.4)]);
+    // NaN norms are kept as evidence (here replaced by the later line).
+    let mut out = StepsWithExtras::default();
+    read_steps_from(lines[..3].join("\n").as_bytes(), 0, &mut out).unwrap();
+    assert!(out.extras[1].grad_norm.is_some_and(f64::is_nan));
+}
