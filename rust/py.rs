@@ -17,6 +17,7 @@ use crate::analysis::adapter_weights::{self, AdapterWeights};
 use crate::analysis::layers::{self, LayerGrouping};
 use crate::analysis::metrics;
 use crate::analysis::robust_curve::{self, RobustCurve, RobustParams, SpikeEvent};
+use crate::analysis::series;
 use crate::error::{Area, Error};
 use crate::formats::logs::loss_log::{self, LossCurve};
 use crate::formats::safetensors_header::{self, Header, TensorInfo};
@@ -336,6 +337,31 @@ impl LossCurve {
     #[pyo3(name = "sample", signature = (cap=Size(512)), text_signature = "($self, cap=512)")]
     fn sample_py(&self, cap: Size) -> Result<Vec<(i64, Option<f64>)>> {
         self.sample(count("cap", cap)?)
+    }
+    /// For each side series the logs carry (`eval_loss`, `grad_norm`,
+    /// `learning_rate`): a dict with `len`, `sampled` (at most about `cap`
+    /// points, non-finite as None), `nonfinite_steps` and `zeros`.
+    #[pyo3(signature = (cap=Size(512)), text_signature = "($self, cap=512)")]
+    fn side_summary<'py>(&self, py: Python<'py>, cap: Size) -> PyResult<Bound<'py, PyDict>> {
+        let cap = count("cap", cap)?;
+        let out = PyDict::new(py);
+        for (name, points) in [
+            ("eval_loss", &self.side.eval_loss),
+            ("grad_norm", &self.side.grad_norm),
+            ("learning_rate", &self.side.learning_rate),
+        ] {
+            if points.is_empty() {
+                continue;
+            }
+            let s = series::summarize(points, cap);
+            let d = PyDict::new(py);
+            d.set_item("len", s.len)?;
+            d.set_item("sampled", s.sampled)?;
+            d.set_item("nonfinite_steps", s.nonfinite_steps)?;
+            d.set_item("zeros", s.zeros)?;
+            out.set_item(name, d)?;
+        }
+        Ok(out)
     }
     fn __len__(&self) -> usize {
         self.steps.len()

@@ -139,6 +139,8 @@ class LossCurve:
         """The robust analysis of this curve (see robust_curve); None if no loss is finite."""
     def sample(self, cap: int = 512) -> list[tuple[int, float | None]]:
         """About `cap` evenly strided (step, loss) points, ends kept, non-finite as None."""
+    def side_summary(self, cap: int = 512) -> dict[str, dict[str, Any]]:
+        """Per side series present: len, sampled, nonfinite_steps, zeros."""
     def __len__(self) -> int: ...
 
 def read_loss_curve(source: _Path | Sequence[_Path], *, tag: str | None = None) -> LossCurve:

@@ -13,3 +13,4 @@ pub mod layers;
 pub mod metrics;
 pub mod robust_curve;
 pub mod second_moment;
+pub mod series;

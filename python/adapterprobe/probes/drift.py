@@ -229,12 +229,6 @@ def _change_text(head: float, tail: float) -> str:
     return f"{(tail - head) / abs(head):+.1%}"
 
 
-def _sampled(points: list[tuple[int, float]], cap: int = CURVE_SAMPLE_CAP) -> list[Any]:
-    """At most about ``cap`` evenly strided points, the last kept, non-finite as None."""
-    idx = _sample_indices(len(points), cap)
-    return [[points[i][0], points[i][1] if math.isfinite(points[i][1]) else None] for i in idx]
-
-
 #: A series whose start is below this, and below this share of its largest
 #: value, starts at zero rather than at a loss (a KL-regularised RL objective).
 NEAR_ZERO_START = 1e-3
@@ -263,16 +257,17 @@ def _side_findings(
     """Findings and evidence from what the logs carry beside the loss."""
     findings: list[tuple[Verdict, str, str]] = []
     evidence: dict[str, Any] = {}
-    grad = list(curve.grad_norm)
-    lr = list(curve.learning_rate)
-    evals = list(curve.eval_loss)
-    loss_at = dict(zip(steps, losses, strict=True))
+    # One Rust pass per series: samples, non-finite steps, zero counts.
+    side = curve.side_summary(CURVE_SAMPLE_CAP)
 
+    grad = side.get("grad_norm")
     if grad:
-        evidence["grad_norm_sampled"] = _sampled(grad)
-        bad = [s for s, g in grad if not math.isfinite(g)]
+        evidence["grad_norm_sampled"] = grad["sampled"]
+        bad, n = grad["nonfinite_steps"], grad["len"]
         # The Trainer's NaN masking: NaN gradients, and the loss logged as 0.0.
+        loss_at = dict(zip(steps, losses, strict=True)) if bad else {}
         masked = [s for s in bad if loss_at.get(s) == 0.0]
+        last_bad = bool(bad) and bad[-1] == grad["sampled"][-1][0]
         if masked:
             findings.append(
                 (
@@ -283,43 +278,41 @@ def _side_findings(
                     "NaN and the trainer masked the loss",
                 )
             )
-        elif bad:
-            share = len(bad) / len(grad)
-            if share > NONFINITE_GRAD_SHARE or bad[-1] == grad[-1][0]:
-                findings.append(
-                    (
-                        Verdict.WARN,
-                        "nonfinite_grad_norm",
-                        f"{len(bad)} NaN/inf gradient norms ({share:.1%} of records"
-                        + (", the last one included" if bad[-1] == grad[-1][0] else "")
-                        + f") at steps {_steps_text(bad)}",
-                    )
+        elif bad and (len(bad) / n > NONFINITE_GRAD_SHARE or last_bad):
+            findings.append(
+                (
+                    Verdict.WARN,
+                    "nonfinite_grad_norm",
+                    f"{len(bad)} NaN/inf gradient norms ({len(bad) / n:.1%} of records"
+                    + (", the last one included" if last_bad else "")
+                    + f") at steps {_steps_text(bad)}",
                 )
-        finite = [g for _, g in grad if math.isfinite(g)]
-        zeros = sum(1 for g in finite if g == 0.0)
-        if finite and zeros > ZERO_SHARE * len(grad):
+            )
+        zeros = grad["zeros"]
+        if zeros > ZERO_SHARE * n:
             findings.append(
                 (
                     Verdict.WARN,
                     "zero_gradients",
-                    f"the gradient norm is exactly 0 at {zeros} of {len(grad)} logged records: "
+                    f"the gradient norm is exactly 0 at {zeros} of {n} logged records: "
                     "nothing is being trained (frozen parameters, or a LoRA B and A that "
                     "cannot move)",
                 )
             )
+    lr = side.get("learning_rate")
     if lr:
-        evidence["learning_rate_sampled"] = _sampled(lr)
-        zeros = sum(1 for _, v in lr if v == 0.0)
-        if zeros > ZERO_SHARE * len(lr):
+        evidence["learning_rate_sampled"] = lr["sampled"]
+        if lr["zeros"] > ZERO_SHARE * lr["len"]:
             findings.append(
                 (
                     Verdict.WARN,
                     "zero_learning_rate",
-                    f"the learning rate is 0 at {zeros} of {len(lr)} logged records",
+                    f"the learning rate is 0 at {lr['zeros']} of {lr['len']} logged records",
                 )
             )
+    evals = curve.eval_loss if "eval_loss" in side else []
     if evals:
-        evidence["eval_loss_sampled"] = _sampled(evals)
+        evidence["eval_loss_sampled"] = side["eval_loss"]["sampled"]
         bad = [s for s, v in evals if not math.isfinite(v)]
         finite = [(s, v) for s, v in evals if math.isfinite(v)]
         if bad:
@@ -365,7 +358,7 @@ def _train_fell_between(steps: list[int], losses: list[float], first: int, last:
     return last > first and level_at(last) < level_at(first)
 
 
-def _regression_noise(a: Any, head: float, window: int) -> float:
+def _regression_noise(a: Any, n: int, head: float, window: int) -> float:
     """How far above its best a healthy run's end level can sit by noise
     alone, as a share of the start: three standard errors of the end level
     (a median of ``level_points`` records) plus the expected depth of the
@@ -374,7 +367,7 @@ def _regression_noise(a: Any, head: float, window: int) -> float:
     per_point = 1.2533 * a.noise  # standard error factor of a median
     tail_scale = abs(a.tail_level) if a.relative else 1.0
     best_scale = abs(a.best_level) if a.relative else 1.0
-    windows = max(len(a.trend) // max(window, 1), 2)
+    windows = max(n // max(window, 1), 2)
     end = 3.0 * per_point * tail_scale / a.level_points**0.5
     low = per_point * best_scale / max(window, 1) ** 0.5 * math.sqrt(2 * math.log(windows))
     return (end + low) / head
@@ -518,10 +511,12 @@ def _judge_robust(curve: Any, o: DriftOptions, result: Any) -> ProbeResult:
     rise = -drop
     # The trend's highest point past the start: a healthy run's smoothed loss
     # does not climb far above where it began, even when it ends lower.
+    trend = a.trend  # one copy out of the kernel's result
     h = o.trend_window // 2
-    inner = range(h, num_steps - h) if num_steps > 2 * h else range(num_steps)
-    peak_index = max(inner, key=lambda i: a.trend[i])
-    peak_rise = (a.trend[peak_index] - head) / head
+    lo, hi = (h, num_steps - h) if num_steps > 2 * h else (0, num_steps)
+    peak = max(trend[lo:hi])
+    peak_index = trend.index(peak, lo, hi)
+    peak_rise = (peak - head) / head
     unstable_limit = max(UNSTABLE_RISE, 3.0 * a.noise if a.relative else 3.0 * a.noise / head)
     if rise > max(0.05, level_noise):
         findings.append(
@@ -538,11 +533,11 @@ def _judge_robust(curve: Any, o: DriftOptions, result: Any) -> ProbeResult:
                 Verdict.WARN,
                 "unstable",
                 f"the loss trend climbed {peak_rise:.0%} above where it started "
-                f"({head:.4g} -> {a.trend[peak_index]:.4g} at step {steps[peak_index]}) "
+                f"({head:.4g} -> {peak:.4g} at step {steps[peak_index]}) "
                 f"before ending at {tail:.4g}",
             )
         )
-    elif regression > max(o.max_regression, _regression_noise(a, head, o.trend_window)):
+    elif regression > max(o.max_regression, _regression_noise(a, num_steps, head, o.trend_window)):
         findings.append(
             (
                 Verdict.WARN,
@@ -571,7 +566,6 @@ def _judge_robust(curve: Any, o: DriftOptions, result: Any) -> ProbeResult:
     )
     summary = f"loss {head:.4g} -> {tail:.4g} ({change}) {span}, noise {noise_text}"
     sample_idx = _sample_indices(num_steps, CURVE_SAMPLE_CAP)
-    trend = a.trend
     clean = not findings and not side
     return finish(
         findings,
