@@ -12,7 +12,9 @@ events, Lightning ``*.ckpt`` files and ``metrics.csv``.
 from __future__ import annotations
 
 import os
+import re
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from realruns.corpus import markov_dataset
 from realruns.tiny import tiny_llama
 
 MODELS = ("llama", "qwen2", "gpt2")
+_LAYER = re.compile(r"\.(?:layers|h)\.(\d+)\.")  # the layer index in a parameter name
 
 
 def _silence() -> None:
@@ -94,6 +97,7 @@ def train_hf_run(
     nan_filter: bool = True,
     save_final: bool = True,
     seed: int = 0,
+    grad_scale: Mapping[int, float] | None = None,
 ) -> Path:
     """Fine-tune a tiny model with PEFT LoRA under ``transformers.Trainer``.
 
@@ -102,6 +106,10 @@ def train_hf_run(
     and the final adapter at the top when ``save_final``. ``nan_at`` makes
     the loss of that optimizer step NaN (an overflowing batch);
     ``nan_filter`` is the Trainer's ``logging_nan_inf_filter``.
+    ``grad_scale`` maps a layer index to a factor by which that layer's LoRA
+    gradients are multiplied in every backward pass (before clipping): a
+    layer whose gradients explode, e.g. ``{2: 50 ** 0.5}`` lifts its Adam
+    second moments about 50x.
     """
     _silence()
     torch = require("torch", "torch")
@@ -118,6 +126,11 @@ def train_hf_run(
         fan_in_fan_out=model == "gpt2",
     )
     peft_model = peft.get_peft_model(base, lora)
+    for name, param in peft_model.named_parameters():
+        found = _LAYER.search(name)
+        if param.requires_grad and found and int(found[1]) in (grad_scale or {}):
+            factor = float((grad_scale or {})[int(found[1])])
+            param.register_hook(lambda grad, factor=factor: grad * factor)
     args = transformers.TrainingArguments(
         output_dir=str(out),
         max_steps=steps,

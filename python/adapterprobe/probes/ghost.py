@@ -8,17 +8,34 @@ running any pickle code, and judges it under one of two rule sets
 - ``"robust"`` (default): FAIL for a smoke-test-length run
   (``global_step`` below ``min_steps_threshold``), for NaN/inf second
   moments and for second moments that are all exactly zero (no gradient
-  ever reached the optimizer: a dead adapter). The per-layer check compares
-  like with like: each tensor (module and LoRA factor) against the median
-  of the same tensor across layers, a layer scored by the median of its
-  tensors' ratios; it WARNs only for a layer scoring above
-  ``layer_outlier_ratio`` (1000x: healthy runs show single tensors 100x+
-  above their peers, a layer whose gradients exploded shows all of them
-  thousands of times above), or for a tensor that got no gradient in some
-  layers while its peers did. It needs an exact attribution of optimizer ids
-  to layers and at least ``min_layers_compared`` layers; otherwise it is
-  reported as not checked, with the reason, never silently passed. Missing
-  or unreadable adapter weights are an ERROR.
+  ever reached the optimizer: a dead adapter). The per-layer checks compare
+  like with like, each tensor (module and LoRA factor) with the same tensor
+  in other layers, and WARN for:
+
+  - exploding layers (``exploding_layers``, see :mod:`.layer_lift`): on a
+    log scale, a layer whose tensors (at least ``layer_lift_share``, 90%,
+    of them) sit more than ``layer_lift_decades`` (1.0: 10x) above the
+    median of the same tensor in its 4 nearest layers, their 2 highest set
+    aside (a second exploding layer, a naturally busy one); layer 0, which
+    reads the embeddings and is busier in healthy runs, above
+    ``first_layer_lift_decades`` (1.5). The margins come from the spread
+    of 59 healthy states of real runs (other layers: mean -0.09, sd 0.24
+    decades; layer 0: +0.34, sd 0.32), so a healthy run warns about once
+    in 5,000, while 50x on one or two layers (gradients 7x) is caught in
+    98% and 96% of the healthy states it was injected into
+    (``benches/bench_ghost_layers.py``). WARN, not FAIL: Adam normalises
+    its update by this very moment, so the adapter may still be fine (the
+    loss stays finite); it is a precursor of instability to look at.
+  - a layer whose tensors are typically (median of their ratios) above
+    ``layer_outlier_ratio`` (1000x) the median of the same tensor across
+    layers (``layer_outliers``; kept from before, subsumed in practice);
+  - a tensor that got no gradient in some layers while its peers did.
+
+  They need an exact attribution of optimizer ids to layers and at least
+  ``min_layers_compared`` (3) layers (which of two layers is the outlier
+  cannot be told); otherwise they are reported as not checked, with the
+  reason, never silently passed. Missing or unreadable adapter weights are
+  an ERROR.
 - ``"sway"``: dlm-sway's gradient_ghost exactly: the step floor, all-NaN
   second moments, then each layer's mean second moment against the calmest
   layer's (``undertrained_layer_ratio``, ``layer_failure_frac``).
@@ -37,6 +54,13 @@ from typing import Any
 
 from adapterprobe import _core
 from adapterprobe.errors import MissingFileError
+from adapterprobe.probes.layer_lift import (
+    FIRST_LAYER,
+    PEERS,
+    SET_ASIDE,
+    LayerLift,
+    layer_lifts,
+)
 from adapterprobe.probes.options import ProbeOptions, Rule, option, resolve
 from adapterprobe.probes.result import ProbeResult, Verdict
 
@@ -71,6 +95,24 @@ class GhostOptions(ProbeOptions):
     )
     min_layers_compared: int = option(
         Rule(int, low=3), "fewer attributed layers than this: per-layer check not done", robust=3
+    )
+    layer_lift_decades: float = option(
+        Rule(float, low=0, low_open=True),
+        "a layer whose tensors' exp_avg_sq sit more than this many decades (log10) above the "
+        "same tensors in its 4 nearest layers (their median, the 2 highest set aside): "
+        "WARN (exploding gradients)",
+        robust=1.0,
+    )
+    first_layer_lift_decades: float = option(
+        Rule(float, low=0, low_open=True),
+        "the same for layer 0, the block that reads the embeddings (busier than its peers "
+        "in healthy runs)",
+        robust=1.5,
+    )
+    layer_lift_share: float = option(
+        Rule(float, low=0, low_open=True, high=1),
+        "... lifted in at least this share of the layer's tensors",
+        robust=0.9,
     )
 
 
@@ -274,6 +316,8 @@ def _judge_robust(inputs: Any, o: GhostOptions, result: Any) -> ProbeResult:
     findings: list[tuple[Verdict, str, str]] = []
     layer_values: dict[str, float] = {}
     outliers: list[dict[str, Any]] = []
+    lifts: dict[int, LayerLift] = {}
+    exploding: list[LayerLift] = []
     attribution = inputs.attribution
     if attribution is None:
         not_checked["per_layer"] = (
@@ -281,12 +325,17 @@ def _judge_robust(inputs: Any, o: GhostOptions, result: Any) -> ProbeResult:
         )
     elif len(attribution.layer_indices) < o.min_layers_compared:
         not_checked["per_layer"] = (
-            f"only {len(attribution.layer_indices)} layer(s); a layer is compared with the "
-            f"median of its peers, which needs at least {o.min_layers_compared}"
+            f"only {len(attribution.layer_indices)} layer(s); a layer is compared with its "
+            f"peers, which needs at least {o.min_layers_compared} (between two layers, which "
+            "one is the outlier cannot be told)"
         )
     else:
         checked.append("per-layer second moments")
         outliers, dead, layer_values = _layer_comparison(per_param, attribution, o)
+        lifts = layer_lifts(
+            per_param, attribution, share=o.layer_lift_share, min_layers=o.min_layers_compared
+        )
+        exploding = [x for x in lifts.values() if x.decades > _lift_limit(x.layer, o)]
         if outliers:
             parts = [
                 f"layer {x['layer']} {x['ratio']:.3g}x {x['tensor']}"
@@ -299,6 +348,25 @@ def _judge_robust(inputs: Any, o: GhostOptions, result: Any) -> ProbeResult:
                     f"{len(outliers)} of {len(attribution.layer_indices)} layers have second "
                     f"moments typically more than {o.layer_outlier_ratio:g}x those of the same "
                     "tensors in the other layers (exploding gradients there): " + "; ".join(parts),
+                )
+            )
+        if exploding:
+            parts = [
+                f"layer {x.layer} +{x.decades:.2f} decades ({10**x.decades:.3g}x) in "
+                f"{_lifted_count(x, o)}/{x.tensors} tensors"
+                for x in sorted(exploding, key=lambda x: -x.decades)[:6]
+            ]
+            findings.append(
+                (
+                    Verdict.WARN,
+                    "exploding_layers",
+                    f"{len(exploding)} of {len(attribution.layer_indices)} layers have second "
+                    f"moments more than {o.layer_lift_decades:g} decades "
+                    f"({10**o.layer_lift_decades:.3g}x; layer 0: "
+                    f"{o.first_layer_lift_decades:g}) above the same tensors in their nearest "
+                    f"{PEERS} layers (the median, the {SET_ASIDE} highest set aside) in at "
+                    f"least {o.layer_lift_share:.0%} of their tensors (exploding gradients "
+                    "there, a precursor of instability): " + "; ".join(parts),
                 )
             )
         if dead:
@@ -329,7 +397,18 @@ def _judge_robust(inputs: Any, o: GhostOptions, result: Any) -> ProbeResult:
         # Each compared layer's score: the median over its tensors of the ratio
         # to the same tensor's median across layers (1.0 is a typical layer).
         "layer_ratio_to_peers": layer_values,
-        "flagged_layers": sorted({x["layer"] for x in outliers}),
+        # Each compared layer's lift in decades (log10) over the same tensors
+        # in its nearest layers (their median, the two highest set aside),
+        # reached by layer_lift_share of its tensors (0: like its peers; 1.7: 50x).
+        "layer_log_lift": {str(x.layer): x.decades for x in lifts.values()},
+        "exploding_layers": sorted(x.layer for x in exploding),
+        "exploding_tensors": [
+            {"layer": x.layer, "tensor": tensor, "lift_decades": lift}
+            for x in sorted(exploding, key=lambda x: x.layer)
+            for tensor, lift in x.by_tensor
+            if lift > _lift_limit(x.layer, o)
+        ],
+        "flagged_layers": sorted({x["layer"] for x in outliers} | {x.layer for x in exploding}),
         "outliers": outliers,
         "thresholds": o.to_dict(),
     }
@@ -343,7 +422,7 @@ def _judge_robust(inputs: Any, o: GhostOptions, result: Any) -> ProbeResult:
     done = (
         f"; per-layer check: {len(attribution.params)} tensors in "
         f"{len(attribution.layer_indices)} layers, no layer above {o.layer_outlier_ratio:g}x "
-        "its peers"
+        f"its peers, none exploding ({10**o.layer_lift_decades:.3g}x its nearest layers)"
         if "per_layer" not in not_checked and attribution is not None
         else ""
     )
@@ -353,6 +432,14 @@ def _judge_robust(inputs: Any, o: GhostOptions, result: Any) -> ProbeResult:
         score=0.9 if not not_checked else 0.8,
         evidence=evidence,
     )
+
+
+def _lift_limit(layer: int, o: GhostOptions) -> float:
+    return o.first_layer_lift_decades if layer == FIRST_LAYER else o.layer_lift_decades
+
+
+def _lifted_count(lift: LayerLift, o: GhostOptions) -> int:
+    return sum(d > _lift_limit(lift.layer, o) for _, d in lift.by_tensor)
 
 
 def _ids_text(ids: list[int], limit: int = 8) -> str:
@@ -407,6 +494,9 @@ def gradient_ghost(
     layer_failure_frac: float | None = None,
     layer_outlier_ratio: float | None = None,
     min_layers_compared: int | None = None,
+    layer_lift_decades: float | None = None,
+    first_layer_lift_decades: float | None = None,
+    layer_lift_share: float | None = None,
     options: GhostOptions | None = None,
     name: str = KIND,
 ) -> ProbeResult:
@@ -423,6 +513,9 @@ def gradient_ghost(
         "layer_failure_frac": layer_failure_frac,
         "layer_outlier_ratio": layer_outlier_ratio,
         "min_layers_compared": min_layers_compared,
+        "layer_lift_decades": layer_lift_decades,
+        "first_layer_lift_decades": first_layer_lift_decades,
+        "layer_lift_share": layer_lift_share,
     }
     resolved = resolve(GhostOptions, options, rules, given)
     inputs = _core.ghost_input(Path(adapter_path).expanduser())
