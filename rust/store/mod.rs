@@ -14,3 +14,5 @@ pub mod torch_state;
 
 #[cfg(test)]
 mod attribution_on_real_runs;
+#[cfg(test)]
+mod lfs_on_real_files;

@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Area, Error, Result};
 use crate::formats::logs::json_line::{to_loss, to_step, unescape, Scalar, Scanner, MAX_DEPTH};
 use crate::io::files::open_regular;
+use crate::io::lfs;
 
 /// Largest `trainer_state.json` read (real ones are kilobytes to a few MiB).
 pub const MAX_TRAINER_STATE_BYTES: u64 = 512 << 20;
@@ -80,7 +81,9 @@ pub fn read_trainer_state(path: &Path) -> Result<TrainerState> {
             e.valid_up_to()
         ))
     })?;
-    let mut state = parse_trainer_state(text).map_err(err)?;
+    let mut state = parse_trainer_state(text).map_err(|msg| {
+        lfs::pointer_error(Area::LogFormat, path, &bytes).unwrap_or_else(|| err(msg))
+    })?;
     state.path = path.to_path_buf();
     Ok(state)
 }

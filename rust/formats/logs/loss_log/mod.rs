@@ -18,6 +18,7 @@ use crate::error::{Area, Error, Result};
 use crate::formats::logs::json_line::{classify, LineKind};
 use crate::formats::logs::{csv_log, tfevents, trainer_state};
 use crate::io::files::open_regular;
+use crate::io::lfs;
 use crate::io::walk::files_under;
 
 /// Bytes read per batch; each batch is parsed in parallel pieces.
@@ -315,7 +316,11 @@ pub fn read_steps_from<R: Read>(
         if !first_line_seen && !discarding && !region.is_empty() {
             let first_end = memchr::memchr2(b'\n', b'\r', region).unwrap_or(region.len());
             match line_kind(&region[..first_end]) {
-                Some(LineKind::Invalid) => return Err("first line is not valid JSON".into()),
+                Some(LineKind::Invalid) => {
+                    // A Git LFS pointer is small: this batch holds all of it.
+                    return Err(lfs::describe_pointer(region)
+                        .unwrap_or_else(|| "first line is not valid JSON".into()));
+                }
                 Some(LineKind::Step(step, loss)) => out.push((step, loss)),
                 _ => {}
             }
