@@ -7,6 +7,7 @@
 //! `analysis`, `formats` and `io`; nothing below depends on it.
 
 pub mod layout;
+pub mod model_files;
 pub mod optimizer_state;
 pub mod probe_inputs;
 pub mod scan;
