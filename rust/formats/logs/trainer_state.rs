@@ -322,6 +322,29 @@ fn log_entry(
     Ok(())
 }
 
+/// Where `push_to_hub(hub_strategy="checkpoint")` keeps the newest
+/// checkpoint, beside (or instead of) the `checkpoint-<step>/` directories.
+pub const LAST_CHECKPOINT: &str = "last-checkpoint";
+
+/// The step of an HF checkpoint directory called `name` (at `dir`), to
+/// order checkpoints by: `N` of `checkpoint-N`, compared as a number; for
+/// `last-checkpoint`, the `global_step` of its `trainer_state.json`, or
+/// `u64::MAX` (the newest) when that cannot be read. None for other names.
+/// Where steps tie, `last-checkpoint` is the newer (it is a copy of the
+/// newest save).
+pub fn checkpoint_dir_step(name: &str, dir: &Path) -> Option<u64> {
+    if name == LAST_CHECKPOINT {
+        let state = read_trainer_state(&dir.join("trainer_state.json")).ok();
+        let step = state.and_then(|s| u64::try_from(s.global_step).ok());
+        return Some(step.unwrap_or(u64::MAX));
+    }
+    let digits = name.strip_prefix("checkpoint-")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

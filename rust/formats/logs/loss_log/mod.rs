@@ -523,7 +523,8 @@ fn file_source(path: &Path) -> Result<LogSource> {
     }
 }
 
-/// `checkpoint-<step>/trainer_state.json` with the highest step, if any.
+/// `checkpoint-<step>/trainer_state.json` with the highest step, if any
+/// (`last-checkpoint/` counts at its own step).
 fn newest_checkpoint_state(dir: &Path) -> Result<Option<PathBuf>> {
     let entries = std::fs::read_dir(dir).map_err(|e| Error::io(Area::LogFormat, dir, &e))?;
     let mut best: Option<(u64, PathBuf)> = None;
@@ -532,8 +533,7 @@ fn newest_checkpoint_state(dir: &Path) -> Result<Option<PathBuf>> {
         let name = entry.file_name();
         let Some(step) = name
             .to_str()
-            .and_then(|n| n.strip_prefix("checkpoint-"))
-            .and_then(|s| s.parse::<u64>().ok())
+            .and_then(|n| trainer_state::checkpoint_dir_step(n, &entry.path()))
         else {
             continue;
         };
