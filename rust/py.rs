@@ -619,13 +619,14 @@ fn ghost_input(py: Python<'_>, adapter: PathBuf) -> GhostInput {
 #[pymethods]
 impl Target {
     #[new]
-    #[pyo3(signature = (store, versions, broken=Vec::new(), with_logs=true, layout="dlm".to_string()))]
+    #[pyo3(signature = (store, versions, broken=Vec::new(), with_logs=true, layout="dlm".to_string(), checkpoint_kind=None))]
     fn py_new(
         store: PathBuf,
         versions: Vec<PathBuf>,
         broken: Vec<(PathBuf, String)>,
         with_logs: bool,
         layout: String,
+        checkpoint_kind: Option<String>,
     ) -> Self {
         Target {
             store,
@@ -633,6 +634,7 @@ impl Target {
             versions,
             broken,
             with_logs,
+            checkpoint_kind,
         }
     }
     /// Pickle support, so targets can travel to other processes (Ray tasks).
@@ -646,14 +648,18 @@ impl Target {
             t.broken.clone(),
             t.with_logs,
             t.layout.clone(),
+            t.checkpoint_kind.clone(),
         );
         Ok((slf.get_type().into_any(), args.into_pyobject(slf.py())?))
     }
     fn __repr__(&self) -> String {
         format!(
-            "Target(store={:?}, layout={:?}, versions={})",
+            "Target(store={:?}, layout={:?}, checkpoint_kind={}, versions={})",
             self.store.display().to_string(),
             self.layout,
+            self.checkpoint_kind
+                .as_ref()
+                .map_or("None".into(), |k| format!("{k:?}")),
             self.versions.len()
         )
     }
