@@ -182,7 +182,7 @@ def _group(records: Iterable[Any]) -> list[_Store]:
     for i, s in enumerate(out):
         s.index = i
         s.name = _relative(s.path, base) or s.path
-        s.records.sort(key=lambda r: (-r.severity, r.probe, r.adapter or ""))
+        s.records.sort(key=lambda r: (-r.severity, r.probe, _natural(r.adapter or "")))
     return out
 
 
