@@ -335,7 +335,7 @@ fn attach_model(input: &mut GhostInput, dir: &Path, state: &TrainingState, group
         .iter()
         .map(|p| (p.param_id, p.shape.clone()))
         .collect();
-    match keys.and_then(|keys| attribution::attribute_grouped(&keys, &params, groups)) {
+    match keys.and_then(|keys| attribution::attribute_model(&keys, &params, groups)) {
         Ok(a) => input.attribution = Some(a),
         Err(why) => input.attribution_error = Some(why),
     }
