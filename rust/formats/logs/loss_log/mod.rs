@@ -355,6 +355,9 @@ pub fn read_steps(path: &Path, out: &mut Vec<(i64, f64)>) -> Result<()> {
         .metadata()
         .map_or(BATCH, |m| m.len().min(BATCH as u64) as usize);
     read_steps_from(file, size, out).map_err(|msg| {
+        if let Some(e) = lfs::pointer_error_in(Area::LogFormat, path) {
+            return e; // with its oid and size as details
+        }
         let name = path.file_name().unwrap_or_default().to_string_lossy();
         let msg = msg.replace("first line", &format!("first line of {name}"));
         Error::new(Area::LogFormat, path, msg)
