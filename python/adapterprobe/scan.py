@@ -26,7 +26,7 @@ DEMO_STORE = Path(__file__).parent / "demo_store"
 LAYOUTS = (
     "dlm stores (adapter/ and logs/), HF Trainer output directories (checkpoint-N/ or "
     "last-checkpoint/ holding an adapter, a full model or only trainer_state.json; "
-    "trainer_state.json, training_args.bin or runs/ events), Lightning runs (*.ckpt or "
+    "trainer_state.json or training_args.bin), Lightning runs (*.ckpt or "
     "metrics.csv), bare PEFT adapter directories (adapter_config.json + "
     "adapter_model.safetensors) and folders of TensorBoard event files"
 )

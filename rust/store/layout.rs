@@ -8,8 +8,7 @@
 //!   by step (a number, so 40 < 80 < 120; `last-checkpoint` at the
 //!   `global_step` of its `trainer_state.json`, the newer on a tie); the
 //!   curve is `trainer_state.json` plus TensorBoard events under `runs/`.
-//!   Recognised by `trainer_state.json`, a checkpoint, `training_args.bin`
-//!   or events under `runs/*/`.
+//!   Recognised by `trainer_state.json`, a checkpoint or `training_args.bin`.
 //! - `lightning`: a directory holding `*.ckpt` files (directly or under
 //!   `checkpoints/`), or a `metrics.csv` (a CSVLogger run without
 //!   checkpoints), e.g. `lightning_logs/version_0/`; each checkpoint is a
@@ -295,20 +294,13 @@ fn has_event_files(dir: &Path) -> bool {
         .any(|(name, p)| is_event_file_name(name) && p.is_file())
 }
 
-/// Whether `dir/runs/<run>/` holds TensorBoard events (HF's `report_to`).
-fn has_hf_runs(dir: &Path) -> bool {
-    let runs = dir.join("runs");
-    runs.is_dir()
-        && entries(&runs)
-            .iter()
-            .any(|(_, p)| p.is_dir() && has_event_files(p))
-}
-
+/// An HF output dir. A `runs/` folder alone does not make one: any
+/// directory may hold one beside other stores, and the walk would stop
+/// there; its `runs/<date>/` events are then found as a TensorBoard store.
 pub fn is_hf_output(dir: &Path) -> bool {
     dir.join(TRAINER_STATE).is_file()
         || dir.join(TRAINING_ARGS).is_file()
         || !hf_checkpoints(dir).is_empty()
-        || has_hf_runs(dir)
 }
 
 /// The target for an HF Trainer output directory: its checkpoints (all, or
@@ -576,7 +568,8 @@ mod tests {
         let tb = tmp.path().join("tb");
         touch(&tb.join("events.out.tfevents.1700000000.host.1.0"));
         let hf = tmp.path().join("hf");
-        touch(&hf.join("runs/Jan01_host/events.out.tfevents.1700000000.host.1.0"));
+        let events = hf.join("runs/Jan01_host");
+        touch(&events.join("events.out.tfevents.1700000000.host.1.0"));
         let t = classify(&csv, false).unwrap();
         assert_eq!(
             (t.layout.as_str(), t.checkpoint_kind.as_deref()),
@@ -588,6 +581,11 @@ mod tests {
             (t.layout.as_str(), t.checkpoint_kind.as_deref()),
             (TENSORBOARD, Some(LOGS))
         );
+        // Only runs/: not an HF output dir (it could hold other stores), but
+        // its events are a store of their own.
+        assert!(classify(&hf, false).is_none());
+        assert_eq!(classify(&events, false).unwrap().layout, TENSORBOARD);
+        touch(&hf.join(TRAINING_ARGS));
         assert_eq!(classify(&hf, false).unwrap().layout, HF_TRAINER);
         assert!(classify(&tmp.path().join("lightning_logs"), false).is_none());
     }
