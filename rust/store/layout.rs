@@ -50,7 +50,7 @@ pub const TRAINER_STATE: &str = "trainer_state.json";
 pub const HF_OPTIMIZER: &str = "optimizer.pt";
 /// What `Trainer.save_model` writes beside every save.
 pub const TRAINING_ARGS: &str = "training_args.bin";
-const PICKLED_ADAPTER: &str = "adapter_model.bin";
+pub const PICKLED_ADAPTER: &str = "adapter_model.bin";
 
 /// What a layout calls itself in records.
 pub const DLM: &str = "dlm";

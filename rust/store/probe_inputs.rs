@@ -14,8 +14,8 @@ use crate::formats::logs::loss_log::{self, LossCurve};
 use crate::formats::logs::trainer_state;
 use crate::formats::safetensors_header::read_header;
 use crate::store::layout::{
-    self, checkpoint_kind, Target, FULL, HF_TRAINER, LIGHTNING, LOGS, PEFT, TENSORBOARD,
-    TRAINER_STATE,
+    self, checkpoint_kind, Target, FULL, HF_TRAINER, LIGHTNING, LOGS, PEFT, PICKLED_ADAPTER,
+    TENSORBOARD, TRAINER_STATE,
 };
 use crate::store::model_files::{self, ModelFiles};
 use crate::store::optimizer_state::{self, OptimizerState};
@@ -370,6 +370,13 @@ fn attach_adapter(
     groups: &[Vec<i64>],
 ) {
     let weights = layers::adapter_weights_path(adapter);
+    if !weights.exists() && adapter.join(PICKLED_ADAPTER).is_file() {
+        // Real files, read by no one here: the per-layer check is not done.
+        let why = format!("the adapter is saved as {PICKLED_ADAPTER} (pickled: its tensor names are not read), so ids cannot be tied to layers");
+        input.grouping_error = Some(Error::new(Area::LayerGrouping, adapter, why.clone()));
+        input.attribution_error = Some(why);
+        return;
+    }
     let header = if weights.exists() {
         read_header(&weights)
     } else {
@@ -472,6 +479,14 @@ fn no_adapter_note(version: &Path, kind: &str) -> Option<String> {
             ))
         }
         LOGS => Some("log-only checkpoint: no weights".to_string()),
+        _ if !version.join(layers::ADAPTER_WEIGHTS).exists()
+            && version.join(PICKLED_ADAPTER).is_file() =>
+        {
+            Some(format!(
+                "the adapter is saved as {PICKLED_ADAPTER}: pickled torch weights are not read \
+                 (unpickling runs code); save it with safetensors to have it checked"
+            ))
+        }
         _ => None,
     }
 }
