@@ -14,6 +14,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
 use crate::analysis::adapter_weights::{self, AdapterWeights};
+use crate::analysis::full_weights::{FullWeights, LayerWeights};
 use crate::analysis::layers::{self, LayerGrouping};
 use crate::analysis::metrics;
 use crate::analysis::robust_curve::{self, RobustCurve, RobustParams, SpikeEvent};
@@ -24,7 +25,8 @@ use crate::formats::safetensors_header::{self, Header, TensorInfo};
 use crate::io::json_text;
 use crate::store::optimizer_state::{self, OptimizerState};
 use crate::store::scan::{
-    self, Discovery, DriftInput, GhostInput, LogsStatus, Target, TargetInputs, WeightsInput,
+    self, Discovery, DriftInput, FullWeightsInput, GhostInput, LogsStatus, Target, TargetInputs,
+    WeightsInput,
 };
 use crate::store::torch_state::{self, ParamStat, TrainingState};
 use crate::Result;
@@ -684,13 +686,14 @@ fn ghost_input(py: Python<'_>, adapter: PathBuf) -> GhostInput {
 #[pymethods]
 impl Target {
     #[new]
-    #[pyo3(signature = (store, versions, broken=Vec::new(), with_logs=true, layout="dlm".to_string()))]
+    #[pyo3(signature = (store, versions, broken=Vec::new(), with_logs=true, layout="dlm".to_string(), checkpoint_kind=None))]
     fn py_new(
         store: PathBuf,
         versions: Vec<PathBuf>,
         broken: Vec<(PathBuf, String)>,
         with_logs: bool,
         layout: String,
+        checkpoint_kind: Option<String>,
     ) -> Self {
         Target {
             store,
@@ -698,6 +701,7 @@ impl Target {
             versions,
             broken,
             with_logs,
+            checkpoint_kind,
         }
     }
     /// Pickle support, so targets can travel to other processes (Ray tasks).
@@ -711,14 +715,18 @@ impl Target {
             t.broken.clone(),
             t.with_logs,
             t.layout.clone(),
+            t.checkpoint_kind.clone(),
         );
         Ok((slf.get_type().into_any(), args.into_pyobject(slf.py())?))
     }
     fn __repr__(&self) -> String {
         format!(
-            "Target(store={:?}, layout={:?}, versions={})",
+            "Target(store={:?}, layout={:?}, checkpoint_kind={}, versions={})",
             self.store.display().to_string(),
             self.layout,
+            self.checkpoint_kind
+                .as_ref()
+                .map_or("None".into(), |k| format!("{k:?}")),
             self.versions.len()
         )
     }
@@ -739,13 +747,14 @@ fn discover(
 
 /// Gather probe inputs for `targets` in parallel (GIL released), in order.
 #[pyfunction]
-#[pyo3(signature = (targets, *, drift=true, ghost=true, weights=true, workers=None))]
+#[pyo3(signature = (targets, *, drift=true, ghost=true, weights=true, full_weights=false, workers=None))]
 fn probe_targets(
     py: Python<'_>,
     targets: Vec<Target>,
     drift: bool,
     ghost: bool,
     weights: bool,
+    full_weights: bool,
     workers: Option<Size>,
 ) -> Result<Vec<TargetInputs>> {
     let workers = workers.map(|n| count("workers", n)).transpose()?;
@@ -753,6 +762,7 @@ fn probe_targets(
         drift,
         ghost,
         weights,
+        full_weights,
     };
     py.detach(|| scan::pool(workers).map(|p| p.install(|| scan::probe_targets(&targets, wanted))))
 }
@@ -767,6 +777,27 @@ fn read_adapter_weights(py: Python<'_>, path: PathBuf) -> Result<AdapterWeights>
 #[pyfunction]
 fn weights_input(py: Python<'_>, adapter: PathBuf) -> WeightsInput {
     py.detach(|| scan::weights_input(&adapter))
+}
+
+/// What `full_weights` needs about one checkpoint (a directory, or its
+/// `model.safetensors` or `model.safetensors.index.json`).
+#[pyfunction]
+fn full_weights_input(py: Python<'_>, version: PathBuf) -> FullWeightsInput {
+    py.detach(|| scan::full_weights_input(&version))
+}
+
+#[pymethods]
+impl FullWeights {
+    fn __repr__(&self) -> String {
+        format!(
+            "FullWeights(path={:?}, files={}, tensors={}, layers={}, nonfinite_total={})",
+            self.path.display().to_string(),
+            self.files.len(),
+            self.tensors.len(),
+            self.layers.len(),
+            self.nonfinite_total
+        )
+    }
 }
 
 // ---- JSON text of plain Python trees ----
@@ -910,6 +941,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<adapter_weights::ConfigSummary>()?;
     m.add_function(wrap_pyfunction!(read_adapter_weights, m)?)?;
     m.add_function(wrap_pyfunction!(weights_input, m)?)?;
+    m.add_class::<FullWeightsInput>()?;
+    m.add_class::<FullWeights>()?;
+    m.add_class::<LayerWeights>()?;
+    m.add_function(wrap_pyfunction!(full_weights_input, m)?)?;
     m.add_function(wrap_pyfunction!(json_dumps, m)?)?;
     Ok(())
 }

@@ -61,7 +61,7 @@ def test_table_and_csv_formats():
     first = table.stdout.index("FAIL")
     assert first < table.stdout.index("WARN") < table.stdout.index("PASS")  # worst first
     csv_out = cli("scan", str(DEMO_STORE), "--format", "csv")
-    header = "store,adapter,layout,probe,verdict,score,message,evidence"
+    header = "store,adapter,layout,probe,verdict,score,message,evidence,checkpoint_kind"
     assert csv_out.stdout.splitlines()[0] == header
 
 

@@ -49,7 +49,7 @@ def test_sums_past_the_float_range_do_not_raise(huge_moments_store):
         result = ap.gradient_ghost(version, rules=rules)
         assert result.verdict.value in ("pass", "warn", "fail"), result.message
     report = ap.scan(huge_moments_store, rules="sway")
-    assert {r.probe for r in report} == set(probes.PROBES)
+    assert {r.probe for r in report} == set(probes.DEFAULT_PROBES)
 
 
 def test_a_judge_that_raises_becomes_one_error_record(monkeypatch, demo_store):

@@ -62,6 +62,7 @@ def test_hf_output_dir_is_scanned_newest_checkpoint_first(runs):
     run = hf_run(runs)
     report = ap.scan(run)
     assert {r.layout for r in report} == {"hf-trainer"}
+    assert {r.checkpoint_kind for r in report} == {"adapter"}
     probes = by_probe(report)
     assert [Path(r.adapter).name for r in probes["gradient_ghost"]] == ["checkpoint-60"]
     assert {r.verdict.value for r in report} == {"pass"}, [r.message for r in report]
@@ -229,6 +230,50 @@ def test_lightning_run(runs):
 
 
 @pytest.mark.slow
+def test_a_lightning_run_without_checkpoints_is_a_store(runs, tmp_path):
+    """A CSVLogger run saved without checkpoints: only metrics.csv (and
+    hparams.yaml) in lightning_logs/version_N/."""
+    version = runs.get("lightning", lightning=True, steps=40, every=20)
+    logs = tmp_path / "lightning_logs" / "version_0"
+    shutil.copytree(version, logs, ignore=shutil.ignore_patterns("checkpoints"))
+    (record,) = ap.scan(tmp_path)
+    assert (record.store, record.layout, record.probe, record.checkpoint_kind) == (
+        str(logs),
+        "lightning",
+        "training_drift",
+        "logs",
+    )
+    assert record.verdict.value == "pass", record.message
+    assert record.evidence["num_steps"] == len(ap.read_loss_curve(logs / "metrics.csv"))
+    with_ckpts = by_probe(ap.scan(version))
+    assert {r.checkpoint_kind for rs in with_ckpts.values() for r in rs} == {"full"}
+
+
+@pytest.mark.slow
+def test_a_pickled_adapter_is_skipped_not_an_error(runs, tmp_path):
+    """PEFT's save_pretrained(safe_serialization=False) writes adapter_model.bin:
+    real files that no reader here unpickles, so SKIP and "not checked"."""
+    from peft import PeftModel
+
+    ckpt = hf_run(runs) / "checkpoint-60"
+    copy = tmp_path / "run" / "checkpoint-60"
+    model = PeftModel.from_pretrained(hf.tiny_causal_lm("llama", layers=3), ckpt)
+    model.save_pretrained(copy, safe_serialization=False)
+    assert (copy / "adapter_model.bin").is_file()
+    assert not (copy / "adapter_model.safetensors").exists()
+    for name in ("optimizer.pt", "trainer_state.json"):
+        shutil.copy(ckpt / name, copy / name)
+    report = ap.scan(copy.parent)
+    assert report.counts()["error"] == 0, [r.message for r in report]
+    probes = by_probe(report)
+    weights = probes["adapter_weights"][0]
+    assert weights.verdict.value == "skip" and "adapter_model.bin" in weights.message
+    ghost = probes["gradient_ghost"][0]
+    assert ghost.verdict.value == "pass", ghost.message
+    assert "adapter_model.bin" in ghost.evidence["not_checked"]["per_layer"]
+
+
+@pytest.mark.slow
 def test_a_bare_peft_adapter(runs, tmp_path):
     run = hf_run(runs)
     bare = tmp_path / "bare"
@@ -238,6 +283,7 @@ def test_a_bare_peft_adapter(runs, tmp_path):
     report = by_probe(ap.scan(bare))
     assert report["adapter_weights"][0].verdict.value == "pass"
     assert report["adapter_weights"][0].layout == "peft"
+    assert report["adapter_weights"][0].checkpoint_kind == "adapter"
     for probe in ("gradient_ghost", "training_drift"):
         (record,) = report[probe]
         assert record.verdict.value == "skip" and "bare PEFT adapter" in record.message

@@ -106,7 +106,7 @@ def test_failed_records_match_the_local_record_shape():
     targets, _ = discover(DEMO_STORE, all_versions=True)
     for target in targets:
         local = ap.scan(target.store, all_versions=True)
-        failed = failed_records(target, tuple(ap.probes.PROBES), "boom")
+        failed = failed_records(target, ap.probes.DEFAULT_PROBES, "boom")
         assert [(r.store, r.adapter, r.probe) for r in failed] == [
             (r.store, r.adapter, r.probe) for r in local
         ]

@@ -16,7 +16,17 @@ import pytest
 import adapterprobe as ap
 from adapterprobe.scan import DEMO_STORE
 
-RECORD_KEYS = {"store", "adapter", "layout", "probe", "verdict", "score", "message", "evidence"}
+RECORD_KEYS = {
+    "store",
+    "adapter",
+    "layout",
+    "probe",
+    "verdict",
+    "score",
+    "message",
+    "evidence",
+    "checkpoint_kind",
+}
 
 
 @pytest.fixture()
@@ -118,8 +128,10 @@ def test_formats(tree):
     records = json.loads(report.to_json())
     assert all(set(r) == RECORD_KEYS for r in records)
     assert all(r["verdict"] in {"pass", "warn", "fail", "skip", "error"} for r in records)
+    assert {r["checkpoint_kind"] for r in records} == {"adapter"}  # dlm stores
     rows = list(csv.DictReader(io.StringIO(report.to_csv())))
     assert [r["probe"] for r in rows] == [r["probe"] for r in records]
+    assert [r["checkpoint_kind"] for r in rows] == [r["checkpoint_kind"] for r in records]
     assert json.loads(rows[0]["evidence"]) == records[0]["evidence"]
     pd = pytest.importorskip("pandas")
     frame = report.to_pandas()
@@ -133,6 +145,7 @@ def test_formats(tree):
         "score",
         "message",
         "evidence",
+        "checkpoint_kind",
     ]
     assert len(frame) == len(records)
 

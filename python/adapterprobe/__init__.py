@@ -1,7 +1,8 @@
 """adapterprobe: fast, model-free health checks for LoRA adapters and fine-tuning runs.
 
 Scan stores of adapters and training runs (``scan``), or probe one thing at a
-time (``training_drift``, ``gradient_ghost``, ``adapter_weights``); read logs,
+time (``training_drift``, ``gradient_ghost``, ``adapter_weights``,
+``full_weights``); read logs,
 optimizer states and adapter weights without torch (``read_*``). Importing
 this package never imports torch: the names that need it (``extract_lora``,
 ``GAPMonitor``, ...) load their modules on first use, and without torch they
@@ -51,11 +52,13 @@ from adapterprobe.errors import (
 )
 from adapterprobe.probes import (
     DriftOptions,
+    FullWeightsOptions,
     GhostOptions,
     ProbeResult,
     Verdict,
     WeightsOptions,
     adapter_weights,
+    full_weights,
     gradient_ghost,
     training_drift,
 )
@@ -166,9 +169,11 @@ __all__ = [
     "TrainingState",
     # probes and scans
     "DriftOptions",
+    "FullWeightsOptions",
     "GhostOptions",
     "WeightsOptions",
     "adapter_weights",
+    "full_weights",
     "gradient_ghost",
     "training_drift",
     "scan",

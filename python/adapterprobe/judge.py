@@ -51,18 +51,19 @@ def _records_for(
     inputs: Any, probes: Sequence[str], options: Mapping[str, ProbeOptions]
 ) -> list[ScanRecord]:
     """Judge one target's gathered inputs: store-level records first, then
-    each adapter version's records in version order."""
+    each version's records in version order (the order discovery listed
+    them: by step for checkpoints, not by text)."""
     store = str(inputs.store)
     layout = inputs.layout
     out: list[ScanRecord] = []
-    per_adapter: list[tuple[str, str, ProbeResult]] = []
+    per_adapter: list[tuple[str, str, ProbeResult, str | None]] = []
     for name in sorted(probes, key=lambda p: (PROBES[p].scope != "store", p)):
         spec = PROBES[name]
         if spec.scope == "store":
             given = getattr(inputs, spec.inputs)
             if given is not None:
                 result = guarded(name, spec.judge, given, options[name])
-                out.append(ScanRecord.of(store, None, result, layout))
+                out.append(ScanRecord.of(store, None, result, layout, inputs.checkpoint_kind))
             continue
         items = list(getattr(inputs, spec.inputs))
         if name == "adapter_weights":
@@ -73,12 +74,19 @@ def _records_for(
             ]
         else:
             judged = [guarded(name, spec.judge, g, options[name]) for g in items]
-        per_adapter += [(str(g.adapter), name, r) for g, r in zip(items, judged, strict=True)]
+        per_adapter += [
+            (str(g.adapter), name, r, g.checkpoint_kind) for g, r in zip(items, judged, strict=True)
+        ]
         for adapter, reason in inputs.broken:
             broken = ProbeResult(name=name, kind=name, verdict=Verdict.ERROR, message=reason)
-            per_adapter.append((str(adapter), name, broken))
-    for adapter, _, r in sorted(per_adapter, key=lambda item: (item[0], item[1])):
-        out.append(ScanRecord.of(store, adapter, r, layout))
+            per_adapter.append((str(adapter), name, broken, None))
+    # Versions in the store's own order (checkpoint-40 before checkpoint-120),
+    # then the adapters whose versions are unknown; each version's probes by name.
+    rank: dict[str, int] = {}
+    for adapter, *_ in per_adapter:
+        rank.setdefault(adapter, len(rank))
+    for adapter, _, r, kind in sorted(per_adapter, key=lambda item: (rank[item[0]], item[1])):
+        out.append(ScanRecord.of(store, adapter, r, layout, kind))
     return out
 
 
@@ -90,6 +98,7 @@ def gather(targets: Sequence[Any], probes: Sequence[str], workers: int | None = 
         drift="training_drift" in probes,
         ghost="gradient_ghost" in probes,
         weights="adapter_weights" in probes,
+        full_weights="full_weights" in probes,
         workers=workers,
     )
 

@@ -45,12 +45,15 @@ def failed_records(target: Any, probes: Sequence[str], cause: str) -> list[ScanR
     store = str(target.store)
     message = f"probing this store failed on the cluster: {cause}"
     out = []
+    kind = target.checkpoint_kind
     for name in sorted(p for p in probes if PROBES[p].scope == "store"):
         if target.with_logs:
-            out.append(ScanRecord(store, None, target.layout, name, Verdict.ERROR, None, message))
+            out.append(
+                ScanRecord(store, None, target.layout, name, Verdict.ERROR, None, message, {}, kind)
+            )
     adapters = [str(v) for v in target.versions] + [str(a) for a, _ in target.broken]
     per_adapter = sorted(p for p in probes if PROBES[p].scope == "adapter")
-    for adapter in sorted(adapters):
+    for adapter in adapters:  # the order judge gives them: versions, then broken
         for name in per_adapter:
             out.append(
                 ScanRecord(store, adapter, target.layout, name, Verdict.ERROR, None, message)

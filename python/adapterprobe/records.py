@@ -13,6 +13,7 @@ import dataclasses
 import io
 import json
 import os
+import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -31,9 +32,18 @@ EXIT_OK, EXIT_VERDICTS, EXIT_USAGE, EXIT_NOTHING_FOUND = 0, 1, 2, 3
 
 @dataclass(frozen=True)
 class ScanRecord:
-    """One probe's verdict on one store (drift) or adapter version (ghost,
-    weights); ``layout`` says what kind of store it is (``dlm``,
-    ``hf-trainer``, ``lightning``, ``peft``)."""
+    """One probe's verdict on one store (drift) or version (ghost, weights,
+    full_weights).
+
+    ``layout`` says what kind of store it is (``dlm``, ``hf-trainer``,
+    ``lightning``, ``peft``, ``tensorboard``); ``checkpoint_kind`` what the
+    version holds: ``"adapter"`` (a LoRA adapter), ``"full"`` (a whole
+    model: a full fine-tune's ``model.safetensors``, a Lightning ``.ckpt``)
+    or ``"logs"`` (no weights: only ``trainer_state.json``, or a run that
+    left only logs). A store-level record (``training_drift``) carries the
+    store's newest version's kind (``"logs"`` for a log-only run); it is
+    None when the store's versions could not be determined.
+    """
 
     store: str
     adapter: str | None
@@ -43,10 +53,16 @@ class ScanRecord:
     score: float | None
     message: str
     evidence: dict[str, Any] = field(default_factory=dict)
+    checkpoint_kind: str | None = None
 
     @classmethod
     def of(
-        cls, store: str, adapter: str | None, result: ProbeResult, layout: str = "dlm"
+        cls,
+        store: str,
+        adapter: str | None,
+        result: ProbeResult,
+        layout: str = "dlm",
+        checkpoint_kind: str | None = None,
     ) -> ScanRecord:
         return cls(
             store,
@@ -57,6 +73,7 @@ class ScanRecord:
             result.score,
             result.message,
             result.evidence,
+            checkpoint_kind,
         )
 
     def _plain(self) -> dict[str, Any]:
@@ -81,6 +98,12 @@ class ScanRecord:
 
 #: The record fields, in output order.
 RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ScanRecord))
+
+
+def natural_key(text: str) -> tuple[Any, ...]:
+    """Sort key that orders numbers in names as numbers: ``checkpoint-40``
+    before ``checkpoint-120``, layer 9 before layer 10."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text))
 
 
 def json_chunks(

@@ -17,16 +17,18 @@ from typing import Any
 from adapterprobe import _core
 from adapterprobe.errors import UsageError
 from adapterprobe.judge import gather, judge_gathered
-from adapterprobe.probes import PROBES, resolve_options
+from adapterprobe.probes import DEFAULT_PROBES, resolve_options
 from adapterprobe.probes.options import ProbeOptions
 from adapterprobe.records import ScanRecord, ScanReport
 
 DEMO_STORE = Path(__file__).parent / "demo_store"
 #: What discovery recognises as a store, in words (for "nothing found").
 LAYOUTS = (
-    "dlm stores (adapter/ and logs/), HF Trainer output directories (checkpoint-N/ with "
-    "trainer_state.json), Lightning checkpoint directories (*.ckpt) and bare PEFT adapter "
-    "directories (adapter_config.json + adapter_model.safetensors)"
+    "dlm stores (adapter/ and logs/), HF Trainer output directories (checkpoint-N/ or "
+    "last-checkpoint/ holding an adapter, a full model or only trainer_state.json; "
+    "trainer_state.json or training_args.bin), Lightning runs (*.ckpt or "
+    "metrics.csv), bare PEFT adapter directories (adapter_config.json + "
+    "adapter_model.safetensors) and folders of TensorBoard event files"
 )
 # Stores gathered per Rust call: big enough to keep every core busy, small
 # enough for a progress bar to move.
@@ -87,7 +89,7 @@ def discover(
 def scan_batches(
     targets: Sequence[Any],
     *,
-    probes: Sequence[str] = tuple(PROBES),
+    probes: Sequence[str] = DEFAULT_PROBES,
     workers: int | None = None,
     engine: str = "local",
     address: str | None = None,
@@ -128,7 +130,7 @@ def scan_batches(
 
 def scan(
     *roots: str | Path,
-    probes: Sequence[str] = tuple(PROBES),
+    probes: Sequence[str] = DEFAULT_PROBES,
     all_versions: bool = False,
     workers: int | None = None,
     engine: str = "local",
@@ -139,7 +141,9 @@ def scan(
 ) -> ScanReport:
     """Probe every store under ``roots`` and return the records.
 
-    ``probes``: which probes to run. ``all_versions``: every
+    ``probes``: which probes to run (default: ``adapter_weights``,
+    ``gradient_ghost``, ``training_drift``; ``full_weights`` is opt-in).
+    ``all_versions``: every
     ``versions/vNNNN`` instead of each adapter's ``current.txt``.
     ``workers``: threads (default: one per core). ``engine``: ``"local"``
     or ``"ray"`` (``address``: a Ray cluster to join). ``rules``: the verdict

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from adapterprobe.errors import UsageError
-from adapterprobe.probes import PROBES, RULE_SETS, resolve_options
+from adapterprobe.probes import DEFAULT_PROBES, PROBES, RULE_SETS, resolve_options
 from adapterprobe.probes.options import ProbeOptions
 from adapterprobe.records import FAIL_ON
 
@@ -51,7 +51,7 @@ class Settings:
         """One validated options object per probe."""
         return resolve_options(tuple(probes), self.options, self.rules)
 
-    def to_dict(self, probes: Sequence[str] = tuple(PROBES)) -> dict[str, Any]:
+    def to_dict(self, probes: Sequence[str] = DEFAULT_PROBES) -> dict[str, Any]:
         """The resolved settings, as the reports show them."""
         out: dict[str, Any] = {"rules": self.rules}
         if self.sources:

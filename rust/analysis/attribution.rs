@@ -11,6 +11,12 @@
 //! that every layer's shapes agree slot by slot, and refuse whenever more
 //! than one placement fits or the state and the adapter disagree. A refusal
 //! is an answer too: the probe then reports the per-layer check as not done.
+//!
+//! A full fine-tune's optimizer holds every tensor of the model, and its
+//! final norm is shaped like each layer's norms, so shapes alone leave two
+//! placements; [`attribute_model`] then takes the one HF models' module
+//! registration order gives (input embeddings, the layers, the rest), and
+//! only when the shapes before the stack are the embeddings'.
 
 use std::collections::BTreeMap;
 
@@ -116,6 +122,30 @@ pub fn is_no_decay_name(name: &str) -> bool {
             .any(|part| part == "norm" || part.ends_with("_norm"))
 }
 
+/// Whether a key outside the layers is an input embedding, which every HF
+/// model registers before its layer stack (`embed_tokens`, `embed_in`,
+/// `wte`, `wpe`, `embeddings.*`, `embed_positions`); the other loose
+/// tensors (final norm, `lm_head`, GPT-NeoX's `embed_out`) come after it.
+pub fn is_input_embedding_name(name: &str) -> bool {
+    name.split('.').any(|part| {
+        let part = part.to_lowercase();
+        part == "wte" || part == "wpe" || (part.contains("embed") && part != "embed_out")
+    })
+}
+
+/// How `align` treats several placements of the layered block that fit
+/// the shapes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ties {
+    /// Refuse: attribution would be a guess (adapters).
+    Refuse,
+    /// Take the one that puts the input embeddings before the layers and
+    /// every other loose tensor after them, the order in which HF models
+    /// register their modules; refuse when that one does not fit (a full
+    /// model, whose final norm is shaped like every layer's norms).
+    ModelOrder,
+}
+
 /// Adapter keys sorted into layers.
 struct KeyLayout<'k> {
     /// The text before the layer index of every layered key.
@@ -124,6 +154,8 @@ struct KeyLayout<'k> {
     layers: BTreeMap<u64, Vec<(&'k str, &'k Shape)>>,
     /// Shapes of the keys without a layer index.
     loose: Vec<&'k Shape>,
+    /// Shapes of the loose keys that are input embeddings.
+    loose_before: Vec<&'k Shape>,
     keys: usize,
 }
 
@@ -133,6 +165,7 @@ impl<'k> KeyLayout<'k> {
             stacks: BTreeMap::new(),
             layers: BTreeMap::new(),
             loose: Vec::new(),
+            loose_before: Vec::new(),
             keys: 0,
         };
         for (name, shape) in keys {
@@ -146,7 +179,12 @@ impl<'k> KeyLayout<'k> {
                         .or_default()
                         .push((suffix, shape));
                 }
-                None => layout.loose.push(shape),
+                None => {
+                    layout.loose.push(shape);
+                    if is_input_embedding_name(name) {
+                        layout.loose_before.push(shape);
+                    }
+                }
             }
         }
         layout
@@ -182,9 +220,17 @@ pub fn attribute(
     keys: &[(String, Shape)],
     params: &[(i64, Shape)],
 ) -> std::result::Result<Attribution, String> {
+    attribute_with(keys, params, Ties::Refuse)
+}
+
+fn attribute_with(
+    keys: &[(String, Shape)],
+    params: &[(i64, Shape)],
+    ties: Ties,
+) -> std::result::Result<Attribution, String> {
     let layout = KeyLayout::of(keys.iter());
     layout.check_whole()?;
-    align(&layout, params)
+    align(&layout, params, ties)
 }
 
 /// Attribute `params` (param id and state shape) to the layers of an
@@ -203,9 +249,31 @@ pub fn attribute_grouped(
     params: &[(i64, Shape)],
     groups: &[Vec<i64>],
 ) -> std::result::Result<Attribution, String> {
+    attribute_grouped_with(keys, params, groups, Ties::Refuse)
+}
+
+/// [`attribute_grouped`] for a whole model's tensors (a full fine-tune):
+/// `keys` are every trainable tensor of the model (a tied weight once).
+/// Where the shapes leave several placements of the layer stack (the final
+/// norm is shaped like each layer's norms), the model's registration order
+/// decides: input embeddings before the stack, everything else after it.
+pub fn attribute_model(
+    keys: &[(String, Shape)],
+    params: &[(i64, Shape)],
+    groups: &[Vec<i64>],
+) -> std::result::Result<Attribution, String> {
+    attribute_grouped_with(keys, params, groups, Ties::ModelOrder)
+}
+
+fn attribute_grouped_with(
+    keys: &[(String, Shape)],
+    params: &[(i64, Shape)],
+    groups: &[Vec<i64>],
+    ties: Ties,
+) -> std::result::Result<Attribution, String> {
     let non_empty: Vec<&Vec<i64>> = groups.iter().filter(|g| !g.is_empty()).collect();
     let (decay_ids, no_decay_ids) = match non_empty.as_slice() {
-        [] | [_] => return attribute(keys, params),
+        [] | [_] => return attribute_with(keys, params, ties),
         [decay, no_decay] => (*decay, *no_decay),
         many => {
             return Err(format!(
@@ -263,11 +331,13 @@ pub fn attribute_grouped(
     let decay = align(
         &KeyLayout::of(decay_keys.into_iter()),
         &group_params(decay_ids, "weight-decay")?,
+        ties,
     )
     .map_err(|why| format!("weight-decay group: {why}"))?;
     let no_decay = align(
         &KeyLayout::of(no_decay_keys.into_iter()),
         &group_params(no_decay_ids, "no-decay")?,
+        ties,
     )
     .map_err(|why| format!("no-decay group: {why}"))?;
     merge(decay, no_decay)
@@ -322,6 +392,7 @@ fn merge_loose(mut a: Attribution, loose: Vec<i64>) -> Attribution {
 fn align(
     layout: &KeyLayout<'_>,
     params: &[(i64, Shape)],
+    ties: Ties,
 ) -> std::result::Result<Attribution, String> {
     let layers = &layout.layers;
     let per_layer: Vec<usize> = layers.values().map(Vec::len).collect();
@@ -378,11 +449,21 @@ fn align(
             )
         }
         many => {
-            return Err(format!(
-                "the layered tensors could sit at {} places among the optimizer ids \
-                 (embedding or head copies of the same shapes); attribution would be a guess",
-                many.len()
-            ))
+            // Registration order: the input embeddings, the stack, the rest.
+            let before = layout.loose_before.len();
+            let in_order = ties == Ties::ModelOrder
+                && many.contains(&before)
+                && sorted_shapes((0..before).map(shape))
+                    == sorted_shapes(layout.loose_before.iter().copied());
+            if !in_order {
+                return Err(format!(
+                    "the layered tensors could sit at {} places among the optimizer ids \
+                     (embedding or head copies of the same shapes); attribution would be a \
+                     guess",
+                    many.len()
+                ));
+            }
+            before
         }
     };
     let layer_indices: Vec<u64> = layers.keys().copied().collect();
@@ -560,6 +641,90 @@ mod tests {
         ];
         let p = vec![(0, vec![2, 2]), (1, vec![2, 2])];
         assert!(attribute(&two_stacks, &p).unwrap_err().contains("stacks"));
+    }
+
+    /// A tiny Llama's whole parameter list as HF Trainer groups it (decay:
+    /// embedding, each layer's projections, head; no decay: each layer's two
+    /// norms, then the final norm), and its keys as a header sorts them.
+    fn llama_model(layers: u64, tied: bool) -> (Keys, Params, Vec<Vec<i64>>) {
+        let (h, f, v) = (8u64, 16u64, 32u64);
+        let mut decay: Vec<(String, Shape)> =
+            vec![("model.embed_tokens.weight".into(), vec![v, h])];
+        let mut no_decay: Vec<(String, Shape)> = vec![];
+        for l in 0..layers {
+            for (m, shape) in [
+                ("self_attn.q_proj", vec![h, h]),
+                ("self_attn.k_proj", vec![h, h]),
+                ("mlp.gate_proj", vec![f, h]),
+                ("mlp.down_proj", vec![h, f]),
+            ] {
+                decay.push((format!("model.layers.{l}.{m}.weight"), shape));
+            }
+            for n in ["input_layernorm", "post_attention_layernorm"] {
+                no_decay.push((format!("model.layers.{l}.{n}.weight"), vec![h]));
+            }
+        }
+        no_decay.push(("model.norm.weight".into(), vec![h]));
+        if !tied {
+            decay.push(("lm_head.weight".into(), vec![v, h]));
+        }
+        let ordered: Vec<(String, Shape)> = decay.iter().chain(&no_decay).cloned().collect();
+        let params = ordered
+            .iter()
+            .enumerate()
+            .map(|(i, (_, s))| (i as i64, s.clone()))
+            .collect();
+        let groups = vec![
+            (0..decay.len() as i64).collect(),
+            (decay.len() as i64..ordered.len() as i64).collect(),
+        ];
+        let mut keys = ordered;
+        keys.sort();
+        (keys, params, groups)
+    }
+
+    #[test]
+    fn a_full_model_in_registration_order() {
+        for tied in [false, true] {
+            let (keys, params, groups) = llama_model(3, tied);
+            let refused = attribute_grouped(&keys, &params, &groups).unwrap_err();
+            assert!(refused.contains("2 places"), "{refused}");
+            let a = attribute_model(&keys, &params, &groups).unwrap();
+            assert_eq!(a.layer_indices, [0, 1, 2]);
+            assert_eq!(a.slot_names.len(), 6);
+            // Layer 1's first projection is id 1 + 4 (embedding, layer 0).
+            let p = a.params.iter().find(|p| p.param_id == 5).unwrap();
+            assert_eq!((p.layer, p.slot), (1, 0));
+            // The final norm is the last id and no layer's.
+            let last = params.len() as i64 - 1;
+            assert!(a.unattributed.contains(&last) && a.unattributed.contains(&0));
+            let norm = a.params.iter().find(|p| p.param_id == last - 1).unwrap();
+            assert_eq!(norm.layer, 2);
+        }
+        // An embedding's bias registered after the stack, against the
+        // names' order: the shapes before the stack disagree, so refused.
+        let (mut keys, mut params, mut groups) = llama_model(2, true);
+        keys.push(("model.embed_tokens.bias".into(), vec![32]));
+        params.push((params.len() as i64, vec![32]));
+        groups[1].push(params.len() as i64 - 1);
+        let e = attribute_model(&keys, &params, &groups).unwrap_err();
+        assert!(e.contains("places"), "{e}");
+    }
+
+    #[test]
+    fn input_embedding_names() {
+        for name in [
+            "model.embed_tokens.weight",
+            "gpt_neox.embed_in.weight",
+            "transformer.wte.weight",
+            "transformer.wpe.weight",
+            "bert.embeddings.word_embeddings.weight",
+        ] {
+            assert!(is_input_embedding_name(name), "{name}");
+        }
+        for name in ["lm_head.weight", "embed_out.weight", "model.norm.weight"] {
+            assert!(!is_input_embedding_name(name), "{name}");
+        }
     }
 
     #[test]

@@ -4,11 +4,13 @@
 //! tensor bytes, an optimizer graph, tensor names) and compute numbers from
 //! it — curve metrics and the robust spike analysis, float reductions,
 //! second-moment statistics, attribution of tensors to layers, LoRA weight
-//! statistics. No directory walking and no store layouts (that is `store`).
+//! statistics and a full model's weight norms. No directory walking and no
+//! store layouts (that is `store`).
 
 pub mod adapter_weights;
 pub mod attribution;
 pub mod float_reduce;
+pub mod full_weights;
 pub mod layers;
 pub mod metrics;
 pub mod robust_curve;

@@ -46,6 +46,7 @@ use serde_json::Value;
 
 use crate::error::{Area, Error, Result};
 use crate::io::files::open_regular;
+use crate::io::lfs;
 
 /// File name of the config beside the weights.
 pub const CONFIG_FILE: &str = "adapter_config.json";
@@ -177,7 +178,11 @@ impl AdapterConfig {
         let mut de = serde_json::Deserializer::from_str(text);
         let raw = RawConfig::deserialize(&mut de)
             .and_then(|raw| de.end().map(|()| raw))
-            .map_err(|e| err(format!("adapter config is not a valid JSON object: {e}")))?;
+            .map_err(|e| {
+                lfs::pointer_error(Area::Weights, path, bytes).unwrap_or_else(|| {
+                    err(format!("adapter config is not a valid JSON object: {e}"))
+                })
+            })?;
         raw.check(path).map_err(err)
     }
 

@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use crate::error::{Area, Error, Result};
 use crate::io::files::open_regular;
+use crate::io::lfs;
 
 /// Largest header we accept (the reference implementation uses the same cap).
 pub const MAX_HEADER_BYTES: u64 = 100 * 1024 * 1024;
@@ -80,6 +81,12 @@ pub fn read_header(path: &Path) -> Result<Header> {
     file.read_exact(&mut len_bytes)
         .map_err(|e| err(format!("cannot read the header length: {e}")))?;
     let n = u64::from_le_bytes(len_bytes);
+    if n > file_len - 8 {
+        // A Git LFS pointer's "version " reads as a length of 8e18.
+        if let Some(e) = lfs::pointer_error_at(Area::Header, path, &len_bytes) {
+            return Err(e);
+        }
+    }
     if n > MAX_HEADER_BYTES {
         return Err(err(format!(
             "header length {n} exceeds the {MAX_HEADER_BYTES}-byte limit (corrupt or hostile file)"
@@ -332,6 +339,18 @@ mod tests {
         out.extend_from_slice(header.as_bytes());
         out.extend(std::iter::repeat_n(0u8, data_len));
         out
+    }
+
+    #[test]
+    fn a_git_lfs_pointer_is_named() {
+        use crate::io::lfs::tests::{assert_names_pointer, cloned_without_lfs};
+        let real = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("rust/testdata/weights/llama_trained/adapter_model.safetensors");
+        let dir = tempfile::tempdir().unwrap();
+        let (pointer, size) = cloned_without_lfs(&real, dir.path());
+        let e = read_header(&pointer).unwrap_err();
+        assert_eq!(e.area, Area::Header);
+        assert_names_pointer(&e, &pointer, size);
     }
 
     #[test]

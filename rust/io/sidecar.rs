@@ -10,6 +10,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Area, Error, Result};
 use crate::io::files::open_regular;
+use crate::io::lfs;
 
 /// Run `parse` on `file`; when `<file>.sha256` sits beside it, its digest
 /// must match the file's, else the result is an `Area::Integrity` error
@@ -22,6 +23,10 @@ pub fn verified<T: Send>(file: &Path, parse: impl FnOnce() -> Result<T> + Send) 
     let (digest, parsed) = rayon::join(|| sha256_file(file), parse);
     let digest = digest?;
     if digest != expected {
+        // A clone without `git lfs pull` keeps the sidecar but not the file.
+        if let Some(e) = lfs::pointer_error_in(Area::TrainingState, file) {
+            return Err(e);
+        }
         return Err(Error::new(
             Area::Integrity,
             file,

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Area, Error, Result};
 use crate::io::files::open_regular;
+use crate::io::lfs;
 
 /// Caps on what a zip header may make us allocate.
 const MAX_CENTRAL_DIR_BYTES: u64 = 64 << 20;
@@ -123,12 +124,16 @@ impl Archive {
             archive.whole = Some(whole);
         }
         let not_zip = || {
-            Error::new(
-                Area::TrainingState,
-                path,
-                "not a zip archive (torch.save writes zip files; the legacy \
-                 pre-1.6 format is not supported)",
-            )
+            // A small file was read whole: a Git LFS pointer says so.
+            let whole = archive.whole.as_deref().unwrap_or_default();
+            lfs::pointer_error(Area::TrainingState, path, whole).unwrap_or_else(|| {
+                Error::new(
+                    Area::TrainingState,
+                    path,
+                    "not a zip archive (torch.save writes zip files; the legacy \
+                     pre-1.6 format is not supported)",
+                )
+            })
         };
         if len < EOCD_LEN as u64 {
             return Err(not_zip());

@@ -1,26 +1,46 @@
-//! The store layouts a scan recognises, and the adapter versions in each.
+//! The store layouts a scan recognises, the versions in each, and what
+//! each version holds.
 //!
 //! - `dlm`: `adapter/[<name>/]{current.txt, versions/vNNNN/}` and `logs/`.
 //! - `hf-trainer`: an HF Trainer / TRL / axolotl output directory: its
-//!   `checkpoint-N/` directories are the versions (newest: highest N), the
+//!   `checkpoint-N/` directories (and `last-checkpoint/`, which the Hub's
+//!   `hub_strategy="checkpoint"` pushes) are the versions, oldest to newest
+//!   by step (a number, so 40 < 80 < 120; `last-checkpoint` at the
+//!   `global_step` of its `trainer_state.json`, the newer on a tie); the
 //!   curve is `trainer_state.json` plus TensorBoard events under `runs/`.
+//!   Recognised by `trainer_state.json`, a checkpoint or `training_args.bin`.
 //! - `lightning`: a directory holding `*.ckpt` files (directly or under
-//!   `checkpoints/`), e.g. `lightning_logs/version_0/`; each checkpoint is a
+//!   `checkpoints/`), or a `metrics.csv` (a CSVLogger run without
+//!   checkpoints), e.g. `lightning_logs/version_0/`; each checkpoint is a
 //!   version (newest: `last.ckpt`, else the highest step), the curve is
 //!   `metrics.csv` or TensorBoard events.
 //! - `peft`: a bare `save_pretrained` adapter directory (config + weights,
 //!   no training state): weights-only checks.
+//! - `tensorboard`: a directory of TensorBoard event files and nothing else
+//!   known: a log-only run.
 //!
-//! Classification only looks at names and file types (one directory listing);
-//! nothing is read here. `rng_state.pth` and `training_args.bin` are never
-//! opened by anything.
+//! What a version holds is its *checkpoint kind*: `adapter` (a LoRA
+//! adapter: every dlm and PEFT version, an HF checkpoint with
+//! `adapter_model.*` or `adapter_config.json`), `full` (a whole model: an HF
+//! checkpoint with `model.safetensors`, its sharded index or
+//! `pytorch_model.bin`; a Lightning `.ckpt`) or `logs` (no weights: e.g. a
+//! `checkpoint-N/` with only `trainer_state.json`). A store's kind is its
+//! newest version's, `logs` when it has no version but logs, None when its
+//! versions could not be determined.
+//!
+//! Classification looks at names and file types (one directory listing);
+//! the only file read is `last-checkpoint/trainer_state.json`, for its step.
+//! `rng_state.pth` and `training_args.bin` are never opened by anything.
 
 use std::fs;
 use std::path::{Component, Path, PathBuf};
 
 use crate::analysis::layers::ADAPTER_WEIGHTS;
 use crate::error::Area;
+use crate::formats::logs::tfevents::is_event_file_name;
+use crate::formats::logs::trainer_state::{checkpoint_dir_step, LAST_CHECKPOINT};
 use crate::io::files::read_small;
+use crate::store::model_files;
 use crate::store::torch_state::STATE_FILE;
 
 /// Largest `current.txt` read.
@@ -28,12 +48,21 @@ const MAX_POINTER_BYTES: u64 = 4096;
 pub const ADAPTER_CONFIG: &str = "adapter_config.json";
 pub const TRAINER_STATE: &str = "trainer_state.json";
 pub const HF_OPTIMIZER: &str = "optimizer.pt";
+/// What `Trainer.save_model` writes beside every save.
+pub const TRAINING_ARGS: &str = "training_args.bin";
+pub const PICKLED_ADAPTER: &str = "adapter_model.bin";
 
 /// What a layout calls itself in records.
 pub const DLM: &str = "dlm";
 pub const HF_TRAINER: &str = "hf-trainer";
 pub const LIGHTNING: &str = "lightning";
 pub const PEFT: &str = "peft";
+pub const TENSORBOARD: &str = "tensorboard";
+
+/// What a checkpoint holds, in records' `checkpoint_kind`.
+pub const ADAPTER: &str = "adapter";
+pub const FULL: &str = "full";
+pub const LOGS: &str = "logs";
 
 /// One store to probe, the adapter versions in it, and its layout.
 #[cfg_attr(
@@ -43,7 +72,7 @@ pub const PEFT: &str = "peft";
 #[derive(Debug, Clone, PartialEq)]
 pub struct Target {
     pub store: PathBuf,
-    /// `dlm`, `hf-trainer`, `lightning` or `peft`.
+    /// `dlm`, `hf-trainer`, `lightning`, `peft` or `tensorboard`.
     pub layout: String,
     /// Version directories (or, for Lightning, checkpoint files).
     pub versions: Vec<PathBuf>,
@@ -52,6 +81,9 @@ pub struct Target {
     /// Whether the store's loss curve is probed (false when the root was
     /// one adapter version).
     pub with_logs: bool,
+    /// What the newest version holds (`adapter`, `full`, `logs`; see the
+    /// module doc); None when the store's versions could not be determined.
+    pub checkpoint_kind: Option<String>,
 }
 
 impl Target {
@@ -62,8 +94,38 @@ impl Target {
             versions: vec![],
             broken: vec![],
             with_logs: true,
+            checkpoint_kind: None,
         }
     }
+
+    /// The target with its `checkpoint_kind` set from its versions.
+    fn kind_set(mut self) -> Target {
+        self.checkpoint_kind = match self.versions.last() {
+            Some(newest) => Some(checkpoint_kind(newest, &self.layout).to_string()),
+            None if self.broken.is_empty() => Some(LOGS.to_string()),
+            None => None,
+        };
+        self
+    }
+}
+
+/// What the version at `version` of a store of `layout` holds: `adapter`,
+/// `full` or `logs` (see the module doc).
+pub fn checkpoint_kind(version: &Path, layout: &str) -> &'static str {
+    match layout {
+        DLM | PEFT => ADAPTER,
+        LIGHTNING => FULL,
+        _ if holds_adapter(version) => ADAPTER,
+        _ if model_files::holds_model(version) => FULL,
+        _ => LOGS,
+    }
+}
+
+/// Whether `dir` holds a PEFT adapter (its weights or its config).
+pub fn holds_adapter(dir: &Path) -> bool {
+    dir.join(ADAPTER_WEIGHTS).is_file()
+        || dir.join(PICKLED_ADAPTER).is_file()
+        || dir.join(ADAPTER_CONFIG).is_file()
 }
 
 /// The entries of `dir` (names and paths); empty when it cannot be listed
@@ -88,11 +150,13 @@ fn is_adapter_root(dir: &Path) -> bool {
     dir.join("current.txt").is_file() || dir.join("versions").is_dir()
 }
 
-/// A directory that holds one trained adapter version.
+/// A directory that holds one trained version: an adapter, a model, or
+/// an optimizer state.
 pub fn is_version_dir(dir: &Path) -> bool {
     dir.join(ADAPTER_WEIGHTS).is_file()
         || dir.join(STATE_FILE).is_file()
         || dir.join(HF_OPTIMIZER).is_file()
+        || model_files::holds_model(dir)
 }
 
 /// `versions/vNNNN` dirs of an adapter root, sorted by name.
@@ -169,7 +233,7 @@ pub fn dlm_target(store: &Path, all: bool) -> Target {
             Err(reason) => target.broken.push((root, reason)),
         }
     }
-    target
+    target.kind_set()
 }
 
 /// The dlm store an adapter version dir belongs to: `<store>/adapter[/<name>]/versions/<v>`.
@@ -199,33 +263,54 @@ pub fn checkpoint_step(name: &str) -> Option<u64> {
         .flatten()
 }
 
-/// The `checkpoint-N/` directories of an HF output dir, by N.
+/// Whether a checkpoint directory holds anything a probe reads.
+fn holds_checkpoint(dir: &Path) -> bool {
+    dir.join(TRAINER_STATE).is_file() || is_version_dir(dir) || holds_adapter(dir)
+}
+
+/// The checkpoint directories of an HF output dir (`checkpoint-N/`, and
+/// `last-checkpoint/`), oldest first: by step as a number, then
+/// `last-checkpoint` after a `checkpoint-N` of the same step.
 pub fn hf_checkpoints(dir: &Path) -> Vec<(u64, PathBuf)> {
-    let mut found: Vec<(u64, PathBuf)> = entries(dir)
+    let mut found: Vec<(u64, bool, PathBuf)> = entries(dir)
         .into_iter()
-        .filter_map(|(name, path)| Some((checkpoint_step(&name)?, path)))
-        .filter(|(_, p)| p.is_dir())
-        .filter(|(_, p)| {
-            p.join(TRAINER_STATE).is_file()
-                || p.join(HF_OPTIMIZER).is_file()
-                || p.join(ADAPTER_WEIGHTS).is_file()
+        .filter(|(name, p)| {
+            (checkpoint_step(name).is_some() || name == LAST_CHECKPOINT) && p.is_dir()
+        })
+        .filter(|(_, p)| holds_checkpoint(p))
+        .filter_map(|(name, path)| {
+            let step = checkpoint_dir_step(&name, &path)?;
+            Some((step, name == LAST_CHECKPOINT, path))
         })
         .collect();
     found.sort();
-    found
+    found.into_iter().map(|(step, _, p)| (step, p)).collect()
 }
 
+/// Whether `dir` holds TensorBoard event files (directly).
+fn has_event_files(dir: &Path) -> bool {
+    entries(dir)
+        .iter()
+        .any(|(name, p)| is_event_file_name(name) && p.is_file())
+}
+
+/// An HF output dir. A `runs/` folder alone does not make one: any
+/// directory may hold one beside other stores, and the walk would stop
+/// there; its `runs/<date>/` events are then found as a TensorBoard store.
 pub fn is_hf_output(dir: &Path) -> bool {
-    dir.join(TRAINER_STATE).is_file() || !hf_checkpoints(dir).is_empty()
+    dir.join(TRAINER_STATE).is_file()
+        || dir.join(TRAINING_ARGS).is_file()
+        || !hf_checkpoints(dir).is_empty()
 }
 
 /// The target for an HF Trainer output directory: its checkpoints (all, or
-/// the newest); a run saved without checkpoints is its own single version.
+/// the newest); a run saved without checkpoints is its own single version
+/// when it holds an adapter or a model, and a log-only run otherwise.
 pub fn hf_target(dir: &Path, all: bool) -> Target {
     let mut target = Target::new(dir, HF_TRAINER);
     let checkpoints = hf_checkpoints(dir);
     if checkpoints.is_empty() {
-        if dir.join(ADAPTER_WEIGHTS).is_file() {
+        if dir.join(ADAPTER_WEIGHTS).is_file() || model_files::holds_model(dir) {
             target.versions.push(dir.to_path_buf());
         }
     } else if all {
@@ -233,7 +318,7 @@ pub fn hf_target(dir: &Path, all: bool) -> Target {
     } else if let Some((_, newest)) = checkpoints.into_iter().last() {
         target.versions.push(newest);
     }
-    target
+    target.kind_set()
 }
 
 // ---- Lightning ----
@@ -268,8 +353,13 @@ pub fn lightning_checkpoints(dir: &Path) -> Vec<PathBuf> {
     found.into_iter().map(|(_, _, _, p)| p).collect()
 }
 
+/// A Lightning run: checkpoints, or the logs of a run saved without them
+/// (CSVLogger's `metrics.csv`, or TensorBoardLogger's events beside the
+/// `hparams.yaml` Lightning writes).
 pub fn is_lightning_dir(dir: &Path) -> bool {
-    !lightning_checkpoints(dir).is_empty()
+    dir.join("metrics.csv").is_file()
+        || (dir.join("hparams.yaml").is_file() && has_event_files(dir))
+        || !lightning_checkpoints(dir).is_empty()
 }
 
 pub fn lightning_target(dir: &Path, all: bool) -> Target {
@@ -280,7 +370,7 @@ pub fn lightning_target(dir: &Path, all: bool) -> Target {
     } else if let Some(newest) = checkpoints.into_iter().last() {
         target.versions.push(newest);
     }
-    target
+    target.kind_set()
 }
 
 // ---- bare PEFT ----
@@ -293,11 +383,23 @@ pub fn is_bare_peft(dir: &Path) -> bool {
 pub fn peft_target(dir: &Path) -> Target {
     let mut target = Target::new(dir, PEFT);
     target.versions.push(dir.to_path_buf());
-    target
+    target.kind_set()
+}
+
+// ---- TensorBoard only ----
+
+/// A folder of TensorBoard event files: a run that left only its logs.
+pub fn is_tensorboard_dir(dir: &Path) -> bool {
+    has_event_files(dir)
+}
+
+pub fn tensorboard_target(dir: &Path) -> Target {
+    Target::new(dir, TENSORBOARD).kind_set()
 }
 
 /// The target a directory is, when it is one of the layouts (checked in
-/// this order: dlm, HF Trainer, Lightning, bare PEFT); None to look deeper.
+/// this order: dlm, HF Trainer, Lightning, bare PEFT, TensorBoard); None to
+/// look deeper.
 pub fn classify(dir: &Path, all: bool) -> Option<Target> {
     if is_dlm_store(dir) {
         Some(dlm_target(dir, all))
@@ -307,6 +409,8 @@ pub fn classify(dir: &Path, all: bool) -> Option<Target> {
         Some(lightning_target(dir, all))
     } else if is_bare_peft(dir) {
         Some(peft_target(dir))
+    } else if is_tensorboard_dir(dir) {
+        Some(tensorboard_target(dir))
     } else {
         None
     }
@@ -323,18 +427,17 @@ pub fn version_root(root: &Path) -> Option<Target> {
             let mut t = Target::new(&store, DLM);
             t.versions.push(root.to_path_buf());
             t.with_logs = false;
-            return Some(t);
+            return Some(t.kind_set());
         }
     }
     let name = root.file_name()?.to_str()?;
     let parent = root.parent()?;
-    if checkpoint_step(name).is_some()
-        && (is_version_dir(root) || root.join(TRAINER_STATE).is_file())
-    {
+    let is_checkpoint = checkpoint_step(name).is_some() || name == LAST_CHECKPOINT;
+    if is_checkpoint && holds_checkpoint(root) {
         let mut t = Target::new(parent, HF_TRAINER);
         t.versions.push(root.to_path_buf());
         t.with_logs = false;
-        return Some(t);
+        return Some(t.kind_set());
     }
     None
 }
@@ -368,6 +471,123 @@ mod tests {
         assert_eq!(names, ["checkpoint-2", "checkpoint-10", "checkpoint-100"]);
         let one = version_root(&tmp.path().join("checkpoint-10")).unwrap();
         assert_eq!((one.store.as_path(), one.with_logs), (tmp.path(), false));
+    }
+
+    /// A copy of a real HF `trainer_state.json` (global_step 20 or 30).
+    fn trainer_state(dir: &Path, step: u64) {
+        let rel = match step {
+            20 => "rust/testdata/logs/hf_run/checkpoint-20/trainer_state.json",
+            30 => "rust/testdata/logs/hf_run/trainer_state.json",
+            _ => unreachable!(),
+        };
+        fs::create_dir_all(dir).unwrap();
+        let real = Path::new(env!("CARGO_MANIFEST_DIR")).join(rel);
+        fs::copy(real, dir.join(TRAINER_STATE)).unwrap();
+    }
+
+    fn names(t: &Target) -> Vec<String> {
+        t.versions
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn last_checkpoint_is_a_version_at_its_step() {
+        let tmp = tempfile::tempdir().unwrap();
+        for n in [10, 25, 40] {
+            touch(&tmp.path().join(format!("checkpoint-{n}/{HF_OPTIMIZER}")));
+        }
+        let last = tmp.path().join(LAST_CHECKPOINT);
+        trainer_state(&last, 20);
+        let every = classify(tmp.path(), true).unwrap();
+        assert_eq!(
+            names(&every),
+            [
+                "checkpoint-10",
+                LAST_CHECKPOINT,
+                "checkpoint-25",
+                "checkpoint-40"
+            ]
+        );
+        assert_eq!(classify(tmp.path(), false).unwrap().versions.len(), 1);
+        fs::remove_dir_all(tmp.path().join("checkpoint-25")).unwrap();
+        fs::remove_dir_all(tmp.path().join("checkpoint-40")).unwrap();
+        trainer_state(&tmp.path().join("checkpoint-20"), 20);
+        // Same step: last-checkpoint is the newer copy.
+        assert_eq!(
+            classify(tmp.path(), false).unwrap().versions,
+            vec![last.clone()]
+        );
+        // Its state unreadable: taken as the newest, never as another store.
+        fs::write(last.join(TRAINER_STATE), b"{").unwrap();
+        touch(&tmp.path().join("checkpoint-900/optimizer.pt"));
+        let t = classify(tmp.path(), false).unwrap();
+        assert_eq!(
+            (t.layout.as_str(), t.versions.clone()),
+            (HF_TRAINER, vec![last.clone()])
+        );
+        let alone = version_root(&last).unwrap();
+        assert_eq!(
+            (alone.store.as_path(), alone.versions),
+            (tmp.path(), vec![last])
+        );
+    }
+
+    #[test]
+    fn checkpoint_kinds() {
+        let tmp = tempfile::tempdir().unwrap();
+        let full = tmp.path().join("checkpoint-10");
+        touch(&full.join("model.safetensors"));
+        touch(&full.join("config.json"));
+        let sharded = tmp.path().join("checkpoint-20");
+        touch(&sharded.join("model.safetensors.index.json"));
+        let logs = tmp.path().join("checkpoint-30");
+        trainer_state(&logs, 30);
+        let adapter = tmp.path().join("checkpoint-40");
+        touch(&adapter.join(ADAPTER_CONFIG));
+        let kinds: Vec<&str> = [&full, &sharded, &logs, &adapter]
+            .iter()
+            .map(|v| checkpoint_kind(v, HF_TRAINER))
+            .collect();
+        assert_eq!(kinds, [FULL, FULL, LOGS, ADAPTER]);
+        let t = classify(tmp.path(), true).unwrap();
+        assert_eq!(t.versions.len(), 4);
+        assert_eq!(t.checkpoint_kind.as_deref(), Some(ADAPTER));
+        fs::remove_dir_all(&adapter).unwrap();
+        let t = classify(tmp.path(), false).unwrap();
+        assert_eq!(t.checkpoint_kind.as_deref(), Some(LOGS));
+        assert_eq!(checkpoint_kind(Path::new("x.ckpt"), LIGHTNING), FULL);
+    }
+
+    #[test]
+    fn log_only_runs_are_stores() {
+        let tmp = tempfile::tempdir().unwrap();
+        let csv = tmp.path().join("lightning_logs/version_0");
+        touch(&csv.join("metrics.csv"));
+        let tb = tmp.path().join("tb");
+        touch(&tb.join("events.out.tfevents.1700000000.host.1.0"));
+        let hf = tmp.path().join("hf");
+        let events = hf.join("runs/Jan01_host");
+        touch(&events.join("events.out.tfevents.1700000000.host.1.0"));
+        let t = classify(&csv, false).unwrap();
+        assert_eq!(
+            (t.layout.as_str(), t.checkpoint_kind.as_deref()),
+            (LIGHTNING, Some(LOGS))
+        );
+        assert!(t.versions.is_empty() && t.with_logs);
+        let t = classify(&tb, false).unwrap();
+        assert_eq!(
+            (t.layout.as_str(), t.checkpoint_kind.as_deref()),
+            (TENSORBOARD, Some(LOGS))
+        );
+        // Only runs/: not an HF output dir (it could hold other stores), but
+        // its events are a store of their own.
+        assert!(classify(&hf, false).is_none());
+        assert_eq!(classify(&events, false).unwrap().layout, TENSORBOARD);
+        touch(&hf.join(TRAINING_ARGS));
+        assert_eq!(classify(&hf, false).unwrap().layout, HF_TRAINER);
+        assert!(classify(&tmp.path().join("lightning_logs"), false).is_none());
     }
 
     #[test]

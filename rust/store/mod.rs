@@ -7,6 +7,7 @@
 //! `analysis`, `formats` and `io`; nothing below depends on it.
 
 pub mod layout;
+pub mod model_files;
 pub mod optimizer_state;
 pub mod probe_inputs;
 pub mod scan;
@@ -14,3 +15,5 @@ pub mod torch_state;
 
 #[cfg(test)]
 mod attribution_on_real_runs;
+#[cfg(test)]
+mod lfs_on_real_files;

@@ -7,12 +7,17 @@ use std::path::{Path, PathBuf};
 
 use crate::analysis::adapter_weights::{self, AdapterWeights};
 use crate::analysis::attribution::{self, Attribution};
+use crate::analysis::full_weights::{self, FullWeights};
 use crate::analysis::layers::{self, LayerGrouping};
 use crate::error::{Area, Error, Result};
 use crate::formats::logs::loss_log::{self, LossCurve};
 use crate::formats::logs::trainer_state;
 use crate::formats::safetensors_header::read_header;
-use crate::store::layout::{self, Target, HF_TRAINER, LIGHTNING, PEFT, TRAINER_STATE};
+use crate::store::layout::{
+    self, checkpoint_kind, Target, FULL, HF_TRAINER, LIGHTNING, LOGS, PEFT, PICKLED_ADAPTER,
+    TENSORBOARD, TRAINER_STATE,
+};
+use crate::store::model_files::{self, ModelFiles};
 use crate::store::optimizer_state::{self, OptimizerState};
 use crate::store::torch_state::{self, TrainingState};
 
@@ -116,7 +121,7 @@ pub fn drift_input_for(store: &Path, layout: &str) -> DriftInput {
                 Some(_) => input.read(loss_log::read_hf_run_curve(store)),
             }
         }
-        LIGHTNING => {
+        LIGHTNING | TENSORBOARD => {
             let input = DriftInput::new(store, layout, store.to_path_buf());
             match loss_log::detect_log_source(store) {
                 Err(e) if e.area == Area::LogFormat || e.area == Area::Missing => input.none(
@@ -184,6 +189,8 @@ fn dlm_drift_input(store: &Path) -> DriftInput {
 pub struct GhostInput {
     pub adapter: PathBuf,
     pub layout: String,
+    /// What the version holds: `adapter`, `full` or `logs`.
+    pub checkpoint_kind: String,
     pub state: Option<TrainingState>,
     pub error: Option<Error>,
     pub grouping: Option<LayerGrouping>,
@@ -200,6 +207,7 @@ impl GhostInput {
         GhostInput {
             adapter: adapter.to_path_buf(),
             layout: layout.to_string(),
+            checkpoint_kind: checkpoint_kind(adapter, layout).to_string(),
             state: None,
             error: None,
             grouping: None,
@@ -213,15 +221,17 @@ impl GhostInput {
     }
 }
 
-/// The layout of an adapter version given on its own: a Lightning `.ckpt`,
-/// an HF checkpoint (its `optimizer.pt`), else dlm (whose reader reports a
-/// missing `training_state.pt` as such).
+/// The layout of a version given on its own: a Lightning `.ckpt`, an HF
+/// checkpoint (its `optimizer.pt`, a full model or only a
+/// `trainer_state.json`), else dlm (whose reader reports a missing
+/// `training_state.pt` as such).
 fn version_layout(adapter: &Path) -> &'static str {
+    let hf_files = adapter.join(layout::HF_OPTIMIZER).is_file()
+        || adapter.join(TRAINER_STATE).is_file()
+        || model_files::holds_model(adapter);
     if adapter.extension().is_some_and(|e| e == "ckpt") {
         LIGHTNING
-    } else if adapter.join(layout::HF_OPTIMIZER).is_file()
-        && !adapter.join(torch_state::STATE_FILE).is_file()
-    {
+    } else if hf_files && !adapter.join(torch_state::STATE_FILE).is_file() {
         HF_TRAINER
     } else {
         layout::DLM
@@ -239,6 +249,13 @@ pub fn ghost_input_for(adapter: &Path, layout: &str) -> GhostInput {
             input.note = Some(format!(
                 "{} is a bare PEFT adapter: no optimizer state is saved with it, so gradients \
                  cannot be judged",
+                adapter.display()
+            ));
+            return input;
+        }
+        HF_TRAINER if input.checkpoint_kind == LOGS && !has_optimizer(adapter) => {
+            input.note = Some(format!(
+                "log-only checkpoint: no weights and no optimizer state in {}",
                 adapter.display()
             ));
             return input;
@@ -265,6 +282,13 @@ pub fn ghost_input_for(adapter: &Path, layout: &str) -> GhostInput {
                            adapter's tensor names, so ids cannot be tied to layers";
                 input.grouping_error = Some(Error::new(Area::LayerGrouping, adapter, why));
                 input.attribution_error = Some(why.to_string());
+            } else if input.checkpoint_kind == FULL {
+                attach_model(&mut input, adapter, &state, &opt.param_groups);
+            } else if input.checkpoint_kind == LOGS {
+                let why = "the checkpoint holds no weights beside its optimizer state, so ids \
+                           cannot be tied to layers";
+                input.grouping_error = Some(Error::new(Area::LayerGrouping, adapter, why));
+                input.attribution_error = Some(why.to_string());
             } else {
                 attach_adapter(&mut input, adapter, &state, &opt.param_groups);
             }
@@ -280,6 +304,41 @@ pub fn ghost_input_for(adapter: &Path, layout: &str) -> GhostInput {
         },
     }
     input
+}
+
+fn has_optimizer(dir: &Path) -> bool {
+    dir.join(layout::HF_OPTIMIZER).is_file()
+}
+
+/// A full fine-tune's tensor names (from `model.safetensors`, or the index
+/// and its shards' headers) attributed to the optimizer's ids, in HF
+/// Trainer's group order (weight decay, then no decay), exactly as for an
+/// adapter. When that cannot be done the reason goes to
+/// `attribution_error` (the probe reports the per-layer check as not done):
+/// the optimizer state is still judged.
+fn attach_model(input: &mut GhostInput, dir: &Path, state: &TrainingState, groups: &[Vec<i64>]) {
+    let sway = "dlm-sway's layer grouping assumes layer-major adapter ids; a full model's \
+                optimizer also holds its embeddings, norms and head";
+    input.grouping_error = Some(Error::new(Area::LayerGrouping, dir, sway));
+    let keys = match model_files::locate(dir) {
+        Some(ModelFiles::Pickled(p)) => Err(format!(
+            "the model is saved as {} (pickled; its tensor names are not read), so ids \
+             cannot be tied to layers",
+            p.file_name().unwrap_or_default().to_string_lossy()
+        )),
+        Some(files) => model_files::model_keys(&files)
+            .map_err(|why| format!("cannot read the model's tensor names: {why}")),
+        None => Err("no model weights beside the optimizer state".to_string()),
+    };
+    let params: Vec<(i64, Vec<u64>)> = state
+        .per_param
+        .iter()
+        .map(|p| (p.param_id, p.shape.clone()))
+        .collect();
+    match keys.and_then(|keys| attribution::attribute_model(&keys, &params, groups)) {
+        Ok(a) => input.attribution = Some(a),
+        Err(why) => input.attribution_error = Some(why),
+    }
 }
 
 /// The fields the ghost probe reads, from an HF or Lightning optimizer state
@@ -311,6 +370,13 @@ fn attach_adapter(
     groups: &[Vec<i64>],
 ) {
     let weights = layers::adapter_weights_path(adapter);
+    if !weights.exists() && adapter.join(PICKLED_ADAPTER).is_file() {
+        // Real files, read by no one here: the per-layer check is not done.
+        let why = format!("the adapter is saved as {PICKLED_ADAPTER} (pickled: its tensor names are not read), so ids cannot be tied to layers");
+        input.grouping_error = Some(Error::new(Area::LayerGrouping, adapter, why.clone()));
+        input.attribution_error = Some(why);
+        return;
+    }
     let header = if weights.exists() {
         read_header(&weights)
     } else {
@@ -363,6 +429,8 @@ fn attach_adapter(
 pub struct WeightsInput {
     pub adapter: PathBuf,
     pub layout: String,
+    /// What the version holds: `adapter`, `full` or `logs`.
+    pub checkpoint_kind: String,
     pub weights: Option<AdapterWeights>,
     pub error: Option<Error>,
     pub note: Option<String>,
@@ -376,6 +444,7 @@ pub fn weights_input_for(adapter: &Path, layout: &str) -> WeightsInput {
     let mut input = WeightsInput {
         adapter: adapter.to_path_buf(),
         layout: layout.to_string(),
+        checkpoint_kind: checkpoint_kind(adapter, layout).to_string(),
         weights: None,
         error: None,
         note: None,
@@ -388,7 +457,111 @@ pub fn weights_input_for(adapter: &Path, layout: &str) -> WeightsInput {
         ));
         return input;
     }
+    if let Some(note) = no_adapter_note(adapter, &input.checkpoint_kind) {
+        input.note = Some(note);
+        return input;
+    }
     match adapter_weights::read_adapter_weights(adapter) {
+        Ok(w) => input.weights = Some(w),
+        Err(e) => input.error = Some(e),
+    }
+    input
+}
+
+/// Why a full or log-only checkpoint has no adapter to judge.
+fn no_adapter_note(version: &Path, kind: &str) -> Option<String> {
+    match kind {
+        FULL => {
+            let file = model_files::locate(version).map_or_else(String::new, |f| f.name());
+            Some(format!(
+                "full fine-tune checkpoint ({file}): no LoRA adapter to check; use --probes \
+                 full_weights"
+            ))
+        }
+        LOGS => Some("log-only checkpoint: no weights".to_string()),
+        _ if !version.join(layers::ADAPTER_WEIGHTS).exists()
+            && version.join(PICKLED_ADAPTER).is_file() =>
+        {
+            Some(format!(
+                "the adapter is saved as {PICKLED_ADAPTER}: pickled torch weights are not read \
+                 (unpickling runs code); save it with safetensors to have it checked"
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// What `full_weights` needs about one version: the report of its model's
+/// weights, or why it could not be read, or (`note`) why this version has
+/// no model to read.
+#[cfg_attr(
+    feature = "python",
+    pyo3::pyclass(frozen, get_all, skip_from_py_object, module = "adapterprobe._core")
+)]
+#[derive(Debug, Clone)]
+pub struct FullWeightsInput {
+    pub adapter: PathBuf,
+    pub layout: String,
+    /// What the version holds: `adapter`, `full` or `logs`.
+    pub checkpoint_kind: String,
+    /// The file naming the weights (`model.safetensors`, the index, ...).
+    pub model_file: Option<PathBuf>,
+    pub weights: Option<FullWeights>,
+    pub error: Option<Error>,
+    pub note: Option<String>,
+}
+
+pub fn full_weights_input(version: &Path) -> FullWeightsInput {
+    full_weights_input_for(version, version_layout(version))
+}
+
+pub fn full_weights_input_for(version: &Path, layout: &str) -> FullWeightsInput {
+    let kind = checkpoint_kind(version, layout);
+    let mut input = FullWeightsInput {
+        adapter: version.to_path_buf(),
+        layout: layout.to_string(),
+        checkpoint_kind: kind.to_string(),
+        model_file: None,
+        weights: None,
+        error: None,
+        note: None,
+    };
+    let files = match (layout, kind) {
+        (LIGHTNING, _) => {
+            input.note = Some(format!(
+                "{} is a Lightning checkpoint, a pickled torch.save whose weights are not read \
+                 (unpickling runs code); save the model with save_pretrained to have them checked",
+                version.display()
+            ));
+            return input;
+        }
+        (_, LOGS) => {
+            input.note = Some("log-only checkpoint: no weights".to_string());
+            return input;
+        }
+        (_, FULL) => model_files::locate(version),
+        _ => None,
+    };
+    let Some(files) = files else {
+        input.note = Some(format!(
+            "{} holds a LoRA adapter, not a full model: adapter_weights checks it",
+            version.display()
+        ));
+        return input;
+    };
+    input.model_file = Some(files.path().to_path_buf());
+    if let ModelFiles::Pickled(p) = &files {
+        input.note = Some(format!(
+            "full fine-tune checkpoint ({}): pickled torch weights are not read (unpickling \
+             runs code); save with safetensors to have them checked",
+            p.file_name().unwrap_or_default().to_string_lossy()
+        ));
+        return input;
+    }
+    match files
+        .safetensors_files()
+        .and_then(|shards| full_weights::read_full_weights(version, &shards))
+    {
         Ok(w) => input.weights = Some(w),
         Err(e) => input.error = Some(e),
     }
@@ -404,9 +577,12 @@ pub fn weights_input_for(adapter: &Path, layout: &str) -> WeightsInput {
 pub struct TargetInputs {
     pub store: PathBuf,
     pub layout: String,
+    /// The store's kind (its newest version's; see `layout`).
+    pub checkpoint_kind: Option<String>,
     pub drift: Option<DriftInput>,
     pub ghosts: Vec<GhostInput>,
     pub weights: Vec<WeightsInput>,
+    pub full_weights: Vec<FullWeightsInput>,
     pub broken: Vec<(PathBuf, String)>,
 }
 
@@ -416,6 +592,7 @@ pub struct Wanted {
     pub drift: bool,
     pub ghost: bool,
     pub weights: bool,
+    pub full_weights: bool,
 }
 
 /// The inputs of one target (its versions read in parallel).
@@ -431,6 +608,7 @@ pub fn gather(t: &Target, wanted: Wanted) -> TargetInputs {
     TargetInputs {
         store: t.store.clone(),
         layout: t.layout.clone(),
+        checkpoint_kind: t.checkpoint_kind.clone(),
         drift: (wanted.drift && t.with_logs).then(|| drift_input_for(&t.store, &t.layout)),
         ghosts: per_version(wanted.ghost)
             .par_iter()
@@ -439,6 +617,10 @@ pub fn gather(t: &Target, wanted: Wanted) -> TargetInputs {
         weights: per_version(wanted.weights)
             .par_iter()
             .map(|v| weights_input_for(v, &t.layout))
+            .collect(),
+        full_weights: per_version(wanted.full_weights)
+            .par_iter()
+            .map(|v| full_weights_input_for(v, &t.layout))
             .collect(),
         broken: t.broken.clone(),
     }

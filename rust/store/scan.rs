@@ -18,8 +18,8 @@ use crate::error::{Area, Error, Result};
 pub use crate::store::layout::Target;
 use crate::store::layout::{self};
 pub use crate::store::probe_inputs::{
-    drift_input, ghost_input, weights_input, DriftInput, GhostInput, LogsStatus, TargetInputs,
-    Wanted, WeightsInput,
+    drift_input, full_weights_input, ghost_input, weights_input, DriftInput, FullWeightsInput,
+    GhostInput, LogsStatus, TargetInputs, Wanted, WeightsInput,
 };
 
 /// Deepest directory level the walk descends to below a root.

@@ -74,6 +74,17 @@ def adapter_weights(case: Path) -> None:
     _each(lambda: ap.read_adapter_weights(case))
 
 
+def full_weights(case: Path) -> None:
+    """A full model's weights (one file, or an index and its shards): the
+    reader behind the full_weights probe, and the probe itself (which turns
+    bad input into an ERROR result, raised here as the fuzzer expects)."""
+    _each(lambda: ap._core.full_weights_input(case))
+    result = ap.full_weights(case)
+    repr(result)
+    if result.verdict == "error":
+        raise ap.AdapterProbeError(result.message)
+
+
 def dlm_log(case: Path) -> None:
     log = case / "train-000001-20250301T090000.jsonl"
     _each(lambda: _curve(log), lambda: _curve([log]))

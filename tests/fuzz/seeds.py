@@ -252,12 +252,35 @@ def _lightning(out: Path, seeds: dict[str, list[str]]) -> None:
     seeds["ckpt"] = [str(p.relative_to(out)) for p in sorted(version.rglob("*.ckpt"))]
 
 
+#: The shard names of the sharded model seed (see `_sharded_model`).
+SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
+
+
+def _sharded_model(out: Path, seeds: dict[str, list[str]]) -> None:
+    """A full model saved by transformers' save_pretrained in two shards with
+    their model.safetensors.index.json."""
+    from realruns.tiny import tiny_llama
+
+    model = tiny_llama(0, hidden=16, layers=2, vocab=32)
+    dest = out / "sharded"
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    model.save_pretrained(dest, max_shard_size=size * 2 // 3)
+    shards = tuple(sorted(p.name for p in dest.glob("model-*.safetensors")))
+    if shards != SHARDS:
+        raise RuntimeError(f"expected shards {SHARDS}, save_pretrained wrote {shards}")
+    seeds["model_index"] = [str((dest / "model.safetensors.index.json").relative_to(out))]
+    for i, name in enumerate(SHARDS, 1):
+        seeds[f"model_shard_{i}"] = [str((dest / name).relative_to(out))]
+
+
 def build(out: Path) -> dict[str, list[str]]:
     """Write every seed kind whose library is installed under `out`; return the manifest."""
     seeds: dict[str, list[str]] = {}
     with _quiet():
         run = _dlm(out, seeds)
         _optimizers(out, run, seeds)
+        with contextlib.suppress(ImportError):
+            _sharded_model(out, seeds)
         with contextlib.suppress(ImportError):
             _trainer_state(out, run, seeds)
         with contextlib.suppress(ImportError):

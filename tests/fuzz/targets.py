@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from . import mutators as m
 from .calls import EVENTS_NAME
+from .seeds import SHARDS
 
 FixUp = Callable[[bytes, random.Random], dict[str, bytes]]
 
@@ -88,6 +89,21 @@ TARGETS: dict[str, Target] = {
             "adapter_config",
             ("generic", "json", "peft"),
             companions=(("adapter_model.safetensors", "safetensors"),),
+        ),
+        Target(
+            "full_weights",
+            f"{CALLS}:full_weights",
+            "model.safetensors",
+            "safetensors",
+            ("generic", "safetensors"),
+        ),
+        Target(
+            "model_index",
+            f"{CALLS}:full_weights",
+            "model.safetensors.index.json",
+            "model_index",
+            ("generic", "json"),
+            companions=tuple((name, f"model_shard_{i}") for i, name in enumerate(SHARDS, 1)),
         ),
         Target(
             "dlm_log",

@@ -3,10 +3,13 @@
 Most adapter training happens in ``transformers.Trainer`` (TRL and axolotl
 write the same layout) or in Lightning, so the scan must read their output
 directories as they are. These functions run the real trainers on CPU for a
-few dozen steps on a tiny model built from a config, with PEFT LoRA, and
-leave their files exactly as those libraries write them: ``checkpoint-N/``
-with ``optimizer.pt`` and ``trainer_state.json``, ``runs/`` TensorBoard
-events, Lightning ``*.ckpt`` files and ``metrics.csv``.
+few dozen steps on a tiny model built from a config, with PEFT LoRA or as a
+full fine-tune (every parameter trained, no PEFT), and leave their files
+exactly as those libraries write them: ``checkpoint-N/`` with
+``optimizer.pt`` and ``trainer_state.json`` beside the adapter or the
+model (``model.safetensors``, sharded by ``save_pretrained`` past
+``max_shard_size``, or the ``pytorch_model.bin`` older transformers wrote),
+``runs/`` TensorBoard events, Lightning ``*.ckpt`` files and ``metrics.csv``.
 """
 
 from __future__ import annotations
@@ -25,18 +28,35 @@ from realruns.tiny import tiny_llama
 MODELS = ("llama", "qwen2", "gpt2")
 _LAYER = re.compile(r"\.(?:layers|h)\.(\d+)\.")  # the layer index in a parameter name
 
+#: How a full fine-tune's checkpoints save the model: ``save_pretrained``'s
+#: one ``model.safetensors``, its shards and index (``max_shard_size`` below
+#: the model's size), or ``torch.save`` of the state dict as
+#: ``pytorch_model.bin`` (what transformers < 5 wrote with
+#: ``safe_serialization=False``; transformers 5 writes safetensors only).
+FULL_SAVES = ("safetensors", "sharded", "bin")
+
 
 def _silence() -> None:
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def tiny_causal_lm(kind: str = "llama", *, layers: int = 3, seed: int = 0) -> Any:
-    """A tiny causal LM of one of the common families, from a config."""
+def tiny_causal_lm(
+    kind: str = "llama", *, layers: int = 3, seed: int = 0, tie_embeddings: bool = False
+) -> Any:
+    """A tiny causal LM of one of the common families, from a config
+    (``tie_embeddings``: a Llama whose ``lm_head`` is its embedding)."""
     torch = require("torch", "torch")
     transformers = require("transformers", "peft")
     if kind == "llama":
-        return tiny_llama(seed, hidden=64, layers=layers, vocab=128, initializer_range=0.12)
+        return tiny_llama(
+            seed,
+            hidden=64,
+            layers=layers,
+            vocab=128,
+            initializer_range=0.12,
+            tie_word_embeddings=tie_embeddings,
+        )
     torch.manual_seed(seed)
     if kind == "qwen2":
         cfg = transformers.Qwen2Config(
@@ -96,37 +116,49 @@ def train_hf_run(
     nan_at: int | None = None,
     nan_filter: bool = True,
     save_final: bool = True,
+    full: bool = False,
+    save: str = "safetensors",
+    shard_bytes: int = 200_000,
+    tie_embeddings: bool = False,
     seed: int = 0,
     grad_scale: Mapping[int, float] | None = None,
 ) -> Path:
-    """Fine-tune a tiny model with PEFT LoRA under ``transformers.Trainer``.
+    """Fine-tune a tiny model under ``transformers.Trainer``: with PEFT LoRA,
+    or, with ``full``, every parameter of the model (no PEFT).
 
     ``out`` becomes the Trainer's ``output_dir``: ``checkpoint-N/`` every
     ``save_steps``, TensorBoard events under ``runs/`` when ``tensorboard``,
-    and the final adapter at the top when ``save_final``. ``nan_at`` makes
-    the loss of that optimizer step NaN (an overflowing batch);
-    ``nan_filter`` is the Trainer's ``logging_nan_inf_filter``.
-    ``grad_scale`` maps a layer index to a factor by which that layer's LoRA
-    gradients are multiplied in every backward pass (before clipping): a
-    layer whose gradients explode, e.g. ``{2: 50 ** 0.5}`` lifts its Adam
-    second moments about 50x.
+    and the final adapter (or model) at the top when ``save_final``.
+    ``nan_at`` makes the loss of that optimizer step NaN (an overflowing
+    batch); ``nan_filter`` is the Trainer's ``logging_nan_inf_filter``. A
+    full fine-tune saves its model as ``save`` says (one of ``FULL_SAVES``;
+    ``sharded`` at ``shard_bytes`` per shard); ``tie_embeddings`` ties a
+    Llama's head to its embedding. ``grad_scale`` maps a layer index to a
+    factor by which that layer's trained gradients are multiplied in every
+    backward pass (before clipping): a layer whose gradients explode, e.g.
+    ``{2: 50 ** 0.5}`` lifts its Adam second moments about 50x.
     """
     _silence()
+    if save not in FULL_SAVES or (save != "safetensors" and not full):
+        raise ValueError(f"save must be one of {FULL_SAVES} (other than the default: full only)")
     torch = require("torch", "torch")
     transformers = require("transformers", "peft")
-    peft = require("peft", "peft")
     torch.manual_seed(seed)
-    base = tiny_causal_lm(model, layers=layers, seed=seed)
-    lora = peft.LoraConfig(
-        r=rank,
-        lora_alpha=2 * rank,
-        target_modules=_targets(model),
-        bias=bias,
-        modules_to_save=modules_to_save,
-        fan_in_fan_out=model == "gpt2",
-    )
-    peft_model = peft.get_peft_model(base, lora)
-    for name, param in peft_model.named_parameters():
+    base = tiny_causal_lm(model, layers=layers, seed=seed, tie_embeddings=tie_embeddings)
+    if full:
+        trained = base
+    else:
+        peft = require("peft", "peft")
+        lora = peft.LoraConfig(
+            r=rank,
+            lora_alpha=2 * rank,
+            target_modules=_targets(model),
+            bias=bias,
+            modules_to_save=modules_to_save,
+            fan_in_fan_out=model == "gpt2",
+        )
+        trained = peft.get_peft_model(base, lora)
+    for name, param in trained.named_parameters():
         found = _LAYER.search(name)
         if param.requires_grad and found and int(found[1]) in (grad_scale or {}):
             factor = float((grad_scale or {})[int(found[1])])
@@ -158,7 +190,20 @@ def train_hf_run(
                 loss = loss * float("nan")
             return loss
 
-    trainer = Trainer(model=peft_model, args=args, train_dataset=_Sequences(seed))
+        def _save(self, output_dir: str | None = None, state_dict: Any = None) -> None:
+            if save == "safetensors":
+                return super()._save(output_dir, state_dict)
+            output_dir = output_dir or self.args.output_dir
+            os.makedirs(output_dir, exist_ok=True)
+            if save == "sharded":
+                self.model.save_pretrained(output_dir, max_shard_size=shard_bytes)
+            else:
+                self.model.config.save_pretrained(output_dir)
+                torch.save(self.model.state_dict(), os.path.join(output_dir, "pytorch_model.bin"))
+            torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+            return None
+
+    trainer = Trainer(model=trained, args=args, train_dataset=_Sequences(seed))
     trainer.train()
     if save_final:
         trainer.save_model(str(out))

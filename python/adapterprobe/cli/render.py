@@ -27,6 +27,7 @@ from adapterprobe.records import (
     ScanRecord,
     ScanReport,
     json_chunks,
+    natural_key,
     verdict_exit_code,
     write_csv,
 )
@@ -142,7 +143,8 @@ class TableWriter:
     def records(self, records: Sequence[ScanRecord]) -> None:
         base = _base([r.store for r in records])
         ordered = sorted(
-            records, key=lambda r: (-r.verdict.severity, r.store, r.adapter or "", r.probe)
+            records,
+            key=lambda r: (-r.verdict.severity, r.store, natural_key(r.adapter or ""), r.probe),
         )
         indent = " " * 7
         for r in ordered:

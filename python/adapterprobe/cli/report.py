@@ -38,7 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from adapterprobe.cli.scan import scan_settings
-    from adapterprobe.probes import PROBES
+    from adapterprobe.probes import DEFAULT_PROBES
     from adapterprobe.records import ScanReport
 
     roots = default_roots(args.roots)
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     report = ScanReport(
         (r for batch in batches for r in batch),
         problems,
-        settings.to_dict(args.probes or tuple(PROBES)),
+        settings.to_dict(args.probes or DEFAULT_PROBES),
     )
     stop()
     path = report.to_html(args.output)

@@ -21,13 +21,15 @@ examples:
   adapterprobe scan /data --set training_drift.spike_z=8 --set adapter_weights.max_top_share=0.95
 
 what is scanned:
-  Every store below the roots, in four layouts: dlm stores (adapter/ and logs/),
-  HF Trainer / TRL / axolotl output dirs (checkpoint-N/, trainer_state.json, runs/),
-  Lightning runs (*.ckpt with metrics.csv or TensorBoard events) and bare PEFT
-  adapter dirs (adapter_config.json + adapter_model.safetensors). Each store gets
-  a training_drift record (its loss curve); each adapter version (the newest, or
-  all with --all-versions) an adapter_weights record (its LoRA weights) and a
-  gradient_ghost record (its optimizer state).
+  Every store below the roots, found by what it has: dlm stores (adapter/ and
+  logs/), HF Trainer / TRL / axolotl output dirs (checkpoint-N/, last-checkpoint/,
+  trainer_state.json, runs/), Lightning runs (*.ckpt, metrics.csv), bare PEFT
+  adapter dirs (adapter_config.json + adapter_model.safetensors) and folders of
+  TensorBoard events. Each store gets a training_drift record (its loss curve);
+  each version (the newest, or all with --all-versions) an adapter_weights record
+  (its LoRA weights) and a gradient_ghost record (its optimizer state). Records
+  say what a version holds in checkpoint_kind: adapter, full (a full fine-tune:
+  adapter_weights SKIPs it; --probes ...,full_weights checks its weights) or logs.
 
 verdicts and score:
   pass/warn/fail/skip/error per record; --rules robust (default) raises no alarm
@@ -89,7 +91,8 @@ def add_probe_option(p: argparse.ArgumentParser) -> None:
         type=probe_list,
         default=None,
         metavar="P[,P...]",
-        help="probes to run (default: all): adapter_weights, gradient_ghost, training_drift",
+        help="probes to run (default: adapter_weights, gradient_ghost, training_drift); "
+        "full_weights (every value of a full fine-tune's model.safetensors) only when named",
     )
 
 
@@ -135,10 +138,10 @@ def scan_records(
     roots: list[str], args: argparse.Namespace, settings: Any
 ) -> tuple[Iterator[list[Any]], list[tuple[str, str]], int, Callable[[], None]]:
     """(batches, problems, number of targets, stop_progress) for the roots."""
-    from adapterprobe.probes import PROBES
+    from adapterprobe.probes import DEFAULT_PROBES
     from adapterprobe.scan import discover, scan_batches
 
-    probes = args.probes or tuple(PROBES)
+    probes = args.probes or DEFAULT_PROBES
     settings.resolved(probes)  # bad thresholds fail before the walk
     targets, problems = discover(*roots, all_versions=args.all_versions, workers=args.workers)
     bar = ProgressBar()
@@ -171,7 +174,7 @@ def nothing_found(roots: list[str], problems: list[tuple[str, str]], args: Any) 
 
 
 def run_scan(roots: list[str], args: argparse.Namespace) -> int:
-    from adapterprobe.probes import PROBES
+    from adapterprobe.probes import DEFAULT_PROBES
 
     settings = scan_settings(args)
     batches, problems, found, stop = scan_records(roots, args, settings)
@@ -184,7 +187,7 @@ def run_scan(roots: list[str], args: argparse.Namespace) -> int:
         args.format,
         args.fail_on,
         only=args.only,
-        settings=settings.to_dict(args.probes or tuple(PROBES)),
+        settings=settings.to_dict(args.probes or DEFAULT_PROBES),
         before_output=stop,
     )
 

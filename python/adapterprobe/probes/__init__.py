@@ -1,7 +1,9 @@
 """The probes: each reads one kind of artifact and returns a :class:`ProbeResult`.
 
 ``PROBES`` lists them with their options class and judge, so ``scan``, the
-Ray engine and the CLI treat every probe the same way.
+Ray engine and the CLI treat every probe the same way; ``DEFAULT_PROBES``
+are those a scan runs unless told otherwise (``full_weights``, which reads
+every byte of a full model, is opt-in).
 """
 
 from __future__ import annotations
@@ -12,6 +14,11 @@ from typing import Any
 
 from adapterprobe.errors import UsageError
 from adapterprobe.probes.drift import DriftOptions, judge_drift, training_drift
+from adapterprobe.probes.full_weights import (
+    FullWeightsOptions,
+    full_weights,
+    judge_full_weights,
+)
 from adapterprobe.probes.ghost import GhostOptions, gradient_ghost, judge_ghost
 from adapterprobe.probes.options import RULE_SETS, ProbeOptions
 from adapterprobe.probes.result import ProbeResult, Verdict
@@ -37,8 +44,13 @@ PROBES: dict[str, ProbeSpec] = {
         ProbeSpec("adapter_weights", WeightsOptions, judge_weights, "adapter", "weights"),
         ProbeSpec("gradient_ghost", GhostOptions, judge_ghost, "adapter", "ghosts"),
         ProbeSpec("training_drift", DriftOptions, judge_drift, "store", "drift"),
+        ProbeSpec(
+            "full_weights", FullWeightsOptions, judge_full_weights, "adapter", "full_weights"
+        ),
     )
 }
+#: The probes a scan runs when none are named.
+DEFAULT_PROBES: tuple[str, ...] = ("adapter_weights", "gradient_ghost", "training_drift")
 
 
 def resolve_options(
@@ -91,9 +103,11 @@ def resolve_options(
 
 
 __all__ = [
+    "DEFAULT_PROBES",
     "PROBES",
     "RULE_SETS",
     "DriftOptions",
+    "FullWeightsOptions",
     "GhostOptions",
     "ProbeOptions",
     "ProbeResult",
@@ -101,6 +115,7 @@ __all__ = [
     "Verdict",
     "WeightsOptions",
     "adapter_weights",
+    "full_weights",
     "gradient_ghost",
     "resolve_options",
     "training_drift",

@@ -123,7 +123,7 @@ def group_stores(records: Iterable[Any]) -> list[Store]:
     for i, s in enumerate(out):
         s.index = i
         s.name = relative_to(s.path, base) or s.path
-        s.records.sort(key=lambda r: (-r.severity, r.probe, r.adapter or ""))
+        s.records.sort(key=lambda r: (-r.severity, r.probe, natural_key(r.adapter or "")))
     return out
 
 

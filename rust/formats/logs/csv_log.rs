@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Area, Error, Result};
 use crate::formats::logs::json_line::{float_to_step, python_float, python_int};
 use crate::io::files::open_regular;
+use crate::io::lfs;
 
 /// Loss columns tried, in order, when the caller names none.
 pub const DEFAULT_LOSS_COLUMNS: [&str; 4] = ["train_loss", "train_loss_step", "loss", "train/loss"];
@@ -59,6 +60,8 @@ pub fn read_csv_series(path: &Path, column: Option<&str>) -> Result<CsvSeries> {
     let mut series = series_from(file, column).map_err(|msg| match msg {
         Failure::Io(e) => Error::io(Area::LogFormat, path, &e),
         Failure::Bad(msg) => Error::new(Area::LogFormat, path, msg),
+        Failure::Header(msg, head) => lfs::pointer_error_at(Area::LogFormat, path, head.as_bytes())
+            .unwrap_or_else(|| Error::new(Area::LogFormat, path, msg)),
     })?;
     series.path = path.to_path_buf();
     Ok(series)
@@ -67,6 +70,9 @@ pub fn read_csv_series(path: &Path, column: Option<&str>) -> Result<CsvSeries> {
 enum Failure {
     Io(std::io::Error),
     Bad(String),
+    /// The header row has no step column; the row's first cell is kept (a
+    /// Git LFS pointer's first line lands there).
+    Header(String, String),
 }
 
 impl From<String> for Failure {
@@ -315,9 +321,12 @@ fn series_from<R: Read>(
     // A repeated name means its last cell, as in csv.DictReader.
     let find = |name: &str| columns.iter().rposition(|c| c == name);
     let step_index = find("step").ok_or_else(|| {
-        format!(
-            "has no step column (columns: {}); not a Lightning metrics.csv",
-            listed(&columns)
+        Failure::Header(
+            format!(
+                "has no step column (columns: {}); not a Lightning metrics.csv",
+                listed(&columns)
+            ),
+            columns.first().cloned().unwrap_or_default(),
         )
     })?;
     let (column, value_index) = match column {
@@ -398,7 +407,7 @@ mod tests {
         let trickled = series_from(Trickle(text), column);
         let flat = |r: std::result::Result<CsvSeries, Failure>| match r {
             Ok(s) => Ok(s),
-            Err(Failure::Bad(m)) => Err(m),
+            Err(Failure::Bad(m) | Failure::Header(m, _)) => Err(m),
             Err(Failure::Io(e)) => Err(e.to_string()),
         };
         let (whole, trickled) = (flat(whole), flat(trickled));

@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Area, Error, Result};
 use crate::formats::logs::json_line::{to_loss, to_step, unescape, Scalar, Scanner, MAX_DEPTH};
 use crate::io::files::open_regular;
+use crate::io::lfs;
 
 /// Largest `trainer_state.json` read (real ones are kilobytes to a few MiB).
 pub const MAX_TRAINER_STATE_BYTES: u64 = 512 << 20;
@@ -85,7 +86,9 @@ pub fn read_trainer_state(path: &Path) -> Result<TrainerState> {
             e.valid_up_to()
         ))
     })?;
-    let mut state = parse_trainer_state(text).map_err(err)?;
+    let mut state = parse_trainer_state(text).map_err(|msg| {
+        lfs::pointer_error(Area::LogFormat, path, &bytes).unwrap_or_else(|| err(msg))
+    })?;
     state.path = path.to_path_buf();
     Ok(state)
 }
@@ -326,6 +329,29 @@ fn log_entry(s: &mut Scanner, index: usize, state: &mut TrainerState) -> Parsed<
         ));
     }
     Ok(())
+}
+
+/// Where `push_to_hub(hub_strategy="checkpoint")` keeps the newest
+/// checkpoint, beside (or instead of) the `checkpoint-<step>/` directories.
+pub const LAST_CHECKPOINT: &str = "last-checkpoint";
+
+/// The step of an HF checkpoint directory called `name` (at `dir`), to
+/// order checkpoints by: `N` of `checkpoint-N`, compared as a number; for
+/// `last-checkpoint`, the `global_step` of its `trainer_state.json`, or
+/// `u64::MAX` (the newest) when that cannot be read. None for other names.
+/// Where steps tie, `last-checkpoint` is the newer (it is a copy of the
+/// newest save).
+pub fn checkpoint_dir_step(name: &str, dir: &Path) -> Option<u64> {
+    if name == LAST_CHECKPOINT {
+        let state = read_trainer_state(&dir.join("trainer_state.json")).ok();
+        let step = state.and_then(|s| u64::try_from(s.global_step).ok());
+        return Some(step.unwrap_or(u64::MAX));
+    }
+    let digits = name.strip_prefix("checkpoint-")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ use crate::error::{Area, Error, Result};
 use crate::formats::logs::json_line::{classify_step, LineKind, StepExtras};
 use crate::formats::logs::{csv_log, tfevents, trainer_state};
 use crate::io::files::open_regular;
+use crate::io::lfs;
 use crate::io::walk::files_under;
 
 /// Bytes read per batch; each batch is parsed in parallel pieces.
@@ -493,7 +494,11 @@ pub fn read_steps_from<R: Read, S: StepSink>(
         if !first_line_seen && !discarding && !region.is_empty() {
             let first_end = memchr::memchr2(b'\n', b'\r', region).unwrap_or(region.len());
             match line_kind(&region[..first_end]) {
-                Some((LineKind::Invalid, _)) => return Err("first line is not valid JSON".into()),
+                Some((LineKind::Invalid, _)) => {
+                    // A Git LFS pointer is small: this batch holds all of it.
+                    return Err(lfs::describe_pointer(region)
+                        .unwrap_or_else(|| "first line is not valid JSON".into()));
+                }
                 Some((LineKind::Step(step, loss), extras)) => out.push_step(step, loss, extras),
                 _ => {}
             }
@@ -528,6 +533,9 @@ pub fn read_steps<S: StepSink>(path: &Path, out: &mut S) -> Result<()> {
         .metadata()
         .map_or(BATCH, |m| m.len().min(BATCH as u64) as usize);
     read_steps_from(file, size, out).map_err(|msg| {
+        if let Some(e) = lfs::pointer_error_in(Area::LogFormat, path) {
+            return e; // with its oid and size as details
+        }
         let name = path.file_name().unwrap_or_default().to_string_lossy();
         let msg = msg.replace("first line", &format!("first line of {name}"));
         Error::new(Area::LogFormat, path, msg)
@@ -701,7 +709,8 @@ fn file_source(path: &Path) -> Result<LogSource> {
     }
 }
 
-/// `checkpoint-<step>/trainer_state.json` with the highest step, if any.
+/// `checkpoint-<step>/trainer_state.json` with the highest step, if any
+/// (`last-checkpoint/` counts at its own step).
 fn newest_checkpoint_state(dir: &Path) -> Result<Option<PathBuf>> {
     let entries = std::fs::read_dir(dir).map_err(|e| Error::io(Area::LogFormat, dir, &e))?;
     let mut best: Option<(u64, PathBuf)> = None;
@@ -710,8 +719,7 @@ fn newest_checkpoint_state(dir: &Path) -> Result<Option<PathBuf>> {
         let name = entry.file_name();
         let Some(step) = name
             .to_str()
-            .and_then(|n| n.strip_prefix("checkpoint-"))
-            .and_then(|s| s.parse::<u64>().ok())
+            .and_then(|n| trainer_state::checkpoint_dir_step(n, &entry.path()))
         else {
             continue;
         };

@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Area, Error, Result};
 use crate::io::files::open_regular;
+use crate::io::lfs;
 use crate::io::walk::files_under;
 
 /// Largest record accepted (TensorBoard's own reader has no cap; real
@@ -259,6 +260,8 @@ struct Records<R> {
     /// Bytes of the file when opened; anything appended later is ignored.
     file_len: u64,
     data: Vec<u8>,
+    /// The first record header's bytes (the file's first bytes).
+    head: [u8; HEADER_BYTES as usize],
 }
 
 /// Fill `buf`; false when the input ends first.
@@ -278,6 +281,7 @@ impl<R: Read> Records<R> {
             start: 0,
             file_len,
             data: Vec::new(),
+            head: [0; HEADER_BYTES as usize],
         }
     }
 
@@ -291,6 +295,9 @@ impl<R: Read> Records<R> {
         let mut header = [0u8; HEADER_BYTES as usize];
         if remaining < HEADER_BYTES || !fill(&mut self.reader, &mut header)? {
             return torn;
+        }
+        if at == 0 {
+            self.head = header;
         }
         let (len_bytes, len_crc) = header.split_at(8);
         if masked_crc32c(len_bytes) != le_u32(len_crc) {
@@ -691,7 +698,13 @@ fn read_file(path: &Path, collector: &mut Collector) -> Result<Ending> {
         .len();
     let mut records = Records::new(BufReader::with_capacity(64 << 10, file), file_len);
     loop {
-        match records.next().map_err(err)? {
+        let next = records.next().map_err(|msg| {
+            // A Git LFS pointer fails the first record's length checksum.
+            let head = (records.offset == 0).then_some(&records.head[..]);
+            head.and_then(|h| lfs::pointer_error_at(Area::LogFormat, path, h))
+                .unwrap_or_else(|| err(msg))
+        })?;
+        match next {
             Next::End(ending) => return Ok(ending),
             Next::Record => {}
         }
