@@ -218,7 +218,9 @@ def grad_norm_figure(rec: Record, uid: str, store_name: str) -> str:
         f"{num(finite[-1][0])}, {num(y_lo)} to {num(y_hi)}"
         + (f"; non-finite at steps {_step_list(bad)}" if bad else "")
     )
-    out = [svg_open(uid, CURVE_W, CURVE_H, f"Gradient norm of {store_name}", desc, "chart curve")]
+    out = [
+        svg_open(uid, CURVE_W, CURVE_H, f"Gradient norm of {store_name}", desc, "chart gradnorm")
+    ]
     label = "grad norm (log scale)" if log else "grad norm"
     out.append(axes(sx, sy, CURVE_BOX, "step", label, sx.ticks(6, integer=True), sy.ticks(5)))
     for x in bad[:MAX_MARKS]:
