@@ -89,39 +89,32 @@ impl SideSeries {
     /// series is one more pass over the files; a series that cannot be read
     /// is left empty (the loss curve is what the read is for).
     pub fn fill_from_events(&mut self, files: &[PathBuf], tags: &[String]) {
-        let read = |names: &[&str]| {
+        self.fill(|names| {
             let tag = pick(tags, names)?;
-            tfevents::read_scalar_series(files, Some(tag))
-                .ok()
-                .map(|series| by_step(series.points))
-        };
-        if self.eval_loss.is_empty() {
-            self.eval_loss = read(&EVAL_LOSS_NAMES).unwrap_or_default();
-        }
-        if self.grad_norm.is_empty() {
-            self.grad_norm = read(&GRAD_NORM_NAMES).unwrap_or_default();
-        }
-        if self.learning_rate.is_empty() {
-            self.learning_rate = read(&LEARNING_RATE_NAMES).unwrap_or_default();
-        }
+            let series = tfevents::read_scalar_series(files, Some(tag)).ok()?;
+            Some(by_step(series.points))
+        });
     }
 
     /// Fill the series still empty from the columns of a `metrics.csv`.
     pub fn fill_from_csv(&mut self, path: &Path, columns: &[String]) {
-        let read = |names: &[&str]| {
+        self.fill(|names| {
             let column = pick(columns, names)?;
-            csv_log::read_csv_series(path, Some(column))
-                .ok()
-                .map(|series| by_step(series.points))
-        };
-        if self.eval_loss.is_empty() {
-            self.eval_loss = read(&EVAL_LOSS_NAMES).unwrap_or_default();
-        }
-        if self.grad_norm.is_empty() {
-            self.grad_norm = read(&GRAD_NORM_NAMES).unwrap_or_default();
-        }
-        if self.learning_rate.is_empty() {
-            self.learning_rate = read(&LEARNING_RATE_NAMES).unwrap_or_default();
+            let series = csv_log::read_csv_series(path, Some(column)).ok()?;
+            Some(by_step(series.points))
+        });
+    }
+
+    /// Fill each empty series with what `read` finds under its known names.
+    fn fill(&mut self, read: impl Fn(&[&str]) -> Option<Vec<(i64, f64)>>) {
+        for (series, names) in [
+            (&mut self.eval_loss, &EVAL_LOSS_NAMES[..]),
+            (&mut self.grad_norm, &GRAD_NORM_NAMES[..]),
+            (&mut self.learning_rate, &LEARNING_RATE_NAMES[..]),
+        ] {
+            if series.is_empty() {
+                *series = read(names).unwrap_or_default();
+            }
         }
     }
 }

@@ -441,3 +441,12 @@ fn dlm_step_lines_carry_their_side_values() {
     read_steps_from(lines[..3].join("\n").as_bytes(), 0, &mut out).unwrap();
     assert!(out.extras[1].grad_norm.is_some_and(f64::is_nan));
 }
+
+#[test]
+fn side_series_come_from_a_lightning_metrics_csv() {
+    let curve = read_curve_from(&fixture("lightning/version_0/metrics.csv"), None).unwrap();
+    // Lightning logs val_loss once per validation run, on its own rows.
+    assert!(!curve.side.eval_loss.is_empty());
+    assert!(curve.side.eval_loss.iter().all(|p| p.1.is_finite()));
+    assert!(curve.side.grad_norm.is_empty() && curve.side.learning_rate.is_empty());
+}
