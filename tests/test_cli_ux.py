@@ -165,7 +165,7 @@ def test_python_scan_without_a_root_scans_the_demo(demo_store):
     report = ap.scan()
     assert {Path(r.store).parent for r in report} == {demo_store}
     assert report.settings["rules"] == "robust"
-    assert report.settings["training_drift"]["min_steps"] == 4
+    assert report.settings["training_drift"]["min_steps"] == 3
 
 
 def test_introspection_without_torch():

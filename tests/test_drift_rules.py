@@ -86,9 +86,12 @@ def test_a_few_records_that_climb_thirty_fold_fail(tmp_path):
 
 
 def test_too_few_records_skip_and_say_records_not_steps(tmp_path):
-    r = ap.training_drift(write_log(tmp_path, [3.0, 2.0, 1.5], [500, 1000, 1500]))
+    r = ap.training_drift(write_log(tmp_path, [3.0, 2.0], [500, 1000]))
     assert r.verdict == "skip"
-    assert "3 logged records over 1,001 steps" in r.message
+    assert "2 logged records over 501 steps" in r.message
+    # Three records of logging_steps=500 are enough to see a run blow up.
+    r = ap.training_drift(write_log(tmp_path, [1.0, 9.0, 29.6], [500, 1000, 1500]))
+    assert r.verdict == "fail" and "diverged" in rule_of(r), r.message
 
 
 def test_a_flat_curve_is_no_progress_with_a_consistent_sign(tmp_path):

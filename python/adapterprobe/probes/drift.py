@@ -42,7 +42,7 @@ class DriftOptions(ProbeOptions):
     min_steps: int = option(
         Rule(int, low=2),
         "fewer logged records than this: SKIP (records, not training steps)",
-        robust=4,
+        robust=3,
         sway=10,
     )
     # rules="sway"
