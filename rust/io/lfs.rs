@@ -91,6 +91,11 @@ pub fn describe_pointer(bytes: &[u8]) -> Option<String> {
     ))
 }
 
+/// Whether `e` is a reader's refusal of a Git LFS pointer.
+pub fn is_pointer_error(e: &Error) -> bool {
+    e.details.iter().any(|(key, _)| *key == "lfs_pointer")
+}
+
 /// The error a reader in `area` gives for `path` when `bytes` (the whole
 /// file, already read) is a pointer.
 pub fn pointer_error(area: Area, path: &Path, bytes: &[u8]) -> Option<Error> {

@@ -857,6 +857,9 @@ pub fn read_hf_run_curve(run: &Path) -> Result<LossCurve> {
             // Events without a loss tag (only eval metrics, or only the final
             // summary of a run shorter than logging_steps) add nothing.
             Err(e) if tfevents::is_missing_loss_tags(&e) && !files.is_empty() => {}
+            // Event files left as Git LFS pointers (a clone without `git lfs
+            // pull`) add nothing beside a trainer state that was read.
+            Err(e) if lfs::is_pointer_error(&e) && !files.is_empty() => {}
             Err(e) => return Err(e),
         }
     }

@@ -450,3 +450,23 @@ fn side_series_come_from_a_lightning_metrics_csv() {
     assert!(curve.side.eval_loss.iter().all(|p| p.1.is_finite()));
     assert!(curve.side.grad_norm.is_empty() && curve.side.learning_rate.is_empty());
 }
+
+#[test]
+fn event_files_left_as_lfs_pointers_do_not_hide_a_readable_trainer_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    copy_tree(&fixture("hf_run"), &out);
+    // A clone without `git lfs pull`: every event file is its pointer.
+    for file in crate::formats::logs::tfevents::event_files(&out.join("runs")).unwrap() {
+        let pointer = crate::io::lfs::tests::pointer_for(&file);
+        std::fs::write(&file, pointer).unwrap();
+    }
+    let curve = read_curve(&out, None).unwrap();
+    assert_eq!(curve.steps, (1..=30).collect::<Vec<i64>>());
+    assert_eq!(curve.source, LogSource::TrainerState.name());
+    // Without the trainer state the pointer is the error, named as such.
+    std::fs::remove_file(out.join("trainer_state.json")).unwrap();
+    std::fs::remove_dir_all(out.join("checkpoint-20")).unwrap();
+    let e = read_curve(&out, None).unwrap_err();
+    assert!(crate::io::lfs::is_pointer_error(&e), "{e}");
+}
