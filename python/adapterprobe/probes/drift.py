@@ -462,10 +462,9 @@ def _judge_robust(curve: Any, o: DriftOptions, result: Any) -> ProbeResult:
         finite = [v for v in losses if math.isfinite(v)]
         return finish(
             findings,
-            f"objective {finite[0]:.4g} -> {finite[-1]:.4g} {span}; it is not a positive loss "
-            "(it goes negative or starts at or near 0: an RL, KL or log-ratio objective?), so "
-            "only NaN/inf and the side "
-            "series are judged, not its trend or spikes",
+            f"objective {finite[0]:.4g} -> {finite[-1]:.4g} {span}; not a positive loss (it "
+            "goes negative or starts at or near 0: an RL, KL or log-ratio objective?), so only "
+            "NaN/inf and the side series are judged, not its trend or spikes",
             score=0.6,
             raw=None,
             evidence={"objective": "not_positive", "nonfinite_steps": nonfinite_steps},
