@@ -84,15 +84,30 @@ impl SideSeries {
         }
     }
 
-    /// Fill the series still empty from TensorBoard event files whose tags
-    /// (`tags`, as a read listed them) include a known name for them. Each
-    /// series is one more pass over the files; a series that cannot be read
-    /// is left empty (the loss curve is what the read is for).
-    pub fn fill_from_events(&mut self, files: &[PathBuf], tags: &[String]) {
+    /// Whether a scalar tag is a known name of a side series (what to keep
+    /// beside the loss in the one pass over event files).
+    pub fn is_side_name(tag: &str) -> bool {
+        let lists = [
+            &EVAL_LOSS_NAMES[..],
+            &GRAD_NORM_NAMES[..],
+            &LEARNING_RATE_NAMES[..],
+        ];
+        lists
+            .iter()
+            .flat_map(|names| names.iter())
+            .any(|name| match name.strip_suffix('-') {
+                Some(_) => tag.starts_with(name),
+                None => tag == *name,
+            })
+    }
+
+    /// Fill the series still empty from the side tags an event-file read
+    /// kept (see [`SideSeries::is_side_name`]).
+    pub fn fill_from_events(&mut self, mut kept: tfevents::TagPoints) {
+        let tags: Vec<String> = kept.keys().cloned().collect();
         self.fill(|names| {
-            let tag = pick(tags, names)?;
-            let series = tfevents::read_scalar_series(files, Some(tag)).ok()?;
-            Some(by_step(series.points))
+            let tag = pick(&tags, names)?;
+            Some(by_step(kept.remove(tag)?))
         });
     }
 
@@ -106,7 +121,7 @@ impl SideSeries {
     }
 
     /// Fill each empty series with what `read` finds under its known names.
-    fn fill(&mut self, read: impl Fn(&[&str]) -> Option<Vec<(i64, f64)>>) {
+    fn fill(&mut self, mut read: impl FnMut(&[&str]) -> Option<Vec<(i64, f64)>>) {
         for (series, names) in [
             (&mut self.eval_loss, &EVAL_LOSS_NAMES[..]),
             (&mut self.grad_norm, &GRAD_NORM_NAMES[..]),
@@ -779,9 +794,10 @@ pub fn read_curve_from(source: &Path, tag: Option<&str>) -> Result<LossCurve> {
             curve.map(|c| LossCurve { side, ..c })
         }
         LogSource::TensorBoard => {
-            let series = tfevents::read_scalar_series(&files, tag)?;
+            let (series, kept) =
+                tfevents::read_scalar_series_and(&files, tag, &SideSeries::is_side_name)?;
             let mut side = SideSeries::default();
-            side.fill_from_events(&series.files, &series.tags);
+            side.fill_from_events(kept);
             read(&series.tag, series.points, series.files, series.torn_files)
                 .map(|c| LossCurve { side, ..c })
         }
@@ -846,9 +862,9 @@ pub fn read_hf_run_curve(run: &Path) -> Result<LossCurve> {
         sources.push(LogSource::TrainerState.name());
     }
     if !events.is_empty() {
-        match tfevents::read_scalar_series(&events, None) {
-            Ok(series) => {
-                side.fill_from_events(&series.files, &series.tags);
+        match tfevents::read_scalar_series_and(&events, None, &SideSeries::is_side_name) {
+            Ok((series, kept)) => {
+                side.fill_from_events(kept);
                 points.extend(series.points);
                 files.extend(series.files);
                 torn.extend(series.torn_files);

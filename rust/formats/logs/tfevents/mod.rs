@@ -19,7 +19,7 @@
 //! stream through a buffer; memory is bounded by the largest record, which
 //! is capped and never allowed past the end of the file.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
@@ -100,7 +100,7 @@ pub fn event_files(source: &Path) -> Result<Vec<PathBuf>> {
 
 /// The scalar tags present in `files`, sorted.
 pub fn scalar_tags(files: &[PathBuf]) -> Result<Vec<String>> {
-    let mut collector = Collector::new(&[]);
+    let mut collector = Collector::new(&[], &|_| false);
     for path in by_name(files) {
         read_file(path, &mut collector)?;
     }
@@ -110,12 +110,25 @@ pub fn scalar_tags(files: &[PathBuf]) -> Result<Vec<String>> {
 /// Read the points of `tag` (or of the first `DEFAULT_LOSS_TAGS` entry
 /// present) from `files`, read in file-name order.
 pub fn read_scalar_series(files: &[PathBuf], tag: Option<&str>) -> Result<ScalarSeries> {
+    read_scalar_series_and(files, tag, &|_| false).map(|(series, _)| series)
+}
+
+/// Points of several scalar tags, by tag.
+pub type TagPoints = BTreeMap<String, Vec<(i64, f64)>>;
+
+/// [`read_scalar_series`], also keeping, in the same pass over the files,
+/// the points of every other scalar tag that `also` accepts (by tag).
+pub fn read_scalar_series_and(
+    files: &[PathBuf],
+    tag: Option<&str>,
+    also: &dyn Fn(&str) -> bool,
+) -> Result<(ScalarSeries, TagPoints)> {
     let wanted: Vec<&str> = match tag {
         Some(tag) => vec![tag],
         None => DEFAULT_LOSS_TAGS.to_vec(),
     };
     let ordered = by_name(files);
-    let mut collector = Collector::new(&wanted);
+    let mut collector = Collector::new(&wanted, also);
     let mut torn_files = vec![];
     for path in &ordered {
         if read_file(path, &mut collector)? == Ending::Torn {
@@ -126,13 +139,14 @@ pub fn read_scalar_series(files: &[PathBuf], tag: Option<&str>) -> Result<Scalar
     let Some(index) = chosen else {
         return Err(missing_tag_error(files, tag, &collector.tags));
     };
-    Ok(ScalarSeries {
+    let series = ScalarSeries {
         tag: wanted[index].to_string(),
         points: std::mem::take(&mut collector.points[index]),
         tags: collector.tags.into_iter().collect(),
         files: ordered.into_iter().cloned().collect(),
         torn_files,
-    })
+    };
+    Ok((series, collector.also_points))
 }
 
 fn by_name(files: &[PathBuf]) -> Vec<&PathBuf> {
@@ -641,16 +655,21 @@ struct Collector<'w> {
     /// Tags whose points are kept, in order of preference.
     wanted: &'w [&'w str],
     points: Vec<Vec<(i64, f64)>>,
+    /// Other tags whose points are kept too, in the same pass.
+    also: &'w dyn Fn(&str) -> bool,
+    also_points: TagPoints,
     tags: BTreeSet<String>,
     /// Tags whose metadata names a plugin other than scalars.
     not_scalar: HashSet<Vec<u8>>,
 }
 
 impl<'w> Collector<'w> {
-    fn new(wanted: &'w [&'w str]) -> Self {
+    fn new(wanted: &'w [&'w str], also: &'w dyn Fn(&str) -> bool) -> Self {
         Collector {
             wanted,
             points: vec![Vec::new(); wanted.len()],
+            also,
+            also_points: BTreeMap::new(),
             tags: BTreeSet::new(),
             not_scalar: HashSet::new(),
         }
@@ -683,6 +702,13 @@ impl<'w> Collector<'w> {
         }
         if let Some(i) = self.wanted.iter().position(|w| *w == tag) {
             self.points[i].push((step, number));
+        }
+        if (self.also)(&tag) {
+            // Bounded like `tags`: at most MAX_TAGS distinct keys.
+            self.also_points
+                .entry(tag.into_owned())
+                .or_default()
+                .push((step, number));
         }
         Ok(())
     }

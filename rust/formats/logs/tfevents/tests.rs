@@ -563,7 +563,7 @@ fn memory_follows_the_largest_record() {
         file.extend(frame(&simple_event(step, "loss", step as f32)));
     }
     let path = write(dir.path(), "events.out.tfevents.x", &file);
-    let mut collector = Collector::new(&["loss"]);
+    let mut collector = Collector::new(&["loss"], &|_| false);
     let f = std::fs::File::open(&path).unwrap();
     let mut records = Records::new(BufReader::new(f), file.len() as u64);
     let mut n = 0;
