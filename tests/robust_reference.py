@@ -143,6 +143,7 @@ def analyse(
     h = trend_window // 2
     inner = range(h, n - h) if n > 2 * h else range(n)
     best_index = min(inner, key=lambda i: (trend[i], i))
+    peak_index = min(inner, key=lambda i: (-trend[i], i))
     threshold = spike_threshold(n, spike_false_alarm, spike_z)
     min_rise = spike_fall_share * max(head - trend[best_index], 0.0)
     spikes: list[list[int]] = []
@@ -168,6 +169,8 @@ def analyse(
         "tail": median(filled[n - k :]),
         "best": trend[best_index],
         "best_index": best_index,
+        "peak": trend[peak_index],
+        "peak_index": peak_index,
         "noise": median(block_scales(resid, scale_block)),
         "relative": relative,
     }

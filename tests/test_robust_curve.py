@@ -56,6 +56,7 @@ def test_kernel_matches_reference(losses, window, z, rise, block, false_alarm, f
     ):
         assert _same(getattr(got, name), want[value]), name
     assert got.trend[got.best_index] == got.best_level
+    assert (got.peak_index, got.peak_level) == (want["peak_index"], want["peak"])
     assert got.spike_threshold == pytest.approx(want["threshold"], rel=1e-9)
 
 

@@ -153,6 +153,9 @@ pub struct RobustCurve {
     /// curve when it is shorter than two windows) and its index.
     pub best_level: f64,
     pub best_index: usize,
+    /// The highest trend value over the same points, and its index.
+    pub peak_level: f64,
+    pub peak_index: usize,
     /// Typical noise: the median of the block scales (see `block_scale`),
     /// relative to the trend when `relative` (else absolute).
     pub noise: f64,
@@ -400,13 +403,16 @@ pub fn analyse(losses: &[f64], params: &RobustParams) -> Option<RobustCurve> {
     // at the very ends the window shrinks to a single noisy record.
     let h = params.trend_window / 2;
     let inner = if n > 2 * h { h..n - h } else { 0..n };
-    let (best_index, best_level) =
-        inner
-            .map(|i| (i, trend[i]))
-            .fold(
-                (0, f64::INFINITY),
-                |best, (i, t)| if t < best.1 { (i, t) } else { best },
-            );
+    let (mut best_index, mut best_level) = (0, f64::INFINITY);
+    let (mut peak_index, mut peak_level) = (0, f64::NEG_INFINITY);
+    for i in inner {
+        if trend[i] < best_level {
+            (best_index, best_level) = (i, trend[i]);
+        }
+        if trend[i] > peak_level {
+            (peak_index, peak_level) = (i, trend[i]);
+        }
+    }
     let threshold = spike_threshold(n, params.spike_false_alarm, params.spike_z);
     // How far the run fell: a spike smaller than a share of it does not matter.
     let min_rise = params.spike_fall_share * (head_level - best_level).max(0.0);
@@ -448,6 +454,8 @@ pub fn analyse(losses: &[f64], params: &RobustParams) -> Option<RobustCurve> {
         tail_level,
         best_level,
         best_index,
+        peak_level,
+        peak_index,
         relative,
         level_points: k,
         spike_threshold: threshold,

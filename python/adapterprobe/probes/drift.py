@@ -510,11 +510,7 @@ def _judge_robust(curve: Any, o: DriftOptions, result: Any) -> ProbeResult:
     rise = -drop
     # The trend's highest point past the start: a healthy run's smoothed loss
     # does not climb far above where it began, even when it ends lower.
-    trend = a.trend  # one copy out of the kernel's result
-    h = o.trend_window // 2
-    lo, hi = (h, num_steps - h) if num_steps > 2 * h else (0, num_steps)
-    peak = max(trend[lo:hi])
-    peak_index = trend.index(peak, lo, hi)
+    peak, peak_index = a.peak_level, a.peak_index
     peak_rise = (peak - head) / head
     unstable_limit = max(UNSTABLE_RISE, 3.0 * a.noise if a.relative else 3.0 * a.noise / head)
     if rise > max(0.05, level_noise):
@@ -565,6 +561,7 @@ def _judge_robust(curve: Any, o: DriftOptions, result: Any) -> ProbeResult:
     )
     summary = f"loss {head:.4g} -> {tail:.4g} ({change}) {span}, noise {noise_text}"
     sample_idx = _sample_indices(num_steps, CURVE_SAMPLE_CAP)
+    trend = a.trend  # one copy out of the kernel's result
     clean = not findings and not side
     return finish(
         findings,
