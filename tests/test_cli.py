@@ -46,11 +46,20 @@ def test_error_always_reaches_fail_on(tmp_path):
 def test_usage_errors_exit_2_without_traceback(tmp_path):
     for args in (
         ("scan", str(tmp_path / "nope")),
-        ("check", str(tmp_path)),
+        ("check", str(tmp_path / "nope")),
         ("scan", "--workers", "0"),
     ):
         out = cli(*args)
         assert out.returncode == 2, args
+        assert "Traceback" not in out.stderr
+
+
+def test_nothing_to_probe_is_exit_3_for_scan_and_check_alike(tmp_path):
+    (tmp_path / "notes.txt").write_text("not a store")
+    for command in ("scan", "check"):
+        out = cli(command, str(tmp_path))
+        assert out.returncode == 3, (command, out.stderr)
+        assert "nothing to probe" in out.stderr
         assert "Traceback" not in out.stderr
 
 

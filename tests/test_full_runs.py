@@ -280,10 +280,12 @@ def test_checkpoints_are_listed_in_numeric_order(runs):
     assert [r.evidence["global_step"] for r in probes["gradient_ghost"]] == [40, 80, 120]
     rows = [r for r in report.to_csv().splitlines()[1:] if "gradient_ghost" in r]
     assert [next(w for w in want if f"/{w}," in row) for row in rows] == want
-    from adapterprobe.cli.render import TableWriter
+    from adapterprobe.cli.table import TableStream
 
     out = io.StringIO()
-    TableWriter(out, width=200, colour=False).records(report.records)
+    table = TableStream(out, width=200, colour=False)
+    table.add(report.records)
+    table.finish("fail")
     lines = [line for line in out.getvalue().splitlines() if "gradient_ghost" in line]
     shown = [line.split(" / ")[1].split()[0] for line in lines]
     assert shown == want

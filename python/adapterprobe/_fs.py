@@ -54,19 +54,130 @@ def _make_parent(target: Path) -> None:
         ) from exc
 
 
+def _require_parent(target: Path) -> None:
+    """A file output goes into a directory that exists: a typo in ``-o`` must
+    not create directories anywhere (``-o /nonexist/x.html``)."""
+    if not target.parent.is_dir():
+        raise UsageError(
+            "the output's directory does not exist (create it first)", path=target.parent
+        )
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _staging_prefix(name: str) -> str:
+    """Temporary names carry the writer's pid, so a later run can tell a
+    leftover of a killed writer (pid gone) from a live one."""
+    return f".{name}.{os.getpid()}-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: alive, someone else's
+        return True
+    return True
+
+
+def clean_leftovers(target: Path) -> None:
+    """Remove temporaries that a killed writer left beside ``target``
+    (``.NAME.PID-XXXX.tmp`` whose PID is gone), and settle a swap that a
+    kill interrupted: a ``.NAME.old-XXXX`` copy is put back when ``target``
+    is missing (the kill came between the two renames) and removed when the
+    new ``target`` is in place."""
+    parent = target.parent
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return
+    prefix = f".{target.name}."
+    for entry in entries:
+        name = entry.name
+        if not name.startswith(prefix):
+            continue
+        rest = name[len(prefix) :]
+        path = Path(entry.path)
+        if rest.endswith(".tmp"):
+            pid_text = rest.partition("-")[0]
+            if pid_text.isdigit() and not _pid_alive(int(pid_text)):
+                _remove(path)
+        elif rest.startswith("old-"):
+            if not target.exists():
+                with contextlib.suppress(OSError):
+                    os.rename(path, target)
+            else:
+                _remove(path)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike[str]) -> Iterator[Any]:
+    """A text stream whose content replaces ``path`` only when the block ends
+    without an exception (temp file beside it, fsync, rename); a killed or
+    failed writer leaves the old file (or none), never a truncated one. The
+    file gets the usual ``0666 & ~umask`` mode. Undecodable bytes of names
+    (lone surrogates) are written as backslash escapes, never an error."""
+    target = resolve_output(path)
+    if target.is_dir():
+        raise UsageError("output is a directory, not a file", path=target)
+    _require_parent(target)
+    clean_leftovers(target)
+    try:
+        fd, staged = tempfile.mkstemp(
+            prefix=_staging_prefix(target.name), suffix=".tmp", dir=target.parent
+        )
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write beside the output: {exc.strerror or exc}", path=target
+        ) from exc
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace", newline="") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(staged, target)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(staged)
+        if isinstance(exc, OSError):
+            raise UsageError(
+                f"cannot write the output: {exc.strerror or exc}", path=target
+            ) from exc
+        raise
+    fsync_dir(target.parent)
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically (temp file beside it, fsync, rename)."""
     target = resolve_output(path)
     if target.is_dir():
         raise UsageError("output is a directory, not a file", path=target)
     _make_parent(target)
+    clean_leftovers(target)
     try:
-        fd, staged = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        fd, staged = tempfile.mkstemp(
+            prefix=_staging_prefix(target.name), suffix=".tmp", dir=target.parent
+        )
     except OSError as exc:
         raise UsageError(
             f"cannot write beside the output: {exc.strerror or exc}", path=target
         ) from exc
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -86,7 +197,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     """Write UTF-8 ``text`` to ``path`` atomically."""
-    return atomic_write_bytes(path, text.encode("utf-8"))
+    return atomic_write_bytes(path, text.encode("utf-8", "backslashreplace"))
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -141,10 +252,14 @@ def atomic_dir(out_dir: str | os.PathLike[str], *, overwrite: bool = False) -> I
 
     ``out_dir`` may be a symbolic link: its target is what gets written."""
     out = resolve_output(out_dir)
+    if out.parent.is_dir():
+        clean_leftovers(out)
     check_out_dir(out, overwrite)
     _make_parent(out)
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+        tmp = Path(
+            tempfile.mkdtemp(prefix=_staging_prefix(out.name), suffix=".tmp", dir=out.parent)
+        )
     except OSError as exc:
         raise UsageError(
             f"cannot write beside the output: {exc.strerror or exc}", path=out

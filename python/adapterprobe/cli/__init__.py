@@ -27,7 +27,8 @@ _EPILOG = """\
 examples:
   adapterprobe scan                         scan the bundled demo store
   adapterprobe scan /data/adapters          every store under a directory
-  adapterprobe scan out/ --format json      an HF Trainer output dir, machine-readable
+  adapterprobe scan out/ --json             an HF Trainer output dir, machine-readable
+  adapterprobe scan /data -q --junit junit.xml   problems only, plus a JUnit report
   adapterprobe check out/checkpoint-500     one checkpoint
   adapterprobe report /data -o health.html  a report with plots, opens offline
   adapterprobe extract --base base/ --tuned tuned/ --out lora/
@@ -73,6 +74,12 @@ _SUBCOMMANDS = ("scan", "check", "report", "extract")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Names from scanned trees may hold bytes that are not UTF-8; whatever
+    # the terminal's encoding, print them escaped rather than crash.
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from adapterprobe.cli import positive_int
 from adapterprobe.cli.render import add_output_options
@@ -17,7 +18,7 @@ examples:
   adapterprobe check ./store --format json --fail-on warn
 
 Exit codes as for `adapterprobe scan` (0 ok, 1 a verdict reached --fail-on,
-2 usage, 3 nothing found).
+2 usage: PATH missing or not a directory, 3 nothing to probe in PATH).
 """
 
 # Names whose presence makes a directory something `check` can probe.
@@ -65,9 +66,15 @@ def run(args: argparse.Namespace) -> int:
         p.name.startswith("checkpoint-") or p.suffix == ".ckpt" for p in path.iterdir()
     )
     if not looks_probeable:
-        raise UsageError(
-            "is neither a store nor an adapter version or checkpoint; use `adapterprobe scan` "
-            "to search a tree",
-            path=path,
+        # Nothing to probe is exit 3, as for `scan`; usage errors (2) are for
+        # paths that are missing or not directories.
+        from adapterprobe.cli.scan import nothing_found
+        from adapterprobe.escape import terminal
+
+        print(
+            f"adapterprobe check: {terminal(str(path))} is neither a store nor an adapter "
+            "version or checkpoint; use `adapterprobe scan` to search a tree",
+            file=sys.stderr,
         )
+        return nothing_found([str(path)], [], args)
     return run_scan([str(path)], args)

@@ -1,12 +1,16 @@
-"""Print scan records as a table, JSON, CSV or Markdown; the shared output
-and threshold options of ``scan`` and ``check``.
+"""Write scan records in the format the place wants; the shared output and
+threshold options of ``scan``, ``check`` and ``report``.
 
-The table is plain text laid out for the width it gets (80 columns when
-stdout is not a terminal, e.g. a CI log): one header line per record and
-its message wrapped beneath, then one summary line per store and the final
-summary on its own line. Colour only on a terminal (``NO_COLOR`` turns it
-off). JSON and CSV stream batch by batch; the table and Markdown wait for
-the whole scan.
+The human table is the default wherever stdout goes, a terminal or a CI log
+(``--format json``/``--json`` or ``jsonl`` for a program); with
+``GITHUB_ACTIONS=true`` the table comes with ``::error``/``::warning``
+annotations and a Markdown summary appended to ``$GITHUB_STEP_SUMMARY``.
+Every format streams: JSON, JSON Lines and CSV as batches arrive, the table
+and Markdown through bounded summaries (:mod:`adapterprobe.cli.table`,
+:mod:`adapterprobe.reports.markdown`), so memory does not grow with the
+records. ``-o FILE`` writes atomically; ``--junit FILE`` adds a JUnit XML
+report. Colour only on a terminal (``NO_COLOR`` turns it off,
+``FORCE_COLOR`` on).
 """
 
 from __future__ import annotations
@@ -15,33 +19,15 @@ import argparse
 import os
 import shutil
 import sys
-import textwrap
-from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import IO, Any
 
 from adapterprobe.probes.options import RULE_SETS
 from adapterprobe.probes.result import Verdict
-from adapterprobe.records import (
-    FAIL_ON,
-    ScanRecord,
-    ScanReport,
-    json_chunks,
-    natural_key,
-    verdict_exit_code,
-    write_csv,
-)
+from adapterprobe.records import FAIL_ON, ScanRecord, Tally, json_chunks, write_csv
 
-FORMATS = ("table", "json", "csv", "markdown")
+FORMATS = ("table", "json", "jsonl", "csv", "markdown", "github")
 VERDICT_NAMES = tuple(v.value for v in Verdict)
-COLOURS = {
-    Verdict.ERROR: "\x1b[1;35m",
-    Verdict.FAIL: "\x1b[1;31m",
-    Verdict.WARN: "\x1b[33m",
-    Verdict.SKIP: "\x1b[2m",
-    Verdict.PASS: "\x1b[32m",
-}
-RESET = "\x1b[0m"
 
 
 def verdict_list(text: str) -> frozenset[str]:
@@ -56,13 +42,46 @@ def verdict_list(text: str) -> frozenset[str]:
 
 
 def add_output_options(p: argparse.ArgumentParser) -> None:
+    """--format/--json, -o, -q/-v, --only, --junit, then the verdict options."""
     out = p.add_argument_group("output")
     out.add_argument(
         "--format",
         choices=FORMATS,
         default=None,
-        help="table (default on a terminal), json (default otherwise; full messages and "
-        "evidence), csv, or markdown (a summary for CI step summaries and PR comments)",
+        help="table (default, on a terminal and in CI logs alike), json (one array, full "
+        "messages and evidence), jsonl (one record per line), csv, markdown (a summary for "
+        "step summaries and PR comments), github (the table plus ::error/::warning "
+        "annotations and the markdown summary appended to $GITHUB_STEP_SUMMARY; the default "
+        "when GITHUB_ACTIONS=true)",
+    )
+    out.add_argument(
+        "--json",
+        dest="format",
+        action="store_const",
+        const="json",
+        help="same as --format json",
+    )
+    out.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        metavar="FILE",
+        help="write to FILE instead of stdout, atomically (a killed scan leaves the old "
+        "file or none, never a truncated one)",
+    )
+    loud = out.add_mutually_exclusive_group()
+    loud.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="table: only warn/fail/error records, the stores that have them, and the summary",
+    )
+    loud.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="table: every record (skips too) with its evidence, and why directories "
+        "were not searched",
     )
     out.add_argument(
         "--only",
@@ -72,6 +91,21 @@ def add_output_options(p: argparse.ArgumentParser) -> None:
         help="show only records with these verdicts, e.g. --only warn,fail,error "
         "(the exit code still counts every record)",
     )
+    add_gate_options(p)
+
+
+def add_junit_option(p: argparse._ActionsContainer) -> None:
+    p.add_argument(
+        "--junit",
+        default=None,
+        metavar="FILE",
+        help="also write a JUnit XML report (one testcase per record; records that reach "
+        "--fail-on fail) for GitLab, Jenkins, Buildkite and test-report actions",
+    )
+
+
+def add_gate_options(p: argparse.ArgumentParser) -> None:
+    """--rules, --fail-on, --set, --config and --junit."""
     gate = p.add_argument_group("verdicts")
     gate.add_argument(
         "--rules",
@@ -84,7 +118,8 @@ def add_output_options(p: argparse.ArgumentParser) -> None:
         "--fail-on",
         choices=FAIL_ON,
         default=None,
-        help="exit 1 when any verdict is this bad or worse; error always counts (default: fail)",
+        help="exit 1 when any verdict is this bad or worse, error included (default: fail); "
+        "never turns the gate off: exit 0 whatever the verdicts, errors too",
     )
     gate.add_argument(
         "--set",
@@ -92,8 +127,8 @@ def add_output_options(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="PROBE.OPTION=VALUE",
-        help="override a threshold, e.g. --set training_drift.spike_z=7 (repeatable; see "
-        "'Thresholds' below)",
+        help="override a threshold, e.g. --set training_drift.spike_z=7 (repeatable; "
+        "`adapterprobe scan --help` lists where the options are described)",
     )
     gate.add_argument(
         "--config",
@@ -102,166 +137,151 @@ def add_output_options(p: argparse.ArgumentParser) -> None:
         help="TOML file with the settings ([tool.adapterprobe] or top-level keys); "
         "default: [tool.adapterprobe] of ./pyproject.toml when present",
     )
+    add_junit_option(gate)
 
 
-def _short(path: str | None, base: str) -> str:
-    """A path relative to `base` when inside it; the last component when it
-    is `base` itself (a store checked alone is named, not shown as '.')."""
-    if path is None:
-        return "-"
-    try:
-        rel = os.path.relpath(path, base)
-    except ValueError:
-        return path
-    if rel in (".", ""):
-        return os.path.basename(os.path.normpath(path)) or path
-    return path if rel.startswith("..") else rel
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
 
 
-def _base(stores: Sequence[str]) -> str:
-    unique = sorted(set(stores))
-    if not unique:
-        return ""
-    base = os.path.commonpath(unique)
-    if base in unique and len(unique) > 1:
-        base = os.path.dirname(base)
-    return base
+def use_colour(out: IO[str]) -> bool:
+    """Colour on a terminal; ``FORCE_COLOR`` forces it (CI logs that render
+    ANSI), ``NO_COLOR`` turns it off."""
+    if _env_flag("FORCE_COLOR"):
+        return True
+    if "NO_COLOR" in os.environ:
+        return False
+    return out.isatty()
 
 
-class TableWriter:
-    """Plain-text records for a given width (see the module doc)."""
-
-    def __init__(self, out: IO[str], width: int, colour: bool) -> None:
-        self.out = out
-        self.width = max(40, width)
-        self.colour = colour
-
-    def _verdict(self, v: Verdict, text: str | None = None) -> str:
-        label = (text or v.value.upper()).ljust(5)
-        return f"{COLOURS[v]}{label}{RESET}" if self.colour else label
-
-    def records(self, records: Sequence[ScanRecord]) -> None:
-        base = _base([r.store for r in records])
-        ordered = sorted(
-            records,
-            key=lambda r: (-r.verdict.severity, r.store, natural_key(r.adapter or ""), r.probe),
-        )
-        indent = " " * 7
-        for r in ordered:
-            where = _short(r.store, base)
-            if r.adapter:
-                where += f" / {_short(r.adapter, r.store)}"
-            score = "" if r.score is None else f"  {r.score:.2f}"
-            head = f"{r.probe:<15} {where}{score}"
-            room = self.width - 7
-            if len(head) > room:
-                head = head[: room - 1] + "…"
-            self.out.write(f"{self._verdict(r.verdict)}  {head}\n")
-            for line in textwrap.wrap(r.message, self.width - len(indent)) or [""]:
-                self.out.write(f"{indent}{line}\n")
-
-    def store_lines(self, records: Sequence[ScanRecord]) -> None:
-        by_store: dict[str, list[ScanRecord]] = defaultdict(list)
-        for r in records:
-            by_store[r.store].append(r)
-        if len(by_store) < 2:
-            return
-        base = _base(list(by_store))
-        self.out.write("\nper store:\n")
-        rows = sorted(
-            by_store.items(),
-            key=lambda kv: (-max(r.verdict.severity for r in kv[1]), kv[0]),
-        )
-        for store, recs in rows:
-            worst = max((r.verdict for r in recs), key=lambda v: v.severity)
-            counts = Counter(r.verdict.value for r in recs)
-            parts = ", ".join(f"{counts[v]} {v}" for v in VERDICT_NAMES if counts[v])
-            layout = recs[0].layout
-            line = f"{_short(store, base)}  ({layout}: {parts})"
-            room = self.width - 7
-            if len(line) > room:
-                line = "…" + line[-(room - 1) :]
-            self.out.write(f"{self._verdict(worst)}  {line}\n")
+def table_width(out: IO[str]) -> int:
+    """The terminal's width, ``COLUMNS`` when set, else 80 (a CI log)."""
+    if out.isatty() or "COLUMNS" in os.environ:
+        return shutil.get_terminal_size((80, 24)).columns
+    return 80
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "s")
+def choose_format(fmt: str | None) -> str:
+    """The format asked for; otherwise github inside GitHub Actions, else the table."""
+    if fmt:
+        return fmt
+    return "github" if os.environ.get("GITHUB_ACTIONS") == "true" else "table"
 
 
-def summary_line(report: ScanReport, shown: int, fail_on: str, width: int = 80) -> str:
-    """The final summary: counts per verdict and the exit code with its
-    reason, wrapped to `width`."""
-    counts = report.counts()
-    stores = len({r.store for r in report})
-    parts = ", ".join(f"{n} {v}" for v, n in counts.items() if n) or "nothing found"
-    code = report.exit_code(fail_on)
-    reason = {
-        0: f"nothing reached --fail-on {fail_on}",
-        1: f"a verdict reached --fail-on {fail_on}",
-        3: "nothing found",
-    }.get(code, "")
-    hidden = f" ({len(report) - shown} hidden by --only)" if shown < len(report) else ""
-    text = (
-        f"{_plural(len(report), 'record')} from {_plural(stores, 'store')}: {parts}{hidden}. "
-        f"Exit {code}: {reason}."
-    )
-    return "\n".join(textwrap.wrap(text, max(40, width)))
+class Output:
+    """Where and how a scan's records are written (see the module doc)."""
 
+    def __init__(
+        self,
+        fmt: str | None,
+        fail_on: str,
+        *,
+        path: str | None = None,
+        quiet: bool = False,
+        verbose: bool = False,
+        only: frozenset[str] | None = None,
+        junit: str | None = None,
+        settings: dict[str, Any] | None = None,
+    ) -> None:
+        self.fmt = choose_format(fmt)
+        self.fail_on = fail_on
+        self.path = path
+        self.quiet, self.verbose, self.only = quiet, verbose, only
+        self.junit = junit
+        self.settings = settings
 
-def print_batches(
-    batches: Iterable[list[ScanRecord]],
-    problems: list[tuple[str, str]],
-    fmt: str | None,
-    fail_on: str,
-    *,
-    only: frozenset[str] | None = None,
-    settings: dict[str, Any] | None = None,
-    before_output: Any = None,
-) -> int:
-    """Write records to stdout (JSON and CSV as batches arrive; the table
-    and Markdown once the scan is done, after `before_output()` has cleared
-    the progress bar). Problems go to stderr. Returns the exit code."""
-    out = sys.stdout
-    fmt = fmt or ("table" if out.isatty() else "json")
+    def _shown(self, batch: list[ScanRecord]) -> list[ScanRecord]:
+        only = self.only
+        return batch if only is None else [r for r in batch if r.verdict.value in only]
 
-    def shown(records: Iterable[ScanRecord]) -> list[ScanRecord]:
-        return [r for r in records if only is None or r.verdict.value in only]
+    def write(
+        self,
+        batches: Iterable[list[ScanRecord]],
+        before_output: Any = None,
+    ) -> int:
+        """Write every record; returns the exit code."""
+        if self.path is None:
+            return self._write_to(sys.stdout, batches, before_output)
+        from adapterprobe._fs import atomic_output
 
-    if fmt in ("table", "markdown"):
-        report = ScanReport((r for batch in batches for r in batch), problems, settings)
-        if before_output:
-            before_output()
-        visible = shown(report)
-        if fmt == "markdown":
-            from adapterprobe.reports.markdown import render_markdown
+        with atomic_output(self.path) as out:
+            return self._write_to(out, batches, before_output)
 
-            out.write(render_markdown(report.to_dicts(), settings=settings, show=only))
-        else:
-            width = shutil.get_terminal_size((80, 24)).columns if out.isatty() else 80
-            colour = out.isatty() and "NO_COLOR" not in os.environ
-            writer = TableWriter(out, width, colour)
-            writer.records(visible)
-            writer.store_lines(visible)
-            out.write("\n" + summary_line(report, len(visible), fail_on, width) + "\n")
-        code = report.exit_code(fail_on)
-    else:
-        code, first = 0, True
+    def _write_to(self, out: IO[str], batches: Iterable[list[ScanRecord]], done: Any) -> int:
+        fmt = self.fmt
+        tally = Tally()
+        junit = None
+        if self.junit is not None:
+            from adapterprobe.reports.junit import JUnitWriter
+
+            junit = JUnitWriter(self.junit, self.fail_on)
+        table = summary = None
+        if fmt in ("table", "github"):
+            from adapterprobe.cli.table import TableStream
+
+            to_file = self.path is not None
+            table = TableStream(
+                out,
+                80 if to_file else table_width(out),
+                False if to_file else use_colour(out),
+                quiet=self.quiet,
+                verbose=self.verbose,
+                only=self.only,
+            )
+        if fmt in ("markdown", "github"):
+            from adapterprobe.reports.markdown import MarkdownSummary
+
+            summary = MarkdownSummary(show=self.only)
+        first = True
         for batch in batches:
-            code = max(code, verdict_exit_code(batch, fail_on))
-            batch = shown(batch)
-            if fmt == "json":
-                out.writelines(json_chunks(batch, first=first, last=False))
-            else:
-                write_csv(out, batch, header=first)
+            if junit is not None:
+                junit.add(batch)
+            if table is not None:
+                table.add(batch)
+            if summary is not None:
+                summary.add(batch)
+            if fmt == "github":
+                from adapterprobe.reports.github import write_annotations
+
+                write_annotations(out, self._shown(batch))
+            elif fmt in ("json", "jsonl", "csv"):
+                for r in batch:
+                    tally.add(r)
+                shown = self._shown(batch)
+                if fmt == "json":
+                    out.writelines(json_chunks(shown, first=first, last=False))
+                elif fmt == "jsonl":
+                    out.writelines(r.to_json() + "\n" for r in shown)
+                else:
+                    write_csv(out, shown, header=first)
+                out.flush()
             first = False
-            out.flush()
+        if done:
+            done()
         if fmt == "json":
             out.write("[\n]\n" if first else "\n]\n")
-        elif first:
+        elif fmt == "csv" and first:
             write_csv(out, [], header=True)
-        if before_output:
-            before_output()
-    out.flush()
+        if table is not None:
+            code = table.finish(self.fail_on)
+        elif summary is not None:
+            out.write(summary.render(self.settings))
+            code = summary.tally.exit_code(self.fail_on)
+        else:
+            code = tally.exit_code(self.fail_on)
+        if fmt == "github" and summary is not None:
+            from adapterprobe.reports.github import append_step_summary
+
+            append_step_summary(summary.render(self.settings))
+        if junit is not None:
+            junit.write()
+        out.flush()
+        return code
+
+
+def print_problems(problems: Iterable[tuple[str, str]]) -> None:
+    """What could not be searched, on stderr, escaped."""
+    from adapterprobe.escape import terminal
+
     for path, message in problems:
-        print(f"adapterprobe: not searched: {path}: {message}", file=sys.stderr)
-    return code
+        print(f"adapterprobe: not searched: {terminal(path)}: {terminal(message)}", file=sys.stderr)

@@ -4,20 +4,25 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
+from typing import Any
 
-from adapterprobe.cli.render import add_output_options, summary_line
-from adapterprobe.cli.scan import add_scan_options, default_roots, nothing_found, scan_records
+from adapterprobe.cli.render import add_gate_options, print_problems
+from adapterprobe.cli.scan import add_scan_options, nothing_found, scan_records
 
 EPILOG = """\
 examples:
   adapterprobe report /data/adapters -o health.html
   adapterprobe report out/ -o run.html --all-versions --fail-on warn
+  adapterprobe report /data -o health.html --junit junit.xml
 
 The page needs no network (no CDN, inline SVG plots): the loss curve of every
 problem store with its trend, spikes and NaN steps marked, per adapter the
 layer bars of the optimizer state and of the weights, the verdict reasons and
-the settings used. Healthy stores are folded; big scans are paged. Exit codes
-as for `adapterprobe scan`.
+the settings used. Healthy stores are folded; big scans are paged, and only
+the stores that get plots keep their curves in memory while the scan runs.
+The file is written atomically with the usual permissions (0666 minus the
+umask); its directory must exist. Exit codes as for `adapterprobe scan`.
 """
 
 
@@ -31,31 +36,48 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("roots", nargs="*", metavar="ROOT", help="as for scan (default: the demo)")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the HTML file to write")
-    add_output_options(p)
+    add_gate_options(p)
     add_scan_options(p)
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, format=None)
 
 
 def run(args: argparse.Namespace) -> int:
-    from adapterprobe.cli.scan import scan_settings
+    from adapterprobe.cli.scan import default_roots, scan_settings
+    from adapterprobe.cli.table import summary_text
+    from adapterprobe.escape import terminal
     from adapterprobe.probes import DEFAULT_PROBES
-    from adapterprobe.records import ScanReport
+    from adapterprobe.records import ScanRecord, Tally
+    from adapterprobe.reports.html import write_streamed_html
 
-    roots = default_roots(args.roots)
     settings = scan_settings(args)
+    roots = default_roots(args.roots)
     batches, problems, found, stop = scan_records(roots, args, settings)
     if not found:
         stop()
         return nothing_found(roots, problems, args)
-    report = ScanReport(
-        (r for batch in batches for r in batch),
-        problems,
-        settings.to_dict(args.probes or DEFAULT_PROBES),
-    )
-    stop()
-    path = report.to_html(args.output)
-    print(f"adapterprobe: wrote {path}", file=sys.stderr)
-    print(summary_line(report, len(report), args.fail_on), file=sys.stderr)
-    for where, message in problems:
-        print(f"adapterprobe: not searched: {where}: {message}", file=sys.stderr)
-    return report.exit_code(args.fail_on)
+    tally = Tally()
+    junit = None
+    if args.junit is not None:
+        from adapterprobe.reports.junit import JUnitWriter
+
+        junit = JUnitWriter(args.junit, args.fail_on)
+
+    def counted() -> Iterator[list[ScanRecord]]:
+        for batch in batches:
+            for r in batch:
+                tally.add(r)
+            if junit is not None:
+                junit.add(batch)
+            yield batch
+
+    page_settings: dict[str, Any] = settings.to_dict(args.probes or DEFAULT_PROBES)
+    try:
+        path, _ = write_streamed_html(args.output, counted(), settings=page_settings)
+    finally:
+        stop()
+    if junit is not None:
+        junit.write()
+    print(f"adapterprobe: wrote {terminal(str(path))}", file=sys.stderr)
+    print(summary_text(tally, args.fail_on), file=sys.stderr)
+    print_problems(problems)
+    return tally.exit_code(args.fail_on)

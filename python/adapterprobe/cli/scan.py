@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from adapterprobe.cli import positive_int
-from adapterprobe.cli.render import add_output_options, print_batches
+from adapterprobe.cli.render import Output, add_output_options, print_problems
 
 EPILOG = """\
 examples:
@@ -16,7 +16,11 @@ examples:
   adapterprobe scan /data/adapters           every store below /data/adapters
   adapterprobe scan out/ --format json       an HF Trainer output dir, as JSON records
   adapterprobe scan /data --fail-on warn     exit 1 on any warning (for CI)
-  adapterprobe scan /data --only warn,fail,error --format markdown >> $GITHUB_STEP_SUMMARY
+  adapterprobe scan /data -q                 only the problems and the summary
+  adapterprobe scan /data --json -o scan.json   JSON records, written atomically
+  adapterprobe scan /data --junit junit.xml  also a JUnit report for the CI's test view
+  adapterprobe scan /data --format github    annotations + step summary (automatic
+                                             when GITHUB_ACTIONS=true)
   adapterprobe scan /data --all-versions     every version, not just the newest
   adapterprobe scan /data --set training_drift.spike_z=8 --set adapter_weights.max_top_share=0.95
 
@@ -45,9 +49,17 @@ thresholds:
     spike_z = 8
   Options per probe: python -c "import adapterprobe as ap; print(ap.DriftOptions().describe())"
 
+output:
+  The table is the default on a terminal and in CI logs; programs ask for
+  --format json (or --json), jsonl or csv. Names and messages from scanned
+  files are escaped for each format (control characters shown as \x1b, no raw
+  HTML in markdown, CSV cells guarded against spreadsheet formulas). A store's
+  verdict is its worst record's; skip only when every record skipped.
+
 exit codes:
   0  no verdict reached --fail-on      2  usage error (bad option, root missing or not a dir)
   1  some verdict reached --fail-on    3  nothing found to probe under the roots
+  (error records count as failures, except with --fail-on never, which turns the gate off)
 """
 
 
@@ -159,41 +171,60 @@ def scan_records(
 
 
 def nothing_found(roots: list[str], problems: list[tuple[str, str]], args: Any) -> int:
+    from adapterprobe.escape import terminal
     from adapterprobe.records import EXIT_NOTHING_FOUND
     from adapterprobe.scan import LAYOUTS
 
-    for path, message in problems:
-        print(f"adapterprobe: not searched: {path}: {message}", file=sys.stderr)
+    print_problems(problems)
     print(
-        f"adapterprobe: nothing to probe under {', '.join(roots)}: looked for {LAYOUTS}",
+        f"adapterprobe: nothing to probe under {', '.join(map(terminal, roots))}: "
+        f"looked for {LAYOUTS}",
         file=sys.stderr,
     )
-    if args.format == "json" or (args.format is None and not sys.stdout.isatty()):
-        print("[]")
+    if getattr(args, "format", None) == "json":
+        output = getattr(args, "output", None)
+        if output:
+            from adapterprobe._fs import atomic_output
+
+            with atomic_output(output) as out:
+                out.write("[]\n")
+        else:
+            print("[]")
     return EXIT_NOTHING_FOUND
+
+
+def output_of(args: argparse.Namespace, settings: dict[str, Any] | None) -> Output:
+    """The Output the command-line options ask for."""
+    return Output(
+        args.format,
+        args.fail_on,
+        path=args.output,
+        quiet=args.quiet,
+        verbose=args.verbose,
+        only=args.only,
+        junit=args.junit,
+        settings=settings,
+    )
 
 
 def run_scan(roots: list[str], args: argparse.Namespace) -> int:
     from adapterprobe.probes import DEFAULT_PROBES
 
     settings = scan_settings(args)
+    roots = default_roots(roots)
     batches, problems, found, stop = scan_records(roots, args, settings)
     if not found:
         stop()
         return nothing_found(roots, problems, args)
-    return print_batches(
-        batches,
-        problems,
-        args.format,
-        args.fail_on,
-        only=args.only,
-        settings=settings.to_dict(args.probes or DEFAULT_PROBES),
-        before_output=stop,
+    code = output_of(args, settings.to_dict(args.probes or DEFAULT_PROBES)).write(
+        batches, before_output=stop
     )
+    print_problems(problems)
+    return code
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_scan(default_roots(args.roots), args)
+    return run_scan(args.roots, args)
 
 
 def default_roots(roots: list[str]) -> list[str]:
@@ -202,7 +233,8 @@ def default_roots(roots: list[str]) -> list[str]:
     from adapterprobe.scan import DEMO_STORE
 
     print(
-        f"adapterprobe: no ROOT given, scanning the bundled demo store {DEMO_STORE}",
+        f"adapterprobe: no ROOT given, scanning the bundled demo store {DEMO_STORE} "
+        "(give a directory to scan your own stores)",
         file=sys.stderr,
     )
     return [str(DEMO_STORE)]

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from adapterprobe._fs import atomic_write_text
+from adapterprobe._fs import atomic_output, resolve_output
 from adapterprobe.reports.probe_charts import (
     DRAWN,
     ghost_chart,
@@ -32,8 +32,10 @@ from adapterprobe.reports.shaping import SEVERITY as SEVERITY  # re-exported
 from adapterprobe.reports.shaping import (
     VERDICTS,
     Store,
+    StoreCollector,
     adapter_name,
     as_finite,
+    badness,
     common_base,
     flatten,
     ghost_ratio,
@@ -43,7 +45,14 @@ from adapterprobe.reports.shaping import (
 from adapterprobe.reports.svg import MAX_BARS as MAX_BARS  # re-exported
 from adapterprobe.reports.svg import clip, esc, num
 
-__all__ = ["PLOT_LIMIT", "VERDICTS", "render_html", "write_html"]
+__all__ = [
+    "PLOT_LIMIT",
+    "VERDICTS",
+    "render_html",
+    "render_stores",
+    "write_html",
+    "write_streamed_html",
+]
 
 _esc = esc  # the tests read the escaper here by its old private name
 
@@ -245,39 +254,41 @@ def _settings_html(settings: Mapping[str, Any] | None) -> str:
 
 
 def _summary(stores: list[Store], settings: Mapping[str, Any] | None, when: str) -> str:
+    # The cards count stores by their roll-up (a store's worst record, skip
+    # only when every record skipped); record counts are said as such, so the
+    # two are never mixed in one figure.
     counts = dict.fromkeys(VERDICTS, 0)
     store_counts = dict.fromkeys(VERDICTS, 0)
     for s in stores:
         for v, n in s.counts().items():
             counts[v] += n
-            store_counts[v] += 1 if n else 0
+        store_counts[VERDICTS[len(VERDICTS) - 1 - s.worst]] += 1
     total = sum(counts.values())
     cards = []
     for v in VERDICTS:
-        zero = " zero" if not counts[v] else ""
-        in_stores = store_counts[v]
+        zero = " zero" if not store_counts[v] else ""
         cards.append(
-            f'<li class="count v-{v}{zero}"><span class="n">{counts[v]:,}</span>'
-            f'<span class="lab">{v}</span><span class="sub">in {in_stores:,} '
-            f"store{'s' if in_stores != 1 else ''}</span></li>"
+            f'<li class="count v-{v}{zero}"><span class="n">{store_counts[v]:,}</span>'
+            f'<span class="lab">{v}</span><span class="sub">'
+            f"store{'s' if store_counts[v] != 1 else ''}</span></li>"
         )
     ratio_bar = "".join(
-        f'<span class="v-{v}" style="flex:{counts[v]}" title="{counts[v]:,} {v}"></span>'
+        f'<span class="v-{v}" style="flex:{store_counts[v]}" title="{store_counts[v]:,} '
+        f'{v} stores"></span>'
         for v in VERDICTS
-        if counts[v]
+        if store_counts[v]
     )
-    worst_counts = dict.fromkeys(VERDICTS, 0)
-    for s in stores:
-        worst_counts[VERDICTS[len(VERDICTS) - 1 - s.worst]] += 1
     boxes = "".join(
         f'<label class="f v-{v}"><input type="checkbox" value="{v}" checked> {v}</label>'
         for v in VERDICTS
     )
     return (
         '<section id="summary" aria-labelledby="summary-h"><h2 id="summary-h">Summary</h2>'
-        f'<p class="meta">{total:,} records from {len(stores):,} stores'
-        f" (by worst verdict: {esc(_count_text(worst_counts)) or 'none'}) · generated {when}</p>"
-        f'<ul class="counts" aria-label="records per verdict, worst first">{"".join(cards)}</ul>'
+        f'<p class="meta">{len(stores):,} stores, {total:,} records '
+        f"(records: {esc(_count_text(counts)) or 'none'}) · generated {when}</p>"
+        '<ul class="counts" aria-label="stores per verdict, worst first (a store counts '
+        'as its worst record; skip only when every record skipped)">'
+        f"{''.join(cards)}</ul>"
         f'<div class="ratio" aria-hidden="true">{ratio_bar}</div>'
         '<form id="filter" class="filter" hidden><fieldset><legend>Show stores with</legend>'
         f'{boxes}</fieldset><p id="shown" aria-live="polite"></p></form>'
@@ -535,16 +546,31 @@ def render_html(
     10,000 stores stays a few MB. With ``generated_at`` fixed the output is
     a pure function of the input.
     """
-    stores = group_stores(records)
+    return render_stores(
+        group_stores(records),
+        settings=settings,
+        title=title,
+        generated_at=generated_at,
+        plot_limit=plot_limit,
+    )
+
+
+def render_stores(
+    stores: list[Store],
+    *,
+    settings: Mapping[str, Any] | None = None,
+    title: str = "adapterprobe report",
+    generated_at: datetime | str | None = None,
+    plot_limit: int = PLOT_LIMIT,
+) -> str:
+    """The page for stores already grouped (:func:`group_stores`, or a
+    :class:`StoreCollector` for a streamed scan)."""
     ratio = ghost_ratio(settings)
     machine, human = _when(generated_at)
     when = f'<time datetime="{esc(machine)}">{esc(human)}</time>'
 
-    def by_badness(s: Store) -> tuple[Any, ...]:
-        return (-s.worst, -s.counts()[VERDICTS[len(VERDICTS) - 1 - s.worst]], s.name, s.path)
-
-    problems = sorted((s for s in stores if s.worst >= PROBLEM), key=by_badness)
-    healthy = sorted((s for s in stores if s.worst < PROBLEM), key=by_badness)
+    problems = sorted((s for s in stores if s.worst >= PROBLEM), key=badness)
+    healthy = sorted((s for s in stores if s.worst < PROBLEM), key=badness)
     limit = max(0, plot_limit)
     detailed, overflow = problems[:limit], problems[limit:]
     left = max(0, limit - len(detailed))
@@ -608,4 +634,25 @@ def write_html(
 ) -> Path:
     """Render and write the page atomically: readers see the old file or the
     whole new one, never a torn one. Keyword arguments go to :func:`render_html`."""
-    return atomic_write_text(path, render_html(records, **kw))
+    with atomic_output(path) as out:
+        out.write(render_html(records, **kw))
+    return resolve_output(path)
+
+
+def write_streamed_html(
+    path: str | os.PathLike[str],
+    batches: Iterable[Iterable[Any]],
+    *,
+    plot_limit: int = PLOT_LIMIT,
+    **kw: Any,
+) -> tuple[Path, list[Store]]:
+    """Write the page for records that arrive in batches (a scan), keeping
+    only the evidence of the stores that get plots (:class:`StoreCollector`).
+    Returns the path and the stores (their records without evidence)."""
+    collector = StoreCollector(plot_limit)
+    for batch in batches:
+        collector.add(batch)
+    stores = collector.stores()
+    with atomic_output(path) as out:
+        out.write(render_stores(stores, plot_limit=plot_limit, **kw))
+    return resolve_output(path), stores

@@ -1,100 +1,164 @@
 """A scan as a compact Markdown summary, for CI step summaries and PR comments.
 
-GitHub renders it in ``$GITHUB_STEP_SUMMARY`` and in comments: a verdict
-count line, a table of the problems (worst first, capped), the healthy
-stores as one line, and the settings the verdicts were made with.
+GitHub renders it in ``$GITHUB_STEP_SUMMARY`` and in comments: a count
+line (records per verdict, stores per rolled-up verdict), a table of the
+problems (worst first, capped), the healthy stores as one line, and the
+settings the verdicts were made with. :class:`MarkdownSummary` takes records
+as they stream past and keeps only what the page shows (the first
+``MAX_ROWS`` problems per verdict, a few integers per store), so its memory
+does not grow with the records' evidence.
+
+Every string from a scanned tree goes through :func:`adapterprobe.escape.markdown`:
+no raw HTML, no control character, no table-breaking pipe reaches the page.
 """
 
 from __future__ import annotations
 
-import os
-from collections import Counter
+import heapq
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from adapterprobe.escape import markdown as md
+from adapterprobe.probes.result import Verdict
+from adapterprobe.records import ScanRecord, Tally
+from adapterprobe.reports.shaping import common_base
 
 VERDICTS = ("error", "fail", "warn", "skip", "pass")  # worst first
 ICONS = {"error": "🟣", "fail": "🔴", "warn": "🟡", "skip": "⚪", "pass": "🟢"}
 PROBLEMS = ("error", "fail", "warn")
 MAX_ROWS = 50
+HEALTHY_NAMES = 20
 MESSAGE_CHARS = 200
 
 
-def _cell(text: str, limit: int = MESSAGE_CHARS) -> str:
-    """Table-safe text: pipes escaped, newlines folded, clipped."""
+def _clip(text: str, limit: int) -> str:
     text = " ".join(str(text).split())
-    if len(text) > limit:
-        text = text[: limit - 1] + "…"
-    return text.replace("|", "\\|")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _short(path: str | None, base: str) -> str:
     if not path:
         return "-"
-    try:
-        rel = os.path.relpath(path, base)
-    except ValueError:
-        return path
-    return os.path.basename(path) if rel in (".", "") or rel.startswith("..") else rel
+    if base and path.startswith(base.rstrip("/") + "/"):
+        return path[len(base.rstrip("/")) + 1 :]
+    return path
+
+
+def _as_record(raw: Any) -> ScanRecord:
+    if isinstance(raw, ScanRecord):
+        return raw
+    d: Mapping[str, Any] = raw
+    return ScanRecord(
+        store=str(d.get("store") or "(no store)"),
+        adapter=d.get("adapter"),
+        layout=str(d.get("layout") or ""),
+        probe=str(d.get("probe") or ""),
+        verdict=Verdict(d.get("verdict") or "error"),
+        score=d.get("score"),
+        message=str(d.get("message") or ""),
+    )
+
+
+class MarkdownSummary:
+    """Accumulates records (``add``) and renders the summary (``render``)."""
+
+    def __init__(self, *, show: Iterable[str] | None = None) -> None:
+        self.shown = frozenset(show) if show is not None else frozenset(PROBLEMS)
+        self.tally = Tally()
+        self._rows: list[tuple[int, int, tuple[str, str, str | None, str]]] = []
+        self._seen = 0
+
+    def add(self, records: Iterable[Any]) -> None:
+        for raw in records:
+            r = _as_record(raw)
+            self.tally.add(r)
+            if r.verdict.value not in self.shown:
+                continue
+            self._seen += 1
+            # Keep the MAX_ROWS worst, first come first: a bounded max-heap on
+            # (severity, arrival) with the least wanted row on top.
+            key = (r.verdict.severity, -self._seen)
+            row = (r.verdict.value, r.probe, r.adapter, r.store + "\0" + r.message)
+            if len(self._rows) < MAX_ROWS:
+                heapq.heappush(self._rows, (*key, row))
+            elif key > self._rows[0][:2]:
+                heapq.heapreplace(self._rows, (*key, row))
+
+    def render(self, settings: Mapping[str, Any] | None = None) -> str:
+        tally = self.tally
+        stores = list(tally.per_store)
+        base = common_base(stores)
+        lines = ["## adapterprobe scan", ""]
+        records = " · ".join(f"{ICONS[v]} {n:,} {v}" for v in VERDICTS if (n := tally.counts[v]))
+        by_store = tally.stores_by_verdict()
+        store_text = ", ".join(f"{by_store[v]:,} {v}" for v in VERDICTS if by_store[v])
+        lines.append(
+            f"**{tally.records:,} records from {len(stores):,} stores**: "
+            f"{records or 'nothing found'}  \n"
+            f"Stores by their worst record (skip only when all skipped): {store_text or 'none'}"
+        )
+        lines.append("")
+        rows = sorted(self._rows, key=lambda item: (-item[0], -item[1]))
+        if rows:
+            lines += ["| verdict | probe | store | adapter | message |", "|---|---|---|---|---|"]
+            for _, _, (verdict, probe, adapter, packed) in rows:
+                store, _, message = packed.partition("\0")
+                lines.append(
+                    f"| {ICONS[verdict]} {verdict.upper()} | {md(probe)} | "
+                    f"{md(_clip(_short(store, base), 80))} | "
+                    f"{md(_clip(_short(adapter, store), 60))} | "
+                    f"{md(_clip(message, MESSAGE_CHARS))} |"
+                )
+            if self._seen > len(rows):
+                more = self._seen - len(rows)
+                lines.append(f"\n… and {more:,} more records (see the JSON output).")
+            lines.append("")
+        healthy = sorted(
+            s
+            for s in stores
+            if (v := tally.store_verdict(s)) is not None and v.value not in PROBLEMS
+        )
+        if healthy:
+            names = ", ".join(md(_clip(_short(s, base), 60)) for s in healthy[:HEALTHY_NAMES])
+            rest = (
+                f" and {len(healthy) - HEALTHY_NAMES:,} more"
+                if len(healthy) > HEALTHY_NAMES
+                else ""
+            )
+            lines += [f"**Healthy stores ({len(healthy):,})**: {names}{rest}", ""]
+        if settings:
+            lines += _settings_lines(settings)
+        return "\n".join(lines)
+
+
+def _healthy(verdict: Verdict | None) -> bool:
+    return verdict is not None and verdict.value not in PROBLEMS
+
+
+def _settings_lines(settings: Mapping[str, Any]) -> list[str]:
+    flat = []
+    for key, value in settings.items():
+        if isinstance(value, Mapping):
+            inner = ", ".join(f"{k}={v}" for k, v in value.items())
+            flat.append(f"{key}: {inner}")
+        elif isinstance(value, list):
+            flat.append(f"{key}: {', '.join(map(str, value))}")
+        else:
+            flat.append(f"{key} = {value}")
+    lines = ["<details><summary>Settings</summary>", ""]
+    lines += [f"- {md(_clip(item, 400))}" for item in flat]
+    return [*lines, "", "</details>", ""]
 
 
 def render_markdown(
-    records: Iterable[Mapping[str, Any]],
+    records: Iterable[Any],
     *,
     settings: Mapping[str, Any] | None = None,
     show: Iterable[str] | None = None,
 ) -> str:
-    """The Markdown summary of ``ScanRecord.to_dict()``-shaped records: all
-    counted, the verdicts in ``show`` (default: warn, fail, error) tabled."""
-    shown = frozenset(show) if show is not None else frozenset(PROBLEMS)
-    rows = list(records)
-    counts = Counter(r["verdict"] for r in rows)
-    stores = sorted({r["store"] for r in rows})
-    base = os.path.commonpath(stores) if stores else ""
-    if len(stores) > 1 and base in stores:
-        base = os.path.dirname(base)
-    worst_by_store: dict[str, str] = {}
-    for r in rows:
-        current = worst_by_store.get(r["store"], "pass")
-        if VERDICTS.index(r["verdict"]) < VERDICTS.index(current):
-            worst_by_store[r["store"]] = r["verdict"]
-        else:
-            worst_by_store.setdefault(r["store"], current)
-    lines = ["## adapterprobe scan", ""]
-    summary = " · ".join(f"{ICONS[v]} {counts[v]} {v}" for v in VERDICTS if counts[v])
-    lines.append(f"**{len(rows)} records from {len(stores)} stores**: {summary or 'nothing found'}")
-    lines.append("")
-    problems = sorted(
-        (r for r in rows if r["verdict"] in shown),
-        key=lambda r: (VERDICTS.index(r["verdict"]), r["store"], r.get("adapter") or ""),
-    )
-    if problems:
-        lines += ["| verdict | probe | store | adapter | message |", "|---|---|---|---|---|"]
-        for r in problems[:MAX_ROWS]:
-            lines.append(
-                f"| {ICONS[r['verdict']]} {r['verdict'].upper()} | {r['probe']} | "
-                f"{_cell(_short(r['store'], base), 80)} | "
-                f"{_cell(_short(r.get('adapter'), r['store']), 60)} | {_cell(r['message'])} |"
-            )
-        if len(problems) > MAX_ROWS:
-            more = len(problems) - MAX_ROWS
-            lines.append(f"\n… and {more} more records (see the JSON output).")
-        lines.append("")
-    healthy = [s for s, v in worst_by_store.items() if v not in PROBLEMS]
-    if healthy:
-        names = ", ".join(_cell(_short(s, base), 60) for s in sorted(healthy)[:20])
-        rest = f" and {len(healthy) - 20} more" if len(healthy) > 20 else ""
-        lines += [f"**Healthy stores ({len(healthy)})**: {names}{rest}", ""]
-    if settings:
-        flat = []
-        for key, value in settings.items():
-            if isinstance(value, Mapping):
-                inner = ", ".join(f"{k}={v}" for k, v in value.items())
-                flat.append(f"`{key}`: {inner}")
-            elif isinstance(value, list):
-                flat.append(f"`{key}`: {', '.join(map(str, value))}")
-            else:
-                flat.append(f"`{key}` = {value}")
-        lines += ["<details><summary>Settings</summary>", ""]
-        lines += [f"- {_cell(item, 400)}" for item in flat]
-        lines += ["", "</details>", ""]
-    return "\n".join(lines)
+    """The Markdown summary of records (``ScanRecord`` objects or their
+    ``to_dict()`` dicts): all counted, the verdicts in ``show`` (default:
+    warn, fail, error) tabled."""
+    summary = MarkdownSummary(show=show)
+    summary.add(records)
+    return summary.render(settings)

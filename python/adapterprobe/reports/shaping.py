@@ -70,7 +70,10 @@ class Store:
 
     @property
     def worst(self) -> int:
-        return max(r.severity for r in self.records)
+        """The store's roll-up: its worst record that is not a skip, skip only
+        when every record skipped."""
+        judged = [r.severity for r in self.records if r.verdict != "skip"]
+        return max(judged) if judged else SEVERITY["skip"]
 
     @property
     def verdicts(self) -> list[str]:
@@ -90,6 +93,22 @@ class Store:
 
 def read_record(raw: Any) -> Record:
     """Read one record tolerantly: missing or odd fields get safe defaults."""
+    label_of = getattr(getattr(raw, "verdict", None), "value", None)
+    if not isinstance(raw, Mapping) and isinstance(label_of, str):
+        # A ScanRecord: read its fields as they are (the charts drop
+        # non-finite values themselves), without a JSON-safe copy of the evidence.
+        evidence = raw.evidence
+        return Record(
+            store=str(raw.store),
+            adapter=None if raw.adapter is None else str(raw.adapter),
+            probe=str(raw.probe),
+            verdict=label_of if label_of in SEVERITY else "error",
+            label=label_of,
+            score=as_finite(raw.score),
+            message=str(raw.message or ""),
+            evidence=evidence if isinstance(evidence, Mapping) else {},
+            layout=str(raw.layout) if raw.layout else None,
+        )
     if not isinstance(raw, Mapping) and hasattr(raw, "to_dict"):
         raw = raw.to_dict()
     d: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
@@ -118,7 +137,64 @@ def group_stores(records: Iterable[Any]) -> list[Store]:
     for raw in records:
         rec = read_record(raw)
         stores.setdefault(rec.store, Store(rec.store)).records.append(rec)
-    out = list(stores.values())
+    return name_stores(list(stores.values()))
+
+
+def badness(store: Store) -> tuple[Any, ...]:
+    """Sort key putting the stores most in need of attention first."""
+    worst = store.worst
+    return (-worst, -store.counts()[VERDICTS[len(VERDICTS) - 1 - worst]], store.path)
+
+
+class StoreCollector:
+    """Stores from records that stream past, for a page that draws only its
+    ``keep`` worst stores: the evidence (loss curves, layer values) of every
+    other store is dropped as soon as it is known not to be drawn, so memory
+    grows with the number of stores (a few records' messages each), not with
+    their evidence."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = max(0, keep)
+        self._stores: dict[str, Store] = {}
+        self._drawn: list[Store] = []
+        self._current: Store | None = None
+
+    def add(self, records: Iterable[Any]) -> None:
+        for raw in records:
+            rec = read_record(raw)
+            store = self._stores.get(rec.store)
+            if store is None:
+                store = self._stores[rec.store] = Store(rec.store)
+            if store is not self._current:
+                self._settle()
+                self._current = store
+            store.records.append(rec)
+
+    def _settle(self) -> None:
+        if self._current is None:
+            return
+        self._drawn.append(self._current)
+        self._current = None
+        if len(self._drawn) > 2 * max(self.keep, 16):
+            self._prune()
+
+    def _prune(self) -> None:
+        self._drawn.sort(key=badness)
+        for store in self._drawn[self.keep :]:
+            for rec in store.records:
+                rec.evidence = {}
+        del self._drawn[self.keep :]
+
+    def stores(self) -> list[Store]:
+        """Every store, named, its records sorted (see :func:`group_stores`)."""
+        self._settle()
+        self._prune()
+        return name_stores(list(self._stores.values()))
+
+
+def name_stores(out: list[Store]) -> list[Store]:
+    """Index the stores, name each relative to their common directory and
+    sort its records worst first."""
     base = common_base([s.path for s in out])
     for i, s in enumerate(out):
         s.index = i

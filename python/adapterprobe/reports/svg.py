@@ -14,6 +14,8 @@ import html
 import math
 from typing import Any
 
+from adapterprobe.escape import surrogates_visible
+
 MAX_BARS = 128  # bars per chart (more layers are bucketed)
 
 
@@ -23,7 +25,7 @@ MAX_BARS = 128  # bars per chart (more layers are bucketed)
 
 def esc(value: Any) -> str:
     """Any value as text safe inside an element or a quoted attribute."""
-    return html.escape(str(value), quote=True)
+    return html.escape(surrogates_visible(str(value)), quote=True)
 
 
 def clip(text: str, limit: int) -> str:
