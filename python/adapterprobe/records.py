@@ -23,14 +23,14 @@ from typing import IO, Any, overload
 from adapterprobe._core import json_dumps
 from adapterprobe._json import json_safe
 from adapterprobe.errors import UsageError, require
-from adapterprobe.probes.result import ProbeResult, Verdict
+from adapterprobe.probes.result import ProbeResult, Verdict, short_repr
 
 FAIL_ON = ("warn", "fail", "never")
 #: Exit codes: 0 ok, 1 verdicts at or past --fail-on, 2 usage, 3 nothing found.
 EXIT_OK, EXIT_VERDICTS, EXIT_USAGE, EXIT_NOTHING_FOUND = 0, 1, 2, 3
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ScanRecord:
     """One probe's verdict on one store (drift) or version (ghost, weights,
     full_weights).
@@ -74,6 +74,19 @@ class ScanRecord:
             result.message,
             result.evidence,
             checkpoint_kind,
+        )
+
+    def __repr__(self) -> str:
+        where = self.store if self.adapter is None else self.adapter
+        head = short_repr("ScanRecord", self.probe, self.verdict, self.score, self.message)
+        return f"{head}, {where!r}, evidence: {len(self.evidence)} keys)"
+
+    def _repr_html_(self) -> str:
+        from adapterprobe.reports.notebook import result_html
+
+        where = self.store if self.adapter is None else self.adapter
+        return result_html(
+            self.probe, self.verdict.value, self.score, self.message, self.evidence, where
         )
 
     def _plain(self) -> dict[str, Any]:
@@ -241,7 +254,33 @@ class ScanReport(Sequence[ScanRecord]):
         return self.records[index]
 
     def __repr__(self) -> str:
-        return f"ScanReport({len(self.records)} records, {self.counts()})"
+        stores = len({r.store for r in self.records})
+        counts = ", ".join(f"{n} {v}" for v, n in self.counts().items() if n) or "no records"
+        return f"ScanReport({len(self.records)} records from {stores} stores: {counts})"
+
+    def __str__(self) -> str:
+        """The table ``adapterprobe scan`` prints (80 columns, no colour)."""
+        from adapterprobe.cli.table import TableStream
+
+        out = io.StringIO()
+        table = TableStream(out, 80, False)
+        table.add(self.records)
+        table.finish("fail")
+        return out.getvalue()
+
+    def _repr_html_(self) -> str:
+        """The summary and the worst stores with the report's charts, inline
+        SVG, for notebooks (no JavaScript)."""
+        from adapterprobe.reports.notebook import scan_html
+
+        return scan_html(self.records, self.settings)
+
+    def store_verdicts(self) -> dict[str, Verdict]:
+        """Each store's roll-up (:func:`rollup`), in store order."""
+        by_store: dict[str, list[Verdict]] = {}
+        for r in self.records:
+            by_store.setdefault(r.store, []).append(r.verdict)
+        return {s: v for s, vs in by_store.items() if (v := rollup(vs)) is not None}
 
     def counts(self) -> dict[str, int]:
         """Number of records per verdict."""
@@ -289,7 +328,35 @@ class ScanReport(Sequence[ScanRecord]):
 
         return write_html(path, self.to_dicts(), settings=self.settings, **kw)
 
-    def to_pandas(self) -> Any:
-        """A pandas DataFrame of the records (needs pandas installed)."""
+    def to_pandas(self, *, flatten_evidence: bool = True) -> Any:
+        """A pandas DataFrame of the records (needs pandas installed).
+
+        ``verdict`` is an ordered categorical (pass < skip < warn < fail <
+        error), so ``df[df.verdict >= "warn"]`` and sorting work; each evidence
+        key becomes its own column, ``evidence.<key>`` (nested mappings as
+        ``evidence.<key>.<inner>``; lists stay lists). ``flatten_evidence=False``
+        keeps one ``evidence`` column of dicts."""
         pd = require("pandas", "pandas")
-        return pd.DataFrame(self.to_dicts(), columns=list(RECORD_FIELDS))
+        rows = self.to_dicts()
+        columns = list(RECORD_FIELDS)
+        if flatten_evidence:
+            seen: dict[str, None] = {}
+            for row in rows:
+                flat = _flatten("evidence", row.pop("evidence") or {})
+                row.update(flat)
+                seen.update(dict.fromkeys(flat))
+            columns.remove("evidence")
+            columns += list(seen)
+        frame = pd.DataFrame(rows, columns=columns)
+        order = sorted((v.value for v in Verdict), key=lambda v: Verdict(v).severity)
+        frame["verdict"] = pd.Categorical(frame["verdict"], categories=order, ordered=True)
+        return frame
+
+
+def _flatten(prefix: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, dict) and value:
+        out: dict[str, Any] = {}
+        for key, inner in value.items():
+            out.update(_flatten(f"{prefix}.{key}", inner))
+        return out
+    return {prefix: value}

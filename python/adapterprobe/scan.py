@@ -51,9 +51,27 @@ def check_workers(workers: int | None) -> None:
         )
 
 
+def flat_roots(roots: Sequence[Any]) -> list[str | Path]:
+    """Roots given as paths or as lists of paths (``ap.scan([a, b])`` and
+    ``ap.scan(a, b)`` mean the same); UsageError for anything else."""
+    out: list[str | Path] = []
+    for root in roots:
+        if isinstance(root, (list, tuple)):
+            out.extend(flat_roots(root))
+        elif isinstance(root, (str, os.PathLike)):
+            out.append(root if isinstance(root, str) else Path(os.fspath(root)))
+        else:
+            raise UsageError(
+                f"a root must be a path (str or os.PathLike) or a list of them, "
+                f"got {type(root).__name__}"
+            )
+    return out
+
+
 def check_roots(roots: Sequence[str | Path]) -> list[Path]:
     """The roots with ``~`` expanded; UsageError for one that does not exist,
     is not a directory, or cannot be listed."""
+    roots = flat_roots(roots)
     if not roots:
         raise UsageError("scan needs at least one root directory")
     checked = []
@@ -129,7 +147,7 @@ def scan_batches(
 
 
 def scan(
-    *roots: str | Path,
+    *roots: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     probes: Sequence[str] = DEFAULT_PROBES,
     all_versions: bool = False,
     workers: int | None = None,
@@ -159,8 +177,9 @@ def scan(
     check_workers(workers)
     if engine != "ray" and address is not None:
         raise UsageError("address is only used with engine='ray'", option="address")
+    given = flat_roots(roots)
     targets, problems = discover(
-        *(roots or (DEMO_STORE,)), all_versions=all_versions, workers=workers
+        *(given or (DEMO_STORE,)), all_versions=all_versions, workers=workers
     )
     batches = scan_batches(
         targets,

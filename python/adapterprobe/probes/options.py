@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -136,13 +137,24 @@ class ProbeOptions:
         out.update({name: getattr(self, name) for name in self.names_for(self.rules)})
         return out
 
-    def describe(self) -> dict[str, str]:
-        """Each option's rule and help text, e.g. for ``--help`` or a report."""
+    def option_help(self) -> dict[str, str]:
+        """Each option's help text and allowed values, by name."""
         return {
             f.name: f"{f.metadata['help']} ({f.metadata['rule'].describe()})"
             for f in self._option_fields()
             if self.rules in f.metadata["defaults"]
         }
+
+    def describe(self) -> str:
+        """Every option of this rule set with its value, meaning and allowed
+        values, as text to print (``option_help()`` has the same as a dict)."""
+        helps = self.option_help()
+        lines = [f"{type(self).__name__} (rules={self.rules!r}):"]
+        for name, text in helps.items():
+            value = getattr(self, name)
+            lines.append(f"  {name} = {value!r}")
+            lines.extend(f"      {line}" for line in textwrap.wrap(text, 74))
+        return "\n".join(lines)
 
 
 def resolve(cls: type[_O], options: _O | None, rules: str | None, given: Mapping[str, Any]) -> _O:

@@ -36,7 +36,17 @@ _SEVERITY = {
 }
 
 
-@dataclass
+def short_repr(
+    cls: str, kind: str, verdict: Verdict, score: float | None, message: str, limit: int = 80
+) -> str:
+    """``Cls(kind: VERDICT 0.93, 'message...'`` — the open start of a repr that
+    never prints evidence (a loss curve is thousands of numbers)."""
+    text = message if len(message) <= limit else message[: limit - 1] + "…"
+    shown = "" if score is None else f" {score:.2f}"
+    return f"{cls}({kind}: {verdict.value.upper()}{shown}, {text!r}"
+
+
+@dataclass(repr=False)
 class ProbeResult:
     """One probe's answer about one adapter or run.
 
@@ -54,6 +64,19 @@ class ProbeResult:
 
     def __post_init__(self) -> None:
         self.verdict = Verdict(self.verdict)
+
+    def __repr__(self) -> str:
+        return short_repr(
+            type(self).__name__, self.kind, self.verdict, self.score, self.message
+        ) + (f", evidence: {len(self.evidence)} keys)")
+
+    def _repr_html_(self) -> str:
+        """The verdict, message and the report's charts, for notebooks."""
+        from adapterprobe.reports.notebook import result_html
+
+        return result_html(
+            self.kind, self.verdict.value, self.score, self.message, self.evidence, self.name
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict: NaN and infinities become None."""
