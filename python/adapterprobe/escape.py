@@ -88,9 +88,14 @@ def markdown(text: object) -> str:
 def csv_cell(text: object) -> str:
     """A CSV cell that a spreadsheet shows as text: a cell starting with
     ``= + - @``, a tab or a carriage return gets a leading apostrophe (the
-    OWASP guard against formula injection). Numbers are not passed here, so
-    a negative score stays a number."""
-    s = surrogates_visible(str(text))
+    OWASP guard against formula injection: CSV output is meant for
+    spreadsheets, so the guard is always on). Control characters and
+    undecodable bytes are shown as ``\\xNN`` (a CSV is also read with
+    ``cat``); the JSON output keeps every string exactly. Numbers are not
+    passed here, so a negative score stays a number."""
+    s = str(text)
+    if not s.isprintable():
+        s = _INVISIBLE.sub(_visible, s)
     if s and s[0] in "=+-@\t\r":
         return "'" + s
     return s

@@ -22,6 +22,7 @@ from typing import IO, Any, overload
 
 from adapterprobe._core import json_dumps
 from adapterprobe._json import json_safe
+from adapterprobe.escape import csv_cell
 from adapterprobe.errors import UsageError, require
 from adapterprobe.probes.result import ProbeResult, Verdict, short_repr
 
@@ -135,16 +136,23 @@ def json_chunks(
 
 
 def write_csv(out: IO[str], records: Iterable[ScanRecord], header: bool) -> None:
-    """Write `records` as CSV rows (evidence as a JSON string) to a text stream."""
+    """Write `records` as CSV rows (evidence as a JSON string) to a text stream.
+
+    Text cells go through :func:`adapterprobe.escape.csv_cell` (formula guard,
+    control characters visible); evidence is ASCII JSON."""
     writer = csv.writer(out, lineterminator="\n")
     if header:
         writer.writerow(RECORD_FIELDS)
     for record in records:
         d = record.to_dict()
-        d["adapter"] = d["adapter"] or ""
         d["score"] = "" if d["score"] is None else d["score"]
         d["evidence"] = json.dumps(d["evidence"], sort_keys=True)
+        for key in _CSV_TEXT:
+            d[key] = "" if d[key] is None else csv_cell(d[key])
         writer.writerow([d[f] for f in RECORD_FIELDS])
+
+
+_CSV_TEXT = ("store", "adapter", "layout", "probe", "message", "checkpoint_kind")
 
 
 def rollup(verdicts: Iterable[Verdict | str]) -> Verdict | None:
