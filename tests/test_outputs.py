@@ -251,7 +251,7 @@ def test_a_bare_adapter_is_one_line_and_passes(tmp_path):
         shutil.copy(version / name, bare / name)
     done = cli("scan", str(bare))
     heads = [line for line in done.stdout.splitlines() if re.match(r"^[A-Z]{4,5} ", line)]
-    assert [h.split()[:2] for h in heads if "adapter_weights" in h or "SKIP" in h][0] == [
+    assert next(h.split()[:2] for h in heads if "adapter_weights" in h or "SKIP" in h) == [
         "PASS",
         "adapter_weights",
     ]

@@ -22,8 +22,8 @@ from typing import IO, Any, overload
 
 from adapterprobe._core import json_dumps
 from adapterprobe._json import json_safe
-from adapterprobe.escape import csv_cell
 from adapterprobe.errors import UsageError, require
+from adapterprobe.escape import csv_cell
 from adapterprobe.probes.result import ProbeResult, Verdict, short_repr
 
 FAIL_ON = ("warn", "fail", "never")
