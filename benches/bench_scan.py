@@ -6,6 +6,11 @@
   in the page cache from a first pass): wall time against the 5 s target,
   peak RSS, and the same scan with `--probes gradient_ghost,training_drift`
   beside it (what the weights probe costs).
+- `--outputs N` (e.g. 100000): every output format over N stores, whole
+  process: wall time and peak RSS of `--format json` (the streaming
+  reference), `jsonl`, `csv`, `table`, `markdown`, `github`, `--junit` and
+  `adapterprobe report` (HTML), each as a ratio of JSON's time and against
+  the 1 GiB memory target.
 - `adapterprobe scan --format json` as a whole process over N stores vs the
   seed path (torch.load + json.loads loop + safe_open) run in one warm
   process with torch already imported, both on the seed's two probes; then
@@ -111,6 +116,57 @@ def cli_scan(root: Path, *extra: str) -> tuple[float, list, int]:
     return float(elapsed), json.loads(out_path.read_text()), int(peak_kib)
 
 
+def timed(command: list[str], stdout_path: Path) -> tuple[float, int]:
+    """Wall time and peak RSS (KiB) of one whole process, stdout to a file."""
+    with stdout_path.open("w") as out:
+        proc = subprocess.run(
+            [sys.executable, "-c", _TRAMPOLINE, *command],
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    if proc.returncode not in (0, 1):
+        raise SystemExit(proc.stderr or f"exit {proc.returncode}")
+    elapsed, peak_kib = proc.stderr.strip().splitlines()[-1].split()
+    return float(elapsed), int(peak_kib)
+
+
+def outputs(n: int) -> None:
+    """Every output format over `n` stores: time against JSON's, memory
+    against the 1 GiB target."""
+    root = make_tree(n)
+    base = [sys.executable, "-m", "adapterprobe"]
+    sink = DATA / "outputs.txt"
+    runs = {
+        "json": [*base, "scan", str(root), "--format", "json"],
+        "jsonl": [*base, "scan", str(root), "--format", "jsonl"],
+        "csv": [*base, "scan", str(root), "--format", "csv"],
+        "table": [*base, "scan", str(root), "--format", "table"],
+        "markdown": [*base, "scan", str(root), "--format", "markdown"],
+        "github": [*base, "scan", str(root), "--format", "github"],
+        "table + --junit": [
+            *base,
+            "scan",
+            str(root),
+            "-q",
+            "--junit",
+            str(DATA / "junit.xml"),
+        ],
+        "report (HTML)": [*base, "report", str(root), "-o", str(DATA / "report.html")],
+    }
+    timed(runs["json"], sink)  # warms the page cache
+    reference, reference_rss = timed(runs["json"], sink)
+    limit_kib = 1024 * 1024
+    for name, command in runs.items():
+        elapsed, rss = (reference, reference_rss) if name == "json" else timed(command, sink)
+        verdict = "met" if rss < limit_kib else f"missed by {(rss - limit_kib) / 1024:.0f} MiB"
+        print(
+            f"{n:,} stores, --format {name:<16} {elapsed:7.2f} s ({elapsed / reference:4.2f}x "
+            f"json's {reference:.2f} s), peak RSS {rss / 1024:6.0f} MiB "
+            f"(target < 1024 MiB: {verdict})"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -118,7 +174,13 @@ def main() -> None:
     parser.add_argument("--stores", type=int, default=360)
     parser.add_argument("--big", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=3, help="best of N for the big scan")
+    parser.add_argument(
+        "--outputs", type=int, default=0, metavar="N", help="only: every output format, N stores"
+    )
     args = parser.parse_args()
+    if args.outputs:
+        outputs(args.outputs)
+        return
 
     seed_probes = ("--probes", "training_drift,gradient_ghost")
     if args.big:
