@@ -138,3 +138,54 @@ def test_atomic_dir_failure_inside_leaves_the_old_output(tmp_path):
         raise RuntimeError("boom")
     assert os.listdir(out) == ["keep"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def _crash_between_renames(base_dir, tuned_dir, out) -> int:
+    """Run `extract --overwrite` in a child that dies (as if killed) right
+    after the old output was moved aside and before the new one took its place."""
+    import subprocess
+    import sys
+    import textwrap
+
+    child = textwrap.dedent(
+        f"""
+        import os, sys
+        import adapterprobe._fs as fs
+        real = os.rename
+        def rename(src, dst):
+            real(src, dst)
+            if ".old-" in os.fspath(dst):
+                os._exit(9)
+        fs.os.rename = rename
+        from adapterprobe.cli import main
+        sys.exit(main(["extract", "--base", {str(base_dir)!r}, "--tuned", {str(tuned_dir)!r},
+                       "--out", {str(out)!r}, "--overwrite", "--min-rank", "1", "--max-rank", "4"]))
+        """
+    )
+    return subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, timeout=600
+    ).returncode
+
+
+def test_a_kill_between_the_two_renames_is_repaired_by_the_next_run(pair, tmp_path):
+    base, tuned = pair
+    base_dir, tuned_dir = saved(pair, tmp_path)
+    out = tmp_path / "lora"
+    extract(base_dir, tuned_dir, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert _crash_between_renames(base_dir, tuned_dir, out) == 9
+    stranded = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".lora."))
+    assert not out.exists() and any(".old-" in n for n in stranded)
+    assert any(n.endswith(".tmp") for n in stranded)
+    # The next run (even one that then refuses to overwrite) puts the old
+    # adapter back and removes the dead run's temporary directory.
+    with pytest.raises(UsageError, match="not empty"):
+        extract(base_dir, tuned_dir, out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base", "lora", "tuned"]
+    # Crash again, then a run with overwrite finishes the job: a fresh adapter,
+    # nothing left beside it.
+    assert _crash_between_renames(base_dir, tuned_dir, out) == 9
+    extract(base_dir, tuned_dir, out, overwrite=True)
+    assert (out / "adapter_model.safetensors").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base", "lora", "tuned"]
