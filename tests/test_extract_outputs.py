@@ -168,7 +168,6 @@ def _crash_between_renames(base_dir, tuned_dir, out) -> int:
 
 
 def test_a_kill_between_the_two_renames_is_repaired_by_the_next_run(pair, tmp_path):
-    base, tuned = pair
     base_dir, tuned_dir = saved(pair, tmp_path)
     out = tmp_path / "lora"
     extract(base_dir, tuned_dir, out)
