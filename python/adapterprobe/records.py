@@ -144,12 +144,30 @@ def write_csv(out: IO[str], records: Iterable[ScanRecord], header: bool) -> None
     if header:
         writer.writerow(RECORD_FIELDS)
     for record in records:
-        d = record.to_dict()
-        d["score"] = "" if d["score"] is None else d["score"]
-        d["evidence"] = json.dumps(d["evidence"], sort_keys=True)
+        score = record.score
+        row = {
+            "store": record.store,
+            "adapter": record.adapter,
+            "layout": record.layout,
+            "probe": record.probe,
+            "verdict": record.verdict.value,
+            "score": "" if score is None or score != score else score,
+            "message": record.message,
+            "evidence": _evidence_json(record.evidence),
+            "checkpoint_kind": record.checkpoint_kind,
+        }
         for key in _CSV_TEXT:
-            d[key] = "" if d[key] is None else csv_cell(d[key])
-        writer.writerow([d[f] for f in RECORD_FIELDS])
+            row[key] = "" if row[key] is None else csv_cell(row[key])
+        writer.writerow([row[f] for f in RECORD_FIELDS])
+
+
+def _evidence_json(evidence: dict[str, Any]) -> str:
+    """Evidence as ASCII JSON (the Rust writer for plain values; NaN and
+    infinities as null through the slow path)."""
+    try:
+        return json_dumps(evidence)
+    except (ValueError, TypeError):
+        return json.dumps(json_safe(evidence), allow_nan=False)
 
 
 _CSV_TEXT = ("store", "adapter", "layout", "probe", "message", "checkpoint_kind")
