@@ -134,7 +134,7 @@ def test_formats(tree):
     assert [r["checkpoint_kind"] for r in rows] == [r["checkpoint_kind"] for r in records]
     assert json.loads(rows[0]["evidence"]) == records[0]["evidence"]
     pd = pytest.importorskip("pandas")
-    frame = report.to_pandas()
+    frame = report.to_pandas(flatten_evidence=False)
     assert isinstance(frame, pd.DataFrame)
     assert list(frame.columns) == [
         "store",
@@ -148,6 +148,11 @@ def test_formats(tree):
         "checkpoint_kind",
     ]
     assert len(frame) == len(records)
+    flat = report.to_pandas()
+    assert "evidence" not in flat.columns
+    assert flat["evidence.num_steps"].dropna().tolist() == [
+        r["evidence"]["num_steps"] for r in records if "num_steps" in r["evidence"]
+    ]
 
 
 def test_workers_give_the_same_records(tree):
