@@ -76,14 +76,45 @@ def check_roots(roots: Sequence[str | Path]) -> list[Path]:
     return checked
 
 
+class Discovered(tuple[list[_core.Target], list[tuple[str, str]]]):
+    """What :func:`discover` found: unpacks as ``(targets, problems)``, and
+    has ``skipped``: the directories the walk passed over on purpose, as
+    ``(path, why)`` (hidden ones, folders with nothing a layout recognises,
+    subfolders of a store that are no part of its layout), for ``-v``."""
+
+    skipped: list[tuple[str, str]]
+
+    def __new__(
+        cls,
+        targets: list[_core.Target],
+        problems: list[tuple[str, str]],
+        skipped: list[tuple[str, str]],
+    ) -> Discovered:
+        self = super().__new__(cls, (targets, problems))
+        self.skipped = skipped
+        return self
+
+    @property
+    def targets(self) -> list[_core.Target]:
+        return self[0]
+
+    @property
+    def problems(self) -> list[tuple[str, str]]:
+        return self[1]
+
+
 def discover(
     *roots: str | Path, all_versions: bool = False, workers: int | None = None
-) -> tuple[list[_core.Target], list[tuple[str, str]]]:
-    """(targets, problems) for the roots; a bad root is a UsageError (see
-    :func:`check_roots`)."""
+) -> Discovered:
+    """``(targets, problems)`` for the roots, with ``.skipped`` (see
+    :class:`Discovered`); a bad root is a UsageError (see :func:`check_roots`)."""
     paths = [str(p) for p in check_roots(roots)]
     found = _core.discover(paths, all_versions=all_versions, workers=workers)
-    return found.targets, [(str(p.path), p.message) for p in found.problems]
+    return Discovered(
+        found.targets,
+        [(str(p.path), p.message) for p in found.problems],
+        [(str(p.path), p.message) for p in found.skipped],
+    )
 
 
 def scan_batches(

@@ -7,6 +7,7 @@
 //! the verdicts are computed by the Python probes, so a scan and a single
 //! probe can never disagree.
 
+use std::cmp::Ordering;
 use std::collections::HashSet;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -36,7 +37,8 @@ pub struct Problem {
     pub message: String,
 }
 
-/// The targets found under some roots and what could not be searched.
+/// The targets found under some roots, what could not be searched, and
+/// the directories the walk passed over on purpose, each with the reason.
 #[cfg_attr(
     feature = "python",
     pyo3::pyclass(frozen, get_all, skip_from_py_object, module = "adapterprobe._core")
@@ -45,6 +47,10 @@ pub struct Problem {
 pub struct Discovery {
     pub targets: Vec<Target>,
     pub problems: Vec<Problem>,
+    /// Directories not probed and not searched further, with why: hidden
+    /// ones, folders with nothing a layout recognises, subfolders of a
+    /// store that are no part of its layout.
+    pub skipped: Vec<Problem>,
 }
 
 #[cfg(unix)]
@@ -63,9 +69,19 @@ struct Walk {
     seen: Mutex<HashSet<(u64, u64)>>,
     targets: Mutex<Vec<Target>>,
     problems: Mutex<Vec<Problem>>,
+    skipped: Mutex<Vec<Problem>>,
 }
 
 impl Walk {
+    fn skip(&self, path: &Path, why: String) {
+        if let Ok(mut s) = self.skipped.lock() {
+            s.push(Problem {
+                path: path.to_path_buf(),
+                message: why,
+            });
+        }
+    }
+
     fn problem(&self, path: &Path, message: String) {
         if let Ok(mut p) = self.problems.lock() {
             p.push(Problem {
@@ -98,6 +114,9 @@ impl Walk {
             return; // reached twice through links: probe it once
         }
         if let Some(target) = layout::classify(dir, self.all) {
+            for (path, why) in layout::unclaimed(&target) {
+                self.skip(&path, why);
+            }
             return self.found(target);
         }
         if ancestors.len() >= MAX_DEPTH {
@@ -112,9 +131,17 @@ impl Walk {
             let Ok(entry) = entry else { continue };
             let hidden = entry.file_name().to_string_lossy().starts_with('.');
             let path = entry.path();
-            if !hidden && path.is_dir() {
+            if !path.is_dir() {
+                continue;
+            }
+            if hidden {
+                self.skip(&path, "hidden directory: not searched".into());
+            } else {
                 subdirs.push(path);
             }
+        }
+        if subdirs.is_empty() {
+            return self.skip(dir, layout::why_not_a_store(dir));
         }
         let mut chain = ancestors.to_vec();
         chain.push(id);
@@ -131,6 +158,7 @@ pub fn discover(roots: &[PathBuf], all: bool) -> Discovery {
         seen: Mutex::new(HashSet::new()),
         targets: Mutex::new(vec![]),
         problems: Mutex::new(vec![]),
+        skipped: Mutex::new(vec![]),
     };
     for root in roots {
         if !root.exists() {
@@ -145,13 +173,76 @@ pub fn discover(roots: &[PathBuf], all: bool) -> Discovery {
     }
     let mut targets = walk.targets.into_inner().unwrap_or_default();
     targets.sort_by(|a, b| {
-        a.store
-            .cmp(&b.store)
-            .then_with(|| a.versions.cmp(&b.versions))
+        natural_path_cmp(&a.store, &b.store).then_with(|| {
+            let pairs = a.versions.iter().zip(&b.versions);
+            pairs
+                .map(|(x, y)| natural_path_cmp(x, y))
+                .find(|o| o.is_ne())
+                .unwrap_or_else(|| a.versions.len().cmp(&b.versions.len()))
+        })
     });
     let mut problems = walk.problems.into_inner().unwrap_or_default();
     problems.sort_by(|a, b| a.path.cmp(&b.path));
-    Discovery { targets, problems }
+    let mut skipped = walk.skipped.into_inner().unwrap_or_default();
+    skipped.sort_by(|a, b| natural_path_cmp(&a.path, &b.path));
+    Discovery {
+        targets,
+        problems,
+        skipped,
+    }
+}
+
+/// Paths in the order people number things: component by component, runs
+/// of digits compared as numbers (`checkpoint-40` < `checkpoint-120`), the
+/// rest as text; ties (`v01` and `v1`) by the plain text.
+pub fn natural_path_cmp(a: &Path, b: &Path) -> Ordering {
+    let mut left = a.components();
+    let mut right = b.components();
+    loop {
+        match (left.next(), right.next()) {
+            (None, None) => return a.cmp(b),
+            (None, Some(_)) => return Ordering::Less,
+            (Some(_), None) => return Ordering::Greater,
+            (Some(x), Some(y)) => {
+                let o = natural_cmp(
+                    &x.as_os_str().to_string_lossy(),
+                    &y.as_os_str().to_string_lossy(),
+                );
+                if o.is_ne() {
+                    return o;
+                }
+            }
+        }
+    }
+}
+
+/// Text with runs of digits compared as numbers (of any length).
+fn natural_cmp(a: &str, b: &str) -> Ordering {
+    let (mut x, mut y) = (a.as_bytes(), b.as_bytes());
+    loop {
+        match (x.first(), y.first()) {
+            (None, None) => return Ordering::Equal,
+            (None, Some(_)) => return Ordering::Less,
+            (Some(_), None) => return Ordering::Greater,
+            (Some(c), Some(d)) if c.is_ascii_digit() && d.is_ascii_digit() => {
+                let run = |s: &[u8]| s.iter().take_while(|b| b.is_ascii_digit()).count();
+                let (n, m) = (run(x), run(y));
+                let strip = |s: &[u8]| -> usize { s.iter().take_while(|b| **b == b'0').count() };
+                let (dx, dy) = (&x[strip(&x[..n]).min(n)..n], &y[strip(&y[..m]).min(m)..m]);
+                let o = dx.len().cmp(&dy.len()).then_with(|| dx.cmp(dy));
+                if o.is_ne() {
+                    return o;
+                }
+                (x, y) = (&x[n..], &y[m..]);
+            }
+            (Some(c), Some(d)) => {
+                if c != d {
+                    return c.cmp(d);
+                }
+                (x, y) = (&x[1..], &y[1..]);
+            }
+        }
+    }
 }
 
 /// Gather the inputs of many targets in parallel, in target order.
@@ -236,7 +327,7 @@ mod tests {
         assert_eq!(d.targets.len(), 1);
         assert_eq!(d.targets[0].store, tmp.path());
         assert_eq!(d.targets[0].versions, vec![v]);
-        assert!(!d.targets[0].with_logs);
+        assert!(!d.targets[0].with_logs && d.targets[0].log_root.is_none());
     }
 
     #[cfg(unix)]
@@ -250,6 +341,60 @@ mod tests {
         assert_eq!(d.targets.len(), 1);
         assert_eq!(d.problems.len(), 1);
         assert!(d.problems[0].message.contains("loop"));
+    }
+
+    #[test]
+    fn targets_and_skips_come_in_numeric_order() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = mkdirs(tmp.path(), "out");
+        let roots: Vec<PathBuf> = [120, 40, 80]
+            .iter()
+            .map(|n| {
+                let ck = mkdirs(&out, &format!("checkpoint-{n}"));
+                fs::write(ck.join("optimizer.pt"), b"x").unwrap();
+                ck
+            })
+            .collect();
+        let d = discover(&roots, false);
+        let order: Vec<&Path> = d.targets.iter().map(|t| t.versions[0].as_path()).collect();
+        assert_eq!(order, [&roots[1], &roots[2], &roots[0]]);
+        for n in [10, 9, 100] {
+            mkdirs(tmp.path(), &format!("notes/run{n}"));
+        }
+        mkdirs(tmp.path(), ".cache/x");
+        let d = discover(&[tmp.path().to_path_buf()], false);
+        let skipped: Vec<String> = d
+            .skipped
+            .iter()
+            .map(|p| {
+                p.path
+                    .strip_prefix(tmp.path())
+                    .unwrap()
+                    .display()
+                    .to_string()
+            })
+            .collect();
+        assert_eq!(
+            skipped,
+            [".cache", "notes/run9", "notes/run10", "notes/run100"]
+        );
+        assert_eq!(d.skipped[0].message, "hidden directory: not searched");
+        assert_eq!(d.skipped[1].message, "empty directory");
+    }
+
+    #[test]
+    fn natural_order() {
+        let cmp = |a: &str, b: &str| natural_path_cmp(Path::new(a), Path::new(b));
+        assert_eq!(cmp("o/checkpoint-40", "o/checkpoint-120"), Ordering::Less);
+        assert_eq!(
+            cmp("o/checkpoint-40/x", "o/checkpoint-40"),
+            Ordering::Greater
+        );
+        assert_eq!(cmp("a10/b", "a9/c"), Ordering::Greater);
+        assert_eq!(cmp("v0010", "v10"), "v0010".cmp("v10"));
+        let long = "9".repeat(40);
+        assert_eq!(cmp(&format!("x{long}"), "x1"), Ordering::Greater);
+        assert_eq!(cmp("x", "x"), Ordering::Equal);
     }
 
     #[test]
