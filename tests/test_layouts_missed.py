@@ -200,7 +200,7 @@ def test_training_drift_on_every_layout_the_scan_knows(multi_run, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     nothing = ap.training_drift(empty)
-    assert nothing.verdict.value == "skip" and "no training log" in nothing.message
+    assert nothing.verdict.value == "skip" and "no other training log" in nothing.message
     assert "has no logs/ directory" not in nothing.message
 
 

@@ -125,8 +125,8 @@ pub fn drift_input(store: &Path) -> DriftInput {
             dlm_drift_input(store).with_note(format!("{} does not exist", store.display()))
         }
         [] if store.is_dir() => dlm_drift_input(store).with_note(format!(
-            "{} holds no training log a layout recognises (a dlm logs/ directory, an HF \
-             trainer_state.json, TensorBoard events, a Lightning metrics.csv)",
+            "no logs/ directory under {}, and no other training log a layout recognises \
+             (an HF trainer_state.json, TensorBoard events, a Lightning metrics.csv)",
             store.display()
         )),
         [] => dlm_drift_input(store),
