@@ -38,6 +38,7 @@
 //! the only file read is `last-checkpoint/trainer_state.json`, for its step.
 //! `rng_state.pth` and `training_args.bin` are never opened by anything.
 
+use std::cmp::Ordering;
 use std::fs;
 use std::path::{Component, Path, PathBuf};
 
@@ -177,6 +178,59 @@ fn entries(dir: &Path) -> Vec<(String, PathBuf)> {
         .unwrap_or_default()
 }
 
+/// Paths in the order people number things: component by component, runs
+/// of digits compared as numbers (`checkpoint-40` < `checkpoint-120`), the
+/// rest as text; ties (`v01` and `v1`) by the plain text.
+pub fn natural_path_cmp(a: &Path, b: &Path) -> Ordering {
+    let mut left = a.components();
+    let mut right = b.components();
+    loop {
+        match (left.next(), right.next()) {
+            (None, None) => return a.cmp(b),
+            (None, Some(_)) => return Ordering::Less,
+            (Some(_), None) => return Ordering::Greater,
+            (Some(x), Some(y)) => {
+                let o = natural_cmp(
+                    &x.as_os_str().to_string_lossy(),
+                    &y.as_os_str().to_string_lossy(),
+                );
+                if o.is_ne() {
+                    return o;
+                }
+            }
+        }
+    }
+}
+
+/// Text with runs of digits compared as numbers (of any length).
+fn natural_cmp(a: &str, b: &str) -> Ordering {
+    let (mut x, mut y) = (a.as_bytes(), b.as_bytes());
+    loop {
+        match (x.first(), y.first()) {
+            (None, None) => return Ordering::Equal,
+            (None, Some(_)) => return Ordering::Less,
+            (Some(_), None) => return Ordering::Greater,
+            (Some(c), Some(d)) if c.is_ascii_digit() && d.is_ascii_digit() => {
+                let run = |s: &[u8]| s.iter().take_while(|b| b.is_ascii_digit()).count();
+                let (n, m) = (run(x), run(y));
+                let strip = |s: &[u8]| -> usize { s.iter().take_while(|b| **b == b'0').count() };
+                let (dx, dy) = (&x[strip(&x[..n]).min(n)..n], &y[strip(&y[..m]).min(m)..m]);
+                let o = dx.len().cmp(&dy.len()).then_with(|| dx.cmp(dy));
+                if o.is_ne() {
+                    return o;
+                }
+                (x, y) = (&x[n..], &y[m..]);
+            }
+            (Some(c), Some(d)) => {
+                if c != d {
+                    return c.cmp(d);
+                }
+                (x, y) = (&x[1..], &y[1..]);
+            }
+        }
+    }
+}
+
 // ---- dlm ----
 
 pub fn is_dlm_store(dir: &Path) -> bool {
@@ -196,7 +250,7 @@ pub fn is_version_dir(dir: &Path) -> bool {
         || model_files::holds_model(dir)
 }
 
-/// `versions/vNNNN` dirs of an adapter root, sorted by name.
+/// `versions/vNNNN` dirs of an adapter root, in numeric order (`v9` before `v10`).
 fn all_versions(adapter_root: &Path) -> std::result::Result<Vec<PathBuf>, String> {
     let versions = adapter_root.join("versions");
     let listed =
@@ -206,7 +260,7 @@ fn all_versions(adapter_root: &Path) -> std::result::Result<Vec<PathBuf>, String
         .map(|e| e.path())
         .filter(|p| p.is_dir())
         .collect();
-    out.sort();
+    out.sort_by(|a, b| natural_path_cmp(a, b));
     Ok(out)
 }
 
@@ -256,7 +310,7 @@ pub fn dlm_target(store: &Path, all: bool) -> Target {
     } else {
         let mut named: Vec<PathBuf> = entries(&adapter).into_iter().map(|(_, p)| p).collect();
         named.retain(|p| p.is_dir() && is_adapter_root(p));
-        named.sort();
+        named.sort_by(|a, b| natural_path_cmp(a, b));
         named
     };
     for root in roots {

@@ -7,7 +7,6 @@
 //! the verdicts are computed by the Python probes, so a scan and a single
 //! probe can never disagree.
 
-use std::cmp::Ordering;
 use std::collections::HashSet;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -17,7 +16,7 @@ use rayon::prelude::*;
 
 use crate::error::{Area, Error, Result};
 pub use crate::store::layout::Target;
-use crate::store::layout::{self};
+use crate::store::layout::{self, natural_path_cmp};
 pub use crate::store::probe_inputs::{
     drift_input, full_weights_input, ghost_input, weights_input, DriftInput, FullWeightsInput,
     GhostInput, LogsStatus, TargetInputs, Wanted, WeightsInput,
@@ -192,59 +191,6 @@ pub fn discover(roots: &[PathBuf], all: bool) -> Discovery {
     }
 }
 
-/// Paths in the order people number things: component by component, runs
-/// of digits compared as numbers (`checkpoint-40` < `checkpoint-120`), the
-/// rest as text; ties (`v01` and `v1`) by the plain text.
-pub fn natural_path_cmp(a: &Path, b: &Path) -> Ordering {
-    let mut left = a.components();
-    let mut right = b.components();
-    loop {
-        match (left.next(), right.next()) {
-            (None, None) => return a.cmp(b),
-            (None, Some(_)) => return Ordering::Less,
-            (Some(_), None) => return Ordering::Greater,
-            (Some(x), Some(y)) => {
-                let o = natural_cmp(
-                    &x.as_os_str().to_string_lossy(),
-                    &y.as_os_str().to_string_lossy(),
-                );
-                if o.is_ne() {
-                    return o;
-                }
-            }
-        }
-    }
-}
-
-/// Text with runs of digits compared as numbers (of any length).
-fn natural_cmp(a: &str, b: &str) -> Ordering {
-    let (mut x, mut y) = (a.as_bytes(), b.as_bytes());
-    loop {
-        match (x.first(), y.first()) {
-            (None, None) => return Ordering::Equal,
-            (None, Some(_)) => return Ordering::Less,
-            (Some(_), None) => return Ordering::Greater,
-            (Some(c), Some(d)) if c.is_ascii_digit() && d.is_ascii_digit() => {
-                let run = |s: &[u8]| s.iter().take_while(|b| b.is_ascii_digit()).count();
-                let (n, m) = (run(x), run(y));
-                let strip = |s: &[u8]| -> usize { s.iter().take_while(|b| **b == b'0').count() };
-                let (dx, dy) = (&x[strip(&x[..n]).min(n)..n], &y[strip(&y[..m]).min(m)..m]);
-                let o = dx.len().cmp(&dy.len()).then_with(|| dx.cmp(dy));
-                if o.is_ne() {
-                    return o;
-                }
-                (x, y) = (&x[n..], &y[m..]);
-            }
-            (Some(c), Some(d)) => {
-                if c != d {
-                    return c.cmp(d);
-                }
-                (x, y) = (&x[1..], &y[1..]);
-            }
-        }
-    }
-}
-
 /// Gather the inputs of many targets in parallel, in target order.
 pub fn probe_targets(targets: &[Target], wanted: Wanted) -> Vec<TargetInputs> {
     targets
@@ -278,6 +224,7 @@ pub fn pool(workers: Option<usize>) -> Result<rayon::ThreadPool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cmp::Ordering;
 
     fn mkdirs(root: &Path, rel: &str) -> PathBuf {
         let p = root.join(rel);
@@ -380,6 +327,21 @@ mod tests {
         );
         assert_eq!(d.skipped[0].message, "hidden directory: not searched");
         assert_eq!(d.skipped[1].message, "empty directory");
+    }
+
+    #[test]
+    fn dlm_versions_in_numeric_order() {
+        let tmp = tempfile::tempdir().unwrap();
+        for v in ["v10", "v9", "v100"] {
+            version(tmp.path(), "adapter", v);
+        }
+        let d = discover(&[tmp.path().to_path_buf()], true);
+        let names: Vec<_> = d.targets[0]
+            .versions
+            .iter()
+            .map(|p| p.file_name().unwrap().to_str().unwrap())
+            .collect();
+        assert_eq!(names, ["v9", "v10", "v100"]);
     }
 
     #[test]
