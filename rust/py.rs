@@ -748,17 +748,22 @@ impl Target {
     }
 }
 
-/// Find stores under `roots`: the targets and what could not be searched.
+/// Find stores under `roots`: the targets and what could not be searched
+/// (with `explain`, also what was passed over on purpose, and why).
 #[pyfunction]
-#[pyo3(signature = (roots, *, all_versions=false, workers=None))]
+#[pyo3(signature = (roots, *, all_versions=false, workers=None, explain=false))]
 fn discover(
     py: Python<'_>,
     roots: Vec<PathBuf>,
     all_versions: bool,
     workers: Option<Size>,
+    explain: bool,
 ) -> Result<Discovery> {
     let workers = workers.map(|n| count("workers", n)).transpose()?;
-    py.detach(|| scan::pool(workers).map(|p| p.install(|| scan::discover(&roots, all_versions))))
+    py.detach(|| {
+        scan::pool(workers)
+            .map(|p| p.install(|| scan::discover_with(&roots, all_versions, explain)))
+    })
 }
 
 /// Gather probe inputs for `targets` in parallel (GIL released), in order.

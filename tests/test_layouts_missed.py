@@ -235,7 +235,8 @@ def test_skipped_directories_say_why(multi_save, tmp_path):
     (root / "half").mkdir()
     shutil.copy(multi_save / "adapter_config.json", root / "half")
     (root / "empty").mkdir()
-    found = discover(root)
+    assert discover(root).skipped is None  # only when asked: it costs a listing per store
+    found = discover(root, explain=True)
     targets, problems = found  # still unpacks as before
     assert [t.store for t in targets] == [root / "team" / "bot"]
     assert problems == []

@@ -434,8 +434,8 @@ class Discovery:
     def problems(self) -> list[Problem]: ...
     @property
     def skipped(self) -> list[Problem]:
-        """Directories passed over on purpose (hidden, nothing recognisable, no part of a
-        store's layout), each with why."""
+        """With ``explain=True``: directories passed over on purpose (hidden, nothing
+        recognisable, no part of a store's layout), each with why; else empty."""
 
 @final
 class LoraModuleStats:
@@ -643,7 +643,11 @@ def full_weights_input(version: _Path) -> FullWeightsInput: ...
 def drift_input(store: _Path) -> DriftInput: ...
 def ghost_input(adapter: _Path) -> GhostInput: ...
 def discover(
-    roots: Sequence[_Path], *, all_versions: bool = False, workers: int | None = None
+    roots: Sequence[_Path],
+    *,
+    all_versions: bool = False,
+    workers: int | None = None,
+    explain: bool = False,
 ) -> Discovery: ...
 def probe_targets(
     targets: Sequence[Target],

@@ -78,17 +78,18 @@ def check_roots(roots: Sequence[str | Path]) -> list[Path]:
 
 class Discovered(tuple[list[_core.Target], list[tuple[str, str]]]):
     """What :func:`discover` found: unpacks as ``(targets, problems)``, and
-    has ``skipped``: the directories the walk passed over on purpose, as
-    ``(path, why)`` (hidden ones, folders with nothing a layout recognises,
-    subfolders of a store that are no part of its layout), for ``-v``."""
+    has ``skipped``: with ``explain=True``, the directories the walk passed
+    over on purpose, as ``(path, why)`` (hidden ones, folders with nothing a
+    layout recognises, subfolders of a store that are no part of its
+    layout), for ``-v``; None when not asked."""
 
-    skipped: list[tuple[str, str]]
+    skipped: list[tuple[str, str]] | None
 
     def __new__(
         cls,
         targets: list[_core.Target],
         problems: list[tuple[str, str]],
-        skipped: list[tuple[str, str]],
+        skipped: list[tuple[str, str]] | None,
     ) -> Discovered:
         self = super().__new__(cls, (targets, problems))
         self.skipped = skipped
@@ -104,17 +105,19 @@ class Discovered(tuple[list[_core.Target], list[tuple[str, str]]]):
 
 
 def discover(
-    *roots: str | Path, all_versions: bool = False, workers: int | None = None
+    *roots: str | Path,
+    all_versions: bool = False,
+    workers: int | None = None,
+    explain: bool = False,
 ) -> Discovered:
-    """``(targets, problems)`` for the roots, with ``.skipped`` (see
-    :class:`Discovered`); a bad root is a UsageError (see :func:`check_roots`)."""
+    """``(targets, problems)`` for the roots; with ``explain``, also
+    ``.skipped`` (see :class:`Discovered`: one more directory listing per
+    store, so only when asked). A bad root is a UsageError (see
+    :func:`check_roots`)."""
     paths = [str(p) for p in check_roots(roots)]
-    found = _core.discover(paths, all_versions=all_versions, workers=workers)
-    return Discovered(
-        found.targets,
-        [(str(p.path), p.message) for p in found.problems],
-        [(str(p.path), p.message) for p in found.skipped],
-    )
+    found = _core.discover(paths, all_versions=all_versions, workers=workers, explain=explain)
+    skipped = [(str(p.path), p.message) for p in found.skipped] if explain else None
+    return Discovered(found.targets, [(str(p.path), p.message) for p in found.problems], skipped)
 
 
 def scan_batches(

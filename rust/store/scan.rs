@@ -65,6 +65,8 @@ fn dir_id(_meta: &fs::Metadata) -> (u64, u64) {
 
 struct Walk {
     all: bool,
+    /// Whether to keep what was passed over, and why (`Discovery::skipped`).
+    explain: bool,
     seen: Mutex<HashSet<(u64, u64)>>,
     targets: Mutex<Vec<Target>>,
     problems: Mutex<Vec<Problem>>,
@@ -72,7 +74,11 @@ struct Walk {
 }
 
 impl Walk {
-    fn skip(&self, path: &Path, why: String) {
+    fn skip(&self, path: &Path, why: impl FnOnce() -> String) {
+        if !self.explain {
+            return;
+        }
+        let why = why();
         if let Ok(mut s) = self.skipped.lock() {
             s.push(Problem {
                 path: path.to_path_buf(),
@@ -113,8 +119,10 @@ impl Walk {
             return; // reached twice through links: probe it once
         }
         if let Some(target) = layout::classify(dir, self.all) {
-            for (path, why) in layout::unclaimed(&target) {
-                self.skip(&path, why);
+            if self.explain {
+                for (path, why) in layout::unclaimed(&target) {
+                    self.skip(&path, || why);
+                }
             }
             return self.found(target);
         }
@@ -134,13 +142,13 @@ impl Walk {
                 continue;
             }
             if hidden {
-                self.skip(&path, "hidden directory: not searched".into());
+                self.skip(&path, || "hidden directory: not searched".into());
             } else {
                 subdirs.push(path);
             }
         }
         if subdirs.is_empty() {
-            return self.skip(dir, layout::why_not_a_store(dir));
+            return self.skip(dir, || layout::why_not_a_store(dir));
         }
         let mut chain = ancestors.to_vec();
         chain.push(id);
@@ -152,8 +160,16 @@ impl Walk {
 /// one adapter version (probed alone, inside its store), or any directory
 /// with stores at any depth below it.
 pub fn discover(roots: &[PathBuf], all: bool) -> Discovery {
+    discover_with(roots, all, false)
+}
+
+/// [`discover`], and with `explain` the directories passed over on purpose,
+/// each with why, in `skipped` (one more listing per store and per leaf
+/// directory, so only when asked).
+pub fn discover_with(roots: &[PathBuf], all: bool, explain: bool) -> Discovery {
     let walk = Walk {
         all,
+        explain,
         seen: Mutex::new(HashSet::new()),
         targets: Mutex::new(vec![]),
         problems: Mutex::new(vec![]),
@@ -309,7 +325,10 @@ mod tests {
             mkdirs(tmp.path(), &format!("notes/run{n}"));
         }
         mkdirs(tmp.path(), ".cache/x");
-        let d = discover(&[tmp.path().to_path_buf()], false);
+        assert!(discover(&[tmp.path().to_path_buf()], false)
+            .skipped
+            .is_empty());
+        let d = discover_with(&[tmp.path().to_path_buf()], false, true);
         let skipped: Vec<String> = d
             .skipped
             .iter()
