@@ -246,3 +246,15 @@ def test_skipped_directories_say_why(multi_save, tmp_path):
     assert why["empty"] == "empty directory"
     assert "adapter_config.json without adapter weights" in why["half"]
     assert "no part of its layout" in why["team/bot/exports"]
+
+
+def test_training_drift_on_dlm_stores_agrees_with_the_scan(demo_store):
+    report = ap.scan(demo_store, probes=["training_drift"])
+    scanned = {Path(r.store): r for r in report}
+    assert len(scanned) >= 2
+    for store, record in scanned.items():
+        direct = ap.training_drift(store)
+        assert (direct.verdict, direct.message) == (record.verdict, record.message)
+    # The folder holding them is several runs: named, not merged.
+    several = ap.training_drift(demo_store)
+    assert several.verdict.value == "skip" and f"holds {len(scanned)} runs" in several.message
