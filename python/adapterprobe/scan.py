@@ -28,7 +28,8 @@ LAYOUTS = (
     "last-checkpoint/ holding an adapter, a full model or only trainer_state.json; "
     "trainer_state.json or training_args.bin), Lightning runs (*.ckpt or "
     "metrics.csv), bare PEFT adapter directories (adapter_config.json + "
-    "adapter_model.safetensors) and folders of TensorBoard event files"
+    "adapter_model.safetensors, with the <name>/ subfolders of a multi-adapter save) and "
+    "folders of TensorBoard event files"
 )
 # Stores gathered per Rust call: big enough to keep every core busy, small
 # enough for a progress bar to move.
