@@ -205,17 +205,30 @@ impl LayerGrouping {
     }
 }
 
+/// Group an adapter's optimizer param ids by layer: `rules="robust"` reads
+/// the layer markers `adapter_weights` reads (GPT-2's `h.N` too),
+/// `rules="sway"` only dlm-sway's `.layers.N.`.
 #[pyfunction]
-#[pyo3(signature = (adapter, num_params=None))]
+#[pyo3(signature = (adapter, num_params=None, *, rules="robust"))]
 fn group_layers(
     py: Python<'_>,
     adapter: PathBuf,
     num_params: Option<Size>,
+    rules: &str,
 ) -> Result<LayerGrouping> {
     let num_params = num_params
         .map(|n| count("num_params", n).map(|n| n as u64))
         .transpose()?;
-    py.detach(|| layers::group_layers(&adapter, num_params))
+    let rule = match rules {
+        "robust" => layers::LayerKeys::Robust,
+        "sway" => layers::LayerKeys::Sway,
+        other => {
+            return Err(usage_error(&format!(
+                "rules must be 'robust' or 'sway', got {other:?}"
+            )))
+        }
+    };
+    py.detach(|| layers::group_layers_by(&adapter, num_params, rule))
 }
 
 // ---- loss curves and their metrics ----
@@ -686,7 +699,7 @@ fn ghost_input(py: Python<'_>, adapter: PathBuf) -> GhostInput {
 #[pymethods]
 impl Target {
     #[new]
-    #[pyo3(signature = (store, versions, broken=Vec::new(), with_logs=true, layout="dlm".to_string(), checkpoint_kind=None))]
+    #[pyo3(signature = (store, versions, broken=Vec::new(), with_logs=true, layout="dlm".to_string(), checkpoint_kind=None, log_root=None))]
     fn py_new(
         store: PathBuf,
         versions: Vec<PathBuf>,
@@ -694,6 +707,7 @@ impl Target {
         with_logs: bool,
         layout: String,
         checkpoint_kind: Option<String>,
+        log_root: Option<PathBuf>,
     ) -> Self {
         Target {
             store,
@@ -701,6 +715,7 @@ impl Target {
             versions,
             broken,
             with_logs,
+            log_root,
             checkpoint_kind,
         }
     }
@@ -716,6 +731,7 @@ impl Target {
             t.with_logs,
             t.layout.clone(),
             t.checkpoint_kind.clone(),
+            t.log_root.clone(),
         );
         Ok((slf.get_type().into_any(), args.into_pyobject(slf.py())?))
     }
@@ -732,17 +748,22 @@ impl Target {
     }
 }
 
-/// Find stores under `roots`: the targets and what could not be searched.
+/// Find stores under `roots`: the targets and what could not be searched
+/// (with `explain`, also what was passed over on purpose, and why).
 #[pyfunction]
-#[pyo3(signature = (roots, *, all_versions=false, workers=None))]
+#[pyo3(signature = (roots, *, all_versions=false, workers=None, explain=false))]
 fn discover(
     py: Python<'_>,
     roots: Vec<PathBuf>,
     all_versions: bool,
     workers: Option<Size>,
+    explain: bool,
 ) -> Result<Discovery> {
     let workers = workers.map(|n| count("workers", n)).transpose()?;
-    py.detach(|| scan::pool(workers).map(|p| p.install(|| scan::discover(&roots, all_versions))))
+    py.detach(|| {
+        scan::pool(workers)
+            .map(|p| p.install(|| scan::discover_with(&roots, all_versions, explain)))
+    })
 }
 
 /// Gather probe inputs for `targets` in parallel (GIL released), in order.

@@ -143,7 +143,7 @@ def test_sway_is_unchanged(runs):
         payload = torch.load(version / "training_state.pt", map_location="cpu", weights_only=True)
         states = payload["optimizer_state_dict"]["state"]
         means = [float(states[k]["exp_avg_sq"].double().mean()) for k in sorted(states)]
-        g = ap.group_layers(version, num_params=len(means))
+        g = ap.group_layers(version, num_params=len(means), rules="sway")
         want = ref.ghost_verdict(payload["global_step"], means, (g.layer_indices, g.layer_of))
         r = ap.gradient_ghost(version, rules="sway")
         assert (r.verdict.value, r.score) == want[:2]

@@ -96,8 +96,11 @@ def test_one_checkpoint_is_checked_alone(runs):
     )
     assert done.returncode == 0, done.stderr
     records = json.loads(done.stdout)
-    assert {r["probe"] for r in records} == {"gradient_ghost", "adapter_weights"}
+    # The checkpoint's own trainer_state.json is judged too (the run up to step 40).
+    assert {r["probe"] for r in records} == {"gradient_ghost", "adapter_weights", "training_drift"}
     assert all(r["verdict"] == "pass" and r["layout"] == "hf-trainer" for r in records)
+    (drift,) = [r for r in records if r["probe"] == "training_drift"]
+    assert drift["evidence"]["curve_sampled"][-1][0] == 40
 
 
 @pytest.mark.slow

@@ -306,3 +306,19 @@ def test_describe_prints_text():
     text = ap.DriftOptions().describe()
     assert isinstance(text, str) and "spike_z = " in text and "\n" in text
     assert set(ap.DriftOptions().option_help()) <= set(ap.DriftOptions().to_dict())
+
+
+def test_verbose_says_which_directories_were_passed_over_and_why(tmp_path):
+    shutil.copytree(DEMO_STORE / "healthy", tmp_path / "healthy")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / ".cache").mkdir()
+    quiet = cli("scan", str(tmp_path))
+    assert "passed over" not in quiet.stderr
+    loud = cli("scan", str(tmp_path), "-v")
+    said = dict(
+        line.removeprefix("adapterprobe: passed over ").split(": ", 1)
+        for line in loud.stderr.splitlines()
+        if line.startswith("adapterprobe: passed over ")
+    )
+    assert set(said) == {str(tmp_path / "empty"), str(tmp_path / ".cache")}
+    assert "empty" in said[str(tmp_path / "empty")] and "hidden" in said[str(tmp_path / ".cache")]

@@ -100,8 +100,14 @@ class LayerGrouping:
     @property
     def layer_of(self) -> dict[int, int]: ...
 
-def group_layers(adapter: _Path, num_params: int | None = None) -> LayerGrouping:
-    """Attribute optimizer param ids to layers from adapter keys; raises LayerGroupingError."""
+def group_layers(
+    adapter: _Path, num_params: int | None = None, *, rules: str = "robust"
+) -> LayerGrouping:
+    """Attribute optimizer param ids to layers from adapter keys; raises LayerGroupingError.
+
+    ``rules="robust"`` reads the layer markers ``adapter_weights`` reads
+    (``layers.N``, GPT-2's ``h.N``, ``layer.N``, ``block.N``, ``blocks.N``);
+    ``rules="sway"`` only dlm-sway's ``.layers.N.``."""
 
 @final
 class LossCurve:
@@ -373,6 +379,7 @@ class Target:
         with_logs: bool = True,
         layout: str = ...,
         checkpoint_kind: str | None = None,
+        log_root: _Path | None = None,
     ) -> Target: ...
     @property
     def store(self) -> Path: ...
@@ -384,6 +391,9 @@ class Target:
     def broken(self) -> list[tuple[Path, str]]: ...
     @property
     def with_logs(self) -> bool: ...
+    @property
+    def log_root(self) -> Path | None:
+        """Where the loss curve is read when not the store (a checkpoint given alone)."""
     @property
     def checkpoint_kind(self) -> str | None:
         """What the newest version holds: "adapter", "full" or "logs"."""
@@ -422,6 +432,10 @@ class Discovery:
     def targets(self) -> list[Target]: ...
     @property
     def problems(self) -> list[Problem]: ...
+    @property
+    def skipped(self) -> list[Problem]:
+        """With ``explain=True``: directories passed over on purpose (hidden, nothing
+        recognisable, no part of a store's layout), each with why; else empty."""
 
 @final
 class LoraModuleStats:
@@ -629,7 +643,11 @@ def full_weights_input(version: _Path) -> FullWeightsInput: ...
 def drift_input(store: _Path) -> DriftInput: ...
 def ghost_input(adapter: _Path) -> GhostInput: ...
 def discover(
-    roots: Sequence[_Path], *, all_versions: bool = False, workers: int | None = None
+    roots: Sequence[_Path],
+    *,
+    all_versions: bool = False,
+    workers: int | None = None,
+    explain: bool = False,
 ) -> Discovery: ...
 def probe_targets(
     targets: Sequence[Target],

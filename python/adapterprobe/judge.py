@@ -37,13 +37,20 @@ def guarded(name: str, judge: Any, *args: Any, **kw: Any) -> ProbeResult:
 
 def _previous_versions(inputs: list[Any]) -> list[Any]:
     """For each adapter version, the version before it of the same adapter
-    (same ``versions/`` dir), or None; inputs are in version order."""
-    last: dict[str, Any] = {}
+    (same ``versions/`` dir; for a named adapter of a multi-adapter save,
+    ``<version>/<name>``, the same name in the version before), or None;
+    inputs are in version order."""
+    paths = {str(item.adapter) for item in inputs}
+    last: dict[tuple[str, str], Any] = {}
     out = []
     for item in inputs:
-        parent = os.path.dirname(item.adapter)
-        out.append(last.get(parent))
-        last[parent] = item
+        path = str(item.adapter)
+        parent = os.path.dirname(path)
+        # A named adapter saved inside a version pairs with the same name.
+        named = parent in paths
+        key = (os.path.dirname(parent), os.path.basename(path)) if named else (parent, "")
+        out.append(last.get(key))
+        last[key] = item
     return out
 
 

@@ -28,7 +28,8 @@ LAYOUTS = (
     "last-checkpoint/ holding an adapter, a full model or only trainer_state.json; "
     "trainer_state.json or training_args.bin), Lightning runs (*.ckpt or "
     "metrics.csv), bare PEFT adapter directories (adapter_config.json + "
-    "adapter_model.safetensors) and folders of TensorBoard event files"
+    "adapter_model.safetensors, with the <name>/ subfolders of a multi-adapter save) and "
+    "folders of TensorBoard event files"
 )
 # Stores gathered per Rust call: big enough to keep every core busy, small
 # enough for a progress bar to move.
@@ -94,14 +95,48 @@ def check_roots(roots: Sequence[str | Path]) -> list[Path]:
     return checked
 
 
+class Discovered(tuple[list[_core.Target], list[tuple[str, str]]]):
+    """What :func:`discover` found: unpacks as ``(targets, problems)``, and
+    has ``skipped``: with ``explain=True``, the directories the walk passed
+    over on purpose, as ``(path, why)`` (hidden ones, folders with nothing a
+    layout recognises, subfolders of a store that are no part of its
+    layout), for ``-v``; None when not asked."""
+
+    skipped: list[tuple[str, str]] | None
+
+    def __new__(
+        cls,
+        targets: list[_core.Target],
+        problems: list[tuple[str, str]],
+        skipped: list[tuple[str, str]] | None,
+    ) -> Discovered:
+        self = super().__new__(cls, (targets, problems))
+        self.skipped = skipped
+        return self
+
+    @property
+    def targets(self) -> list[_core.Target]:
+        return self[0]
+
+    @property
+    def problems(self) -> list[tuple[str, str]]:
+        return self[1]
+
+
 def discover(
-    *roots: str | Path, all_versions: bool = False, workers: int | None = None
-) -> tuple[list[_core.Target], list[tuple[str, str]]]:
-    """(targets, problems) for the roots; a bad root is a UsageError (see
+    *roots: str | Path,
+    all_versions: bool = False,
+    workers: int | None = None,
+    explain: bool = False,
+) -> Discovered:
+    """``(targets, problems)`` for the roots; with ``explain``, also
+    ``.skipped`` (see :class:`Discovered`: one more directory listing per
+    store, so only when asked). A bad root is a UsageError (see
     :func:`check_roots`)."""
     paths = [str(p) for p in check_roots(roots)]
-    found = _core.discover(paths, all_versions=all_versions, workers=workers)
-    return found.targets, [(str(p.path), p.message) for p in found.problems]
+    found = _core.discover(paths, all_versions=all_versions, workers=workers, explain=explain)
+    skipped = [(str(p.path), p.message) for p in found.skipped] if explain else None
+    return Discovered(found.targets, [(str(p.path), p.message) for p in found.problems], skipped)
 
 
 def scan_batches(

@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use crate::analysis::attribution::split_layer_key;
 use crate::error::{Area, Error, Result};
 use crate::formats::safetensors_header::read_header;
 
@@ -56,30 +57,74 @@ pub fn adapter_weights_path(adapter: &Path) -> PathBuf {
     }
 }
 
-/// Group the layered keys of `keys`; `num_params` cross-checks the optimizer.
+/// Which keys carry a layer index, and where.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerKeys {
+    /// dlm-sway's rule: the first `.layers.N.` in a key.
+    Sway,
+    /// The rule `adapter_weights` and the exact attribution use: the first
+    /// `<marker>.N` with a marker of the common model families (`layers`,
+    /// GPT-2's `h`, `layer`, `block`, `blocks`; `attribution::layer_number`),
+    /// all layered keys in one layer stack.
+    Robust,
+}
+
+/// Group the layered keys of `keys` under dlm-sway's rule; `num_params`
+/// cross-checks the optimizer.
 pub fn group_keys<'a>(
     keys: impl IntoIterator<Item = &'a str>,
     num_params: Option<u64>,
 ) -> std::result::Result<LayerGrouping, String> {
+    group_keys_by(keys, num_params, LayerKeys::Sway)
+}
+
+/// Group the layered keys of `keys` under `rule`; `num_params` cross-checks
+/// the optimizer.
+pub fn group_keys_by<'a>(
+    keys: impl IntoIterator<Item = &'a str>,
+    num_params: Option<u64>,
+    rule: LayerKeys,
+) -> std::result::Result<LayerGrouping, String> {
     let mut per_layer: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut stacks: BTreeMap<&str, ()> = BTreeMap::new();
     let mut any_key = false;
     for key in keys {
         any_key = true;
-        match layer_index(key) {
-            Some(Ok(idx)) => *per_layer.entry(idx).or_insert(0) += 1,
-            Some(Err(())) => return Err(format!("layer index in {key:?} is too large")),
-            None => {}
+        let index = match rule {
+            LayerKeys::Sway => match layer_index(key) {
+                Some(Ok(idx)) => Some(idx),
+                Some(Err(())) => return Err(format!("layer index in {key:?} is too large")),
+                None => None,
+            },
+            LayerKeys::Robust => split_layer_key(key).map(|(stack, idx, _)| {
+                stacks.insert(stack, ());
+                idx
+            }),
+        };
+        if let Some(idx) = index {
+            *per_layer.entry(idx).or_insert(0) += 1;
         }
     }
     if !any_key {
         return Err("no tensor keys found".into());
     }
     if per_layer.is_empty() {
-        return Err(
-            "no key carries a `.layers.N.` index (the adapter may target only embeddings or \
-             lm_head), so params cannot be attributed to layers"
-                .into(),
-        );
+        let marks = match rule {
+            LayerKeys::Sway => "a `.layers.N.` index",
+            LayerKeys::Robust => "a layer index (`.layers.N.`, `.h.N.`, `.layer.N.`, `.block.N.`)",
+        };
+        return Err(format!(
+            "no key carries {marks} (the adapter may target only embeddings or lm_head), so \
+             params cannot be attributed to layers"
+        ));
+    }
+    if stacks.len() > 1 {
+        let names: Vec<&str> = stacks.into_keys().collect();
+        return Err(format!(
+            "the adapter spans several layer stacks ({}); which comes first in the optimizer \
+             is not known without the model",
+            names.join(", ")
+        ));
     }
     let mut counts: Vec<u64> = per_layer.values().copied().collect();
     counts.sort_unstable();
@@ -111,8 +156,18 @@ pub fn group_keys<'a>(
     })
 }
 
-/// Group the keys of an adapter dir or `.safetensors` file by layer.
+/// Group the keys of an adapter dir or `.safetensors` file by layer, under
+/// dlm-sway's rule.
 pub fn group_layers(adapter: &Path, num_params: Option<u64>) -> Result<LayerGrouping> {
+    group_layers_by(adapter, num_params, LayerKeys::Sway)
+}
+
+/// Group the keys of an adapter dir or `.safetensors` file by layer, under `rule`.
+pub fn group_layers_by(
+    adapter: &Path,
+    num_params: Option<u64>,
+    rule: LayerKeys,
+) -> Result<LayerGrouping> {
     let weights = adapter_weights_path(adapter);
     if !weights.exists() {
         return Err(Error::new(
@@ -122,8 +177,12 @@ pub fn group_layers(adapter: &Path, num_params: Option<u64>) -> Result<LayerGrou
         ));
     }
     let header = read_header(&weights)?;
-    group_keys(header.tensors.iter().map(|t| t.name.as_str()), num_params)
-        .map_err(|msg| Error::new(Area::LayerGrouping, &weights, msg))
+    group_keys_by(
+        header.tensors.iter().map(|t| t.name.as_str()),
+        num_params,
+        rule,
+    )
+    .map_err(|msg| Error::new(Area::LayerGrouping, &weights, msg))
 }
 
 #[cfg(test)]
@@ -169,6 +228,37 @@ mod tests {
         assert_eq!(g.layer_of[3], 0);
         assert_eq!(g.layer_of[4], 1);
         assert_eq!(g.layer_of[11], 2);
+    }
+
+    #[test]
+    fn robust_rule_reads_gpt2_and_t5_markers() {
+        let gpt2: Vec<String> = (0..3)
+            .flat_map(|l| {
+                ["lora_A", "lora_B"]
+                    .map(|f| format!("base_model.model.transformer.h.{l}.attn.c_attn.{f}.weight"))
+            })
+            .collect();
+        let refs: Vec<&str> = gpt2.iter().map(String::as_str).collect();
+        assert!(group_keys(refs.clone(), None)
+            .unwrap_err()
+            .contains("`.layers.N.`"));
+        let g = group_keys_by(refs.clone(), Some(6), LayerKeys::Robust).unwrap();
+        assert_eq!((g.layer_indices, g.params_per_layer), (vec![0, 1, 2], 2));
+        assert_eq!(g.layer_of, vec![0, 0, 1, 1, 2, 2]);
+        // Llama keys group the same under both rules.
+        let llama = lora_keys(&[0, 1, 2], &["q_proj", "v_proj"]);
+        let refs: Vec<&str> = llama.iter().map(String::as_str).collect();
+        assert_eq!(
+            group_keys_by(refs.clone(), None, LayerKeys::Robust),
+            group_keys(refs, None)
+        );
+        // Encoder and decoder blocks are two stacks: refused, not merged.
+        let t5 = [
+            "base_model.model.encoder.block.0.layer.0.SelfAttention.q.lora_A.weight",
+            "base_model.model.decoder.block.0.layer.0.SelfAttention.q.lora_A.weight",
+        ];
+        let err = group_keys_by(t5, None, LayerKeys::Robust).unwrap_err();
+        assert!(err.contains("several layer stacks"), "{err}");
     }
 
     #[test]

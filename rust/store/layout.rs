@@ -16,6 +16,12 @@
 //!   `metrics.csv` or TensorBoard events.
 //! - `peft`: a bare `save_pretrained` adapter directory (config + weights,
 //!   no training state): weights-only checks.
+//!
+//! A PEFT model holding several adapters saves the default one at the top
+//! and each other one in a `<name>/` subfolder with its own config and
+//! weights (`named_adapters`); those subfolders are versions too, listed
+//! right after the version they are saved in (a bare PEFT directory, an HF
+//! checkpoint or the root given), so every adapter is judged.
 //! - `tensorboard`: a directory of TensorBoard event files and nothing else
 //!   known: a log-only run.
 //!
@@ -32,6 +38,7 @@
 //! the only file read is `last-checkpoint/trainer_state.json`, for its step.
 //! `rng_state.pth` and `training_args.bin` are never opened by anything.
 
+use std::cmp::Ordering;
 use std::fs;
 use std::path::{Component, Path, PathBuf};
 
@@ -79,8 +86,11 @@ pub struct Target {
     /// Adapters whose versions could not be determined: (path, reason).
     pub broken: Vec<(PathBuf, String)>,
     /// Whether the store's loss curve is probed (false when the root was
-    /// one adapter version).
+    /// one dlm adapter version).
     pub with_logs: bool,
+    /// Where the loss curve is read when not from the store itself: an HF
+    /// checkpoint given alone is judged by its own `trainer_state.json`.
+    pub log_root: Option<PathBuf>,
     /// What the newest version holds (`adapter`, `full`, `logs`; see the
     /// module doc); None when the store's versions could not be determined.
     pub checkpoint_kind: Option<String>,
@@ -94,6 +104,7 @@ impl Target {
             versions: vec![],
             broken: vec![],
             with_logs: true,
+            log_root: None,
             checkpoint_kind: None,
         }
     }
@@ -128,6 +139,33 @@ pub fn holds_adapter(dir: &Path) -> bool {
         || dir.join(ADAPTER_CONFIG).is_file()
 }
 
+/// The other adapters of a PEFT multi-adapter save in `dir`: its
+/// subfolders that are adapters of their own (config and weights), sorted
+/// by name. Hidden folders are not looked into.
+pub fn named_adapters(dir: &Path) -> Vec<PathBuf> {
+    let mut found: Vec<(String, PathBuf)> = entries(dir)
+        .into_iter()
+        .filter(|(name, p)| !name.starts_with('.') && p.is_dir() && is_bare_peft(p))
+        .collect();
+    found.sort();
+    found.into_iter().map(|(_, p)| p).collect()
+}
+
+/// `versions`, each followed by the named adapters saved inside it.
+fn with_named_adapters(versions: Vec<PathBuf>) -> Vec<PathBuf> {
+    let mut out = Vec::with_capacity(versions.len());
+    for v in versions {
+        let named = if v.is_dir() {
+            named_adapters(&v)
+        } else {
+            vec![]
+        };
+        out.push(v);
+        out.extend(named);
+    }
+    out
+}
+
 /// The entries of `dir` (names and paths); empty when it cannot be listed
 /// (the walk reports unlistable directories itself).
 fn entries(dir: &Path) -> Vec<(String, PathBuf)> {
@@ -138,6 +176,59 @@ fn entries(dir: &Path) -> Vec<(String, PathBuf)> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// Paths in the order people number things: component by component, runs
+/// of digits compared as numbers (`checkpoint-40` < `checkpoint-120`), the
+/// rest as text; ties (`v01` and `v1`) by the plain text.
+pub fn natural_path_cmp(a: &Path, b: &Path) -> Ordering {
+    let mut left = a.components();
+    let mut right = b.components();
+    loop {
+        match (left.next(), right.next()) {
+            (None, None) => return a.cmp(b),
+            (None, Some(_)) => return Ordering::Less,
+            (Some(_), None) => return Ordering::Greater,
+            (Some(x), Some(y)) => {
+                let o = natural_cmp(
+                    &x.as_os_str().to_string_lossy(),
+                    &y.as_os_str().to_string_lossy(),
+                );
+                if o.is_ne() {
+                    return o;
+                }
+            }
+        }
+    }
+}
+
+/// Text with runs of digits compared as numbers (of any length).
+fn natural_cmp(a: &str, b: &str) -> Ordering {
+    let (mut x, mut y) = (a.as_bytes(), b.as_bytes());
+    loop {
+        match (x.first(), y.first()) {
+            (None, None) => return Ordering::Equal,
+            (None, Some(_)) => return Ordering::Less,
+            (Some(_), None) => return Ordering::Greater,
+            (Some(c), Some(d)) if c.is_ascii_digit() && d.is_ascii_digit() => {
+                let run = |s: &[u8]| s.iter().take_while(|b| b.is_ascii_digit()).count();
+                let (n, m) = (run(x), run(y));
+                let strip = |s: &[u8]| -> usize { s.iter().take_while(|b| **b == b'0').count() };
+                let (dx, dy) = (&x[strip(&x[..n]).min(n)..n], &y[strip(&y[..m]).min(m)..m]);
+                let o = dx.len().cmp(&dy.len()).then_with(|| dx.cmp(dy));
+                if o.is_ne() {
+                    return o;
+                }
+                (x, y) = (&x[n..], &y[m..]);
+            }
+            (Some(c), Some(d)) => {
+                if c != d {
+                    return c.cmp(d);
+                }
+                (x, y) = (&x[1..], &y[1..]);
+            }
+        }
+    }
 }
 
 // ---- dlm ----
@@ -159,7 +250,7 @@ pub fn is_version_dir(dir: &Path) -> bool {
         || model_files::holds_model(dir)
 }
 
-/// `versions/vNNNN` dirs of an adapter root, sorted by name.
+/// `versions/vNNNN` dirs of an adapter root, in numeric order (`v9` before `v10`).
 fn all_versions(adapter_root: &Path) -> std::result::Result<Vec<PathBuf>, String> {
     let versions = adapter_root.join("versions");
     let listed =
@@ -169,7 +260,7 @@ fn all_versions(adapter_root: &Path) -> std::result::Result<Vec<PathBuf>, String
         .map(|e| e.path())
         .filter(|p| p.is_dir())
         .collect();
-    out.sort();
+    out.sort_by(|a, b| natural_path_cmp(a, b));
     Ok(out)
 }
 
@@ -219,7 +310,7 @@ pub fn dlm_target(store: &Path, all: bool) -> Target {
     } else {
         let mut named: Vec<PathBuf> = entries(&adapter).into_iter().map(|(_, p)| p).collect();
         named.retain(|p| p.is_dir() && is_adapter_root(p));
-        named.sort();
+        named.sort_by(|a, b| natural_path_cmp(a, b));
         named
     };
     for root in roots {
@@ -318,7 +409,9 @@ pub fn hf_target(dir: &Path, all: bool) -> Target {
     } else if let Some((_, newest)) = checkpoints.into_iter().last() {
         target.versions.push(newest);
     }
-    target.kind_set()
+    let mut target = target.kind_set();
+    target.versions = with_named_adapters(std::mem::take(&mut target.versions));
+    target
 }
 
 // ---- Lightning ----
@@ -382,7 +475,7 @@ pub fn is_bare_peft(dir: &Path) -> bool {
 
 pub fn peft_target(dir: &Path) -> Target {
     let mut target = Target::new(dir, PEFT);
-    target.versions.push(dir.to_path_buf());
+    target.versions = with_named_adapters(vec![dir.to_path_buf()]);
     target.kind_set()
 }
 
@@ -416,8 +509,129 @@ pub fn classify(dir: &Path, all: bool) -> Option<Target> {
     }
 }
 
+// ---- what a walk passes over, and why ----
+
+/// The subfolders of a target's store that its layout does not read, with
+/// why (the walk stops at a store, so they are not searched either):
+/// hidden ones, checkpoint directories holding nothing a probe reads,
+/// folders of a dlm `adapter/` that are no adapter, and any other folder.
+pub fn unclaimed(target: &Target) -> Vec<(PathBuf, String)> {
+    let store = &target.store;
+    let mut out = vec![];
+    let mut listed = entries(store);
+    listed.sort();
+    for (name, path) in listed {
+        if !path.is_dir() {
+            continue;
+        }
+        let why = if name.starts_with('.') {
+            Some("hidden directory: not searched".to_string())
+        } else {
+            unclaimed_reason(&target.layout, &name, &path, target)
+        };
+        if let Some(why) = why {
+            out.push((path, why));
+        }
+    }
+    if target.layout == DLM {
+        let adapter = store.join("adapter");
+        if adapter.is_dir() && !is_adapter_root(&adapter) {
+            let mut named = entries(&adapter);
+            named.sort();
+            for (name, path) in named {
+                if path.is_dir() && !name.starts_with('.') && !is_adapter_root(&path) {
+                    out.push((
+                        path,
+                        "in a dlm adapter/ folder but no adapter: no current.txt and no \
+                         versions/"
+                            .to_string(),
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn unclaimed_reason(layout: &str, name: &str, path: &Path, target: &Target) -> Option<String> {
+    let outside = || {
+        Some(format!(
+            "inside the {layout} store {}, and no part of its layout: not searched",
+            target.store.display()
+        ))
+    };
+    if target.versions.iter().any(|v| v == path) {
+        return None;
+    }
+    match layout {
+        DLM if name == "adapter" || name == "logs" => None,
+        HF_TRAINER if checkpoint_step(name).is_some() || name == LAST_CHECKPOINT => {
+            (!holds_checkpoint(path)).then(|| {
+                "checkpoint directory holding nothing a probe reads (no trainer_state.json, \
+                 optimizer.pt, adapter or model weights)"
+                    .to_string()
+            })
+        }
+        HF_TRAINER if name == "runs" => None,
+        HF_TRAINER if is_bare_peft(path) => Some(
+            "an adapter of the run's final save: the run's checkpoints are probed instead"
+                .to_string(),
+        ),
+        LIGHTNING if name == "checkpoints" => None,
+        PEFT if path.join(ADAPTER_CONFIG).is_file() => Some(format!(
+            "{ADAPTER_CONFIG} without adapter weights ({ADAPTER_WEIGHTS} or {PICKLED_ADAPTER})"
+        )),
+        _ => outside(),
+    }
+}
+
+/// Why a directory with no subfolder is no store, in words.
+pub fn why_not_a_store(dir: &Path) -> String {
+    let names: Vec<String> = entries(dir).into_iter().map(|(n, _)| n).collect();
+    if names.is_empty() {
+        return "empty directory".to_string();
+    }
+    let has = |n: &str| names.iter().any(|x| x == n);
+    if has(ADAPTER_CONFIG) {
+        return format!(
+            "{ADAPTER_CONFIG} without adapter weights ({ADAPTER_WEIGHTS} or {PICKLED_ADAPTER})"
+        );
+    }
+    let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    if checkpoint_step(name).is_some() || name == LAST_CHECKPOINT {
+        return "checkpoint directory holding nothing a probe reads (no trainer_state.json, \
+                optimizer.pt, adapter or model weights)"
+            .to_string();
+    }
+    let weights: Vec<&String> = names
+        .iter()
+        .filter(|n| {
+            [".safetensors", ".bin", ".pt", ".pth"]
+                .iter()
+                .any(|e| n.ends_with(e))
+        })
+        .take(3)
+        .collect();
+    if !weights.is_empty() {
+        return format!(
+            "holds {} but no adapter_config.json, trainer_state.json, optimizer.pt or \
+             other file a layout recognises",
+            weights
+                .iter()
+                .map(|n| n.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    "holds nothing a layout recognises (no adapter, checkpoint, optimizer state or \
+     training log)"
+        .to_string()
+}
+
 /// When a root is one version inside a known store (a dlm version dir, an
-/// HF `checkpoint-N/`), that version alone, inside its store.
+/// HF `checkpoint-N/`), that version alone, inside its store. A checkpoint
+/// brings the adapters saved in its subfolders and its own log (the
+/// `trainer_state.json` the Trainer wrote at that step).
 pub fn version_root(root: &Path) -> Option<Target> {
     if is_dlm_store(root) {
         return None;
@@ -436,8 +650,10 @@ pub fn version_root(root: &Path) -> Option<Target> {
     if is_checkpoint && holds_checkpoint(root) {
         let mut t = Target::new(parent, HF_TRAINER);
         t.versions.push(root.to_path_buf());
-        t.with_logs = false;
-        return Some(t.kind_set());
+        t.log_root = Some(root.to_path_buf());
+        let mut t = t.kind_set();
+        t.versions = with_named_adapters(std::mem::take(&mut t.versions));
+        return Some(t);
     }
     None
 }
@@ -470,7 +686,8 @@ mod tests {
             .collect();
         assert_eq!(names, ["checkpoint-2", "checkpoint-10", "checkpoint-100"]);
         let one = version_root(&tmp.path().join("checkpoint-10")).unwrap();
-        assert_eq!((one.store.as_path(), one.with_logs), (tmp.path(), false));
+        assert_eq!(one.store.as_path(), tmp.path());
+        assert_eq!(one.log_root, Some(tmp.path().join("checkpoint-10")));
     }
 
     /// A copy of a real HF `trainer_state.json` (global_step 20 or 30).
@@ -618,6 +835,85 @@ mod tests {
         touch(&tmp.path().join(ADAPTER_WEIGHTS));
         let t = classify(tmp.path(), false).unwrap();
         assert_eq!((t.layout.as_str(), t.versions.len()), (PEFT, 1));
+    }
+
+    /// A PEFT multi-adapter save: the default adapter at the top, each other
+    /// one in `<name>/` with its own config and weights.
+    fn multi_adapter_save(dir: &Path, others: &[&str]) {
+        for sub in std::iter::once("").chain(others.iter().copied()) {
+            touch(&dir.join(sub).join(ADAPTER_CONFIG));
+            touch(&dir.join(sub).join(ADAPTER_WEIGHTS));
+        }
+    }
+
+    #[test]
+    fn every_adapter_of_a_multi_adapter_save_is_a_version() {
+        let tmp = tempfile::tempdir().unwrap();
+        let bare = tmp.path().join("bare");
+        multi_adapter_save(&bare, &["zeta", "alpha"]);
+        touch(&bare.join("notes/readme.txt"));
+        touch(&bare.join("half/adapter_config.json"));
+        let t = classify(&bare, false).unwrap();
+        assert_eq!(t.layout, PEFT);
+        assert_eq!(
+            t.versions,
+            [bare.clone(), bare.join("alpha"), bare.join("zeta")]
+        );
+        let skipped = unclaimed(&t);
+        let why: Vec<(&str, &str)> = skipped
+            .iter()
+            .map(|(p, w)| (p.file_name().unwrap().to_str().unwrap(), w.as_str()))
+            .collect();
+        assert_eq!(why.len(), 2, "{why:?}");
+        assert!(why[0].0 == "half" && why[0].1.contains("without adapter weights"));
+        assert!(why[1].0 == "notes" && why[1].1.contains("no part of its layout"));
+
+        let out = tmp.path().join("out");
+        for n in [40, 120, 80] {
+            let ck = out.join(format!("checkpoint-{n}"));
+            multi_adapter_save(&ck, &["second"]);
+            touch(&ck.join(HF_OPTIMIZER));
+        }
+        let newest = classify(&out, false).unwrap();
+        assert_eq!(names(&newest), ["checkpoint-120", "second"]);
+        assert_eq!(newest.versions[1], out.join("checkpoint-120/second"));
+        assert_eq!(newest.checkpoint_kind.as_deref(), Some(ADAPTER));
+        let every = classify(&out, true).unwrap();
+        let rel: Vec<_> = every
+            .versions
+            .iter()
+            .map(|v| v.strip_prefix(&out).unwrap().to_path_buf())
+            .collect();
+        let want = [
+            "checkpoint-40",
+            "checkpoint-40/second",
+            "checkpoint-80",
+            "checkpoint-80/second",
+            "checkpoint-120",
+            "checkpoint-120/second",
+        ];
+        assert_eq!(rel, want.map(PathBuf::from));
+        // One checkpoint given alone: its adapters, and its own log.
+        let one = version_root(&out.join("checkpoint-80")).unwrap();
+        assert_eq!(one.versions.len(), 2);
+        assert_eq!(
+            one.log_root.as_deref(),
+            Some(out.join("checkpoint-80").as_path())
+        );
+        assert!(one.with_logs);
+    }
+
+    #[test]
+    fn leaves_that_are_no_store_say_why() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert_eq!(why_not_a_store(tmp.path()), "empty directory");
+        touch(&tmp.path().join("model.safetensors.bak"));
+        assert!(why_not_a_store(tmp.path()).contains("nothing a layout recognises"));
+        touch(&tmp.path().join("weights.safetensors"));
+        assert!(why_not_a_store(tmp.path()).contains("holds weights.safetensors"));
+        let ck = tmp.path().join("checkpoint-7");
+        touch(&ck.join("scheduler.pt.tmp"));
+        assert!(why_not_a_store(&ck).contains("checkpoint directory holding nothing"));
     }
 
     #[test]

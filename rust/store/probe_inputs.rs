@@ -87,6 +87,14 @@ impl DriftInput {
         self
     }
 
+    /// The same input with `note` set where it has none and no curve.
+    fn with_note(mut self, note: String) -> DriftInput {
+        if self.note.is_none() && self.status == LogsStatus::NoLogsDir {
+            self.note = Some(note);
+        }
+        self
+    }
+
     fn none(mut self, status: LogsStatus, note: String) -> DriftInput {
         self.status = status;
         self.note = Some(note);
@@ -94,15 +102,53 @@ impl DriftInput {
     }
 }
 
-/// The layout of a store given on its own (not from a scan).
-fn layout_of(store: &Path) -> String {
-    layout::classify(store, false).map_or_else(|| layout::DLM.to_string(), |t| t.layout)
-}
-
 /// The loss curve of a store: its dlm logs, its HF run (`trainer_state.json`
 /// and TensorBoard events), or its Lightning logs (`metrics.csv` or events).
+/// A path that is no store itself is judged as a scan would find it: an
+/// HF checkpoint by its own `trainer_state.json`, a folder holding one run
+/// somewhere below (e.g. TensorBoard events in `runs/<name>/`) by that run.
 pub fn drift_input(store: &Path) -> DriftInput {
-    drift_input_for(store, &layout_of(store))
+    if let Some(t) = layout::classify(store, false) {
+        return drift_input_for(store, &t.layout);
+    }
+    if let Some(t) = layout::version_root(store).filter(|t| t.log_root.is_some()) {
+        return drift_input_for(store, &t.layout);
+    }
+    let found = crate::store::scan::discover(&[store.to_path_buf()], false);
+    let runs: Vec<&Target> = found
+        .targets
+        .iter()
+        .filter(|t| t.with_logs && t.layout != PEFT)
+        .collect();
+    match runs.as_slice() {
+        [] if !store.exists() => {
+            dlm_drift_input(store).with_note(format!("{} does not exist", store.display()))
+        }
+        [] if store.is_dir() => dlm_drift_input(store).with_note(format!(
+            "no logs/ directory under {}, and no other training log a layout recognises \
+             (an HF trainer_state.json, TensorBoard events, a Lightning metrics.csv)",
+            store.display()
+        )),
+        [] => dlm_drift_input(store),
+        [one] => drift_input_for(one.log_root.as_deref().unwrap_or(&one.store), &one.layout),
+        several => {
+            let names: Vec<String> = several
+                .iter()
+                .take(5)
+                .map(|t| t.store.display().to_string())
+                .collect();
+            DriftInput::new(store, layout::DLM, store.to_path_buf()).none(
+                LogsStatus::NoFiles,
+                format!(
+                    "{} holds {} runs ({}{}); name the one to judge",
+                    store.display(),
+                    several.len(),
+                    names.join(", "),
+                    if several.len() > 5 { ", ..." } else { "" }
+                ),
+            )
+        }
+    }
 }
 
 pub fn drift_input_for(store: &Path, layout: &str) -> DriftInput {
@@ -253,6 +299,17 @@ pub fn ghost_input_for(adapter: &Path, layout: &str) -> GhostInput {
             ));
             return input;
         }
+        HF_TRAINER if is_named_adapter(adapter) => {
+            let parent = adapter.parent().unwrap_or(adapter);
+            input.note = Some(format!(
+                "{} is one of several adapters saved in {}: the optimizer state there is the \
+                 trained adapter's and is judged with {}",
+                adapter.display(),
+                parent.display(),
+                parent.display()
+            ));
+            return input;
+        }
         HF_TRAINER if input.checkpoint_kind == LOGS && !has_optimizer(adapter) => {
             input.note = Some(format!(
                 "log-only checkpoint: no weights and no optimizer state in {}",
@@ -304,6 +361,19 @@ pub fn ghost_input_for(adapter: &Path, layout: &str) -> GhostInput {
         },
     }
     input
+}
+
+/// Whether `dir` is a named adapter of a multi-adapter save inside a
+/// version (`<version>/<name>/`, see `layout::named_adapters`).
+fn is_named_adapter(dir: &Path) -> bool {
+    let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    let is_checkpoint =
+        layout::checkpoint_step(name).is_some() || name == trainer_state::LAST_CHECKPOINT;
+    !is_checkpoint
+        && !has_optimizer(dir)
+        && dir
+            .parent()
+            .is_some_and(|parent| layout::named_adapters(parent).iter().any(|a| a == dir))
 }
 
 fn has_optimizer(dir: &Path) -> bool {
@@ -609,7 +679,13 @@ pub fn gather(t: &Target, wanted: Wanted) -> TargetInputs {
         store: t.store.clone(),
         layout: t.layout.clone(),
         checkpoint_kind: t.checkpoint_kind.clone(),
-        drift: (wanted.drift && t.with_logs).then(|| drift_input_for(&t.store, &t.layout)),
+        drift: (wanted.drift && t.with_logs).then(|| {
+            let logs = t.log_root.as_deref().unwrap_or(&t.store);
+            DriftInput {
+                store: t.store.clone(),
+                ..drift_input_for(logs, &t.layout)
+            }
+        }),
         ghosts: per_version(wanted.ghost)
             .par_iter()
             .map(|v| ghost_input_for(v, &t.layout))

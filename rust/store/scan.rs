@@ -16,7 +16,7 @@ use rayon::prelude::*;
 
 use crate::error::{Area, Error, Result};
 pub use crate::store::layout::Target;
-use crate::store::layout::{self};
+use crate::store::layout::{self, natural_path_cmp};
 pub use crate::store::probe_inputs::{
     drift_input, full_weights_input, ghost_input, weights_input, DriftInput, FullWeightsInput,
     GhostInput, LogsStatus, TargetInputs, Wanted, WeightsInput,
@@ -36,7 +36,8 @@ pub struct Problem {
     pub message: String,
 }
 
-/// The targets found under some roots and what could not be searched.
+/// The targets found under some roots, what could not be searched, and
+/// the directories the walk passed over on purpose, each with the reason.
 #[cfg_attr(
     feature = "python",
     pyo3::pyclass(frozen, get_all, skip_from_py_object, module = "adapterprobe._core")
@@ -45,6 +46,10 @@ pub struct Problem {
 pub struct Discovery {
     pub targets: Vec<Target>,
     pub problems: Vec<Problem>,
+    /// Directories not probed and not searched further, with why: hidden
+    /// ones, folders with nothing a layout recognises, subfolders of a
+    /// store that are no part of its layout.
+    pub skipped: Vec<Problem>,
 }
 
 #[cfg(unix)]
@@ -60,12 +65,28 @@ fn dir_id(_meta: &fs::Metadata) -> (u64, u64) {
 
 struct Walk {
     all: bool,
+    /// Whether to keep what was passed over, and why (`Discovery::skipped`).
+    explain: bool,
     seen: Mutex<HashSet<(u64, u64)>>,
     targets: Mutex<Vec<Target>>,
     problems: Mutex<Vec<Problem>>,
+    skipped: Mutex<Vec<Problem>>,
 }
 
 impl Walk {
+    fn skip(&self, path: &Path, why: impl FnOnce() -> String) {
+        if !self.explain {
+            return;
+        }
+        let why = why();
+        if let Ok(mut s) = self.skipped.lock() {
+            s.push(Problem {
+                path: path.to_path_buf(),
+                message: why,
+            });
+        }
+    }
+
     fn problem(&self, path: &Path, message: String) {
         if let Ok(mut p) = self.problems.lock() {
             p.push(Problem {
@@ -98,6 +119,11 @@ impl Walk {
             return; // reached twice through links: probe it once
         }
         if let Some(target) = layout::classify(dir, self.all) {
+            if self.explain {
+                for (path, why) in layout::unclaimed(&target) {
+                    self.skip(&path, || why);
+                }
+            }
             return self.found(target);
         }
         if ancestors.len() >= MAX_DEPTH {
@@ -112,9 +138,17 @@ impl Walk {
             let Ok(entry) = entry else { continue };
             let hidden = entry.file_name().to_string_lossy().starts_with('.');
             let path = entry.path();
-            if !hidden && path.is_dir() {
+            if !path.is_dir() {
+                continue;
+            }
+            if hidden {
+                self.skip(&path, || "hidden directory: not searched".into());
+            } else {
                 subdirs.push(path);
             }
+        }
+        if subdirs.is_empty() {
+            return self.skip(dir, || layout::why_not_a_store(dir));
         }
         let mut chain = ancestors.to_vec();
         chain.push(id);
@@ -126,11 +160,20 @@ impl Walk {
 /// one adapter version (probed alone, inside its store), or any directory
 /// with stores at any depth below it.
 pub fn discover(roots: &[PathBuf], all: bool) -> Discovery {
+    discover_with(roots, all, false)
+}
+
+/// [`discover`], and with `explain` the directories passed over on purpose,
+/// each with why, in `skipped` (one more listing per store and per leaf
+/// directory, so only when asked).
+pub fn discover_with(roots: &[PathBuf], all: bool, explain: bool) -> Discovery {
     let walk = Walk {
         all,
+        explain,
         seen: Mutex::new(HashSet::new()),
         targets: Mutex::new(vec![]),
         problems: Mutex::new(vec![]),
+        skipped: Mutex::new(vec![]),
     };
     for root in roots {
         if !root.exists() {
@@ -145,13 +188,23 @@ pub fn discover(roots: &[PathBuf], all: bool) -> Discovery {
     }
     let mut targets = walk.targets.into_inner().unwrap_or_default();
     targets.sort_by(|a, b| {
-        a.store
-            .cmp(&b.store)
-            .then_with(|| a.versions.cmp(&b.versions))
+        natural_path_cmp(&a.store, &b.store).then_with(|| {
+            let pairs = a.versions.iter().zip(&b.versions);
+            pairs
+                .map(|(x, y)| natural_path_cmp(x, y))
+                .find(|o| o.is_ne())
+                .unwrap_or_else(|| a.versions.len().cmp(&b.versions.len()))
+        })
     });
     let mut problems = walk.problems.into_inner().unwrap_or_default();
     problems.sort_by(|a, b| a.path.cmp(&b.path));
-    Discovery { targets, problems }
+    let mut skipped = walk.skipped.into_inner().unwrap_or_default();
+    skipped.sort_by(|a, b| natural_path_cmp(&a.path, &b.path));
+    Discovery {
+        targets,
+        problems,
+        skipped,
+    }
 }
 
 /// Gather the inputs of many targets in parallel, in target order.
@@ -187,6 +240,7 @@ pub fn pool(workers: Option<usize>) -> Result<rayon::ThreadPool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cmp::Ordering;
 
     fn mkdirs(root: &Path, rel: &str) -> PathBuf {
         let p = root.join(rel);
@@ -236,7 +290,7 @@ mod tests {
         assert_eq!(d.targets.len(), 1);
         assert_eq!(d.targets[0].store, tmp.path());
         assert_eq!(d.targets[0].versions, vec![v]);
-        assert!(!d.targets[0].with_logs);
+        assert!(!d.targets[0].with_logs && d.targets[0].log_root.is_none());
     }
 
     #[cfg(unix)]
@@ -250,6 +304,78 @@ mod tests {
         assert_eq!(d.targets.len(), 1);
         assert_eq!(d.problems.len(), 1);
         assert!(d.problems[0].message.contains("loop"));
+    }
+
+    #[test]
+    fn targets_and_skips_come_in_numeric_order() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = mkdirs(tmp.path(), "out");
+        let roots: Vec<PathBuf> = [120, 40, 80]
+            .iter()
+            .map(|n| {
+                let ck = mkdirs(&out, &format!("checkpoint-{n}"));
+                fs::write(ck.join("optimizer.pt"), b"x").unwrap();
+                ck
+            })
+            .collect();
+        let d = discover(&roots, false);
+        let order: Vec<&Path> = d.targets.iter().map(|t| t.versions[0].as_path()).collect();
+        assert_eq!(order, [&roots[1], &roots[2], &roots[0]]);
+        for n in [10, 9, 100] {
+            mkdirs(tmp.path(), &format!("notes/run{n}"));
+        }
+        mkdirs(tmp.path(), ".cache/x");
+        assert!(discover(&[tmp.path().to_path_buf()], false)
+            .skipped
+            .is_empty());
+        let d = discover_with(&[tmp.path().to_path_buf()], false, true);
+        let skipped: Vec<String> = d
+            .skipped
+            .iter()
+            .map(|p| {
+                p.path
+                    .strip_prefix(tmp.path())
+                    .unwrap()
+                    .display()
+                    .to_string()
+            })
+            .collect();
+        assert_eq!(
+            skipped,
+            [".cache", "notes/run9", "notes/run10", "notes/run100"]
+        );
+        assert_eq!(d.skipped[0].message, "hidden directory: not searched");
+        assert_eq!(d.skipped[1].message, "empty directory");
+    }
+
+    #[test]
+    fn dlm_versions_in_numeric_order() {
+        let tmp = tempfile::tempdir().unwrap();
+        for v in ["v10", "v9", "v100"] {
+            version(tmp.path(), "adapter", v);
+        }
+        let d = discover(&[tmp.path().to_path_buf()], true);
+        let names: Vec<_> = d.targets[0]
+            .versions
+            .iter()
+            .map(|p| p.file_name().unwrap().to_str().unwrap())
+            .collect();
+        assert_eq!(names, ["v9", "v10", "v100"]);
+    }
+
+    #[test]
+    fn natural_order() {
+        let cmp = |a: &str, b: &str| natural_path_cmp(Path::new(a), Path::new(b));
+        assert_eq!(cmp("o/checkpoint-40", "o/checkpoint-120"), Ordering::Less);
+        assert_eq!(
+            cmp("o/checkpoint-40/x", "o/checkpoint-40"),
+            Ordering::Greater
+        );
+        assert_eq!(cmp("a10/b", "a9/c"), Ordering::Greater);
+        assert_eq!(cmp("v0010", "v10"), "v0010".cmp("v10"));
+        let long = "9".repeat(40);
+        assert_eq!(cmp(&format!("x{long}"), "x1"), Ordering::Greater);
+        assert_eq!(cmp("x", "x"), Ordering::Equal);
     }
 
     #[test]

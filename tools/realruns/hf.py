@@ -122,6 +122,7 @@ def train_hf_run(
     tie_embeddings: bool = False,
     seed: int = 0,
     grad_scale: Mapping[int, float] | None = None,
+    extra_adapters: tuple[str, ...] = (),
 ) -> Path:
     """Fine-tune a tiny model under ``transformers.Trainer``: with PEFT LoRA,
     or, with ``full``, every parameter of the model (no PEFT).
@@ -137,6 +138,10 @@ def train_hf_run(
     factor by which that layer's trained gradients are multiplied in every
     backward pass (before clipping): a layer whose gradients explode, e.g.
     ``{2: 50 ** 0.5}`` lifts its Adam second moments about 50x.
+    ``extra_adapters`` adds LoRA adapters of those names beside the trained
+    ``default`` one (PEFT ``add_adapter``, B initialised at random so they
+    are not all-zero); every save then writes each in a ``<name>/``
+    subfolder, as PEFT's multi-adapter ``save_pretrained`` does.
     """
     _silence()
     if save not in FULL_SAVES or (save != "safetensors" and not full):
@@ -158,6 +163,15 @@ def train_hf_run(
             fan_in_fan_out=model == "gpt2",
         )
         trained = peft.get_peft_model(base, lora)
+        for name in extra_adapters:
+            extra = peft.LoraConfig(
+                r=rank,
+                lora_alpha=2 * rank,
+                target_modules=_targets(model),
+                fan_in_fan_out=model == "gpt2",
+                init_lora_weights=False,
+            )
+            trained.add_adapter(name, extra)
     for name, param in trained.named_parameters():
         found = _LAYER.search(name)
         if param.requires_grad and found and int(found[1]) in (grad_scale or {}):

@@ -15,6 +15,7 @@ examples:
   adapterprobe check /data/adapters/support-bot                       a dlm store
   adapterprobe check /data/adapters/support-bot/adapter/versions/v0003  one dlm version
   adapterprobe check out/checkpoint-500                               one HF Trainer checkpoint
+                                          (its adapters, optimizer state and trainer_state.json)
   adapterprobe check ./store --format json --fail-on warn
 
 Exit codes as for `adapterprobe scan` (0 ok, 1 a verdict reached --fail-on,
@@ -32,7 +33,10 @@ MARKERS = (
     "trainer_state.json",
     "checkpoints",
     "metrics.csv",
+    "runs",
 )
+#: What a TensorBoard event file's name starts with (a log-only run).
+EVENTS_PREFIX = "events.out.tfevents."
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -40,7 +44,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "check",
         help="probe one store or one adapter version",
         description="Probe one store (its loss curve and newest adapter versions), one "
-        "adapter version directory, or one HF Trainer checkpoint.",
+        "adapter version directory, one HF Trainer checkpoint (its adapters, its optimizer "
+        "state and the loss curve in its trainer_state.json), or a folder of TensorBoard "
+        "event files.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -63,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     if not path.is_dir():
         raise UsageError("is not a directory", path=path)
     looks_probeable = any((path / m).exists() for m in MARKERS) or any(
-        p.name.startswith("checkpoint-") or p.suffix == ".ckpt" for p in path.iterdir()
+        p.name.startswith(("checkpoint-", EVENTS_PREFIX)) or p.suffix == ".ckpt"
+        for p in path.iterdir()
     )
     if not looks_probeable:
         # Nothing to probe is exit 3, as for `scan`; usage errors (2) are for

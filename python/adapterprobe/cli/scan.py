@@ -155,7 +155,14 @@ def scan_records(
 
     probes = args.probes or DEFAULT_PROBES
     settings.resolved(probes)  # bad thresholds fail before the walk
-    targets, problems = discover(*roots, all_versions=args.all_versions, workers=args.workers)
+    verbose = bool(getattr(args, "verbose", False))
+    found = discover(*roots, all_versions=args.all_versions, workers=args.workers, explain=verbose)
+    targets, problems = found
+    if verbose:
+        from adapterprobe.escape import terminal
+
+        for path, why in found.skipped or ():
+            print(f"adapterprobe: passed over {terminal(path)}: {terminal(why)}", file=sys.stderr)
     bar = ProgressBar()
     batches = scan_batches(
         targets,

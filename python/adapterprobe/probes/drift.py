@@ -619,7 +619,11 @@ def training_drift(
     options: DriftOptions | None = None,
     name: str = KIND,
 ) -> ProbeResult:
-    """Judge the loss curve of a store (its ``logs/``).
+    """Judge the loss curve at ``store_path``: a store of any layout the scan
+    knows (a dlm store's ``logs/``, an HF Trainer output directory, a
+    Lightning run, a folder of TensorBoard events), one HF checkpoint (its
+    own ``trainer_state.json``), or a folder with one run somewhere below it
+    (with several, the result SKIPs and names them).
 
     ``rules``: ``"robust"`` (default) or ``"sway"`` (see the module doc).
     Thresholds left as None take the rule set's default (see
