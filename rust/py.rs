@@ -686,7 +686,7 @@ fn ghost_input(py: Python<'_>, adapter: PathBuf) -> GhostInput {
 #[pymethods]
 impl Target {
     #[new]
-    #[pyo3(signature = (store, versions, broken=Vec::new(), with_logs=true, layout="dlm".to_string(), checkpoint_kind=None))]
+    #[pyo3(signature = (store, versions, broken=Vec::new(), with_logs=true, layout="dlm".to_string(), checkpoint_kind=None, root=None))]
     fn py_new(
         store: PathBuf,
         versions: Vec<PathBuf>,
@@ -694,6 +694,7 @@ impl Target {
         with_logs: bool,
         layout: String,
         checkpoint_kind: Option<String>,
+        root: Option<PathBuf>,
     ) -> Self {
         Target {
             store,
@@ -702,6 +703,7 @@ impl Target {
             broken,
             with_logs,
             checkpoint_kind,
+            root,
         }
     }
     /// Pickle support, so targets can travel to other processes (Ray tasks).
@@ -716,6 +718,7 @@ impl Target {
             t.with_logs,
             t.layout.clone(),
             t.checkpoint_kind.clone(),
+            t.root.clone(),
         );
         Ok((slf.get_type().into_any(), args.into_pyobject(slf.py())?))
     }
@@ -733,16 +736,28 @@ impl Target {
 }
 
 /// Find stores under `roots`: the targets and what could not be searched.
+/// Links are followed only inside each root unless `follow_symlinks`.
 #[pyfunction]
-#[pyo3(signature = (roots, *, all_versions=false, workers=None))]
+#[pyo3(signature = (roots, *, all_versions=false, workers=None, follow_symlinks=false))]
 fn discover(
     py: Python<'_>,
     roots: Vec<PathBuf>,
     all_versions: bool,
     workers: Option<Size>,
+    follow_symlinks: bool,
 ) -> Result<Discovery> {
     let workers = workers.map(|n| count("workers", n)).transpose()?;
-    py.detach(|| scan::pool(workers).map(|p| p.install(|| scan::discover(&roots, all_versions))))
+    py.detach(|| {
+        scan::pool(workers)
+            .map(|p| p.install(|| scan::discover(&roots, all_versions, follow_symlinks)))
+    })
+}
+
+/// `text` as a short printable-ASCII excerpt: how every message quotes a
+/// file's content (see `io::excerpt`).
+#[pyfunction]
+fn excerpt(text: &str) -> String {
+    crate::io::excerpt::excerpt(text)
 }
 
 /// Gather probe inputs for `targets` in parallel (GIL released), in order.
@@ -932,6 +947,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(drift_input, m)?)?;
     m.add_function(wrap_pyfunction!(ghost_input, m)?)?;
     m.add_function(wrap_pyfunction!(discover, m)?)?;
+    m.add_function(wrap_pyfunction!(excerpt, m)?)?;
     m.add_function(wrap_pyfunction!(probe_targets, m)?)?;
     m.add_class::<WeightsInput>()?;
     m.add_class::<AdapterWeights>()?;

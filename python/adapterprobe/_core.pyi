@@ -46,6 +46,7 @@ __all__ = [
     "curve_metrics",
     "discover",
     "drift_input",
+    "excerpt",
     "full_weights_input",
     "ghost_input",
     "group_layers",
@@ -251,6 +252,9 @@ class TrainingState:
     def use_qlora(self) -> bool: ...
     @property
     def per_param(self) -> list[ParamStat]: ...
+    @property
+    def implausible(self) -> list[str]:
+        """Values no optimizer writes, one sentence each; empty when plausible."""
 
 @final
 class OptimizerState:
@@ -274,6 +278,9 @@ class OptimizerState:
     def global_step(self) -> int | None: ...
     @property
     def epoch(self) -> float | None: ...
+    @property
+    def implausible(self) -> list[str]:
+        """Values no optimizer writes, one sentence each; empty when plausible."""
 
 def read_optimizer_state(path: _Path) -> OptimizerState:
     """Read optimizer.pt, a Lightning .ckpt or training_state.pt with the allow-listed reader."""
@@ -373,6 +380,7 @@ class Target:
         with_logs: bool = True,
         layout: str = ...,
         checkpoint_kind: str | None = None,
+        root: _Path | None = None,
     ) -> Target: ...
     @property
     def store(self) -> Path: ...
@@ -387,6 +395,9 @@ class Target:
     @property
     def checkpoint_kind(self) -> str | None:
         """What the newest version holds: "adapter", "full" or "logs"."""
+    @property
+    def root(self) -> Path | None:
+        """The resolved scan root the readers stay inside; None to follow links anywhere."""
 
 @final
 class TargetInputs:
@@ -629,8 +640,15 @@ def full_weights_input(version: _Path) -> FullWeightsInput: ...
 def drift_input(store: _Path) -> DriftInput: ...
 def ghost_input(adapter: _Path) -> GhostInput: ...
 def discover(
-    roots: Sequence[_Path], *, all_versions: bool = False, workers: int | None = None
+    roots: Sequence[_Path],
+    *,
+    all_versions: bool = False,
+    workers: int | None = None,
+    follow_symlinks: bool = False,
 ) -> Discovery: ...
+def excerpt(text: str) -> str:
+    """``text`` as a short printable-ASCII excerpt (other characters as
+    visible escapes, capped): how every message quotes a file's content."""
 def probe_targets(
     targets: Sequence[Target],
     *,

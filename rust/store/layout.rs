@@ -30,6 +30,11 @@
 //!
 //! Classification looks at names and file types (one directory listing);
 //! the only file read is `last-checkpoint/trainer_state.json`, for its step.
+//! Listings go through `io::confine::list_dir`, so a directory reached
+//! through a link out of the scanned root is not listed; a directory of a
+//! store that cannot be listed (permissions, a link out of the root) is a
+//! `broken` entry naming it, so the store's records say so instead of
+//! passing without it.
 //! `rng_state.pth` and `training_args.bin` are never opened by anything.
 
 use std::fs;
@@ -39,6 +44,7 @@ use crate::analysis::layers::ADAPTER_WEIGHTS;
 use crate::error::Area;
 use crate::formats::logs::tfevents::is_event_file_name;
 use crate::formats::logs::trainer_state::{checkpoint_dir_step, LAST_CHECKPOINT};
+use crate::io::confine;
 use crate::io::files::read_small;
 use crate::store::model_files;
 use crate::store::torch_state::STATE_FILE;
@@ -51,6 +57,13 @@ pub const HF_OPTIMIZER: &str = "optimizer.pt";
 /// What `Trainer.save_model` writes beside every save.
 pub const TRAINING_ARGS: &str = "training_args.bin";
 pub const PICKLED_ADAPTER: &str = "adapter_model.bin";
+
+/// What a walk problem is called in `Target::layout`: a directory the scan
+/// could not list (its records are errors) and a link it did not follow out
+/// of the root (its records are skips). Such a target has no versions and
+/// one `broken` entry saying why.
+pub const UNREADABLE: &str = "unreadable";
+pub const OUTSIDE_ROOT: &str = "outside-root";
 
 /// What a layout calls itself in records.
 pub const DLM: &str = "dlm";
@@ -84,6 +97,9 @@ pub struct Target {
     /// What the newest version holds (`adapter`, `full`, `logs`; see the
     /// module doc); None when the store's versions could not be determined.
     pub checkpoint_kind: Option<String>,
+    /// The scanned root (resolved) the readers stay in (`io::confine`);
+    /// None to follow links anywhere.
+    pub root: Option<PathBuf>,
 }
 
 impl Target {
@@ -95,7 +111,16 @@ impl Target {
             broken: vec![],
             with_logs: true,
             checkpoint_kind: None,
+            root: confine::current().map(|r| r.as_path().to_path_buf()),
         }
+    }
+
+    /// A walk problem at `path` (`UNREADABLE` or `OUTSIDE_ROOT`) as a target.
+    pub fn problem(path: &Path, layout: &str, why: String) -> Target {
+        let mut t = Target::new(path, layout);
+        t.with_logs = false;
+        t.broken.push((path.to_path_buf(), why));
+        t
     }
 
     /// The target with its `checkpoint_kind` set from its versions.
@@ -129,15 +154,39 @@ pub fn holds_adapter(dir: &Path) -> bool {
 }
 
 /// The entries of `dir` (names and paths); empty when it cannot be listed
-/// (the walk reports unlistable directories itself).
+/// (`unlistable` finds those; the walk reports the store directory itself).
 fn entries(dir: &Path) -> Vec<(String, PathBuf)> {
-    fs::read_dir(dir)
-        .map(|it| {
-            it.filter_map(|e| e.ok())
-                .filter_map(|e| Some((e.file_name().into_string().ok()?, e.path())))
-                .collect()
-        })
-        .unwrap_or_default()
+    confine::list_dir(dir, Area::Missing).unwrap_or_default()
+}
+
+/// Why the directory `dir` cannot be listed (permissions, a link out of the
+/// scanned root), or None when it can, or is not a directory.
+pub fn unlistable(dir: &Path) -> Option<String> {
+    if !fs::metadata(dir).ok()?.is_dir() {
+        return None;
+    }
+    let e = confine::list_dir(dir, Area::Missing).err()?;
+    let name = dir.file_name().unwrap_or_default().to_string_lossy();
+    Some(if e.message == confine::OUTSIDE {
+        format!("{name}/ {}", e.message)
+    } else {
+        format!(
+            "{name}/ cannot be listed ({}); what it holds is not checked",
+            e.message
+        )
+    })
+}
+
+/// The store's own subdirectories (not hidden) that cannot be listed, as
+/// `broken` entries: what they hold would otherwise pass unseen.
+fn unlistable_children(store: &Path) -> Vec<(PathBuf, String)> {
+    let mut out: Vec<(PathBuf, String)> = entries(store)
+        .into_iter()
+        .filter(|(name, _)| !name.starts_with('.'))
+        .filter_map(|(_, p)| Some((p.clone(), unlistable(&p)?)))
+        .collect();
+    out.sort();
+    out
 }
 
 // ---- dlm ----
@@ -162,11 +211,11 @@ pub fn is_version_dir(dir: &Path) -> bool {
 /// `versions/vNNNN` dirs of an adapter root, sorted by name.
 fn all_versions(adapter_root: &Path) -> std::result::Result<Vec<PathBuf>, String> {
     let versions = adapter_root.join("versions");
-    let listed =
-        fs::read_dir(&versions).map_err(|e| format!("cannot list {}: {e}", versions.display()))?;
+    let listed = confine::list_dir(&versions, Area::Missing)
+        .map_err(|e| format!("cannot list {}: {}", versions.display(), e.message))?;
     let mut out: Vec<PathBuf> = listed
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
+        .into_iter()
+        .map(|(_, p)| p)
         .filter(|p| p.is_dir())
         .collect();
     out.sort();
@@ -193,15 +242,22 @@ fn current_version(adapter_root: &Path) -> std::result::Result<PathBuf, String> 
             .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir));
     if escapes {
         return Err(format!(
-            "current.txt holds {:?}, not a path inside the adapter directory",
-            text.trim()
+            "current.txt holds {}, not a path inside the adapter directory",
+            crate::io::excerpt::quoted(text.trim())
         ));
     }
     let version = adapter_root.join(rel);
+    if confine::leads_outside(&version) {
+        return Err(format!(
+            "current.txt points at {}, which {}",
+            crate::io::excerpt::quoted(text.trim()),
+            confine::OUTSIDE
+        ));
+    }
     if !version.is_dir() {
         return Err(format!(
             "current.txt points at {}, which does not exist",
-            rel.display()
+            crate::io::excerpt::quoted(text.trim())
         ));
     }
     Ok(version)
@@ -214,11 +270,20 @@ pub fn dlm_target(store: &Path, all: bool) -> Target {
     if !adapter.is_dir() {
         return target;
     }
+    if let Some(why) = unlistable(&adapter) {
+        target.broken.push((adapter, why));
+        return target.kind_set();
+    }
     let roots: Vec<PathBuf> = if is_adapter_root(&adapter) {
         vec![adapter]
     } else {
         let mut named: Vec<PathBuf> = entries(&adapter).into_iter().map(|(_, p)| p).collect();
-        named.retain(|p| p.is_dir() && is_adapter_root(p));
+        for p in &named {
+            if let Some(why) = unlistable(p) {
+                target.broken.push((p.clone(), why));
+            }
+        }
+        named.retain(|p| p.is_dir() && is_adapter_root(p) && unlistable(p).is_none());
         named.sort();
         named
     };
@@ -308,6 +373,7 @@ pub fn is_hf_output(dir: &Path) -> bool {
 /// when it holds an adapter or a model, and a log-only run otherwise.
 pub fn hf_target(dir: &Path, all: bool) -> Target {
     let mut target = Target::new(dir, HF_TRAINER);
+    target.broken = unlistable_children(dir);
     let checkpoints = hf_checkpoints(dir);
     if checkpoints.is_empty() {
         if dir.join(ADAPTER_WEIGHTS).is_file() || model_files::holds_model(dir) {
@@ -364,6 +430,7 @@ pub fn is_lightning_dir(dir: &Path) -> bool {
 
 pub fn lightning_target(dir: &Path, all: bool) -> Target {
     let mut target = Target::new(dir, LIGHTNING);
+    target.broken = unlistable_children(dir);
     let checkpoints = lightning_checkpoints(dir);
     if all {
         target.versions = checkpoints;

@@ -120,6 +120,12 @@ def add_scan_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--address", default=None, metavar="ADDR", help="Ray cluster to join (needs --engine ray)"
     )
+    p.add_argument(
+        "--follow-symlinks",
+        action="store_true",
+        help="follow symlinks that lead out of the roots (default: such links are not followed "
+        "and their records say so; only for trees you trust)",
+    )
 
 
 def scan_settings(args: argparse.Namespace) -> Any:
@@ -143,7 +149,12 @@ def scan_records(
 
     probes = args.probes or DEFAULT_PROBES
     settings.resolved(probes)  # bad thresholds fail before the walk
-    targets, problems = discover(*roots, all_versions=args.all_versions, workers=args.workers)
+    targets, problems = discover(
+        *roots,
+        all_versions=args.all_versions,
+        workers=args.workers,
+        follow_symlinks=getattr(args, "follow_symlinks", False),
+    )
     bar = ProgressBar()
     batches = scan_batches(
         targets,

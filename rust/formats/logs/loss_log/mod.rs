@@ -221,6 +221,7 @@ fn is_train_log(name: &str) -> bool {
 
 /// `train-*.jsonl` entries of `dir`, sorted by name.
 pub fn train_logs_in(dir: &Path) -> Result<Vec<PathBuf>> {
+    crate::io::confine::check_path(dir, Area::LogFormat)?;
     let entries = std::fs::read_dir(dir).map_err(|e| Error::io(Area::LogFormat, dir, &e))?;
     let mut files = vec![];
     for entry in entries {
@@ -720,6 +721,7 @@ fn file_source(path: &Path) -> Result<LogSource> {
 /// `checkpoint-<step>/trainer_state.json` with the highest step, if any
 /// (`last-checkpoint/` counts at its own step).
 fn newest_checkpoint_state(dir: &Path) -> Result<Option<PathBuf>> {
+    crate::io::confine::check_path(dir, Area::LogFormat)?;
     let entries = std::fs::read_dir(dir).map_err(|e| Error::io(Area::LogFormat, dir, &e))?;
     let mut best: Option<(u64, PathBuf)> = None;
     for entry in entries {
