@@ -649,6 +649,7 @@ def discover(
 def excerpt(text: str) -> str:
     """``text`` as a short printable-ASCII excerpt (other characters as
     visible escapes, capped): how every message quotes a file's content."""
+
 def probe_targets(
     targets: Sequence[Target],
     *,

@@ -38,6 +38,25 @@ pub fn excerpt_bytes(bytes: &[u8]) -> String {
     excerpt(&String::from_utf8_lossy(head))
 }
 
+/// Names from a file (column names, tags) for a message: the first
+/// `MAX_LISTED`, each an excerpt, then how many there are in all.
+pub const MAX_LISTED: usize = 12;
+
+pub fn listed<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
+    let mut shown = Vec::with_capacity(MAX_LISTED);
+    let mut total = 0usize;
+    for name in names {
+        if total < MAX_LISTED {
+            shown.push(excerpt(name));
+        }
+        total += 1;
+    }
+    if total > MAX_LISTED {
+        shown.push(format!("... ({total} in all)"));
+    }
+    shown.join(", ")
+}
+
 /// `text` as an excerpt in double quotes, for "holds \"...\"" messages.
 pub fn quoted(text: &str) -> String {
     format!("\"{}\"", excerpt(text).replace('"', "\\\""))
@@ -56,6 +75,12 @@ mod tests {
         assert_eq!(excerpt(&long), format!("{}...", "x".repeat(MAX_EXCERPT)));
         assert_eq!(quoted("a\"b"), "\"a\\\"b\"");
         assert_eq!(excerpt_bytes(b"ok\xff"), "ok\\u{fffd}");
+        let many: Vec<String> = (0..20).map(|i| format!("c{i}")).collect();
+        let text = listed(many.iter().map(String::as_str));
+        assert!(
+            text.starts_with("c0, c1") && text.ends_with("c11, ... (20 in all)"),
+            "{text}"
+        );
         for s in ["\u{202e}evil", "\u{0}", "<script>", "\u{9b}31m"] {
             let e = excerpt(s);
             assert!(e.bytes().all(|b| (b' '..=b'~').contains(&b)), "{e}");

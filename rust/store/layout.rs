@@ -146,6 +146,13 @@ pub fn checkpoint_kind(version: &Path, layout: &str) -> &'static str {
     }
 }
 
+/// Whether `path` is there and not a directory: a FIFO or device where a
+/// log belongs still makes the store (its reader then refuses the file and
+/// says so) instead of hiding it.
+fn present(path: &Path) -> bool {
+    fs::metadata(path).is_ok_and(|m| !m.is_dir())
+}
+
 /// Whether `dir` holds a PEFT adapter (its weights or its config).
 pub fn holds_adapter(dir: &Path) -> bool {
     dir.join(ADAPTER_WEIGHTS).is_file()
@@ -203,8 +210,8 @@ fn is_adapter_root(dir: &Path) -> bool {
 /// an optimizer state.
 pub fn is_version_dir(dir: &Path) -> bool {
     dir.join(ADAPTER_WEIGHTS).is_file()
-        || dir.join(STATE_FILE).is_file()
-        || dir.join(HF_OPTIMIZER).is_file()
+        || present(&dir.join(STATE_FILE))
+        || present(&dir.join(HF_OPTIMIZER))
         || model_files::holds_model(dir)
 }
 
@@ -330,7 +337,7 @@ pub fn checkpoint_step(name: &str) -> Option<u64> {
 
 /// Whether a checkpoint directory holds anything a probe reads.
 fn holds_checkpoint(dir: &Path) -> bool {
-    dir.join(TRAINER_STATE).is_file() || is_version_dir(dir) || holds_adapter(dir)
+    present(&dir.join(TRAINER_STATE)) || is_version_dir(dir) || holds_adapter(dir)
 }
 
 /// The checkpoint directories of an HF output dir (`checkpoint-N/`, and
@@ -356,14 +363,14 @@ pub fn hf_checkpoints(dir: &Path) -> Vec<(u64, PathBuf)> {
 fn has_event_files(dir: &Path) -> bool {
     entries(dir)
         .iter()
-        .any(|(name, p)| is_event_file_name(name) && p.is_file())
+        .any(|(name, p)| is_event_file_name(name) && present(p))
 }
 
 /// An HF output dir. A `runs/` folder alone does not make one: any
 /// directory may hold one beside other stores, and the walk would stop
 /// there; its `runs/<date>/` events are then found as a TensorBoard store.
 pub fn is_hf_output(dir: &Path) -> bool {
-    dir.join(TRAINER_STATE).is_file()
+    present(&dir.join(TRAINER_STATE))
         || dir.join(TRAINING_ARGS).is_file()
         || !hf_checkpoints(dir).is_empty()
 }
@@ -423,7 +430,7 @@ pub fn lightning_checkpoints(dir: &Path) -> Vec<PathBuf> {
 /// (CSVLogger's `metrics.csv`, or TensorBoardLogger's events beside the
 /// `hparams.yaml` Lightning writes).
 pub fn is_lightning_dir(dir: &Path) -> bool {
-    dir.join("metrics.csv").is_file()
+    present(&dir.join("metrics.csv"))
         || (dir.join("hparams.yaml").is_file() && has_event_files(dir))
         || !lightning_checkpoints(dir).is_empty()
 }
