@@ -81,10 +81,8 @@ impl PairCheck {
             let Some(k) = bound else { continue };
             if m.is_finite() && v.is_finite() && m.abs() > MARGIN * k * v.sqrt() + ABS_SLACK {
                 self.over_bound += 1;
-                let ratio = m.abs() / v.sqrt();
-                if !(ratio <= self.worst_ratio) {
-                    self.worst_ratio = ratio;
-                }
+                // max keeps the finite one; v = 0 gives +inf, kept.
+                self.worst_ratio = self.worst_ratio.max(m.abs() / v.sqrt());
             }
         }
     }
