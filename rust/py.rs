@@ -755,9 +755,11 @@ fn discover(
 
 /// `text` as a short printable-ASCII excerpt: how every message quotes a
 /// file's content (see `io::excerpt`).
+/// Lone surrogates (a non-UTF-8 file name read with `surrogateescape`)
+/// show as U+FFFD rather than failing.
 #[pyfunction]
-fn excerpt(text: &str) -> String {
-    crate::io::excerpt::excerpt(text)
+fn excerpt(text: &Bound<'_, PyString>) -> String {
+    crate::io::excerpt::excerpt(&text.to_string_lossy())
 }
 
 /// Gather probe inputs for `targets` in parallel (GIL released), in order.

@@ -9,7 +9,7 @@
 //! use the same function (`adapterprobe._core.excerpt`).
 
 /// Characters of a file's content a message quotes at most.
-pub const MAX_EXCERPT: usize = 40;
+pub const MAX_EXCERPT: usize = 80;
 
 /// `text` as a short printable-ASCII excerpt (see the module doc).
 pub fn excerpt(text: &str) -> String {

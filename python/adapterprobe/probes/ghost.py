@@ -359,7 +359,7 @@ def _judge_robust(inputs: Any, o: GhostOptions, result: Any) -> ProbeResult:
         exploding = [x for x in lifts.values() if x.decades > _lift_limit(x.layer, o)]
         if outliers:
             parts = [
-                f"layer {x['layer']} {x['ratio']:.3g}x {x['tensor']}"
+                f"layer {x['layer']} {x['ratio']:.3g}x {_core.excerpt(x['tensor'])}"
                 for x in sorted(outliers, key=lambda x: -x["ratio"])[:6]
             ]
             findings.append(
@@ -391,7 +391,7 @@ def _judge_robust(inputs: Any, o: GhostOptions, result: Any) -> ProbeResult:
                 )
             )
         if dead:
-            parts = [f"layer {x['layer']} {x['tensor']}" for x in dead[:6]]
+            parts = [f"layer {x['layer']} {_core.excerpt(x['tensor'])}" for x in dead[:6]]
             findings.append(
                 (
                     Verdict.WARN,
