@@ -72,20 +72,55 @@ impl PairCheck {
     /// Check aligned chunks `m`, `v` of the two moments against `bound`
     /// (`K`, or None to check only the sign of `v`). Non-finite values are
     /// left to the non-finite counts.
+    /// The same as `add` for little-endian float32 moments given as bytes
+    /// (what torch saves for float32 parameters): decoded and checked in
+    /// one pass, with no buffer of decoded values.
+    pub fn add_f32_bytes(&mut self, m: &[u8], v: &[u8], bound: Option<f64>) {
+        let f32s = |b: &[u8]| -> f64 { f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])) };
+        let pairs = || m.chunks_exact(4).zip(v.chunks_exact(4));
+        self.negative_v += v
+            .chunks_exact(4)
+            .map(|v| u64::from(f32s(v) < 0.0))
+            .sum::<u64>();
+        let Some(k) = bound else { return };
+        let limit = (MARGIN * k) * (MARGIN * k);
+        let flagged: u64 = pairs()
+            .map(|(m, v)| u64::from(exceeds(f32s(m), f32s(v), limit)))
+            .sum();
+        if flagged > 0 {
+            let (m, v): (Vec<f64>, Vec<f64>) = pairs().map(|(m, v)| (f32s(m), f32s(v))).unzip();
+            self.negative_v -= v.iter().map(|&v| u64::from(v < 0.0)).sum::<u64>();
+            self.add(&m, &v, bound);
+        }
+    }
+
     pub fn add(&mut self, m: &[f64], v: &[f64], bound: Option<f64>) {
-        for (&m, &v) in m.iter().zip(v) {
-            if v < 0.0 {
-                self.negative_v += 1;
-                continue;
-            }
-            let Some(k) = bound else { continue };
-            if m.is_finite() && v.is_finite() && m.abs() > MARGIN * k * v.sqrt() + ABS_SLACK {
-                self.over_bound += 1;
-                // max keeps the finite one; v = 0 gives +inf, kept.
-                self.worst_ratio = self.worst_ratio.max(m.abs() / v.sqrt());
+        // Branch-free counts over the chunk (this runs over every element of
+        // a state); the worst ratio only when something was flagged.
+        self.negative_v += v.iter().map(|&v| u64::from(v < 0.0)).sum::<u64>();
+        let Some(k) = bound else { return };
+        let limit = (MARGIN * k) * (MARGIN * k);
+        let over = |m: f64, v: f64| exceeds(m, v, limit);
+        let flagged: u64 = m.iter().zip(v).map(|(&m, &v)| u64::from(over(m, v))).sum();
+        if flagged > 0 {
+            self.over_bound += flagged;
+            for (&m, &v) in m.iter().zip(v) {
+                if over(m, v) {
+                    // max keeps the finite one; v = 0 gives +inf, kept.
+                    self.worst_ratio = self.worst_ratio.max(m.abs() / v.sqrt());
+                }
             }
         }
     }
+}
+
+/// `|m| > MARGIN k sqrt(v) + ABS_SLACK`, as `(|m| - ABS_SLACK)^2 > limit v`
+/// with `limit = (MARGIN k)^2`, for `v >= 0` and `|m| > ABS_SLACK` (no
+/// square root per element); NaN and infinite `m` compare false.
+#[inline]
+fn exceeds(m: f64, v: f64, limit: f64) -> bool {
+    let excess = m.abs() - ABS_SLACK;
+    excess > 0.0 && v >= 0.0 && excess * excess > limit * v && m.is_finite()
 }
 
 #[cfg(test)]
@@ -132,6 +167,12 @@ mod tests {
         c.add(&[0.0, 1.0, 1e-30, 0.5], &[-1e-8, 1e-6, 0.0, f64::NAN], k);
         assert_eq!((c.negative_v, c.over_bound), (1, 1));
         assert!(c.worst_ratio > 900.0);
+        // The float32 byte path counts the same.
+        let (m, v) = ([0.0f32, 1.0, 1e-30, 0.5], [-1e-8f32, 1e-6, 0.0, f32::NAN]);
+        let bytes = |x: &[f32]| -> Vec<u8> { x.iter().flat_map(|f| f.to_le_bytes()).collect() };
+        let mut b = PairCheck::default();
+        b.add_f32_bytes(&bytes(&m), &bytes(&v), k);
+        assert_eq!((b.negative_v, b.over_bound), (1, 1));
         assert_eq!(adam_bound(1.0, 0.999, None), None);
         assert_eq!(adam_bound(0.9, 0.5, None), None); // r >= 1 needs the step
         assert!(adam_bound(0.9, 0.5, Some(10.0)).is_some());

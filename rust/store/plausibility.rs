@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, HashMap};
 use crate::analysis::adam_bound::{adam_bound, PairCheck, MARGIN};
 use crate::error::Result;
 use crate::formats::pickle::{Id, Tensor, Value};
-use crate::formats::tensor_data::decode;
+use crate::formats::tensor_data::{decode, FloatKind};
 use crate::formats::torch_save::{float_kind, TorchSave, WorkBudget};
 
 /// Findings kept per file (the rest are counted).
@@ -159,11 +159,15 @@ pub fn check_adam(
             let count = CHUNK.min(n - start);
             ts.read_elems(&mv, start, count, &mut mb)?;
             ts.read_elems(&vv, start, count, &mut vb)?;
-            m.resize(count as usize, 0.0);
-            v.resize(count as usize, 0.0);
-            decode(mk, &mb, &mut m);
-            decode(vk, &vb, &mut v);
-            check.add(&m, &v, bound);
+            if (mk, vk) == (FloatKind::F32, FloatKind::F32) {
+                check.add_f32_bytes(&mb, &vb, bound);
+            } else {
+                m.resize(count as usize, 0.0);
+                v.resize(count as usize, 0.0);
+                decode(mk, &mb, &mut m);
+                decode(vk, &vb, &mut v);
+                check.add(&m, &v, bound);
+            }
             start += count;
         }
         if check.negative_v > 0 {
