@@ -699,7 +699,7 @@ fn ghost_input(py: Python<'_>, adapter: PathBuf) -> GhostInput {
 #[pymethods]
 impl Target {
     #[new]
-    #[pyo3(signature = (store, versions, broken=Vec::new(), with_logs=true, layout="dlm".to_string(), checkpoint_kind=None, log_root=None))]
+    #[pyo3(signature = (store, versions, broken=Vec::new(), with_logs=true, layout="dlm".to_string(), checkpoint_kind=None, log_root=None, root=None))]
     fn py_new(
         store: PathBuf,
         versions: Vec<PathBuf>,
@@ -708,6 +708,7 @@ impl Target {
         layout: String,
         checkpoint_kind: Option<String>,
         log_root: Option<PathBuf>,
+        root: Option<PathBuf>,
     ) -> Self {
         Target {
             store,
@@ -717,6 +718,7 @@ impl Target {
             with_logs,
             log_root,
             checkpoint_kind,
+            root,
         }
     }
     /// Pickle support, so targets can travel to other processes (Ray tasks).
@@ -732,6 +734,7 @@ impl Target {
             t.layout.clone(),
             t.checkpoint_kind.clone(),
             t.log_root.clone(),
+            t.root.clone(),
         );
         Ok((slf.get_type().into_any(), args.into_pyobject(slf.py())?))
     }
@@ -749,21 +752,33 @@ impl Target {
 }
 
 /// Find stores under `roots`: the targets and what could not be searched
-/// (with `explain`, also what was passed over on purpose, and why).
+/// (with `explain`, also what was passed over on purpose, and why). Links
+/// are followed only inside each root unless `follow_symlinks`.
 #[pyfunction]
-#[pyo3(signature = (roots, *, all_versions=false, workers=None, explain=false))]
+#[pyo3(signature = (roots, *, all_versions=false, workers=None, follow_symlinks=false, explain=false))]
 fn discover(
     py: Python<'_>,
     roots: Vec<PathBuf>,
     all_versions: bool,
     workers: Option<Size>,
+    follow_symlinks: bool,
     explain: bool,
 ) -> Result<Discovery> {
     let workers = workers.map(|n| count("workers", n)).transpose()?;
     py.detach(|| {
-        scan::pool(workers)
-            .map(|p| p.install(|| scan::discover_with(&roots, all_versions, explain)))
+        scan::pool(workers).map(|p| {
+            p.install(|| scan::discover_with(&roots, all_versions, follow_symlinks, explain))
+        })
     })
+}
+
+/// `text` as a short printable-ASCII excerpt: how every message quotes a
+/// file's content (see `io::excerpt`).
+/// Lone surrogates (a non-UTF-8 file name read with `surrogateescape`)
+/// show as U+FFFD rather than failing.
+#[pyfunction]
+fn excerpt(text: &Bound<'_, PyString>) -> String {
+    crate::io::excerpt::excerpt(&text.to_string_lossy())
 }
 
 /// Gather probe inputs for `targets` in parallel (GIL released), in order.
@@ -953,6 +968,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(drift_input, m)?)?;
     m.add_function(wrap_pyfunction!(ghost_input, m)?)?;
     m.add_function(wrap_pyfunction!(discover, m)?)?;
+    m.add_function(wrap_pyfunction!(excerpt, m)?)?;
     m.add_function(wrap_pyfunction!(probe_targets, m)?)?;
     m.add_class::<WeightsInput>()?;
     m.add_class::<AdapterWeights>()?;

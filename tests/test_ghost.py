@@ -155,6 +155,7 @@ def test_judge_matches_reference_ladder(step, layers, per_layer, extra, data, gr
         best_val_loss=math.nan,
         use_qlora=False,
         per_param=[SimpleNamespace(param_id=i, exp_avg_sq_mean=m) for i, m in enumerate(means)],
+        implausible=[],
     )
     inputs = SimpleNamespace(
         state=state, grouping=grouping, error=None, note=None, optimizer="adam"

@@ -46,6 +46,7 @@ __all__ = [
     "curve_metrics",
     "discover",
     "drift_input",
+    "excerpt",
     "full_weights_input",
     "ghost_input",
     "group_layers",
@@ -257,6 +258,9 @@ class TrainingState:
     def use_qlora(self) -> bool: ...
     @property
     def per_param(self) -> list[ParamStat]: ...
+    @property
+    def implausible(self) -> list[str]:
+        """Values no optimizer writes, one sentence each; empty when plausible."""
 
 @final
 class OptimizerState:
@@ -280,6 +284,9 @@ class OptimizerState:
     def global_step(self) -> int | None: ...
     @property
     def epoch(self) -> float | None: ...
+    @property
+    def implausible(self) -> list[str]:
+        """Values no optimizer writes, one sentence each; empty when plausible."""
 
 def read_optimizer_state(path: _Path) -> OptimizerState:
     """Read optimizer.pt, a Lightning .ckpt or training_state.pt with the allow-listed reader."""
@@ -380,6 +387,7 @@ class Target:
         layout: str = ...,
         checkpoint_kind: str | None = None,
         log_root: _Path | None = None,
+        root: _Path | None = None,
     ) -> Target: ...
     @property
     def store(self) -> Path: ...
@@ -397,6 +405,9 @@ class Target:
     @property
     def checkpoint_kind(self) -> str | None:
         """What the newest version holds: "adapter", "full" or "logs"."""
+    @property
+    def root(self) -> Path | None:
+        """The resolved scan root the readers stay inside; None to follow links anywhere."""
 
 @final
 class TargetInputs:
@@ -647,8 +658,13 @@ def discover(
     *,
     all_versions: bool = False,
     workers: int | None = None,
+    follow_symlinks: bool = False,
     explain: bool = False,
 ) -> Discovery: ...
+def excerpt(text: str) -> str:
+    """``text`` as a short printable-ASCII excerpt (other characters as
+    visible escapes, capped): how every message quotes a file's content."""
+
 def probe_targets(
     targets: Sequence[Target],
     *,

@@ -54,6 +54,28 @@ def _previous_versions(inputs: list[Any]) -> list[Any]:
     return out
 
 
+#: Layouts of what the walk could not enter (see ``rust/store/scan.rs``),
+#: each with the verdict of its one record: a directory that cannot be
+#: listed is an error (nothing unreadable passes), a link not followed out
+#: of the root a skip.
+WALK_PROBLEMS = {"unreadable": Verdict.ERROR, "outside-root": Verdict.SKIP}
+#: The ``probe`` of those records.
+DISCOVERY = "discovery"
+
+
+def _walk_problem(inputs: Any) -> list[ScanRecord]:
+    verdict = WALK_PROBLEMS[inputs.layout]
+    return [
+        ScanRecord.of(
+            str(inputs.store),
+            None,
+            ProbeResult(name=DISCOVERY, kind=DISCOVERY, verdict=verdict, message=why),
+            inputs.layout,
+        )
+        for _, why in inputs.broken
+    ]
+
+
 def _records_for(
     inputs: Any, probes: Sequence[str], options: Mapping[str, ProbeOptions]
 ) -> list[ScanRecord]:
@@ -62,6 +84,8 @@ def _records_for(
     them: by step for checkpoints, not by text)."""
     store = str(inputs.store)
     layout = inputs.layout
+    if layout in WALK_PROBLEMS:
+        return _walk_problem(inputs)
     out: list[ScanRecord] = []
     per_adapter: list[tuple[str, str, ProbeResult, str | None]] = []
     for name in sorted(probes, key=lambda p: (PROBES[p].scope != "store", p)):

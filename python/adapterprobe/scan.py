@@ -128,13 +128,23 @@ def discover(
     all_versions: bool = False,
     workers: int | None = None,
     explain: bool = False,
+    follow_symlinks: bool = False,
 ) -> Discovered:
     """``(targets, problems)`` for the roots; with ``explain``, also
     ``.skipped`` (see :class:`Discovered`: one more directory listing per
     store, so only when asked). A bad root is a UsageError (see
-    :func:`check_roots`)."""
+    :func:`check_roots`). Symlinks are followed only while they stay inside
+    their root unless ``follow_symlinks``; a directory that cannot be listed
+    and a link not followed are targets of their own (layout
+    ``"unreadable"``, ``"outside-root"``) whose records say so."""
     paths = [str(p) for p in check_roots(roots)]
-    found = _core.discover(paths, all_versions=all_versions, workers=workers, explain=explain)
+    found = _core.discover(
+        paths,
+        all_versions=all_versions,
+        workers=workers,
+        follow_symlinks=follow_symlinks,
+        explain=explain,
+    )
     skipped = [(str(p.path), p.message) for p in found.skipped] if explain else None
     return Discovered(found.targets, [(str(p.path), p.message) for p in found.problems], skipped)
 
@@ -191,6 +201,7 @@ def scan(
     rules: str | None = None,
     options: OptionsArg | None = None,
     progress: Progress | None = None,
+    follow_symlinks: bool = False,
 ) -> ScanReport:
     """Probe every store under ``roots`` and return the records.
 
@@ -205,7 +216,10 @@ def scan(
     thresholds keyed by probe name, each an options object or a mapping, e.g.
     ``{"training_drift": {"min_steps": 20}}`` or ``{"gradient_ghost":
     GhostOptions(min_steps_threshold=100)}``. ``progress(done, total)`` is
-    called as stores finish. With no root, the demo store bundled with the
+    called as stores finish. ``follow_symlinks``: follow links that lead
+    out of a root (default False: the scan stays inside each root, resolved,
+    and a record says what it did not follow; files under ``/proc`` and
+    ``/sys`` are never read). With no root, the demo store bundled with the
     package is scanned (as ``adapterprobe scan`` does).
     """
     resolved = resolve_options(tuple(probes), options, rules)  # fail fast, before the walk
@@ -214,7 +228,10 @@ def scan(
         raise UsageError("address is only used with engine='ray'", option="address")
     given = flat_roots(roots)
     targets, problems = discover(
-        *(given or (DEMO_STORE,)), all_versions=all_versions, workers=workers
+        *(given or (DEMO_STORE,)),
+        all_versions=all_versions,
+        workers=workers,
+        follow_symlinks=follow_symlinks,
     )
     batches = scan_batches(
         targets,

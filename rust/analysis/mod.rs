@@ -7,6 +7,7 @@
 //! statistics and a full model's weight norms. No directory walking and no
 //! store layouts (that is `store`).
 
+pub mod adam_bound;
 pub mod adapter_weights;
 pub mod attribution;
 pub mod float_reduce;

@@ -6,7 +6,9 @@
 //! for a writer) and the *opened* file is checked, never the path before
 //! opening it: a FIFO renamed into place between a check and an open could
 //! otherwise still block the reader. Symlinks are followed (stores are often
-//! assembled from links); a link to a FIFO is refused like the FIFO.
+//! assembled from links) while they stay inside the scanned root
+//! (`io::confine`); a link to a FIFO is refused like the FIFO, a link to a
+//! kernel pseudo-file (`/proc/self/environ`) like a link out of the root.
 
 use std::fs::File;
 use std::io::Read;
@@ -33,7 +35,8 @@ fn open_nonblocking(path: &Path) -> std::io::Result<File> {
     File::open(path)
 }
 
-/// Open `path` for reading if it is a regular file (symlinks followed).
+/// Open `path` for reading if it is a regular file (symlinks followed while
+/// they stay under the root in force, see `io::confine`).
 /// Reads on a regular file never block, so the non-blocking flag used to
 /// open it changes nothing afterwards.
 pub fn open_regular(path: &Path, area: Area) -> Result<File> {
@@ -49,6 +52,7 @@ pub fn open_regular(path: &Path, area: Area) -> Result<File> {
             "is not a regular file (a FIFO, socket or device); refusing to read it",
         ));
     }
+    crate::io::confine::check_opened(&file, path, area)?;
     Ok(file)
 }
 

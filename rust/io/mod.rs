@@ -7,6 +7,8 @@
 //! Nothing here knows a file format beyond its container, and nothing knows
 //! a probe.
 
+pub mod confine;
+pub mod excerpt;
 pub mod files;
 pub mod json_text;
 pub mod lfs;

@@ -20,7 +20,12 @@ pub fn verified<T: Send>(file: &Path, parse: impl FnOnce() -> Result<T> + Send) 
         return parse();
     };
     // Hash and parse in parallel.
-    let (digest, parsed) = rayon::join(|| sha256_file(file), parse);
+    // Either half may run on another rayon thread: both keep the scan's root.
+    let root = crate::io::confine::current();
+    let (root_a, root_b) = (root.clone(), root);
+    let hash = || crate::io::confine::within(root_a, || sha256_file(file));
+    let parse = || crate::io::confine::within(root_b, parse);
+    let (digest, parsed) = rayon::join(hash, parse);
     let digest = digest?;
     if digest != expected {
         // A clone without `git lfs pull` keeps the sidecar but not the file.

@@ -3,7 +3,9 @@
 //! Trainers bury their logs (HF: `runs/<date>_<host>/`; Lightning:
 //! `lightning_logs/version_N/`), so readers look a few levels down. The walk
 //! is bounded in depth and in entries seen, never enters hidden or
-//! symlinked directories (possible loops), and returns a stable order.
+//! symlinked directories (possible loops), and returns a stable order. The
+//! directory searched must itself resolve inside the scanned root
+//! (`io::confine`); the files found are checked again when opened.
 
 use std::path::{Path, PathBuf};
 
@@ -19,6 +21,7 @@ pub const MAX_SEARCH_ENTRIES: usize = 100_000;
 /// subdirectory levels below it, sorted by file name (then path). Hidden
 /// directories and symlinked directories (possible loops) are not entered.
 pub fn files_under(dir: &Path, area: Area, matches: impl Fn(&str) -> bool) -> Result<Vec<PathBuf>> {
+    crate::io::confine::check_path(dir, area)?;
     let mut found = vec![];
     let mut level = vec![dir.to_path_buf()];
     let mut seen = 0usize;

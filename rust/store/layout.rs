@@ -36,6 +36,11 @@
 //!
 //! Classification looks at names and file types (one directory listing);
 //! the only file read is `last-checkpoint/trainer_state.json`, for its step.
+//! Listings go through `io::confine::list_dir`, so a directory reached
+//! through a link out of the scanned root is not listed; a directory of a
+//! store that cannot be listed (permissions, a link out of the root) is a
+//! `broken` entry naming it, so the store's records say so instead of
+//! passing without it.
 //! `rng_state.pth` and `training_args.bin` are never opened by anything.
 
 use std::cmp::Ordering;
@@ -46,6 +51,7 @@ use crate::analysis::layers::ADAPTER_WEIGHTS;
 use crate::error::Area;
 use crate::formats::logs::tfevents::is_event_file_name;
 use crate::formats::logs::trainer_state::{checkpoint_dir_step, LAST_CHECKPOINT};
+use crate::io::confine;
 use crate::io::files::read_small;
 use crate::store::model_files;
 use crate::store::torch_state::STATE_FILE;
@@ -58,6 +64,13 @@ pub const HF_OPTIMIZER: &str = "optimizer.pt";
 /// What `Trainer.save_model` writes beside every save.
 pub const TRAINING_ARGS: &str = "training_args.bin";
 pub const PICKLED_ADAPTER: &str = "adapter_model.bin";
+
+/// What a walk problem is called in `Target::layout`: a directory the scan
+/// could not list (its records are errors) and a link it did not follow out
+/// of the root (its records are skips). Such a target has no versions and
+/// one `broken` entry saying why.
+pub const UNREADABLE: &str = "unreadable";
+pub const OUTSIDE_ROOT: &str = "outside-root";
 
 /// What a layout calls itself in records.
 pub const DLM: &str = "dlm";
@@ -94,6 +107,9 @@ pub struct Target {
     /// What the newest version holds (`adapter`, `full`, `logs`; see the
     /// module doc); None when the store's versions could not be determined.
     pub checkpoint_kind: Option<String>,
+    /// The scanned root (resolved) the readers stay in (`io::confine`);
+    /// None to follow links anywhere.
+    pub root: Option<PathBuf>,
 }
 
 impl Target {
@@ -106,7 +122,16 @@ impl Target {
             with_logs: true,
             log_root: None,
             checkpoint_kind: None,
+            root: confine::current().map(|r| r.as_path().to_path_buf()),
         }
+    }
+
+    /// A walk problem at `path` (`UNREADABLE` or `OUTSIDE_ROOT`) as a target.
+    pub fn problem(path: &Path, layout: &str, why: String) -> Target {
+        let mut t = Target::new(path, layout);
+        t.with_logs = false;
+        t.broken.push((path.to_path_buf(), why));
+        t
     }
 
     /// The target with its `checkpoint_kind` set from its versions.
@@ -130,6 +155,13 @@ pub fn checkpoint_kind(version: &Path, layout: &str) -> &'static str {
         _ if model_files::holds_model(version) => FULL,
         _ => LOGS,
     }
+}
+
+/// Whether `path` is there and not a directory: a FIFO or device where a
+/// log belongs still makes the store (its reader then refuses the file and
+/// says so) instead of hiding it.
+fn present(path: &Path) -> bool {
+    fs::metadata(path).is_ok_and(|m| !m.is_dir())
 }
 
 /// Whether `dir` holds a PEFT adapter (its weights or its config).
@@ -167,15 +199,39 @@ fn with_named_adapters(versions: Vec<PathBuf>) -> Vec<PathBuf> {
 }
 
 /// The entries of `dir` (names and paths); empty when it cannot be listed
-/// (the walk reports unlistable directories itself).
+/// (`unlistable` finds those; the walk reports the store directory itself).
 fn entries(dir: &Path) -> Vec<(String, PathBuf)> {
-    fs::read_dir(dir)
-        .map(|it| {
-            it.filter_map(|e| e.ok())
-                .filter_map(|e| Some((e.file_name().into_string().ok()?, e.path())))
-                .collect()
-        })
-        .unwrap_or_default()
+    confine::list_dir(dir, Area::Missing).unwrap_or_default()
+}
+
+/// Why the directory `dir` cannot be listed (permissions, a link out of the
+/// scanned root), or None when it can, or is not a directory.
+pub fn unlistable(dir: &Path) -> Option<String> {
+    if !fs::metadata(dir).ok()?.is_dir() {
+        return None;
+    }
+    let e = confine::list_dir(dir, Area::Missing).err()?;
+    let name = dir.file_name().unwrap_or_default().to_string_lossy();
+    Some(if e.message == confine::OUTSIDE {
+        format!("{name}/ {}", e.message)
+    } else {
+        format!(
+            "{name}/ cannot be listed ({}); what it holds is not checked",
+            e.message
+        )
+    })
+}
+
+/// The store's own subdirectories (not hidden) that cannot be listed, as
+/// `broken` entries: what they hold would otherwise pass unseen.
+fn unlistable_children(store: &Path) -> Vec<(PathBuf, String)> {
+    let mut out: Vec<(PathBuf, String)> = entries(store)
+        .into_iter()
+        .filter(|(name, _)| !name.starts_with('.'))
+        .filter_map(|(_, p)| Some((p.clone(), unlistable(&p)?)))
+        .collect();
+    out.sort();
+    out
 }
 
 /// Paths in the order people number things: component by component, runs
@@ -245,19 +301,19 @@ fn is_adapter_root(dir: &Path) -> bool {
 /// an optimizer state.
 pub fn is_version_dir(dir: &Path) -> bool {
     dir.join(ADAPTER_WEIGHTS).is_file()
-        || dir.join(STATE_FILE).is_file()
-        || dir.join(HF_OPTIMIZER).is_file()
+        || present(&dir.join(STATE_FILE))
+        || present(&dir.join(HF_OPTIMIZER))
         || model_files::holds_model(dir)
 }
 
 /// `versions/vNNNN` dirs of an adapter root, in numeric order (`v9` before `v10`).
 fn all_versions(adapter_root: &Path) -> std::result::Result<Vec<PathBuf>, String> {
     let versions = adapter_root.join("versions");
-    let listed =
-        fs::read_dir(&versions).map_err(|e| format!("cannot list {}: {e}", versions.display()))?;
+    let listed = confine::list_dir(&versions, Area::Missing)
+        .map_err(|e| format!("cannot list {}: {}", versions.display(), e.message))?;
     let mut out: Vec<PathBuf> = listed
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
+        .into_iter()
+        .map(|(_, p)| p)
         .filter(|p| p.is_dir())
         .collect();
     out.sort_by(|a, b| natural_path_cmp(a, b));
@@ -284,15 +340,22 @@ fn current_version(adapter_root: &Path) -> std::result::Result<PathBuf, String> 
             .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir));
     if escapes {
         return Err(format!(
-            "current.txt holds {:?}, not a path inside the adapter directory",
-            text.trim()
+            "current.txt holds {}, not a path inside the adapter directory",
+            crate::io::excerpt::quoted(text.trim())
         ));
     }
     let version = adapter_root.join(rel);
+    if confine::leads_outside(&version) {
+        return Err(format!(
+            "current.txt points at {}, which {}",
+            crate::io::excerpt::quoted(text.trim()),
+            confine::OUTSIDE
+        ));
+    }
     if !version.is_dir() {
         return Err(format!(
             "current.txt points at {}, which does not exist",
-            rel.display()
+            crate::io::excerpt::quoted(text.trim())
         ));
     }
     Ok(version)
@@ -305,11 +368,20 @@ pub fn dlm_target(store: &Path, all: bool) -> Target {
     if !adapter.is_dir() {
         return target;
     }
+    if let Some(why) = unlistable(&adapter) {
+        target.broken.push((adapter, why));
+        return target.kind_set();
+    }
     let roots: Vec<PathBuf> = if is_adapter_root(&adapter) {
         vec![adapter]
     } else {
         let mut named: Vec<PathBuf> = entries(&adapter).into_iter().map(|(_, p)| p).collect();
-        named.retain(|p| p.is_dir() && is_adapter_root(p));
+        for p in &named {
+            if let Some(why) = unlistable(p) {
+                target.broken.push((p.clone(), why));
+            }
+        }
+        named.retain(|p| p.is_dir() && is_adapter_root(p) && unlistable(p).is_none());
         named.sort_by(|a, b| natural_path_cmp(a, b));
         named
     };
@@ -356,7 +428,7 @@ pub fn checkpoint_step(name: &str) -> Option<u64> {
 
 /// Whether a checkpoint directory holds anything a probe reads.
 fn holds_checkpoint(dir: &Path) -> bool {
-    dir.join(TRAINER_STATE).is_file() || is_version_dir(dir) || holds_adapter(dir)
+    present(&dir.join(TRAINER_STATE)) || is_version_dir(dir) || holds_adapter(dir)
 }
 
 /// The checkpoint directories of an HF output dir (`checkpoint-N/`, and
@@ -382,14 +454,14 @@ pub fn hf_checkpoints(dir: &Path) -> Vec<(u64, PathBuf)> {
 fn has_event_files(dir: &Path) -> bool {
     entries(dir)
         .iter()
-        .any(|(name, p)| is_event_file_name(name) && p.is_file())
+        .any(|(name, p)| is_event_file_name(name) && present(p))
 }
 
 /// An HF output dir. A `runs/` folder alone does not make one: any
 /// directory may hold one beside other stores, and the walk would stop
 /// there; its `runs/<date>/` events are then found as a TensorBoard store.
 pub fn is_hf_output(dir: &Path) -> bool {
-    dir.join(TRAINER_STATE).is_file()
+    present(&dir.join(TRAINER_STATE))
         || dir.join(TRAINING_ARGS).is_file()
         || !hf_checkpoints(dir).is_empty()
 }
@@ -399,6 +471,7 @@ pub fn is_hf_output(dir: &Path) -> bool {
 /// when it holds an adapter or a model, and a log-only run otherwise.
 pub fn hf_target(dir: &Path, all: bool) -> Target {
     let mut target = Target::new(dir, HF_TRAINER);
+    target.broken = unlistable_children(dir);
     let checkpoints = hf_checkpoints(dir);
     if checkpoints.is_empty() {
         if dir.join(ADAPTER_WEIGHTS).is_file() || model_files::holds_model(dir) {
@@ -450,13 +523,14 @@ pub fn lightning_checkpoints(dir: &Path) -> Vec<PathBuf> {
 /// (CSVLogger's `metrics.csv`, or TensorBoardLogger's events beside the
 /// `hparams.yaml` Lightning writes).
 pub fn is_lightning_dir(dir: &Path) -> bool {
-    dir.join("metrics.csv").is_file()
+    present(&dir.join("metrics.csv"))
         || (dir.join("hparams.yaml").is_file() && has_event_files(dir))
         || !lightning_checkpoints(dir).is_empty()
 }
 
 pub fn lightning_target(dir: &Path, all: bool) -> Target {
     let mut target = Target::new(dir, LIGHTNING);
+    target.broken = unlistable_children(dir);
     let checkpoints = lightning_checkpoints(dir);
     if all {
         target.versions = checkpoints;

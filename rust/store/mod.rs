@@ -9,6 +9,7 @@
 pub mod layout;
 pub mod model_files;
 pub mod optimizer_state;
+pub mod plausibility;
 pub mod probe_inputs;
 pub mod scan;
 pub mod torch_state;

@@ -114,7 +114,7 @@ pub fn drift_input(store: &Path) -> DriftInput {
     if let Some(t) = layout::version_root(store).filter(|t| t.log_root.is_some()) {
         return drift_input_for(store, &t.layout);
     }
-    let found = crate::store::scan::discover(&[store.to_path_buf()], false);
+    let found = crate::store::scan::discover(&[store.to_path_buf()], false, false);
     let runs: Vec<&Target> = found
         .targets
         .iter()
@@ -428,6 +428,7 @@ fn state_of(adapter: &Path, layout: &str, opt: &OptimizerState) -> TrainingState
         best_val_loss: f64::NAN,
         use_qlora: false,
         per_param: opt.per_param.clone(),
+        implausible: opt.implausible.clone(),
     }
 }
 
@@ -667,6 +668,7 @@ pub struct Wanted {
 
 /// The inputs of one target (its versions read in parallel).
 pub fn gather(t: &Target, wanted: Wanted) -> TargetInputs {
+    use crate::io::confine::carried;
     use rayon::prelude::*;
     let per_version = |on: bool| -> Vec<&PathBuf> {
         if on {
@@ -686,17 +688,19 @@ pub fn gather(t: &Target, wanted: Wanted) -> TargetInputs {
                 ..drift_input_for(logs, &t.layout)
             }
         }),
+        // `carried`: each version is read under this target's root, on
+        // whichever rayon thread picks it up.
         ghosts: per_version(wanted.ghost)
             .par_iter()
-            .map(|v| ghost_input_for(v, &t.layout))
+            .map(carried(|v: &&PathBuf| ghost_input_for(v, &t.layout)))
             .collect(),
         weights: per_version(wanted.weights)
             .par_iter()
-            .map(|v| weights_input_for(v, &t.layout))
+            .map(carried(|v: &&PathBuf| weights_input_for(v, &t.layout)))
             .collect(),
         full_weights: per_version(wanted.full_weights)
             .par_iter()
-            .map(|v| full_weights_input_for(v, &t.layout))
+            .map(carried(|v: &&PathBuf| full_weights_input_for(v, &t.layout)))
             .collect(),
         broken: t.broken.clone(),
     }

@@ -2,7 +2,13 @@
 //!
 //! The walk stops at the first directory that is a store of a known layout
 //! (`layout::classify`); everything below a root is searched in parallel,
-//! symlink loops and unreadable directories become problems, not errors.
+//! symlink loops become problems, not errors. A directory that cannot be
+//! listed becomes a target of layout `unreadable` (its record is an error:
+//! nothing unreadable passes) and a link to a directory outside the root a
+//! target of layout `outside-root` (a skip saying it was not followed),
+//! unless links are followed anywhere (`follow_symlinks`). Each root's
+//! resolved path is put in force (`io::confine`) while it is walked and
+//! while its targets are gathered, so no reader leaves it either.
 //! Gathering reads each store's inputs (`probe_inputs`) on a rayon pool;
 //! the verdicts are computed by the Python probes, so a scan and a single
 //! probe can never disagree.
@@ -15,6 +21,7 @@ use std::sync::Mutex;
 use rayon::prelude::*;
 
 use crate::error::{Area, Error, Result};
+use crate::io::confine::{self, Root};
 pub use crate::store::layout::Target;
 use crate::store::layout::{self, natural_path_cmp};
 pub use crate::store::probe_inputs::{
@@ -96,6 +103,12 @@ impl Walk {
         }
     }
 
+    /// A walk problem that goes in the records (`layout::UNREADABLE`,
+    /// `layout::OUTSIDE_ROOT`), not only on stderr.
+    fn refused(&self, path: &Path, layout: &str, why: String) {
+        self.found(Target::problem(path, layout, why));
+    }
+
     fn found(&self, target: Target) {
         if let Ok(mut t) = self.targets.lock() {
             t.push(target);
@@ -106,7 +119,10 @@ impl Walk {
     fn visit(&self, dir: &Path, ancestors: &[(u64, u64)]) {
         let meta = match fs::metadata(dir) {
             Ok(m) => m,
-            Err(e) => return self.problem(dir, format!("cannot read: {e}")),
+            Err(e) => {
+                let why = format!("cannot be read ({e}); what it holds is not checked");
+                return self.refused(dir, layout::UNREADABLE, why);
+            }
         };
         let id = dir_id(&meta);
         if ancestors.contains(&id) {
@@ -131,18 +147,32 @@ impl Walk {
         }
         let entries = match fs::read_dir(dir) {
             Ok(it) => it,
-            Err(e) => return self.problem(dir, format!("cannot list: {e}")),
+            Err(e) => {
+                let why = format!("cannot be listed ({e}); what it holds is not checked");
+                return self.refused(dir, layout::UNREADABLE, why);
+            }
         };
         let mut subdirs = vec![];
         for entry in entries {
-            let Ok(entry) = entry else { continue };
+            let entry = match entry {
+                Ok(entry) => entry,
+                Err(e) => {
+                    let why =
+                        format!("cannot be listed to the end ({e}); not all of it is checked");
+                    self.refused(dir, layout::UNREADABLE, why);
+                    break;
+                }
+            };
             let hidden = entry.file_name().to_string_lossy().starts_with('.');
             let path = entry.path();
             if !path.is_dir() {
                 continue;
             }
+            let is_link = entry.file_type().is_ok_and(|t| t.is_symlink());
             if hidden {
                 self.skip(&path, || "hidden directory: not searched".into());
+            } else if is_link && confine::leads_outside(&path) {
+                self.refused(&path, layout::OUTSIDE_ROOT, confine::OUTSIDE.to_string());
             } else {
                 subdirs.push(path);
             }
@@ -152,21 +182,30 @@ impl Walk {
         }
         let mut chain = ancestors.to_vec();
         chain.push(id);
-        subdirs.par_iter().for_each(|sub| self.visit(sub, &chain));
+        let root = confine::current();
+        subdirs
+            .par_iter()
+            .for_each(|sub| confine::within(root.clone(), || self.visit(sub, &chain)));
     }
 }
 
 /// Find the targets under `roots`: each root may be a store of any layout,
 /// one adapter version (probed alone, inside its store), or any directory
-/// with stores at any depth below it.
-pub fn discover(roots: &[PathBuf], all: bool) -> Discovery {
-    discover_with(roots, all, false)
+/// with stores at any depth below it. Links are followed only inside each
+/// root unless `follow_symlinks`; each target carries its root.
+pub fn discover(roots: &[PathBuf], all: bool, follow_symlinks: bool) -> Discovery {
+    discover_with(roots, all, follow_symlinks, false)
 }
 
 /// [`discover`], and with `explain` the directories passed over on purpose,
 /// each with why, in `skipped` (one more listing per store and per leaf
 /// directory, so only when asked).
-pub fn discover_with(roots: &[PathBuf], all: bool, explain: bool) -> Discovery {
+pub fn discover_with(
+    roots: &[PathBuf],
+    all: bool,
+    follow_symlinks: bool,
+    explain: bool,
+) -> Discovery {
     let walk = Walk {
         all,
         explain,
@@ -180,10 +219,19 @@ pub fn discover_with(roots: &[PathBuf], all: bool, explain: bool) -> Discovery {
             walk.problem(root, "does not exist".into());
         } else if !root.is_dir() {
             walk.problem(root, "is not a directory".into());
-        } else if let Some(target) = layout::version_root(root) {
-            walk.found(target);
         } else {
-            walk.visit(root, &[]);
+            let confined: Root = match (follow_symlinks, confine::root_of(root)) {
+                (true, _) => None,
+                (false, Ok(real)) => Some(real),
+                (false, Err(e)) => {
+                    walk.problem(root, format!("cannot be resolved: {e}"));
+                    continue;
+                }
+            };
+            confine::within(confined, || match layout::version_root(root) {
+                Some(target) => walk.found(target),
+                None => walk.visit(root, &[]),
+            });
         }
     }
     let mut targets = walk.targets.into_inner().unwrap_or_default();
@@ -211,7 +259,10 @@ pub fn discover_with(roots: &[PathBuf], all: bool, explain: bool) -> Discovery {
 pub fn probe_targets(targets: &[Target], wanted: Wanted) -> Vec<TargetInputs> {
     targets
         .par_iter()
-        .map(|t| crate::store::probe_inputs::gather(t, wanted))
+        .map(|t| {
+            let root = t.root.clone().map(std::sync::Arc::new);
+            confine::within(root, || crate::store::probe_inputs::gather(t, wanted))
+        })
         .collect()
 }
 
@@ -266,7 +317,7 @@ mod tests {
         fs::write(multi.join("adapter/chat/current.txt"), "versions/v0001").unwrap();
         version(&multi, "adapter/code", "v0001"); // no current.txt
         let logs_only = mkdirs(tmp.path(), "logs-only/logs");
-        let d = discover(&[tmp.path().to_path_buf()], false);
+        let d = discover(&[tmp.path().to_path_buf()], false, false);
         assert!(d.problems.is_empty(), "{:?}", d.problems);
         let stores: Vec<&PathBuf> = d.targets.iter().map(|t| &t.store).collect();
         assert_eq!(
@@ -277,7 +328,7 @@ mod tests {
         assert_eq!(d.targets[2].versions, vec![chat]);
         assert_eq!(d.targets[2].broken.len(), 1);
         assert!(d.targets[2].broken[0].1.contains("current.txt is missing"));
-        let all = discover(&[tmp.path().to_path_buf()], true);
+        let all = discover(&[tmp.path().to_path_buf()], true, false);
         assert_eq!(all.targets[1].versions.len(), 2);
         assert_eq!(all.targets[2].versions.len(), 2);
     }
@@ -286,7 +337,7 @@ mod tests {
     fn a_version_dir_root_is_probed_alone() {
         let tmp = tempfile::tempdir().unwrap();
         let v = version(tmp.path(), "adapter", "v0003");
-        let d = discover(std::slice::from_ref(&v), false);
+        let d = discover(std::slice::from_ref(&v), false, false);
         assert_eq!(d.targets.len(), 1);
         assert_eq!(d.targets[0].store, tmp.path());
         assert_eq!(d.targets[0].versions, vec![v]);
@@ -300,10 +351,75 @@ mod tests {
         let a = mkdirs(tmp.path(), "a/b");
         std::os::unix::fs::symlink(tmp.path().join("a"), a.join("loop")).unwrap();
         mkdirs(tmp.path(), "a/store/logs");
-        let d = discover(&[tmp.path().to_path_buf()], false);
+        let d = discover(&[tmp.path().to_path_buf()], false, false);
         assert_eq!(d.targets.len(), 1);
         assert_eq!(d.problems.len(), 1);
         assert!(d.problems[0].message.contains("loop"));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn links_out_of_the_root_are_records_not_walks() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = mkdirs(tmp.path(), "root");
+        let outside = mkdirs(tmp.path(), "elsewhere/store/logs");
+        mkdirs(&root, "mine/logs");
+        std::os::unix::fs::symlink("/", root.join("slash")).unwrap();
+        std::os::unix::fs::symlink(outside.parent().unwrap(), root.join("theirs")).unwrap();
+        std::os::unix::fs::symlink(root.join("mine"), root.join("alias")).unwrap();
+        let d = discover(std::slice::from_ref(&root), false, false);
+        let by_layout = |l: &str| -> Vec<PathBuf> {
+            d.targets
+                .iter()
+                .filter(|t| t.layout == l)
+                .map(|t| t.store.clone())
+                .collect()
+        };
+        // The link inside the root reaches the same store, probed once.
+        assert_eq!(by_layout(layout::DLM).len(), 1, "{:?}", d.targets);
+        assert_eq!(
+            by_layout(layout::OUTSIDE_ROOT),
+            vec![root.join("slash"), root.join("theirs")]
+        );
+        let refused = d.targets.iter().find(|t| t.layout == layout::OUTSIDE_ROOT);
+        assert!(refused.unwrap().broken[0]
+            .1
+            .contains("outside the scanned root"));
+        let real_root = fs::canonicalize(&root).unwrap();
+        assert!(d
+            .targets
+            .iter()
+            .all(|t| t.root.as_ref() == Some(&real_root)));
+        // Opting out follows them (the link to / is not used here: it
+        // would walk the machine).
+        fs::remove_file(root.join("slash")).unwrap();
+        let d = discover(std::slice::from_ref(&root), false, true);
+        assert_eq!(d.targets.len(), 2, "{:?}", d.targets);
+        assert!(d.targets.iter().all(|t| t.root.is_none()));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn gathering_stays_in_the_root() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = mkdirs(tmp.path(), "root");
+        let store = mkdirs(&root, "store");
+        let secret = tmp.path().join("secret.txt");
+        fs::write(&secret, "versions/v0001\n").unwrap();
+        version(&store, "adapter", "v0001");
+        std::os::unix::fs::symlink(&secret, store.join("adapter/current.txt")).unwrap();
+        let d = discover(std::slice::from_ref(&root), false, false);
+        assert_eq!(d.targets.len(), 1);
+        let t = &d.targets[0];
+        assert!(t.versions.is_empty());
+        assert!(
+            t.broken[0].1.contains("outside the scanned root"),
+            "{:?}",
+            t.broken
+        );
+        // Followed when asked.
+        let d = discover(std::slice::from_ref(&root), false, true);
+        assert_eq!(d.targets[0].versions.len(), 1);
     }
 
     #[test]
@@ -318,17 +434,17 @@ mod tests {
                 ck
             })
             .collect();
-        let d = discover(&roots, false);
+        let d = discover(&roots, false, false);
         let order: Vec<&Path> = d.targets.iter().map(|t| t.versions[0].as_path()).collect();
         assert_eq!(order, [&roots[1], &roots[2], &roots[0]]);
         for n in [10, 9, 100] {
             mkdirs(tmp.path(), &format!("notes/run{n}"));
         }
         mkdirs(tmp.path(), ".cache/x");
-        assert!(discover(&[tmp.path().to_path_buf()], false)
+        assert!(discover(&[tmp.path().to_path_buf()], false, false)
             .skipped
             .is_empty());
-        let d = discover_with(&[tmp.path().to_path_buf()], false, true);
+        let d = discover_with(&[tmp.path().to_path_buf()], false, false, true);
         let skipped: Vec<String> = d
             .skipped
             .iter()
@@ -354,7 +470,7 @@ mod tests {
         for v in ["v10", "v9", "v100"] {
             version(tmp.path(), "adapter", v);
         }
-        let d = discover(&[tmp.path().to_path_buf()], true);
+        let d = discover(&[tmp.path().to_path_buf()], true, false);
         let names: Vec<_> = d.targets[0]
             .versions
             .iter()
@@ -380,7 +496,7 @@ mod tests {
 
     #[test]
     fn missing_roots_are_problems() {
-        let d = discover(&[PathBuf::from("/no/such/root")], false);
+        let d = discover(&[PathBuf::from("/no/such/root")], false, false);
         assert!(d.targets.is_empty());
         assert_eq!(d.problems[0].message, "does not exist");
     }

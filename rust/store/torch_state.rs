@@ -37,6 +37,9 @@ pub struct TrainingState {
     pub use_qlora: bool,
     /// One entry per optimizer state, ordered by param id.
     pub per_param: Vec<ParamStat>,
+    /// Values no optimizer writes (see `store::plausibility`); empty when
+    /// the state is plausible.
+    pub implausible: Vec<String>,
 }
 
 /// Read `path`, an adapter version directory or the `.pt` file itself.
@@ -126,6 +129,7 @@ fn parse_state(file: &Path) -> Result<TrainingState> {
         best_val_loss,
         use_qlora,
         per_param: summary.per_param,
+        implausible: summary.implausible,
     })
 }
 

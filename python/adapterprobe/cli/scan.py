@@ -132,6 +132,12 @@ def add_scan_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--address", default=None, metavar="ADDR", help="Ray cluster to join (needs --engine ray)"
     )
+    p.add_argument(
+        "--follow-symlinks",
+        action="store_true",
+        help="follow symlinks that lead out of the roots (default: such links are not followed "
+        "and their records say so; only for trees you trust)",
+    )
 
 
 def scan_settings(args: argparse.Namespace) -> Any:
@@ -156,7 +162,13 @@ def scan_records(
     probes = args.probes or DEFAULT_PROBES
     settings.resolved(probes)  # bad thresholds fail before the walk
     verbose = bool(getattr(args, "verbose", False))
-    found = discover(*roots, all_versions=args.all_versions, workers=args.workers, explain=verbose)
+    found = discover(
+        *roots,
+        all_versions=args.all_versions,
+        workers=args.workers,
+        follow_symlinks=getattr(args, "follow_symlinks", False),
+        explain=verbose,
+    )
     targets, problems = found
     if verbose:
         from adapterprobe.escape import terminal

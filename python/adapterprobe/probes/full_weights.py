@@ -79,7 +79,9 @@ def judge_full_weights(
     }
     if w.nonfinite_total:
         bad = [t for t in w.tensors if t.nonfinite]
-        shown = ", ".join(f"{t.name} ({t.nonfinite})" for t in bad[: options.max_listed])
+        shown = ", ".join(
+            f"{_core.excerpt(t.name)} ({t.nonfinite})" for t in bad[: options.max_listed]
+        )
         more = f" and {len(bad) - options.max_listed} more" if len(bad) > options.max_listed else ""
         evidence["nonfinite_tensors"] = {t.name: t.nonfinite for t in bad}
         evidence["nonfinite_layers"] = [layer.layer for layer in layers if layer.nonfinite]

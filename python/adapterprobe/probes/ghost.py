@@ -40,8 +40,12 @@ running any pickle code, and judges it under one of two rule sets
   second moments, then each layer's mean second moment against the calmest
   layer's (``undertrained_layer_ratio``, ``layer_failure_frac``).
 
-A missing state file is a SKIP; an unreadable, hostile, tampered or foreign
-one is an ERROR result, never an exception.
+Under both rule sets, a state holding values no optimizer writes (a
+negative ``exp_avg_sq``, an ``exp_avg`` beyond the bound Adam guarantees
+from ``exp_avg_sq`` and the group's betas, an impossible ``step``) FAILs
+first as a "corrupted or tampered optimizer state". A missing state file is
+a SKIP; an unreadable, hostile or foreign one is an ERROR result, never an
+exception.
 """
 
 from __future__ import annotations
@@ -65,6 +69,9 @@ from adapterprobe.probes.options import ProbeOptions, Rule, option, resolve
 from adapterprobe.probes.result import ProbeResult, Verdict
 
 KIND = "gradient_ghost"
+#: How a state holding values no optimizer writes is reported (see
+#: ``rust/store/plausibility.rs`` and ``rust/analysis/adam_bound.rs``).
+TAMPERED = "corrupted or tampered optimizer state"
 
 
 @dataclass(frozen=True)
@@ -141,6 +148,20 @@ def judge_ghost(inputs: Any, options: GhostOptions, *, name: str = KIND) -> Prob
     if inputs.state is None:
         verdict = Verdict.SKIP if isinstance(inputs.error, MissingFileError) else Verdict.ERROR
         return result(verdict, str(inputs.error))
+    implausible = list(inputs.state.implausible)
+    if implausible:
+        # Under every rule set: nothing judged from such a file means anything.
+        shown = "; ".join(implausible[:3]) + ("; ..." if len(implausible) > 3 else "")
+        return result(
+            Verdict.FAIL,
+            f"{TAMPERED}: {shown}",
+            score=0.0,
+            evidence={
+                "rules": options.rules,
+                "optimizer": inputs.optimizer,
+                "implausible": implausible,
+            },
+        )
     if options.rules == "sway":
         return _judge_sway(inputs, options, result)
     return _judge_robust(inputs, options, result)
@@ -338,7 +359,7 @@ def _judge_robust(inputs: Any, o: GhostOptions, result: Any) -> ProbeResult:
         exploding = [x for x in lifts.values() if x.decades > _lift_limit(x.layer, o)]
         if outliers:
             parts = [
-                f"layer {x['layer']} {x['ratio']:.3g}x {x['tensor']}"
+                f"layer {x['layer']} {x['ratio']:.3g}x {_core.excerpt(x['tensor'])}"
                 for x in sorted(outliers, key=lambda x: -x["ratio"])[:6]
             ]
             findings.append(
@@ -370,7 +391,7 @@ def _judge_robust(inputs: Any, o: GhostOptions, result: Any) -> ProbeResult:
                 )
             )
         if dead:
-            parts = [f"layer {x['layer']} {x['tensor']}" for x in dead[:6]]
+            parts = [f"layer {x['layer']} {_core.excerpt(x['tensor'])}" for x in dead[:6]]
             findings.append(
                 (
                     Verdict.WARN,

@@ -62,7 +62,8 @@ class WeightsOptions(ProbeOptions):
 
 
 def _names_text(names: list[str], limit: int = 6) -> str:
-    shown = ", ".join(names[:limit])
+    """Names from the file for a message: the first few, each a short excerpt."""
+    shown = ", ".join(_core.excerpt(n) for n in names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 

@@ -244,14 +244,10 @@ fn without_bom<R: Read>(mut reader: R) -> std::io::Result<impl Read> {
     Ok(std::io::Cursor::new(prefix).chain(reader))
 }
 
-/// Column names for a message, the first few only.
+/// Column names for a message: the first few, each a short excerpt (a
+/// header may be any file's first line).
 fn listed(columns: &[String]) -> String {
-    const SHOWN: usize = 30;
-    let mut names: Vec<&str> = columns.iter().take(SHOWN).map(String::as_str).collect();
-    if columns.len() > SHOWN {
-        names.push("...");
-    }
-    names.join(", ")
+    crate::io::excerpt::listed(columns.iter().map(String::as_str))
 }
 
 /// A step as Python's `int()` reads it, or an integral float such as `10.0`.
@@ -281,8 +277,9 @@ fn parse_point(
         .and_then(python_float)
         .ok_or_else(|| {
             format!(
-                "line {line}: {column} value {:?} is not a number",
-                show(value_cell)
+                "line {line}: {} value {} is not a number",
+                crate::io::excerpt::excerpt(column),
+                crate::io::excerpt::quoted(&show(value_cell))
             )
         })?;
     if step_cell.is_empty() {
@@ -291,7 +288,10 @@ fn parse_point(
     let step = std::str::from_utf8(step_cell)
         .ok()
         .and_then(parse_step)
-        .ok_or_else(|| format!("line {line}: step {:?} is not an integer", show(step_cell)))?;
+        .ok_or_else(|| {
+            let step = crate::io::excerpt::quoted(&show(step_cell));
+            format!("line {line}: step {step} is not an integer")
+        })?;
     Ok((step, value))
 }
 
@@ -332,8 +332,10 @@ fn series_from<R: Read>(
     let (column, value_index) = match column {
         Some(name) => (
             name.to_string(),
-            find(name)
-                .ok_or_else(|| format!("has no column {name:?}; columns: {}", listed(&columns)))?,
+            find(name).ok_or_else(|| {
+                let name = crate::io::excerpt::quoted(name);
+                format!("has no column {name}; columns: {}", listed(&columns))
+            })?,
         ),
         None => DEFAULT_LOSS_COLUMNS
             .iter()

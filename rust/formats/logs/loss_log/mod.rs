@@ -221,6 +221,7 @@ fn is_train_log(name: &str) -> bool {
 
 /// `train-*.jsonl` entries of `dir`, sorted by name.
 pub fn train_logs_in(dir: &Path) -> Result<Vec<PathBuf>> {
+    crate::io::confine::check_path(dir, Area::LogFormat)?;
     let entries = std::fs::read_dir(dir).map_err(|e| Error::io(Area::LogFormat, dir, &e))?;
     let mut files = vec![];
     for entry in entries {
@@ -720,6 +721,7 @@ fn file_source(path: &Path) -> Result<LogSource> {
 /// `checkpoint-<step>/trainer_state.json` with the highest step, if any
 /// (`last-checkpoint/` counts at its own step).
 fn newest_checkpoint_state(dir: &Path) -> Result<Option<PathBuf>> {
+    crate::io::confine::check_path(dir, Area::LogFormat)?;
     let entries = std::fs::read_dir(dir).map_err(|e| Error::io(Area::LogFormat, dir, &e))?;
     let mut best: Option<(u64, PathBuf)> = None;
     for entry in entries {
@@ -743,7 +745,10 @@ fn unknown_series(source: &Path, format: &str, tag: &str, accepted: &str) -> Err
     Error::new(
         Area::Usage,
         source,
-        format!("a {format} has no series {tag:?}; it has {accepted}"),
+        format!(
+            "a {format} has no series {}; it has {accepted}",
+            crate::io::excerpt::quoted(tag)
+        ),
     )
 }
 
@@ -821,7 +826,9 @@ pub fn read_curve_from(source: &Path, tag: Option<&str>) -> Result<LossCurve> {
 /// event files under `runs/`; None when it has neither.
 pub fn hf_run_sources(run: &Path) -> Option<(Option<PathBuf>, Vec<PathBuf>)> {
     let own = run.join("trainer_state.json");
-    let state = if own.is_file() {
+    // Anything but a directory there is read (a FIFO or device is then
+    // refused by the reader, with an error naming it, not passed over).
+    let state = if std::fs::metadata(&own).is_ok_and(|m| !m.is_dir()) {
         Some(own)
     } else {
         newest_checkpoint_state(run).ok().flatten()

@@ -184,15 +184,11 @@ pub fn is_missing_loss_tags(e: &Error) -> bool {
 
 fn missing_tag_error(files: &[PathBuf], tag: Option<&str>, tags: &BTreeSet<String>) -> Error {
     let path = common_path(files);
-    const SHOWN: usize = 30;
-    let mut present: Vec<&str> = tags.iter().map(String::as_str).take(SHOWN).collect();
-    if tags.len() > SHOWN {
-        present.push("...");
-    }
+    // Tags come from the file: short excerpts only.
     let present = if tags.is_empty() {
         "none".to_string()
     } else {
-        present.join(", ")
+        crate::io::excerpt::listed(tags.iter().map(String::as_str))
     };
     let where_ = match files.len() {
         0 => "no TensorBoard event files found".to_string(),
@@ -201,7 +197,8 @@ fn missing_tag_error(files: &[PathBuf], tag: Option<&str>, tags: &BTreeSet<Strin
     };
     let message = match tag {
         Some(tag) => {
-            format!("no scalar tagged {tag:?} in {where_}; scalar tags present: {present}")
+            let tag = crate::io::excerpt::quoted(tag);
+            format!("no scalar tagged {tag} in {where_}; scalar tags present: {present}")
         }
         None => format!(
             "{NO_LOSS_TAGS} {} in {where_}; scalar tags present: {present}; name the tag to read",

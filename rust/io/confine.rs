@@ -1,0 +1,193 @@
+//! Keeping a scan inside the roots it was given.
+//!
+//! A store is often someone else's: a pull request that adds a run, a
+//! bucket other teams write to. Its files may be symlinks to anything the
+//! scanning process can read (`/proc/self/environ`, `/etc/shadow`, `/`), so
+//! by default a link is followed only when the real path it leads to stays
+//! under the scanned root: resolve, then check the prefix (the rule `tar`
+//! and `git` use). `--follow-symlinks` (`follow_symlinks=True`) lifts it.
+//!
+//! The root in force is carried per thread: a scan sets it around the work
+//! for each target (`within`), and every place that hands work to another
+//! rayon thread carries it along (`carried`), so every file the readers
+//! open through `io::files::open_regular` and every directory listed
+//! through `list_dir` is checked without each reader taking the root as an
+//! argument. With no root set (a probe called on one path, or
+//! `--follow-symlinks`) nothing is confined; pseudo-files under `/proc`
+//! and `/sys` are refused either way (devices, FIFOs and sockets are refused
+//! by `open_regular` itself).
+
+use std::cell::RefCell;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::error::{Area, Error, Result};
+
+/// The root a scan stays in: None when nothing is confined.
+pub type Root = Option<Arc<PathBuf>>;
+
+thread_local! {
+    static ROOT: RefCell<Root> = const { RefCell::new(None) };
+}
+
+/// What a refused link says, after its path.
+pub const OUTSIDE: &str = "resolves through a symlink to a path outside the scanned root; not \
+                           followed (--follow-symlinks follows links out of the root)";
+
+/// The root in force on this thread.
+pub fn current() -> Root {
+    ROOT.with(|r| r.borrow().clone())
+}
+
+/// Restores the previous root when dropped, so a panic or an early return
+/// inside `within` never leaves another target's root behind.
+struct Restore(Root);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        let previous = self.0.take();
+        ROOT.with(|r| *r.borrow_mut() = previous);
+    }
+}
+
+/// Run `f` with `root` in force on this thread.
+pub fn within<R>(root: Root, f: impl FnOnce() -> R) -> R {
+    let previous = ROOT.with(|r| r.replace(root));
+    let _restore = Restore(previous);
+    f()
+}
+
+/// `f`, made to run with this thread's current root on whichever thread
+/// calls it (for `par_iter().map(...)` and `rayon::join`).
+pub fn carried<A, R>(f: impl Fn(A) -> R + Send + Sync) -> impl Fn(A) -> R + Send + Sync {
+    let root = current();
+    move |a| within(root.clone(), || f(a))
+}
+
+/// The canonical form of a scan root, the prefix every followed path must keep.
+pub fn root_of(path: &Path) -> std::io::Result<Arc<PathBuf>> {
+    std::fs::canonicalize(path).map(Arc::new)
+}
+
+/// Kernel pseudo-files: they look like regular files (size 0) but are
+/// views of the machine (`/proc/self/environ` is the reader's environment).
+fn is_pseudo(real: &Path) -> bool {
+    ["/proc", "/sys"].iter().any(|top| real.starts_with(top))
+}
+
+/// Ok when `real` (a resolved path) may be read from this thread's root.
+fn allowed(path: &Path, real: &Path, area: Area) -> Result<()> {
+    if is_pseudo(real) {
+        return Err(Error::new(
+            area,
+            path,
+            "leads to a kernel pseudo-file (under /proc or /sys); refusing to read it",
+        ));
+    }
+    match current() {
+        Some(root) if !real.starts_with(root.as_path()) => Err(Error::new(area, path, OUTSIDE)),
+        _ => Ok(()),
+    }
+}
+
+/// The real path of an opened file: what the kernel says the descriptor is
+/// (no race with a link swapped after opening), else the path resolved.
+#[cfg(target_os = "linux")]
+fn real_path_of(file: &File, path: &Path) -> std::io::Result<PathBuf> {
+    use std::os::unix::io::AsRawFd;
+    let fd = format!("/proc/self/fd/{}", file.as_raw_fd());
+    std::fs::read_link(fd).or_else(|_| std::fs::canonicalize(path))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn real_path_of(_file: &File, path: &Path) -> std::io::Result<PathBuf> {
+    std::fs::canonicalize(path)
+}
+
+/// Check an opened file against the root in force (and the pseudo-file rule).
+pub fn check_opened(file: &File, path: &Path, area: Area) -> Result<()> {
+    let real = real_path_of(file, path).map_err(|e| Error::io(area, path, &e))?;
+    allowed(path, &real, area)
+}
+
+/// Check a path (a directory about to be listed) against the root in force.
+pub fn check_path(path: &Path, area: Area) -> Result<()> {
+    let real = std::fs::canonicalize(path).map_err(|e| Error::io(area, path, &e))?;
+    allowed(path, &real, area)
+}
+
+/// Whether `path` resolves outside the root in force (false when nothing is
+/// confined or it cannot be resolved: the caller's own error says why).
+pub fn leads_outside(path: &Path) -> bool {
+    let Some(root) = current() else {
+        return false;
+    };
+    std::fs::canonicalize(path).is_ok_and(|real| !real.starts_with(root.as_path()))
+}
+
+/// The entries of directory `dir` (name, path, whether it is a directory,
+/// links followed), after checking `dir` against the root in force. Names
+/// that are not UTF-8 are kept (lossily converted) so nothing is hidden.
+pub fn list_dir(dir: &Path, area: Area) -> Result<Vec<(String, PathBuf)>> {
+    check_path(dir, area)?;
+    let listing = std::fs::read_dir(dir).map_err(|e| Error::io(area, dir, &e))?;
+    let mut out = vec![];
+    for entry in listing {
+        let entry = entry.map_err(|e| Error::io(area, dir, &e))?;
+        out.push((
+            entry.file_name().to_string_lossy().into_owned(),
+            entry.path(),
+        ));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(unix)]
+    #[test]
+    fn links_out_of_the_root_are_refused_inside_are_followed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("root");
+        std::fs::create_dir_all(root.join("sub")).unwrap();
+        std::fs::write(tmp.path().join("secret"), b"s").unwrap();
+        std::fs::write(root.join("sub/inside"), b"i").unwrap();
+        let out = root.join("out");
+        std::os::unix::fs::symlink(tmp.path().join("secret"), &out).unwrap();
+        let ok = root.join("ok");
+        std::os::unix::fs::symlink(root.join("sub/inside"), &ok).unwrap();
+        let r = Some(root_of(&root).unwrap());
+        within(r.clone(), || {
+            let f = File::open(&out).unwrap();
+            let e = check_opened(&f, &out, Area::LogFormat).unwrap_err();
+            assert!(e.message.contains("outside the scanned root"), "{e}");
+            assert!(leads_outside(&out));
+            let f = File::open(&ok).unwrap();
+            check_opened(&f, &ok, Area::LogFormat).unwrap();
+            assert!(!leads_outside(&ok));
+            // Carried onto another thread.
+            let on_other = carried(|p: PathBuf| leads_outside(&p));
+            let out2 = out.clone();
+            assert!(std::thread::scope(|s| s
+                .spawn(move || on_other(out2))
+                .join()
+                .unwrap()));
+        });
+        // Not confined outside `within`, and restored after it.
+        assert!(current().is_none());
+        let f = File::open(&out).unwrap();
+        check_opened(&f, &out, Area::LogFormat).unwrap();
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn pseudo_files_are_refused_even_unconfined() {
+        let p = Path::new("/proc/self/environ");
+        let f = File::open(p).unwrap();
+        let e = check_opened(&f, p, Area::LogFormat).unwrap_err();
+        assert!(e.message.contains("pseudo-file"), "{e}");
+    }
+}
