@@ -700,6 +700,8 @@ fn ghost_input(py: Python<'_>, adapter: PathBuf) -> GhostInput {
 impl Target {
     #[new]
     #[pyo3(signature = (store, versions, broken=Vec::new(), with_logs=true, layout="dlm".to_string(), checkpoint_kind=None, log_root=None, root=None))]
+    // One keyword argument per field of the struct, as Python builds it.
+    #[allow(clippy::too_many_arguments)]
     fn py_new(
         store: PathBuf,
         versions: Vec<PathBuf>,
