@@ -16,3 +16,4 @@ pub mod metrics;
 pub mod robust_curve;
 pub mod second_moment;
 pub mod series;
+pub mod update_similarity;
