@@ -11,6 +11,7 @@ pub mod model_files;
 pub mod optimizer_state;
 pub mod probe_inputs;
 pub mod scan;
+pub mod similar;
 pub mod torch_state;
 
 #[cfg(test)]
