@@ -645,3 +645,57 @@ def json_dumps(value: object) -> str:
     ``repr``) for plain trees of dict, list, tuple, str, int, float, bool and
     None, written in Rust. Other types raise TypeError; NaN and infinities
     ValueError."""
+
+# ---- comparing adapters (analysis::update_similarity, store::similar) ----
+
+def compare_adapter_updates(a: _Path, b: _Path, *, angles: bool = True) -> dict[str, Any]:
+    """Cosine of two adapters' updates per shared module and over all of them
+    (energy-weighted), principal angles, modules left out; NaN as None."""
+
+def find_adapters(root: _Path) -> list[Path]:
+    """Adapter directories (holding adapter_model.safetensors) under `root`."""
+
+@final
+class SimilarPair:
+    @property
+    def a(self) -> Path: ...
+    @property
+    def b(self) -> Path: ...
+    @property
+    def similarity(self) -> float: ...
+
+@final
+class SkippedAdapter:
+    @property
+    def path(self) -> Path: ...
+    @property
+    def reason(self) -> str: ...
+
+@final
+class SimilarReport:
+    @property
+    def pairs(self) -> list[SimilarPair]: ...
+    @property
+    def adapters(self) -> int: ...
+    @property
+    def groups(self) -> int: ...
+    @property
+    def pairs_considered(self) -> int: ...
+    @property
+    def pairs_exact(self) -> int: ...
+    @property
+    def skipped(self) -> list[SkippedAdapter]: ...
+    @property
+    def threshold(self) -> float: ...
+    @property
+    def exhaustive(self) -> bool: ...
+
+def similar_adapters(
+    root: _Path | None = None,
+    *,
+    paths: Sequence[_Path] | None = None,
+    threshold: float = 0.99,
+    exhaustive: bool = False,
+) -> SimilarReport:
+    """Pairs of adapters (under `root`, or among `paths`) whose similarity is
+    at least `threshold`, most similar first."""

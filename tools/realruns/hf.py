@@ -122,6 +122,7 @@ def train_hf_run(
     tie_embeddings: bool = False,
     seed: int = 0,
     grad_scale: Mapping[int, float] | None = None,
+    data_seed: int | None = None,
 ) -> Path:
     """Fine-tune a tiny model under ``transformers.Trainer``: with PEFT LoRA,
     or, with ``full``, every parameter of the model (no PEFT).
@@ -137,6 +138,9 @@ def train_hf_run(
     factor by which that layer's trained gradients are multiplied in every
     backward pass (before clipping): a layer whose gradients explode, e.g.
     ``{2: 50 ** 0.5}`` lifts its Adam second moments about 50x.
+    ``data_seed``, when given, seeds the base model and the data instead of
+    ``seed``, which then seeds only the LoRA init and the batch order: two
+    runs of one recipe on the same data and base that differ in their seed.
     """
     _silence()
     if save not in FULL_SAVES or (save != "safetensors" and not full):
@@ -144,7 +148,10 @@ def train_hf_run(
     torch = require("torch", "torch")
     transformers = require("transformers", "peft")
     torch.manual_seed(seed)
-    base = tiny_causal_lm(model, layers=layers, seed=seed, tie_embeddings=tie_embeddings)
+    fixed = seed if data_seed is None else data_seed
+    base = tiny_causal_lm(model, layers=layers, seed=fixed, tie_embeddings=tie_embeddings)
+    if data_seed is not None:
+        torch.manual_seed(seed)
     if full:
         trained = base
     else:
@@ -203,7 +210,7 @@ def train_hf_run(
             torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
             return None
 
-    trainer = Trainer(model=trained, args=args, train_dataset=_Sequences(seed))
+    trainer = Trainer(model=trained, args=args, train_dataset=_Sequences(fixed))
     trainer.train()
     if save_final:
         trainer.save_model(str(out))
