@@ -51,8 +51,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from adapterprobe.cli import EXIT_NOTHING_FOUND
-    from adapterprobe.compare.render import plain_text as safe_text
     from adapterprobe.compare import similar
+    from adapterprobe.compare.render import plain_text as safe_text
 
     found = similar(args.root, threshold=args.threshold, exhaustive=args.exhaustive)
     if args.format == "json":
@@ -61,8 +61,9 @@ def run(args: argparse.Namespace) -> int:
         for p in found["pairs"]:
             print(f"{p['similarity']:.6f}  {safe_text(p['a'])}  {safe_text(p['b'])}")
         print(
-            f"{len(found['pairs'])} pairs at or above {args.threshold} among {found['adapters']} "
-            f"adapters ({found['pairs_exact']} of {found['pairs_considered']} pairs computed exactly)",
+            f"{len(found['pairs'])} pairs at or above {args.threshold} among "
+            f"{found['adapters']} adapters ({found['pairs_exact']} of "
+            f"{found['pairs_considered']} pairs computed exactly)",
             file=sys.stderr,
         )
     for s in found["skipped"]:

@@ -100,7 +100,8 @@ def _summary_lines(data: dict[str, Any]) -> list[str]:
     level = data.get("loss_level")
     if level:
         lines.append(
-            f"loss level {_f(level['loss'])} (the highest best loss) first reached at the steps shown"
+            f"loss level {_f(level['loss'])} (the highest best loss) "
+            "first reached at the steps shown"
         )
     for p in data["pairs"]:
         if p.get("error"):
@@ -110,7 +111,8 @@ def _summary_lines(data: dict[str, Any]) -> list[str]:
         left = len(p["left_out"])
         tail = f"; {left} left out" if left else ""
         lines.append(
-            f"{p['a']} vs {p['b']}: similarity {_f(p['similarity'])} over {shared} shared modules{tail}"
+            f"{p['a']} vs {p['b']}: similarity {_f(p['similarity'])} "
+            f"over {shared} shared modules{tail}"
         )
     for it in data["items"]:
         for note in it["notes"]:
@@ -121,7 +123,8 @@ def _summary_lines(data: dict[str, Any]) -> list[str]:
 def _grid(header: list[str], rows: list[list[str]]) -> str:
     cells = [[_plain(c) for c in row] for row in [header, *rows]]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
+    lines = ("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in cells)
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def render_table(data: dict[str, Any]) -> str:

@@ -9,13 +9,13 @@ import math
 from typing import Any
 
 from adapterprobe.reports.svg import (
+    Scale,
     axes,
     bar_chart,
     downsample,
     esc,
     line_path,
     num,
-    Scale,
     svg_open,
 )
 
@@ -25,7 +25,8 @@ COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8
 
 STYLE = """
 body{font:14px system-ui,sans-serif;margin:24px;color:#222}
-table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
+table{border-collapse:collapse;margin:8px 0}
+td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
 .chart{max-width:100%;height:auto}.curves{width:640px}.bars{width:320px}
 .grid{stroke:#eee;fill:none}.axis{stroke:#888;fill:none}.xt,.yt,.xl,.yl,.lt{font-size:10px;fill:#555}
 .yt{text-anchor:end}.xt,.xl{text-anchor:middle}.yl{text-anchor:middle}
@@ -60,7 +61,8 @@ def _curves_chart(items: list[dict[str, Any]]) -> str:
     for label, colour, pts in lines:
         d = line_path(pts, sx, sy)
         out.append(
-            f'<path d="{d}" fill="none" stroke="{colour}" stroke-width="1.4"><title>{esc(label)}</title></path>'
+            f'<path d="{d}" fill="none" stroke="{colour}" stroke-width="1.4">'
+            f"<title>{esc(label)}</title></path>"
         )
     out.append("</svg>")
     legend = "".join(f'<span style="color:{c}">━ {esc(lab)}</span>' for lab, c, _ in lines)
@@ -162,7 +164,8 @@ def _pairs_list(data: dict[str, Any]) -> str:
 def render_fragment(data: dict[str, Any]) -> str:
     """The comparison as an HTML fragment (for notebooks)."""
     return (
-        f'<div class="adapterprobe-compare"><style>{STYLE}</style>{_items_table(data)}{_pairs_list(data)}'
+        f'<div class="adapterprobe-compare"><style>{STYLE}</style>'
+        f"{_items_table(data)}{_pairs_list(data)}"
         f'<p class="ptitle">Loss by step</p>{_curves_chart(data["items"])}{_layer_bars(data)}</div>'
     )
 

@@ -11,6 +11,7 @@ comparison; only a path with neither an adapter nor a curve is refused.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ class Side:
 
 
 def _holds_adapter(path: Path) -> bool:
-    return path.is_file() and path.suffix == ".safetensors" or (path / ADAPTER_FILE).is_file()
+    return (path.is_file() and path.suffix == ".safetensors") or (path / ADAPTER_FILE).is_file()
 
 
 def _try_curve(source: Path, side: Side) -> None:
@@ -45,7 +46,7 @@ def _try_curve(source: Path, side: Side) -> None:
         side.notes.append(f"no loss curve: {exc}")
 
 
-def resolve(path: str | Path, label: str) -> Side:
+def resolve(path: str | os.PathLike[str], label: str) -> Side:
     """The adapter and curve found at `path` (see the module doc)."""
     p = Path(path)
     if not p.exists():
@@ -91,7 +92,7 @@ def _finite(x: float | None) -> float | None:
 
 def first_step_at_or_below(steps: list[int], values: list[float], level: float) -> int | None:
     """The first step whose value is at or below `level` (None if never)."""
-    for s, v in zip(steps, values):
+    for s, v in zip(steps, values, strict=False):
         if math.isfinite(v) and v <= level:
             return int(s)
     return None
@@ -101,7 +102,7 @@ def curve_summary(curve: Any) -> dict[str, Any]:
     """Best and final loss and where, eval loss, and sampled points."""
     steps = [int(s) for s in curve.steps.tolist()]
     losses = [float(v) for v in curve.losses.tolist()]
-    finite = [(s, v) for s, v in zip(steps, losses) if math.isfinite(v)]
+    finite = [(s, v) for s, v in zip(steps, losses, strict=True) if math.isfinite(v)]
     best = min(finite, key=lambda p: (p[1], p[0])) if finite else None
     final = finite[-1] if finite else None
     evals = [(int(s), float(v)) for s, v in curve.eval_loss]
