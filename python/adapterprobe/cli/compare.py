@@ -43,7 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from adapterprobe._fs import atomic_write_text
-    from adapterprobe.compare import compare
+    from adapterprobe.comparison import compare
     from adapterprobe.errors import UsageError
 
     if len(args.paths) < 2:

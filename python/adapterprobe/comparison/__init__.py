@@ -4,7 +4,7 @@ regression gate of ``scan`` (``baseline``)."""
 
 from __future__ import annotations
 
-from adapterprobe.compare.comparison import Comparison, compare
-from adapterprobe.compare.similar import similar
+from adapterprobe.comparison.comparison import Comparison, compare
+from adapterprobe.comparison.similar import similar
 
 __all__ = ["Comparison", "compare", "similar"]

@@ -23,7 +23,7 @@ from typing import Any
 
 from adapterprobe import _core
 from adapterprobe._json import json_safe
-from adapterprobe.compare.sources import (
+from adapterprobe.comparison.sources import (
     Side,
     adapter_summary,
     curve_summary,
@@ -86,19 +86,26 @@ def build(paths: list[str | os.PathLike[str]], *, angles: bool = True) -> dict[s
     sides = [resolve(p, LABELS[i]) for i, p in enumerate(paths)]
     items = [_item(s) for s in sides]
     pairs = [_pair(x, y, angles) for x, y in combinations(sides, 2)]
-    bests = [
-        i["curve"]["best_loss"] for i in items if i["curve"] and i["curve"]["best_loss"] is not None
-    ]
+    curves = [i["curve"] for i in items if i["curve"] is not None]
     level: dict[str, Any] | None = None
-    if len(bests) >= 2:
-        target = max(bests)
-        level = {
-            "loss": target,
-            "steps": {
-                s.label: step_to_level(s.curve, target) if s.curve is not None else None
-                for s in sides
-            },
-        }
+    if len(curves) >= 2:
+        # The highest best level of the smoothed curves (raw losses when a
+        # curve has no trend): every run reaches it; when, is the comparison.
+        trend = all(c["best_trend_loss"] is not None for c in curves)
+        key = "best_trend_loss" if trend else "best_loss"
+        bests = [c[key] for c in curves if c[key] is not None]
+        if bests:
+            target = max(bests)
+            level = {
+                "loss": target,
+                "smoothed": trend,
+                "steps": {
+                    s.label: step_to_level(s.curve, target, trend=trend)
+                    if s.curve is not None
+                    else None
+                    for s in sides
+                },
+            }
     first = pairs[0]
     return {
         "similarity": first["similarity"],
@@ -135,23 +142,23 @@ class Comparison:
         return json.dumps(self._data, indent=indent, allow_nan=False)
 
     def to_markdown(self) -> str:
-        from adapterprobe.compare.render import render_markdown
+        from adapterprobe.comparison.render import render_markdown
 
         return render_markdown(self._data)
 
     def to_table(self) -> str:
-        from adapterprobe.compare.render import render_table
+        from adapterprobe.comparison.render import render_table
 
         return render_table(self._data)
 
     def to_html(self) -> str:
         """A standalone page: overlaid loss curves, per-layer bars side by side."""
-        from adapterprobe.compare.render_html import render_page
+        from adapterprobe.comparison.render_html import render_page
 
         return render_page(self._data)
 
     def _repr_html_(self) -> str:
-        from adapterprobe.compare.render_html import render_fragment
+        from adapterprobe.comparison.render_html import render_fragment
 
         return render_fragment(self._data)
 

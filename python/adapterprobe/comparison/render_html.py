@@ -161,12 +161,37 @@ def _pairs_list(data: dict[str, Any]) -> str:
     return f"<ul>{''.join(out)}</ul>"
 
 
+def _modules_table(data: dict[str, Any]) -> str:
+    if not data["modules"]:
+        return ""
+    head = ["module", "cosine", "‖ΔW‖ A", "‖ΔW‖ B", "rank A", "rank B", "min angle°"]
+    rows = []
+    for m in data["modules"]:
+        angles = m.get("principal_angles_deg") or []
+        vals = [
+            m["module"],
+            m["cosine"],
+            m["norm_a"],
+            m["norm_b"],
+            m["rank_a"],
+            m["rank_b"],
+            angles[0] if angles else None,
+        ]
+        rows.append("<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in vals) + "</tr>")
+    th = "".join(f"<th>{esc(h)}</th>" for h in head)
+    return (
+        "<details><summary>A vs B per module</summary>"
+        f"<table><tr>{th}</tr>{''.join(rows)}</table></details>"
+    )
+
+
 def render_fragment(data: dict[str, Any]) -> str:
     """The comparison as an HTML fragment (for notebooks)."""
     return (
         f'<div class="adapterprobe-compare"><style>{STYLE}</style>'
         f"{_items_table(data)}{_pairs_list(data)}"
-        f'<p class="ptitle">Loss by step</p>{_curves_chart(data["items"])}{_layer_bars(data)}</div>'
+        f'<p class="ptitle">Loss by step</p>{_curves_chart(data["items"])}{_layer_bars(data)}'
+        f"{_modules_table(data)}</div>"
     )
 
 

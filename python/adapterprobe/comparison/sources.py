@@ -108,8 +108,10 @@ def curve_summary(curve: Any) -> dict[str, Any]:
     evals = [(int(s), float(v)) for s, v in curve.eval_loss]
     eval_finite = [(s, v) for s, v in evals if math.isfinite(v)]
     eval_best = min(eval_finite, key=lambda p: (p[1], p[0])) if eval_finite else None
+    robust = curve.robust()
     return {
         "source": curve.source,
+        "best_trend_loss": _finite(robust.best_level) if robust is not None else None,
         "points": len(steps),
         "first_step": steps[0] if steps else None,
         "last_step": steps[-1] if steps else None,
@@ -125,11 +127,11 @@ def curve_summary(curve: Any) -> dict[str, Any]:
     }
 
 
-def step_to_level(curve: Any, level: float) -> int | None:
-    """The first step at which the curve's robust trend (the raw loss when
-    there is none) is at or below `level`."""
+def step_to_level(curve: Any, level: float, *, trend: bool) -> int | None:
+    """The first step at which the curve's robust trend (with `trend`) or its
+    raw loss is at or below `level`."""
     steps = [int(s) for s in curve.steps.tolist()]
-    robust = curve.robust()
+    robust = curve.robust() if trend else None
     values = [float(v) for v in robust.trend] if robust is not None else []
     if len(values) != len(steps):
         values = [float(v) for v in curve.losses.tolist()]
