@@ -36,7 +36,9 @@ use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
-use crate::analysis::adapter_weights::{read_adapter_factors, AdapterFactors, ModuleFactors};
+use crate::analysis::adapter_weights::{
+    read_adapter_factors, stream_adapter_factors, AdapterFactors, ModuleFactors,
+};
 use crate::analysis::layers::ADAPTER_WEIGHTS;
 use crate::analysis::update_similarity::compare_adapters;
 use crate::error::{Area, Error, Result};
@@ -123,33 +125,48 @@ fn bucket(seed: u64, i: usize, side: usize) -> (usize, f64) {
     ((h as usize) % side, sign)
 }
 
-/// Add module `m`'s sketch `(Cₒ·s·B)·(A·Cᵢᵀ)` (side × side, row-major) to `z`.
-pub fn add_module_sketch(m: &ModuleFactors, side: usize, z: &mut [f64]) {
-    let r = m.rank;
-    let seed = name_seed(&m.name);
-    let (seed_out, seed_in) = (splitmix(seed), splitmix(seed ^ 0x5555));
-    // P = Cₒ·s·B: side × r.
-    let mut p = vec![0.0; side * r];
-    for (o, row) in m.b.chunks_exact(r).take(m.out_features).enumerate() {
-        let (k, sign) = bucket(seed_out, o, side);
-        let sign = sign * m.scale;
+/// Values per read in pass 1: small buffers, reused from module to module.
+const SKETCH_CHUNK: usize = 1 << 15;
+
+/// The two CountSketch maps' seeds of the module named `name`.
+fn module_seeds(name: &str) -> (u64, u64) {
+    let seed = name_seed(name);
+    (splitmix(seed), splitmix(seed ^ 0x5555))
+}
+
+/// `P += Cₒ·s·B` over rows `row0..row0 + rows` of B (values row-major,
+/// rows × r); P is side × r.
+fn sketch_b_rows(p: &mut [f64], seed_out: u64, row0: usize, vals: &[f64], r: usize, scale: f64) {
+    let side = p.len() / r.max(1);
+    for (o, row) in vals.chunks_exact(r.max(1)).enumerate() {
+        let (k, sign) = bucket(seed_out, row0 + o, side);
+        let sign = sign * scale;
         for (acc, &v) in p[k * r..(k + 1) * r].iter_mut().zip(row) {
             *acc += sign * v;
         }
     }
-    // Q = A·Cᵢᵀ: r × side.
-    let mut q = vec![0.0; r * side];
-    let maps: Vec<(usize, f64)> = (0..m.in_features)
-        .map(|i| bucket(seed_in, i, side))
-        .collect();
-    for (k, row) in m.a.chunks_exact(m.in_features.max(1)).take(r).enumerate() {
+}
+
+/// `Q += A·Cᵢᵀ` over columns `col0..col0 + w` of A (values row-major,
+/// r × w); Q is r × side, `maps` the (bucket, sign) of every column.
+fn sketch_a_columns(q: &mut [f64], maps: &[(usize, f64)], col0: usize, w: usize, vals: &[f64]) {
+    if w == 0 {
+        return;
+    }
+    let r = vals.len() / w;
+    let side = q.len() / r.max(1);
+    let maps = &maps[col0..col0 + w];
+    for (k, row) in vals.chunks_exact(w).enumerate() {
         let qk = &mut q[k * side..(k + 1) * side];
-        for (&v, &(j, sign)) in row.iter().zip(&maps) {
+        for (&v, &(j, sign)) in row.iter().zip(maps) {
             qk[j] += sign * v;
         }
     }
-    // Z += P·Q.
-    for (zi, pi) in z.chunks_exact_mut(side).zip(p.chunks_exact(r)) {
+}
+
+/// `Z += P·Q` (side × r times r × side).
+fn add_product(z: &mut [f64], p: &[f64], q: &[f64], r: usize, side: usize) {
+    for (zi, pi) in z.chunks_exact_mut(side).zip(p.chunks_exact(r.max(1))) {
         for (&pik, qk) in pi.iter().zip(q.chunks_exact(side)) {
             if pik == 0.0 {
                 continue;
@@ -161,23 +178,63 @@ pub fn add_module_sketch(m: &ModuleFactors, side: usize, z: &mut [f64]) {
     }
 }
 
-fn sketch(f: &AdapterFactors, side: usize) -> std::result::Result<Sketched, String> {
-    if f.modules.is_empty() {
+fn column_maps(seed_in: u64, cols: usize, side: usize) -> Vec<(usize, f64)> {
+    (0..cols).map(|i| bucket(seed_in, i, side)).collect()
+}
+
+/// Add module `m`'s sketch `(Cₒ·s·B)·(A·Cᵢᵀ)` (side × side, row-major) to `z`.
+pub fn add_module_sketch(m: &ModuleFactors, side: usize, z: &mut [f64]) {
+    let r = m.rank;
+    let (seed_out, seed_in) = module_seeds(&m.name);
+    let mut p = vec![0.0; side * r];
+    sketch_b_rows(&mut p, seed_out, 0, &m.b, r, m.scale);
+    let mut q = vec![0.0; r * side];
+    let maps = column_maps(seed_in, m.in_features, side);
+    sketch_a_columns(&mut q, &maps, 0, m.in_features, &m.a);
+    add_product(z, &p, &q, r, side);
+}
+
+/// Pass 1 for one adapter: its factors streamed once into the sketch.
+fn sketch_adapter(path: &Path, side: usize, chunk: usize) -> std::result::Result<Sketched, String> {
+    let mut z = vec![0.0; side * side];
+    let mut signature = Vec::new();
+    let (mut bytes, mut nonzero) = (0usize, false);
+    let mut bad: Option<String> = None;
+    let (mut p, mut q) = (Vec::new(), Vec::new());
+    stream_adapter_factors(path, chunk, |m, stream| {
+        let r = m.rank;
+        let (seed_out, seed_in) = module_seeds(&m.name);
+        p.clear();
+        p.resize(side * r, 0.0);
+        let mb = stream
+            .b_rows(|row0, _, vals| sketch_b_rows(&mut p, seed_out, row0, vals, r, m.scale))?;
+        let maps = column_maps(seed_in, m.in_features, side);
+        q.clear();
+        q.resize(r * side, 0.0);
+        let ma =
+            stream.a_columns(|col0, w, vals| sketch_a_columns(&mut q, &maps, col0, w, vals))?;
+        if ma.nonfinite + mb.nonfinite > 0 && bad.is_none() {
+            bad = Some(format!(
+                "module {:?} has {} non-finite values",
+                m.name,
+                ma.nonfinite + mb.nonfinite
+            ));
+        }
+        nonzero |= ma.sum_sq > 0.0 && mb.sum_sq > 0.0;
+        add_product(&mut z, &p, &q, r, side);
+        signature.push((m.name.clone(), m.in_features, m.out_features));
+        bytes += r * (m.in_features + m.out_features) * std::mem::size_of::<f64>();
+        Ok(())
+    })
+    .map_err(|e| e.message)?;
+    if let Some(reason) = bad {
+        return Err(reason);
+    }
+    if signature.is_empty() {
         return Err("no LoRA modules".into());
     }
-    if let Some(m) = f.modules.iter().find(|m| m.nonfinite > 0) {
-        return Err(format!(
-            "module {:?} has {} non-finite values",
-            m.name, m.nonfinite
-        ));
-    }
-    let zero = |v: &[f64]| v.iter().all(|&x| x == 0.0);
-    if f.modules.iter().all(|m| zero(&m.a) || zero(&m.b)) {
+    if !nonzero {
         return Err("its update is zero (lora_B or lora_A is all zeros)".into());
-    }
-    let mut z = vec![0.0; side * side];
-    for m in &f.modules {
-        add_module_sketch(m, side, &mut z);
     }
     let norm = z.iter().map(|v| v * v).sum::<f64>().sqrt();
     if !(norm > 0.0 && norm.is_finite()) {
@@ -185,14 +242,10 @@ fn sketch(f: &AdapterFactors, side: usize) -> std::result::Result<Sketched, Stri
     }
     z.iter_mut().for_each(|v| *v /= norm);
     Ok(Sketched {
-        path: PathBuf::new(),
-        signature: f
-            .modules
-            .iter()
-            .map(|m| (m.name.clone(), m.in_features, m.out_features))
-            .collect(),
+        path: path.to_path_buf(),
+        signature,
         unit: z,
-        bytes: f.value_bytes(),
+        bytes,
     })
 }
 
@@ -242,13 +295,7 @@ pub(crate) fn similar_pairs_with(
     let side = SKETCH_SIDE;
     let read: Vec<std::result::Result<Sketched, String>> = adapters
         .par_iter()
-        .map(|p| {
-            let f = read_adapter_factors(p).map_err(|e| e.message)?;
-            sketch(&f, side).map(|mut s| {
-                s.path = p.clone();
-                s
-            })
-        })
+        .map(|p| sketch_adapter(p, side, SKETCH_CHUNK))
         .collect();
     let mut sketched = Vec::new();
     let mut skipped = Vec::new();

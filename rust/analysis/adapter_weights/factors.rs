@@ -19,7 +19,7 @@ use super::plan::{plan, ModulePlan};
 use crate::error::{Area, Error, Result};
 use crate::formats::adapter_config::AdapterConfig;
 use crate::formats::tensor_data::{
-    decode, FloatTensor, SafetensorsData, TensorReader, DEFAULT_CHUNK_ELEMS,
+    decode, FloatTensor, Moments, SafetensorsData, TensorReader, DEFAULT_CHUNK_ELEMS,
 };
 
 /// One LoRA module's factors: `ΔW = scale · B · A`.
@@ -136,4 +136,84 @@ fn read_values(reader: &mut TensorReader, t: &FloatTensor) -> Result<(Vec<f64>, 
     })?;
     let nonfinite = out.iter().filter(|v| !v.is_finite()).count() as u64;
     Ok((out, nonfinite))
+}
+
+/// Shape and scale of one LoRA module, as the module plan found them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModuleInfo {
+    pub name: String,
+    pub layer: Option<u64>,
+    pub rank: usize,
+    pub in_features: usize,
+    pub out_features: usize,
+    /// The config's scale; 1 without a config.
+    pub scale: f64,
+}
+
+/// One module's factors, streamed in bounded blocks through a reader whose
+/// buffers are reused from module to module (no per-adapter allocation of
+/// the factors).
+pub struct FactorStream<'r, 'd> {
+    reader: &'r mut TensorReader<'d>,
+    a: &'r FloatTensor,
+    b: &'r FloatTensor,
+}
+
+impl FactorStream<'_, '_> {
+    /// `lora_B` (out × r) in blocks of whole rows: `f(first_row, rows,
+    /// values)`, values row-major (rows × r). Returns B's moments.
+    pub fn b_rows(&mut self, mut f: impl FnMut(usize, usize, &[f64])) -> Result<Moments> {
+        let mut row = 0;
+        self.reader.for_each_row_block(self.b, |n, vals| {
+            f(row, n, vals);
+            row += n;
+        })
+    }
+
+    /// `lora_A` (r × in) in blocks of whole columns: `f(first_col, cols,
+    /// values)`, values row-major (r × cols). Returns A's moments.
+    pub fn a_columns(&mut self, mut f: impl FnMut(usize, usize, &[f64])) -> Result<Moments> {
+        let mut col = 0;
+        self.reader.for_each_column_block(self.a, |w, vals| {
+            f(col, w, vals);
+            col += w;
+        })
+    }
+}
+
+/// Visit every LoRA module of the adapter at `path` (checked as
+/// [`read_adapter_factors`] checks them), in plan order (by name), with its
+/// factors streamed in chunks of at most `chunk_elems` values. Returns
+/// whether a config gave the scales.
+pub fn stream_adapter_factors(
+    path: &Path,
+    chunk_elems: usize,
+    mut visit: impl FnMut(&ModuleInfo, &mut FactorStream<'_, '_>) -> Result<()>,
+) -> Result<bool> {
+    let (weights_path, config_path) = locate(path)?;
+    let config = match AdapterConfig::read(&config_path) {
+        Ok(c) => Some(c),
+        Err(e) if e.area == Area::Missing => None,
+        Err(e) => return Err(e),
+    };
+    let data = SafetensorsData::open(&weights_path)?;
+    let plan = plan(&data, config.as_ref())?;
+    let mut reader = data.reader(chunk_elems);
+    for m in &plan.modules {
+        let info = ModuleInfo {
+            name: m.name.clone(),
+            layer: m.layer,
+            rank: m.rank as usize,
+            in_features: m.in_features as usize,
+            out_features: m.out_features as usize,
+            scale: m.scale.unwrap_or(1.0),
+        };
+        let mut stream = FactorStream {
+            reader: &mut reader,
+            a: &m.a,
+            b: &m.b,
+        };
+        visit(&info, &mut stream)?;
+    }
+    Ok(config.is_some())
 }

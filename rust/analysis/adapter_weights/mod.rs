@@ -69,7 +69,10 @@ mod stats;
 #[cfg(test)]
 mod tests;
 
-pub use factors::{read_adapter_factors, AdapterFactors, ModuleFactors, MAX_FACTOR_VALUES};
+pub use factors::{
+    read_adapter_factors, stream_adapter_factors, AdapterFactors, FactorStream, ModuleFactors,
+    ModuleInfo, MAX_FACTOR_VALUES,
+};
 use plan::plan;
 pub use stats::product_spectrum;
 use stats::{layer_energy, module_order, reduce_module};

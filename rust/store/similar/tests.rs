@@ -181,3 +181,22 @@ fn the_sketch_inner_product_is_unbiased_over_module_names() {
         * crate::analysis::update_similarity::factor_energy(&y).sqrt();
     assert!((mean - exact).abs() < 0.1 * scale, "{mean} vs {exact}");
 }
+
+#[test]
+fn the_streamed_sketch_equals_the_sketch_of_the_whole_factors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = write_adapter(tmp.path(), "a", 4, 0.0, 40);
+    // A chunk of 7 values: several blocks per factor, none of them whole.
+    let streamed = sketch_adapter(&dir, 8, 7).unwrap();
+    let f = read_adapter_factors(&dir).unwrap();
+    let mut z = vec![0.0; 64];
+    for m in &f.modules {
+        add_module_sketch(m, 8, &mut z);
+    }
+    let norm = z.iter().map(|v| v * v).sum::<f64>().sqrt();
+    for (x, y) in streamed.unit.iter().zip(&z) {
+        assert!((x - y / norm).abs() < 1e-12);
+    }
+    assert_eq!(streamed.signature.len(), 4);
+    assert_eq!(streamed.bytes, f.value_bytes());
+}
