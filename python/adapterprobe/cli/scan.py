@@ -69,6 +69,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     add_output_options(p)
     add_scan_options(p)
+    from adapterprobe.comparison.baseline import add_baseline_options
+
+    add_baseline_options(p)
     p.set_defaults(run=run)
 
 
@@ -174,15 +177,17 @@ def nothing_found(roots: list[str], problems: list[tuple[str, str]], args: Any) 
 
 
 def run_scan(roots: list[str], args: argparse.Namespace) -> int:
+    from adapterprobe.comparison.baseline import Gate
     from adapterprobe.probes import DEFAULT_PROBES
 
     settings = scan_settings(args)
+    gate = Gate(roots, args)  # --baseline: checked before the walk
     batches, problems, found, stop = scan_records(roots, args, settings)
     if not found:
         stop()
         return nothing_found(roots, problems, args)
-    return print_batches(
-        batches,
+    code = print_batches(
+        gate.batches(batches),
         problems,
         args.format,
         args.fail_on,
@@ -190,6 +195,7 @@ def run_scan(roots: list[str], args: argparse.Namespace) -> int:
         settings=settings.to_dict(args.probes or DEFAULT_PROBES),
         before_output=stop,
     )
+    return gate.exit_code(code)
 
 
 def run(args: argparse.Namespace) -> int:
