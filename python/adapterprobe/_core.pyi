@@ -59,6 +59,13 @@ __all__ = [
     "robust_curve",
     "spike_indices",
     "weights_input",
+    # comparing adapters
+    "SimilarPair",
+    "SimilarReport",
+    "SkippedAdapter",
+    "compare_adapter_updates",
+    "find_adapters",
+    "similar_adapters",
 ]
 
 __version__: str
