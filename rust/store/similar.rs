@@ -47,7 +47,7 @@ use crate::io::walk::files_under;
 /// Sketch buckets per side (the sketch holds `SKETCH_SIDE²` values).
 pub const SKETCH_SIDE: usize = 32;
 /// Factor bytes held at once in the exact pass before it reads per pair.
-const EXACT_CACHE_BYTES: usize = 1 << 30;
+const EXACT_CACHE_BYTES: usize = 256 << 20;
 
 /// Two adapters whose updates are alike.
 #[cfg_attr(

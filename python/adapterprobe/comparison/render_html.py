@@ -23,17 +23,29 @@ W, H = 640, 300
 BOX = (60.0, 12.0, 620.0, 250.0)
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b")
 
-STYLE = """
-body{font:14px system-ui,sans-serif;margin:24px;color:#222}
-table{border-collapse:collapse;margin:8px 0}
-td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
-.chart{max-width:100%;height:auto}.curves{width:640px}.bars{width:320px}
-.grid{stroke:#eee;fill:none}.axis{stroke:#888;fill:none}.xt,.yt,.xl,.yl,.lt{font-size:10px;fill:#555}
-.yt{text-anchor:end}.xt,.xl{text-anchor:middle}.yl{text-anchor:middle}
-.bars rect{fill:#4a78b0}.bars rect.flag{fill:#c44}.limit{stroke:#c44;stroke-dasharray:4 3}
-.row{display:flex;flex-wrap:wrap;gap:16px}.ptitle{margin:4px 0;font-weight:600}
-.legend span{margin-right:14px}.note{color:#a60}
-"""
+# Every rule is scoped to the fragment's class, so a notebook's own styles
+# are left alone.
+_RULES = (
+    "{font:14px system-ui,sans-serif;color:#222}",
+    " table{border-collapse:collapse;margin:8px 0}",
+    " td, .ap-cmp th{border:1px solid #ccc;padding:3px 8px;text-align:left}",
+    " .chart{max-width:100%;height:auto}",
+    " .curves{width:640px}",
+    " .bars{width:320px}",
+    " .grid{stroke:#eee;fill:none}",
+    " .axis{stroke:#888;fill:none}",
+    " text{font-size:10px;fill:#555}",
+    " .yt{text-anchor:end}",
+    " .xt, .ap-cmp .xl, .ap-cmp .yl{text-anchor:middle}",
+    " .bars rect{fill:#4a78b0}",
+    " .bars rect.flag{fill:#c44}",
+    " .limit{stroke:#c44;stroke-dasharray:4 3}",
+    " .row{display:flex;flex-wrap:wrap;gap:16px}",
+    " .ptitle{margin:4px 0;font-weight:600}",
+    " .legend span{margin-right:14px}",
+    " .note{color:#a60}",
+)
+STYLE = "\n".join(".ap-cmp" + rule for rule in _RULES)
 
 
 def _curves_chart(items: list[dict[str, Any]]) -> str:
@@ -188,7 +200,7 @@ def _modules_table(data: dict[str, Any]) -> str:
 def render_fragment(data: dict[str, Any]) -> str:
     """The comparison as an HTML fragment (for notebooks)."""
     return (
-        f'<div class="adapterprobe-compare"><style>{STYLE}</style>'
+        f'<div class="adapterprobe-compare ap-cmp"><style>{STYLE}</style>'
         f"{_items_table(data)}{_pairs_list(data)}"
         f'<p class="ptitle">Loss by step</p>{_curves_chart(data["items"])}{_layer_bars(data)}'
         f"{_modules_table(data)}</div>"
@@ -200,6 +212,7 @@ def render_page(data: dict[str, Any]) -> str:
     labels = " vs ".join(esc(i["label"]) for i in data["items"])
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
-        f"<title>adapterprobe compare: {labels}</title></head><body>"
+        f"<title>adapterprobe compare: {labels}</title>"
+        "<style>body{margin:24px}</style></head><body>"
         f"<h1>Comparison: {labels}</h1>{render_fragment(data)}</body></html>\n"
     )
