@@ -34,6 +34,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use nalgebra::{DMatrixView, DMatrixViewMut};
 use rayon::prelude::*;
 
 use crate::analysis::adapter_weights::{
@@ -164,18 +165,17 @@ fn sketch_a_columns(q: &mut [f64], maps: &[(usize, f64)], col0: usize, w: usize,
     }
 }
 
-/// `Z += P·Q` (side × r times r × side).
+/// `Z += P·Q` (side × r times r × side), all row-major. Read column-major,
+/// the same buffers are `Zᵀ`, `Pᵀ` and `Qᵀ`, so this is `Zᵀ += Qᵀ·Pᵀ`,
+/// one GEMM (nalgebra's, which picks the CPU's widest vector unit).
 fn add_product(z: &mut [f64], p: &[f64], q: &[f64], r: usize, side: usize) {
-    for (zi, pi) in z.chunks_exact_mut(side).zip(p.chunks_exact(r.max(1))) {
-        for (&pik, qk) in pi.iter().zip(q.chunks_exact(side)) {
-            if pik == 0.0 {
-                continue;
-            }
-            for (acc, &v) in zi.iter_mut().zip(qk) {
-                *acc += pik * v;
-            }
-        }
+    if r == 0 || p.len() != side * r || q.len() != r * side || z.len() != side * side {
+        return;
     }
+    let pt = DMatrixView::from_slice(p, r, side);
+    let qt = DMatrixView::from_slice(q, side, r);
+    let mut zt = DMatrixViewMut::from_slice(z, side, side);
+    zt.gemm(1.0, &qt, &pt, 1.0);
 }
 
 fn column_maps(seed_in: u64, cols: usize, side: usize) -> Vec<(usize, f64)> {
