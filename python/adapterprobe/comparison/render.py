@@ -100,8 +100,9 @@ def _summary_lines(data: dict[str, Any]) -> list[str]:
     level = data.get("loss_level")
     if level:
         lines.append(
-            f"loss level {_f(level['loss'])} (the highest best loss) "
-            "first reached at the steps shown"
+            f"loss level {_f(level['loss'])} (the highest best "
+            f"{'smoothed ' if level.get('smoothed') else ''}loss) first reached at the "
+            "steps shown"
         )
     for p in data["pairs"]:
         if p.get("error"):
