@@ -159,3 +159,18 @@ def test_bad_input_gets_a_clear_error(runs: Path, tmp_path: Path) -> None:
         compare(runs / "seed0", tmp_path / "empty")
     done = cli("compare", str(runs / "seed0"), str(tmp_path / "missing"))
     assert done.returncode == 2 and "does not exist" in done.stderr
+
+
+def test_hf_runs_are_also_aligned_by_epoch(runs: Path, demo_store: Path) -> None:
+    c = compare(runs / "seed0", runs / "hilr").to_dict()
+    assert c["aligned_by"] == ["step", "epoch"]
+    state = json.loads((runs / "hilr" / "checkpoint-40" / "trainer_state.json").read_text())
+    logged = [[e["step"], e["epoch"]] for e in state["log_history"] if "loss" in e]
+    for item in c["items"]:
+        epochs = item["curve"]["epoch"]
+        assert epochs[-1] == logged[-1]
+        assert [p[1] for p in epochs] == sorted(p[1] for p in epochs)
+    # A dlm store logs steps only: the comparison is by step alone.
+    mixed = compare(runs / "seed0", demo_store / "healthy").to_dict()
+    assert mixed["aligned_by"] == ["step"]
+    assert "epoch" not in mixed["items"][1]["curve"]

@@ -10,7 +10,9 @@ computed in Rust in r×r space (``_core.compare_adapter_updates``).
 The top-level ``"similarity"``, ``"modules"`` and ``"left_out"`` describe the
 first pair (A against B); ``"pairs"`` holds every pair when more than two
 paths are given. Curves are aligned by optimizer step (the one axis every log
-format carries).
+format carries), and ``"aligned_by"`` also lists ``"epoch"`` / ``"tokens"``
+when every curve has them (HF ``trainer_state.json``: each curve then carries
+``"epoch"`` / ``"tokens"`` as ``[step, value]`` points).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from adapterprobe.comparison.sources import (
     Side,
     adapter_summary,
     curve_summary,
+    other_axes,
     resolve,
     step_to_level,
 )
@@ -74,6 +77,7 @@ def _item(side: Side) -> dict[str, Any]:
             item["notes"].append(f"adapter not read: {exc}")
     if side.curve is not None:
         item["curve"] = curve_summary(side.curve)
+        item["curve"].update(other_axes(side))
     return item
 
 
@@ -115,7 +119,8 @@ def build(paths: list[str | os.PathLike[str]], *, angles: bool = True) -> dict[s
         "items": items,
         "pairs": pairs,
         "loss_level": level,
-        "aligned_by": "step",
+        "aligned_by": ["step"]
+        + [axis for axis in ("epoch", "tokens") if curves and all(axis in c for c in curves)],
     }
 
 

@@ -10,6 +10,7 @@ comparison; only a path with neither an adapter nor a curve is refused.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -166,3 +167,56 @@ def adapter_summary(path: Path) -> dict[str, Any]:
         ],
         "nonfinite": w.nonfinite_total,
     }
+
+
+MAX_STATE_BYTES = 64 << 20  # trainer_state.json larger than this is not read
+
+
+def _newest_trainer_state(path: Path) -> Path | None:
+    """The trainer_state.json of `path` or of its newest checkpoint-N."""
+    base = path if path.is_dir() else path.parent
+    if (base / "trainer_state.json").is_file():
+        return base / "trainer_state.json"
+    steps = []
+    for ckpt in base.glob("checkpoint-*"):
+        tail = ckpt.name.removeprefix("checkpoint-")
+        if tail.isdigit() and (ckpt / "trainer_state.json").is_file():
+            steps.append((int(tail), ckpt / "trainer_state.json"))
+    return max(steps)[1] if steps else None
+
+
+def other_axes(side: Side) -> dict[str, list[list[float]]]:
+    """Epoch (and input tokens, when logged) at each logged training step,
+    from an HF run's trainer_state.json: ``{"epoch": [[step, epoch], ...],
+    "tokens": [[step, tokens], ...]}``, at most CURVE_POINTS points each;
+    empty when the run has none (other layouts log steps only)."""
+    if side.kind != "run":
+        return {}
+    state = _newest_trainer_state(side.path)
+    if state is None or state.stat().st_size > MAX_STATE_BYTES:
+        return {}
+    try:
+        history = json.loads(state.read_text(encoding="utf-8")).get("log_history")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        side.notes.append(f"{state}: not readable for epochs")
+        return {}
+    axes: dict[str, list[list[float]]] = {"epoch": [], "tokens": []}
+    for entry in history if isinstance(history, list) else []:
+        if not isinstance(entry, dict) or "loss" not in entry:
+            continue
+        step = entry.get("step")
+        if not isinstance(step, int):
+            continue
+        for key, name in (("epoch", "epoch"), ("num_input_tokens_seen", "tokens")):
+            value = entry.get(key)
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                axes[name].append([step, float(value)])
+    out = {}
+    for name, points in axes.items():
+        if points:
+            stride = max(1, math.ceil(len(points) / CURVE_POINTS))
+            kept = points[::stride]
+            if kept[-1] != points[-1]:
+                kept.append(points[-1])
+            out[name] = kept
+    return out
