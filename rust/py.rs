@@ -31,6 +31,8 @@ use crate::store::scan::{
 use crate::store::torch_state::{self, ParamStat, TrainingState};
 use crate::Result;
 
+mod compare;
+
 // ---- errors ----
 
 /// `adapterprobe.errors`, where every exception class is defined.
@@ -985,5 +987,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<LayerWeights>()?;
     m.add_function(wrap_pyfunction!(full_weights_input, m)?)?;
     m.add_function(wrap_pyfunction!(json_dumps, m)?)?;
+    compare::register(m)?;
     Ok(())
 }

@@ -74,6 +74,9 @@ _LAZY = {
     "apply_adapter": "adapterprobe.lora.parasitic",
     "GAPMonitor": "adapterprobe.monitor",
     "GradientDump": "adapterprobe.monitor",
+    "compare": "adapterprobe.comparison",
+    "Comparison": "adapterprobe.comparison",
+    "similar": "adapterprobe.comparison",
 }
 
 

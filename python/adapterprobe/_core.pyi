@@ -34,6 +34,9 @@ __all__ = [
     "Problem",
     "RobustCurve",
     "SafetensorsHeader",
+    "SimilarPair",
+    "SimilarReport",
+    "SkippedAdapter",
     "SpikeEvent",
     "Target",
     "TargetInputs",
@@ -42,11 +45,13 @@ __all__ = [
     "TrainingState",
     "WeightsInput",
     "__version__",
+    "compare_adapter_updates",
     "count_spikes",
     "curve_metrics",
     "discover",
     "drift_input",
     "excerpt",
+    "find_adapters",
     "full_weights_input",
     "ghost_input",
     "group_layers",
@@ -58,6 +63,7 @@ __all__ = [
     "read_safetensors_header",
     "read_training_state",
     "robust_curve",
+    "similar_adapters",
     "spike_indices",
     "weights_input",
 ]
@@ -679,3 +685,57 @@ def json_dumps(value: object) -> str:
     ``repr``) for plain trees of dict, list, tuple, str, int, float, bool and
     None, written in Rust. Other types raise TypeError; NaN and infinities
     ValueError."""
+
+# ---- comparing adapters (analysis::update_similarity, store::similar) ----
+
+def compare_adapter_updates(a: _Path, b: _Path, *, angles: bool = True) -> dict[str, Any]:
+    """Cosine of two adapters' updates per shared module and over all of them
+    (energy-weighted), principal angles, modules left out; NaN as None."""
+
+def find_adapters(root: _Path) -> list[Path]:
+    """Adapter directories (holding adapter_model.safetensors) under `root`."""
+
+@final
+class SimilarPair:
+    @property
+    def a(self) -> Path: ...
+    @property
+    def b(self) -> Path: ...
+    @property
+    def similarity(self) -> float: ...
+
+@final
+class SkippedAdapter:
+    @property
+    def path(self) -> Path: ...
+    @property
+    def reason(self) -> str: ...
+
+@final
+class SimilarReport:
+    @property
+    def pairs(self) -> list[SimilarPair]: ...
+    @property
+    def adapters(self) -> int: ...
+    @property
+    def groups(self) -> int: ...
+    @property
+    def pairs_considered(self) -> int: ...
+    @property
+    def pairs_exact(self) -> int: ...
+    @property
+    def skipped(self) -> list[SkippedAdapter]: ...
+    @property
+    def threshold(self) -> float: ...
+    @property
+    def exhaustive(self) -> bool: ...
+
+def similar_adapters(
+    root: _Path | None = None,
+    *,
+    paths: Sequence[_Path] | None = None,
+    threshold: float = 0.99,
+    exhaustive: bool = False,
+) -> SimilarReport:
+    """Pairs of adapters (under `root`, or among `paths`) whose similarity is
+    at least `threshold`, most similar first."""

@@ -27,6 +27,10 @@ from adapterprobe.escape import csv_cell
 from adapterprobe.probes.result import ProbeResult, Verdict, short_repr
 
 FAIL_ON = ("warn", "fail", "never")
+#: Version of the JSON record layout; saved scans (``scan`` on the command
+#: line, which also records each store's root) carry it in every record;
+#: ``scan --baseline`` and ``report --from`` refuse other versions.
+SCHEMA_VERSION = 1
 #: Exit codes: 0 ok, 1 verdicts at or past --fail-on, 2 usage, 3 nothing found.
 EXIT_OK, EXIT_VERDICTS, EXIT_USAGE, EXIT_NOTHING_FOUND = 0, 1, 2, 3
 
@@ -55,6 +59,10 @@ class ScanRecord:
     message: str
     evidence: dict[str, Any] = field(default_factory=dict)
     checkpoint_kind: str | None = None
+    #: The scan root the store was found under (set by the CLI; JSON only).
+    root: str | None = None
+    #: ``scan --baseline``: this record against the saved scan (JSON only).
+    baseline: dict[str, Any] | None = None
 
     @classmethod
     def of(
@@ -93,6 +101,11 @@ class ScanRecord:
     def _plain(self) -> dict[str, Any]:
         d = {f: getattr(self, f) for f in RECORD_FIELDS}
         d["verdict"] = self.verdict.value
+        if self.root is not None:  # a saved scan (the CLI sets the root)
+            d["schema_version"] = SCHEMA_VERSION
+        for extra in JSON_ONLY_FIELDS:
+            if getattr(self, extra) is not None:
+                d[extra] = getattr(self, extra)
         return d
 
     def to_dict(self) -> dict[str, Any]:
@@ -110,8 +123,12 @@ class ScanRecord:
             return json.dumps(self.to_dict(), allow_nan=False)
 
 
+#: Fields written to JSON only when set (not CSV columns).
+JSON_ONLY_FIELDS = ("root", "baseline")
 #: The record fields, in output order.
-RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ScanRecord))
+RECORD_FIELDS: tuple[str, ...] = tuple(
+    f.name for f in dataclasses.fields(ScanRecord) if f.name not in JSON_ONLY_FIELDS
+)
 
 
 def natural_key(text: str) -> tuple[Any, ...]:

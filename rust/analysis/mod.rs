@@ -17,3 +17,4 @@ pub mod metrics;
 pub mod robust_curve;
 pub mod second_moment;
 pub mod series;
+pub mod update_similarity;

@@ -12,6 +12,7 @@ pub mod optimizer_state;
 pub mod plausibility;
 pub mod probe_inputs;
 pub mod scan;
+pub mod similar;
 pub mod torch_state;
 
 #[cfg(test)]

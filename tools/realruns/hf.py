@@ -123,6 +123,7 @@ def train_hf_run(
     seed: int = 0,
     grad_scale: Mapping[int, float] | None = None,
     extra_adapters: tuple[str, ...] = (),
+    data_seed: int | None = None,
 ) -> Path:
     """Fine-tune a tiny model under ``transformers.Trainer``: with PEFT LoRA,
     or, with ``full``, every parameter of the model (no PEFT).
@@ -142,6 +143,9 @@ def train_hf_run(
     ``default`` one (PEFT ``add_adapter``, B initialised at random so they
     are not all-zero); every save then writes each in a ``<name>/``
     subfolder, as PEFT's multi-adapter ``save_pretrained`` does.
+    ``data_seed``, when given, seeds the base model and the data instead of
+    ``seed``, which then seeds only the LoRA init and the batch order: two
+    runs of one recipe on the same data and base that differ in their seed.
     """
     _silence()
     if save not in FULL_SAVES or (save != "safetensors" and not full):
@@ -149,7 +153,10 @@ def train_hf_run(
     torch = require("torch", "torch")
     transformers = require("transformers", "peft")
     torch.manual_seed(seed)
-    base = tiny_causal_lm(model, layers=layers, seed=seed, tie_embeddings=tie_embeddings)
+    fixed = seed if data_seed is None else data_seed
+    base = tiny_causal_lm(model, layers=layers, seed=fixed, tie_embeddings=tie_embeddings)
+    if data_seed is not None:
+        torch.manual_seed(seed)
     if full:
         trained = base
     else:
@@ -217,7 +224,7 @@ def train_hf_run(
             torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
             return None
 
-    trainer = Trainer(model=trained, args=args, train_dataset=_Sequences(seed))
+    trainer = Trainer(model=trained, args=args, train_dataset=_Sequences(fixed))
     trainer.train()
     if save_final:
         trainer.save_model(str(out))

@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Subcommand modules, in the order `--help` lists them.
-_SUBCOMMANDS = ("scan", "check", "report", "extract")
+_SUBCOMMANDS = ("scan", "check", "report", "extract", "compare", "similar")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

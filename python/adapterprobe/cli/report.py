@@ -36,6 +36,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("roots", nargs="*", metavar="ROOT", help="as for scan (default: the demo)")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the HTML file to write")
+    p.add_argument(
+        "--from",
+        dest="from_scan",
+        metavar="SCAN_JSON",
+        help="re-render a saved `scan --format json` instead of scanning",
+    )
     add_gate_options(p)
     add_scan_options(p)
     p.set_defaults(run=run, format=None)
@@ -49,6 +55,12 @@ def run(args: argparse.Namespace) -> int:
     from adapterprobe.records import ScanRecord, Tally
     from adapterprobe.reports.html import write_streamed_html
 
+    if args.from_scan:
+        from adapterprobe.comparison.baseline import report_from_saved
+
+        path, saved = report_from_saved(args.from_scan, args.output)
+        print(f"adapterprobe: wrote {terminal(str(path))}", file=sys.stderr)
+        return saved.exit_code(args.fail_on or "fail")
     settings = scan_settings(args)
     roots = default_roots(args.roots)
     batches, problems, found, stop = scan_records(roots, args, settings)

@@ -81,6 +81,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     add_output_options(p)
     add_scan_options(p)
+    from adapterprobe.comparison.baseline import add_baseline_options
+
+    add_baseline_options(p)
     p.set_defaults(run=run)
 
 
@@ -227,19 +230,21 @@ def output_of(args: argparse.Namespace, settings: dict[str, Any] | None) -> Outp
 
 
 def run_scan(roots: list[str], args: argparse.Namespace) -> int:
+    from adapterprobe.comparison.baseline import Gate
     from adapterprobe.probes import DEFAULT_PROBES
 
     settings = scan_settings(args)
     roots = default_roots(roots)
+    gate = Gate(roots, args)  # --baseline: checked before the walk
     batches, problems, found, stop = scan_records(roots, args, settings)
     if not found:
         stop()
         return nothing_found(roots, problems, args)
     code = output_of(args, settings.to_dict(args.probes or DEFAULT_PROBES)).write(
-        batches, before_output=stop
+        gate.batches(batches), before_output=stop
     )
     print_problems(problems)
-    return code
+    return gate.exit_code(code)
 
 
 def run(args: argparse.Namespace) -> int:

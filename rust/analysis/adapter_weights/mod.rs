@@ -63,11 +63,16 @@ use crate::formats::tensor_data::{
     FloatTensor, SafetensorsData, TensorReader, DEFAULT_CHUNK_ELEMS, MAX_GRAM_DIM,
 };
 
+mod factors;
 mod plan;
 mod stats;
 #[cfg(test)]
 mod tests;
 
+pub use factors::{
+    read_adapter_factors, stream_adapter_factors, AdapterFactors, FactorStream, ModuleFactors,
+    ModuleInfo, MAX_FACTOR_VALUES,
+};
 use plan::plan;
 pub use stats::product_spectrum;
 use stats::{layer_energy, module_order, reduce_module};

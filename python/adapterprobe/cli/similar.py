@@ -1,0 +1,77 @@
+"""``adapterprobe similar ROOT``: near-duplicate adapters across a store."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+EPILOG = """\
+examples:
+  adapterprobe similar /data/adapters
+  adapterprobe similar /data/adapters --threshold 0.95 --format json
+
+Every pair of adapters under ROOT with the same target modules and shapes
+whose updates have an energy-weighted cosine at or above the threshold. Each
+adapter is read once into a small sketch; the pairs the sketch cannot rule
+out are computed exactly (--exhaustive: every pair exactly). Exit 0 either
+way; 3 when no adapter was found.
+"""
+
+
+def _threshold(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not -1.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must lie in [-1, 1], got {value}")
+    return value
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "similar",
+        help="find near-duplicate adapters under a root",
+        description="Find adapters whose updates are (almost) the same.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("root", metavar="ROOT", help="directory to search for adapters")
+    p.add_argument(
+        "--threshold",
+        type=_threshold,
+        default=0.99,
+        help="cosine at or above which a pair is reported (default 0.99)",
+    )
+    p.add_argument("--exhaustive", action="store_true", help="compute every pair exactly (slow)")
+    p.add_argument("--format", choices=("table", "json"), default="table", help="output format")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from adapterprobe.cli import EXIT_NOTHING_FOUND
+    from adapterprobe.comparison import similar
+    from adapterprobe.comparison.render import plain_text as safe_text
+
+    found = similar(args.root, threshold=args.threshold, exhaustive=args.exhaustive)
+    if args.format == "json":
+        sys.stdout.write(json.dumps(found["pairs"], indent=2) + "\n")
+    else:
+        for p in found["pairs"]:
+            print(f"{p['similarity']:.6f}  {safe_text(p['a'])}  {safe_text(p['b'])}")
+        print(
+            f"{len(found['pairs'])} pairs at or above {args.threshold} among "
+            f"{found['adapters']} adapters ({found['pairs_exact']} of "
+            f"{found['pairs_considered']} pairs computed exactly)",
+            file=sys.stderr,
+        )
+    for s in found["skipped"]:
+        print(
+            f"adapterprobe: skipped {safe_text(s['path'])}: {safe_text(s['reason'])}",
+            file=sys.stderr,
+        )
+    if found["adapters"] == 0 and not found["skipped"]:
+        print(f"adapterprobe: no adapters found under {safe_text(args.root)}", file=sys.stderr)
+        return EXIT_NOTHING_FOUND
+    return 0

@@ -1,0 +1,332 @@
+"""``scan --baseline previous.json``: each record against the same store (and
+version) in a saved scan, and what got worse.
+
+Matching: by the store's path relative to its scan root (``--match path``,
+the default) or by the store directory's name (``--match name``, for stores
+that moved); a version record (adapter_weights, gradient_ghost) matches the
+saved record of the same probe for the same relative adapter path, else the
+saved one of that probe and store. Saved scans carry ``schema_version`` and
+``root`` in every record; a file of another schema version, without them, or
+made from another root is refused (``UsageError``) before anything is read.
+
+What counts as a regression (each gives a ``why`` line):
+
+- the verdict dropped (pass → warn → fail → error; skip compares with nothing);
+- training_drift: the best or final training loss, or the final eval loss,
+  rose by more than ``loss_margin`` (relative) over the saved one;
+- adapter_weights: ‖ΔW‖ or the largest rank used fell below ``collapse``
+  times the saved value;
+- gradient_ghost: the best validation loss rose by more than ``loss_margin``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from adapterprobe.errors import MissingFileError, UsageError
+from adapterprobe.records import SCHEMA_VERSION, ScanRecord
+
+SEVERITY = {"pass": 0, "warn": 1, "fail": 2, "error": 3}
+
+
+@dataclasses.dataclass(frozen=True)
+class Margins:
+    loss_margin: float = 0.05
+    collapse: float = 0.5
+
+
+def load_saved_scan(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The records of a saved ``scan --format json``, checked for the schema."""
+    p = Path(path)
+    if not p.is_file():
+        raise MissingFileError("no such saved scan", path=str(p))
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"not a saved scan (invalid JSON: {exc})", path=str(p)) from None
+    if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+        raise UsageError("not a saved scan (expected the JSON array of records)", path=str(p))
+    versions = {r.get("schema_version") for r in data}
+    if versions != {SCHEMA_VERSION} and data:
+        found = ", ".join(sorted(str(v) for v in versions))
+        raise UsageError(
+            f"saved scan has schema_version {found}; this adapterprobe reads "
+            f"{SCHEMA_VERSION} (re-run the scan with this version)",
+            path=str(p),
+        )
+    needed = ("store", "probe", "verdict")
+    if any(not isinstance(r.get(k), str) for r in data for k in needed):
+        raise UsageError(f"not a saved scan (records need {', '.join(needed)})", path=str(p))
+    return data
+
+
+def _norm(root: str) -> str:
+    return os.path.normpath(root)
+
+
+def root_of(store: str, roots: list[str]) -> str:
+    """The scan root `store` lies under (the longest that contains it)."""
+    best = None
+    for root in roots:
+        r = _norm(root)
+        s = _norm(store)
+        if (s == r or s.startswith(r.rstrip(os.sep) + os.sep)) and (
+            best is None or len(r) > len(best)
+        ):
+            best = r
+    return best if best is not None else _norm(roots[0]) if roots else ""
+
+
+def _rel(path: str | None, root: str | None) -> str | None:
+    if path is None:
+        return None
+    if root is None:
+        return _norm(path)
+    return os.path.relpath(_norm(path), root)
+
+
+def match_key(record: dict[str, Any], match: str) -> str:
+    store = str(record["store"])
+    if match == "name":
+        return os.path.basename(_norm(store))
+    return str(_rel(store, record.get("root")))
+
+
+class Baseline:
+    """A saved scan indexed for matching."""
+
+    def __init__(self, records: list[dict[str, Any]], roots: list[str], match: str) -> None:
+        saved_roots = {r.get("root") for r in records}
+        if records and None in saved_roots:
+            raise UsageError(
+                "saved scan records carry no root: save it with `adapterprobe scan ... "
+                "--format json` of this version"
+            )
+        current = {_norm(r) for r in roots}
+        other = {str(r) for r in saved_roots} - current
+        if match == "path" and other:
+            raise UsageError(
+                f"saved scan was made from another root ({', '.join(sorted(other))}), "
+                f"this scan is of {', '.join(sorted(current))}; scan the same root, or "
+                "pass --match name to match stores by name"
+            )
+        self.match = match
+        self.by_store: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for r in records:
+            self.by_store.setdefault((match_key(r, match), r["probe"]), []).append(r)
+
+    def find(self, record: dict[str, Any]) -> dict[str, Any] | None:
+        saved = self.by_store.get((match_key(record, self.match), record["probe"]))
+        if not saved:
+            return None
+        if record.get("adapter") is not None:
+            rel = _rel(record["adapter"], record.get("root"))
+            for s in saved:
+                if s.get("adapter") is not None and _rel(s["adapter"], s.get("root")) == rel:
+                    return s
+        return saved[-1]
+
+
+def _num(evidence: dict[str, Any], key: str) -> float | None:
+    v = evidence.get(key)
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+
+def _final_eval(evidence: dict[str, Any]) -> float | None:
+    points = evidence.get("eval_loss_sampled") or []
+    finite = [
+        float(p[1])
+        for p in points
+        if isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[1], (int, float))
+    ]
+    finite = [v for v in finite if math.isfinite(v)]
+    return finite[-1] if finite else None
+
+
+def _rose(what: str, old: float | None, new: float | None, margin: float) -> str | None:
+    if old is None or new is None:
+        return None
+    if new - old > margin * abs(old):
+        change = (new - old) / abs(old) * 100 if old else math.inf
+        return f"{what} rose {old:.4g} -> {new:.4g} (+{change:.1f}%, margin {margin:.0%})"
+    return None
+
+
+def _fell(what: str, old: float | None, new: float | None, collapse: float) -> str | None:
+    if old is None or new is None or old <= 0:
+        return None
+    if new < collapse * old:
+        return f"{what} collapsed {old:.4g} -> {new:.4g} (below {collapse:.0%} of the baseline)"
+    return None
+
+
+def regressions(new: dict[str, Any], old: dict[str, Any], m: Margins) -> list[str]:
+    """Why `new` is worse than the saved `old` (empty when it is not)."""
+    why = []
+    before, after = SEVERITY.get(old["verdict"]), SEVERITY.get(new["verdict"])
+    if before is not None and after is not None and after > before:
+        why.append(f"verdict dropped {old['verdict']} -> {new['verdict']}")
+    e_new, e_old = new.get("evidence") or {}, old.get("evidence") or {}
+    if new["probe"] == "training_drift":
+        checks = [
+            _rose("best loss", _num(e_old, "best_loss"), _num(e_new, "best_loss"), m.loss_margin),
+            _rose("final loss", _num(e_old, "tail_loss"), _num(e_new, "tail_loss"), m.loss_margin),
+            _rose("eval loss", _final_eval(e_old), _final_eval(e_new), m.loss_margin),
+        ]
+    elif new["probe"] == "adapter_weights":
+        used_old = (e_old.get("rank_used") or {}).get("max")
+        used_new = (e_new.get("rank_used") or {}).get("max")
+        checks = [
+            _fell(
+                "‖ΔW‖", _num(e_old, "total_delta_fro"), _num(e_new, "total_delta_fro"), m.collapse
+            ),
+            _fell(
+                "rank used",
+                float(used_old) if isinstance(used_old, (int, float)) else None,
+                float(used_new) if isinstance(used_new, (int, float)) else None,
+                m.collapse,
+            ),
+        ]
+    elif new["probe"] == "gradient_ghost":
+        checks = [
+            _rose(
+                "best eval loss",
+                _num(e_old, "best_val_loss"),
+                _num(e_new, "best_val_loss"),
+                m.loss_margin,
+            )
+        ]
+    else:
+        checks = []
+    return why + [c for c in checks if c]
+
+
+def judge(record: ScanRecord, baseline: Baseline, m: Margins) -> dict[str, Any]:
+    """The ``"baseline"`` entry of one record."""
+    plain = record.to_dict()
+    old = baseline.find(plain)
+    if old is None:
+        return {"verdict": None, "regressed": False, "why": ["not in the baseline"]}
+    why = regressions(plain, old, m)
+    return {"verdict": old["verdict"], "regressed": bool(why), "why": why}
+
+
+# ---------------------------------------------------------------------------
+# The scan CLI's hook
+
+
+def add_baseline_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("regression gate")
+    g.add_argument(
+        "--baseline",
+        metavar="FILE",
+        default=None,
+        help='a saved `scan --format json`: every record gains a "baseline" entry',
+    )
+    g.add_argument(
+        "--fail-on-regression",
+        action="store_true",
+        help="exit 1 when any record regressed against --baseline",
+    )
+    g.add_argument(
+        "--match",
+        choices=("path", "name"),
+        default="path",
+        help="match stores by path relative to the root (default) or by directory name",
+    )
+    g.add_argument(
+        "--loss-margin",
+        type=float,
+        default=Margins.loss_margin,
+        metavar="SHARE",
+        help="relative rise of a loss that counts as a regression (default 0.05)",
+    )
+
+
+class Gate:
+    """Tags every record with its root and, with --baseline, its comparison."""
+
+    def __init__(self, roots: list[str], args: argparse.Namespace) -> None:
+        self.roots = [_norm(r) for r in roots]
+        self.fail = bool(getattr(args, "fail_on_regression", False))
+        path = getattr(args, "baseline", None)
+        if self.fail and path is None:
+            raise UsageError("--fail-on-regression needs --baseline FILE")
+        margin = getattr(args, "loss_margin", Margins.loss_margin)
+        if not (isinstance(margin, float) and 0 <= margin < math.inf):
+            raise UsageError(f"--loss-margin must be a share >= 0, got {margin}")
+        self.margins = Margins(loss_margin=margin)
+        self.baseline = (
+            Baseline(load_saved_scan(path), self.roots, getattr(args, "match", "path"))
+            if path is not None
+            else None
+        )
+        self.regressed = 0
+
+    def record(self, r: ScanRecord) -> ScanRecord:
+        r = dataclasses.replace(r, root=root_of(r.store, self.roots))
+        if self.baseline is None:
+            return r
+        entry = judge(r, self.baseline, self.margins)
+        self.regressed += entry["regressed"]
+        return dataclasses.replace(r, baseline=entry)
+
+    def batches(self, batches: Iterable[list[ScanRecord]]) -> Iterator[list[ScanRecord]]:
+        for batch in batches:
+            yield [self.record(r) for r in batch]
+
+    def exit_code(self, code: int) -> int:
+        """The scan's exit code, 1 at least when a record regressed and
+        --fail-on-regression was given."""
+        if self.fail and self.regressed and code == 0:
+            return 1
+        return code
+
+
+# ---------------------------------------------------------------------------
+# `report --from scan.json`
+
+
+def records_from_saved(data: list[dict[str, Any]]) -> list[ScanRecord]:
+    """Saved records (from :func:`load_saved_scan`) as ScanRecords again."""
+    from adapterprobe.probes.result import Verdict
+
+    out = []
+    for d in data:
+        try:
+            verdict = Verdict(d["verdict"])
+        except ValueError:
+            raise UsageError(f"saved record has an unknown verdict {d['verdict']!r}") from None
+        score = d.get("score")
+        evidence = d.get("evidence")
+        out.append(
+            ScanRecord(
+                store=str(d["store"]),
+                adapter=None if d.get("adapter") is None else str(d["adapter"]),
+                layout=str(d.get("layout") or ""),
+                probe=str(d["probe"]),
+                verdict=verdict,
+                score=float(score) if isinstance(score, (int, float)) else None,
+                message=str(d.get("message") or ""),
+                evidence=evidence if isinstance(evidence, dict) else {},
+                checkpoint_kind=d.get("checkpoint_kind"),
+                root=d.get("root"),
+                baseline=d.get("baseline") if isinstance(d.get("baseline"), dict) else None,
+            )
+        )
+    return out
+
+
+def report_from_saved(path: str | os.PathLike[str], output: str) -> tuple[Path, Any]:
+    """Re-render a saved scan as the HTML report, without its files."""
+    from adapterprobe.records import ScanReport
+
+    report = ScanReport(records_from_saved(load_saved_scan(path)), [], {})
+    return report.to_html(output), report

@@ -1,0 +1,160 @@
+"""A comparison as a plain-text table or Markdown (the JSON is ``to_dict``).
+
+Names come from scanned files (module names, paths): the Markdown escapes
+the characters that would break a table or inject markup, the table strips
+control characters.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]<>()#+!|])")
+
+
+def plain_text(text: Any) -> str:
+    """`text` with control characters (terminal escapes) replaced by '?'."""
+    return _CONTROL.sub("?", str(text))
+
+
+_plain = plain_text
+
+
+def _md(text: Any) -> str:
+    return _MD_SPECIAL.sub(r"\\\1", _plain(text))
+
+
+def _f(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def _at(value: Any, step: Any) -> str:
+    return "-" if value is None else f"{_f(value)} @ {step}"
+
+
+def _item_rows(data: dict[str, Any]) -> list[list[str]]:
+    level = data.get("loss_level") or {}
+    rows = []
+    for it in data["items"]:
+        c = it["curve"] or {}
+        a = it["adapter"] or {}
+        to_level = (level.get("steps") or {}).get(it["label"])
+        rows.append(
+            [
+                it["label"],
+                it["kind"],
+                _at(c.get("best_loss"), c.get("best_step")),
+                _at(c.get("final_loss"), c.get("final_step")),
+                _at(c.get("best_eval_loss"), c.get("best_eval_step")),
+                "-" if not level else _f(to_level),
+                _f(a.get("rank")),
+                _f(a.get("rank_used_max")),
+                _f(a.get("delta_fro")),
+                it["path"],
+            ]
+        )
+    return rows
+
+
+ITEM_HEADER = [
+    "",
+    "kind",
+    "best loss",
+    "final loss",
+    "best eval",
+    "step to level",
+    "rank",
+    "rank used",
+    "‖ΔW‖",
+    "path",
+]
+MODULE_HEADER = ["module", "cosine", "‖ΔW‖ A", "‖ΔW‖ B", "rank A", "rank B", "min angle°"]
+
+
+def _module_rows(modules: list[dict[str, Any]]) -> list[list[str]]:
+    rows = []
+    for m in modules:
+        angles = m.get("principal_angles_deg") or []
+        rows.append(
+            [
+                m["module"],
+                _f(m["cosine"]),
+                _f(m["norm_a"]),
+                _f(m["norm_b"]),
+                str(m["rank_a"]),
+                str(m["rank_b"]),
+                _f(angles[0], 3) if angles else "-",
+            ]
+        )
+    return rows
+
+
+def _summary_lines(data: dict[str, Any]) -> list[str]:
+    lines = []
+    level = data.get("loss_level")
+    if level:
+        lines.append(
+            f"loss level {_f(level['loss'])} (the highest best "
+            f"{'smoothed ' if level.get('smoothed') else ''}loss) first reached at the "
+            "steps shown"
+        )
+    for p in data["pairs"]:
+        if p.get("error"):
+            lines.append(f"{p['a']} vs {p['b']}: not compared: {p['error']}")
+            continue
+        shared = p.get("shared_modules", len(p["modules"]))
+        left = len(p["left_out"])
+        tail = f"; {left} left out" if left else ""
+        lines.append(
+            f"{p['a']} vs {p['b']}: similarity {_f(p['similarity'])} "
+            f"over {shared} shared modules{tail}"
+        )
+    for it in data["items"]:
+        for note in it["notes"]:
+            lines.append(f"{it['label']}: {note}")
+    return lines
+
+
+def _grid(header: list[str], rows: list[list[str]]) -> str:
+    cells = [[_plain(c) for c in row] for row in [header, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in cells)
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def render_table(data: dict[str, Any]) -> str:
+    parts = [_grid(ITEM_HEADER, _item_rows(data)), "", *(_plain(s) for s in _summary_lines(data))]
+    if data["modules"]:
+        parts += ["", "A vs B per module:", _grid(MODULE_HEADER, _module_rows(data["modules"]))]
+    if data["left_out"]:
+        parts += ["", "left out:"]
+        parts += [f"  {_plain(x['module'])}: {_plain(x['reason'])}" for x in data["left_out"]]
+    return "\n".join(parts) + "\n"
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(_md(h) for h in header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(_md(c) for c in row) + " |" for row in rows]
+    return out
+
+
+def render_markdown(data: dict[str, Any]) -> str:
+    parts = ["# Comparison", "", *_md_table(ITEM_HEADER, _item_rows(data)), ""]
+    parts += [f"- {_md(s)}" for s in _summary_lines(data)]
+    if data["modules"]:
+        parts += [
+            "",
+            "## A vs B per module",
+            "",
+            *_md_table(MODULE_HEADER, _module_rows(data["modules"])),
+        ]
+    if data["left_out"]:
+        parts += ["", "## Left out", ""]
+        parts += [f"- {_md(x['module'])}: {_md(x['reason'])}" for x in data["left_out"]]
+    return "\n".join(parts) + "\n"

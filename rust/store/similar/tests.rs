@@ -1,0 +1,202 @@
+//! Unit tests of the near-duplicate search on adapters written as PEFT
+//! lays them out (keys, shapes, config), in a temporary directory.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use super::*;
+use crate::formats::tensor_data::tests::{encode, safetensors_bytes};
+use crate::formats::tensor_data::FloatKind;
+
+fn values(seed: u64, n: usize) -> Vec<f64> {
+    let mut state = seed;
+    (0..n)
+        .map(|_| {
+            state = splitmix(state);
+            (state >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+        })
+        .collect()
+}
+
+const MODULES: [&str; 2] = ["q_proj", "v_proj"];
+
+/// An adapter of two layers × two modules (out = in = `dim`, rank 4) whose
+/// factors come from `seed`, plus `noise` times other values.
+fn write_adapter(root: &Path, name: &str, seed: u64, noise: f64, dim: u64) -> PathBuf {
+    let dir = root.join(name);
+    fs::create_dir_all(&dir).unwrap();
+    let r = 4u64;
+    let mut entries = Vec::new();
+    let mut k = 0u64;
+    for layer in 0..2 {
+        for m in MODULES {
+            k += 1;
+            let base = format!("base_model.model.model.layers.{layer}.self_attn.{m}");
+            for (suffix, shape) in [("lora_A", vec![r, dim]), ("lora_B", vec![dim, r])] {
+                let n = (shape[0] * shape[1]) as usize;
+                let clean = values(seed * 1000 + k * 10 + shape[0], n);
+                let jitter = values(seed * 7777 + k, n);
+                let vals: Vec<f64> = clean
+                    .iter()
+                    .zip(&jitter)
+                    .map(|(c, j)| c + noise * j)
+                    .collect();
+                entries.push((
+                    format!("{base}.{suffix}.weight"),
+                    shape,
+                    encode(FloatKind::F32, &vals),
+                ));
+            }
+        }
+    }
+    let borrowed: Vec<(&str, &str, Vec<u64>, Vec<u8>)> = entries
+        .iter()
+        .map(|(n, s, b)| (n.as_str(), "F32", s.clone(), b.clone()))
+        .collect();
+    fs::write(
+        dir.join("adapter_model.safetensors"),
+        safetensors_bytes(&borrowed),
+    )
+    .unwrap();
+    fs::write(
+        dir.join("adapter_config.json"),
+        r#"{"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}"#,
+    )
+    .unwrap();
+    dir
+}
+
+#[test]
+fn a_perturbed_copy_is_found_and_unrelated_adapters_are_not() {
+    let tmp = tempfile::tempdir().unwrap();
+    let orig = write_adapter(tmp.path(), "orig", 1, 0.0, 24);
+    let copy = write_adapter(tmp.path(), "copy", 1, 1e-3, 24);
+    for s in 2..6 {
+        write_adapter(tmp.path(), &format!("other{s}"), s, 0.0, 24);
+    }
+    let report = similar_under(tmp.path(), 0.99, false).unwrap();
+    assert_eq!(report.adapters, 6);
+    assert_eq!(report.groups, 1);
+    assert_eq!(report.pairs_considered, 15);
+    assert_eq!(report.pairs.len(), 1, "{:?}", report.pairs);
+    let p = &report.pairs[0];
+    assert_eq!((&p.a, &p.b), (&copy, &orig));
+    assert!(p.similarity > 0.999 && p.similarity <= 1.0);
+    // The screen let through fewer pairs than all of them.
+    assert!(report.pairs_exact < report.pairs_considered);
+}
+
+#[test]
+fn the_screen_agrees_with_the_exhaustive_search_and_both_exact_routes_agree() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (i, noise) in [0.0, 0.05, 0.2, 0.5, 1.0].iter().enumerate() {
+        write_adapter(tmp.path(), &format!("a{i}"), 3, *noise, 16);
+    }
+    let paths = find_adapters(tmp.path()).unwrap();
+    for threshold in [0.0, 0.5, 0.9, 0.99] {
+        let screened = similar_pairs(&paths, threshold, false).unwrap();
+        let all = similar_pairs(&paths, threshold, true).unwrap();
+        let per_pair = similar_pairs_with(&paths, threshold, true, 0).unwrap();
+        assert_eq!(screened.pairs, all.pairs, "threshold {threshold}");
+        assert_eq!(all.pairs, per_pair.pairs);
+        assert_eq!(all.pairs_exact, 10);
+    }
+}
+
+#[test]
+fn adapters_of_other_shapes_are_never_paired_and_bad_ones_are_skipped() {
+    let tmp = tempfile::tempdir().unwrap();
+    write_adapter(tmp.path(), "small", 1, 0.0, 16);
+    write_adapter(tmp.path(), "wide", 1, 0.0, 24);
+    let zero = write_adapter(tmp.path(), "zero", 1, 0.0, 16);
+    let st = zero.join("adapter_model.safetensors");
+    let bytes = fs::read(&st).unwrap();
+    // Zero every value (the header is kept): an untrained adapter.
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize + 8;
+    let mut zeroed = bytes.clone();
+    zeroed[header_len..].iter_mut().for_each(|b| *b = 0);
+    fs::write(&st, zeroed).unwrap();
+    let broken = write_adapter(tmp.path(), "broken", 1, 0.0, 16);
+    let st = broken.join("adapter_model.safetensors");
+    let bytes = fs::read(&st).unwrap();
+    fs::write(&st, &bytes[..bytes.len() - 5]).unwrap();
+
+    let report = similar_under(tmp.path(), -1.0, false).unwrap();
+    assert_eq!(report.adapters, 2);
+    assert_eq!(report.groups, 2);
+    assert!(report.pairs.is_empty());
+    let reasons: Vec<(&Path, &str)> = report
+        .skipped
+        .iter()
+        .map(|s| (s.path.as_path(), s.reason.as_str()))
+        .collect();
+    assert!(reasons
+        .iter()
+        .any(|(p, r)| *p == zero && r.contains("zero")));
+    assert!(reasons.iter().any(|(p, _)| *p == broken));
+}
+
+#[test]
+fn a_threshold_outside_the_cosine_range_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let err = similar_under(tmp.path(), 1.5, false).unwrap_err();
+    assert_eq!(err.area, Area::Usage);
+    let err = similar_under(&tmp.path().join("nope"), 0.9, false).unwrap_err();
+    assert_eq!(err.area, Area::Missing);
+}
+
+#[test]
+fn the_sketch_inner_product_is_unbiased_over_module_names() {
+    // Averaged over many independent hash seeds (module names), the sketch
+    // inner product approaches the exact one.
+    let dim = 12;
+    let mk = |seed: u64, name: &str| ModuleFactors {
+        name: name.into(),
+        layer: None,
+        rank: 2,
+        in_features: dim,
+        out_features: dim,
+        scale: 1.0,
+        a: values(seed, 2 * dim),
+        b: values(seed + 1, 2 * dim),
+        nonfinite: 0,
+    };
+    let x = mk(1, "m");
+    let y = mk(5, "m");
+    let exact = crate::analysis::update_similarity::factor_inner(&x, &y);
+    let trials = 4000;
+    let mut total = 0.0;
+    for t in 0..trials {
+        let name = format!("m{t}");
+        let (mut xs, mut ys) = (x.clone(), y.clone());
+        xs.name.clone_from(&name);
+        ys.name = name;
+        let (mut zx, mut zy) = (vec![0.0; 16], vec![0.0; 16]);
+        add_module_sketch(&xs, 4, &mut zx);
+        add_module_sketch(&ys, 4, &mut zy);
+        total += zx.iter().zip(&zy).map(|(a, b)| a * b).sum::<f64>();
+    }
+    let mean = total / f64::from(trials);
+    let scale = crate::analysis::update_similarity::factor_energy(&x).sqrt()
+        * crate::analysis::update_similarity::factor_energy(&y).sqrt();
+    assert!((mean - exact).abs() < 0.1 * scale, "{mean} vs {exact}");
+}
+
+#[test]
+fn the_streamed_sketch_equals_the_sketch_of_the_whole_factors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = write_adapter(tmp.path(), "a", 4, 0.0, 40);
+    // A chunk of 7 values: several blocks per factor, none of them whole.
+    let streamed = sketch_adapter(&dir, 8, 7).unwrap();
+    let f = read_adapter_factors(&dir).unwrap();
+    let mut z = vec![0.0; 64];
+    for m in &f.modules {
+        add_module_sketch(m, 8, &mut z);
+    }
+    let norm = z.iter().map(|v| v * v).sum::<f64>().sqrt();
+    for (x, y) in streamed.unit.iter().zip(&z) {
+        assert!((x - y / norm).abs() < 1e-12);
+    }
+    assert_eq!(streamed.signature.len(), 4);
+    assert_eq!(streamed.bytes, f.value_bytes());
+}
