@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import math
+import os
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -71,9 +72,13 @@ def current_world(timeout: float | None) -> World | None:
 
 
 def writer_rank() -> bool:
-    """Whether this process writes sinks and files: rank 0, or a single process."""
+    """Whether this process writes sinks and files: rank 0, or a single process.
+
+    Before the process group is initialized, a launcher's ``RANK`` (torchrun) decides.
+    """
     if not torch.distributed.is_available() or not torch.distributed.is_initialized():
-        return True
+        rank = os.environ.get("RANK", "0").strip()
+        return not rank.isdigit() or int(rank) == 0
     return torch.distributed.get_rank() == 0
 
 
