@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,7 @@ def scenarios(rank: int, world: int, workdir: Path) -> dict[str, Any]:
     # after the check at construction): the error is raised on every rank, after the
     # record reached the sink
     blocked = GradientDump(workdir / "blocked", first_n=2)
+    torch.distributed.barrier()  # both dumps built before the file appears
     if rank == 0:
         (workdir / "blocked").write_text("in the way", encoding="utf-8")
     model.zero_grad()
@@ -100,8 +102,10 @@ def scenarios(rank: int, world: int, workdir: Path) -> dict[str, Any]:
 
     # a step entered on rank 1 only: a bounded wait and a message naming the step
     # (last: the group is unusable afterwards)
-    if rank == 1:
-        monitor = GAPMonitor(make_model(), kinds=("param",), timeout=2)
+    if rank == 0:
+        time.sleep(4)  # alive, and never entering the step, while rank 1 waits
+    else:
+        monitor = GAPMonitor(make_model(), kinds=("param",), timeout=1)
         try:
             with monitor.step(7):
                 pass
@@ -237,6 +241,7 @@ def test_a_step_entered_on_one_rank_times_out_naming_the_step(world_run):
     assert "alone" not in results[0]
     message = results[1]["alone"]
     assert "GAP monitor step 7" in message and "enter every sampled step" in message
+    assert "timed out" in message.lower()
 
 
 def test_fsdp1_flat_parameters_are_refused():

@@ -13,11 +13,13 @@ process does, and this module folds them into global tables:
   any rank is NaN in the result.
 
 The reduction is two all-reduces of packed float64 buffers (sums, maxima), issued
-together, whatever the number of tensors. Their layout is fixed by the model (every
-selected parameter and module, whether it was seen on this rank or not), and a header
-carries the step and a checksum of the layout, so that ranks at different steps or
-with differently built monitors fail with a message instead of mixing numbers. A rank
-that never reaches the collective makes the others time out (the monitor's
+together, whatever the number of tensors, on a gloo group of the monitor's own (host
+buffers whatever the training backend; never paired with the training's collectives).
+Their layout is fixed by the model (every selected parameter and module, whether it
+was seen on this rank or not), and a header carries the step and a checksum of the
+layout, so that ranks at different steps or with differently built monitors fail with
+a message instead of mixing numbers. A rank that never reaches the collective makes
+the others time out (the monitor's
 ``timeout`` or the process group's own), with a message naming the step.
 """
 
@@ -58,6 +60,31 @@ class World:
     rank: int
     size: int
     timeout: datetime.timedelta | None  # None: the process group's own
+
+    def group(self, step: int) -> Any:
+        """The monitor's own gloo group over every rank, made at the first sampled step.
+
+        Its collectives never pair with the training's (DDP's buckets, FSDP's gathers),
+        so a rank that skips a step makes the others time out instead of mixing
+        buffers, and its buffers stay on the host whatever the training backend.
+        """
+        default = torch.distributed.distributed_c10d._get_default_group()
+        group = _GROUPS.get(id(default))
+        if group is None:
+            try:
+                group = torch.distributed.new_group(backend="gloo", timeout=self.timeout)
+            except RuntimeError as exc:
+                raise MonitorConfigError(
+                    f"GAP monitor step {step}: rank {self.rank} of {self.size} timed out "
+                    f"or failed making the monitor's process group ({exc}); every rank "
+                    "must build the monitor and enter every sampled step"
+                ) from exc
+            _GROUPS.clear()  # a group of an earlier, destroyed default group
+            _GROUPS[id(default)] = group
+        return group
+
+
+_GROUPS: dict[int, Any] = {}
 
 
 def current_world(timeout: float | None) -> World | None:
@@ -235,18 +262,15 @@ def all_reduce_tables(
     header = np.array([step, -step, check, -check], dtype=np.float64)
     sum_buffer = torch.from_numpy(sums.reshape(-1).copy())
     max_buffer = torch.from_numpy(np.concatenate((header, maxima)))
-    backend = torch.distributed.get_backend()
-    if backend == "nccl" and torch.cuda.is_available():
-        device = torch.device("cuda", torch.cuda.current_device())
-        sum_buffer, max_buffer = sum_buffer.to(device), max_buffer.to(device)
+    group = world.group(step)
     op = torch.distributed.ReduceOp
     works = [
-        torch.distributed.all_reduce(sum_buffer, op=op.SUM, async_op=True),
-        torch.distributed.all_reduce(max_buffer, op=op.MAX, async_op=True),
+        torch.distributed.all_reduce(sum_buffer, op=op.SUM, group=group, async_op=True),
+        torch.distributed.all_reduce(max_buffer, op=op.MAX, group=group, async_op=True),
     ]
     _wait(works, world, step)
-    total = sum_buffer.cpu().numpy().reshape(-1, _FIELDS)
-    top = max_buffer.cpu().numpy()
+    total = sum_buffer.numpy().reshape(-1, _FIELDS)
+    top = max_buffer.numpy()
     if top[0] != -top[1]:
         raise MonitorConfigError(
             f"GAP monitor step {step}: the ranks reduced different steps "

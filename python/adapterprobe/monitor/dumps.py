@@ -192,9 +192,7 @@ def _replace_dir(staging: Path, final: Path) -> None:
 def _agree(error: BaseException | None, world: World, step: int, what: str) -> None:
     """Raise on every rank when any rank failed (one small all-reduce, bounded wait)."""
     flag = torch.tensor([0.0 if error is None else 1.0], dtype=torch.float64)
-    if torch.distributed.get_backend() == "nccl" and torch.cuda.is_available():
-        flag = flag.to(torch.device("cuda", torch.cuda.current_device()))
-    work = torch.distributed.all_reduce(flag, async_op=True)
+    work = torch.distributed.all_reduce(flag, group=world.group(step), async_op=True)
     try:
         work.wait() if world.timeout is None else work.wait(timeout=world.timeout)
     except RuntimeError as exc:
