@@ -101,10 +101,11 @@ def current_world(timeout: float | None) -> World | None:
 def writer_rank() -> bool:
     """Whether this process writes sinks and files: rank 0, or a single process.
 
-    Before the process group is initialized, a launcher's ``RANK`` (torchrun) decides.
+    Before the process group is initialized, a launcher's ``RANK`` (torchrun) decides,
+    or else its ``LOCAL_RANK`` (Lightning's launcher sets that one first).
     """
     if not torch.distributed.is_available() or not torch.distributed.is_initialized():
-        rank = os.environ.get("RANK", "0").strip()
+        rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")).strip()
         return not rank.isdigit() or int(rank) == 0
     return torch.distributed.get_rank() == 0
 
