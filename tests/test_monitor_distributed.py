@@ -91,6 +91,12 @@ def scenarios(rank: int, world: int, workdir: Path) -> dict[str, Any]:
         out["blocked"] = str(exc)
     monitor.close()
 
+    # a NaN in one rank's half of the batch: global NaN/inf counts, NaN extremes
+    ddp = DistributedDataParallel(make_model())
+    monitor = GAPMonitor(ddp, detail="tensors", timeout=30)
+    _one_step(ddp, monitor, *_with_nan(x, y, rank, world))
+    out["nan"] = monitor.latest
+
     # ranks at different sampled steps: both fail, naming the steps
     monitor = GAPMonitor(make_model(), kinds=("param",), timeout=30)
     try:
@@ -118,10 +124,20 @@ def scenarios(rank: int, world: int, workdir: Path) -> dict[str, Any]:
 # -- the single-process reference ------------------------------------------------------------
 
 
-def reference(detail: str) -> dict[str, float]:
+def _with_nan(x: Any, y: Any, rank: int, world: int) -> tuple[Any, Any]:
+    """The batch with one NaN input, in the last rank's half (index 6 of 8)."""
+    x = x.clone()
+    if rank == world - 1:
+        x[-2, 3] = float("nan")
+    return x, y
+
+
+def reference(detail: str, nan: bool = False) -> dict[str, float]:
     model = make_model()
     monitor = GAPMonitor(model, detail=detail)
     x, y = batch()
+    if nan:
+        x, y = _with_nan(x, y, 0, 1)
     _one_step(model, monitor, x, y)
     return monitor.latest
 
@@ -141,7 +157,7 @@ def world_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, 
 
 def _scaled(key: str, value: float, world: int) -> float:
     """Activation gradients under a per-rank mean loss are ``world`` times larger."""
-    if "/activation_grads/" not in key or key.endswith("/nonfinite"):
+    if "/activation_grads/" not in key or key.endswith(("/nonfinite", "/nonfinite_tensors")):
         return value
     return value * world * world if key.endswith("/var") else value * world
 
@@ -251,3 +267,12 @@ def test_fsdp1_flat_parameters_are_refused():
     wrapper._fsdp_wrapped_module = model
     with pytest.raises(MonitorConfigError, match="FSDP1"):
         GAPMonitor(wrapper)
+
+
+def test_nan_on_one_rank_is_counted_globally(world_run):
+    results, _ = world_run
+    want = reference("tensors", nan=True)
+    assert want["gap/summary/activations/nonfinite"] > 0
+    assert math.isnan(want["gap/activations/0/max_abs"])
+    for rank in (0, 1):
+        _assert_same(results[rank]["nan"], want)

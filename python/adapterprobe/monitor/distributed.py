@@ -198,11 +198,25 @@ def _pack(
     return sums, maxima
 
 
+def _order(names: Sequence[str], kept: np.ndarray, local: StatsTable | None) -> np.ndarray:
+    """The kept rows in this rank's table order (hook order, as one process has them:
+    ties among the top_k break alike), then the rest in layout order."""
+    if local is None or not local.names:
+        return kept
+    index = {name: i for i, name in enumerate(names)}
+    first = [index[name] for name in local.names]
+    seen = set(first)
+    rest = [i for i in kept.tolist() if i not in seen]
+    kept_set = set(kept.tolist())
+    return np.array([i for i in first if i in kept_set] + rest, dtype=np.int64)
+
+
 def _unpack(
     layout: Sequence[tuple[str, Sequence[str]]],
     sums: np.ndarray,
     maxima: np.ndarray,
     with_stats: bool,
+    local: Mapping[str, StatsTable],
 ) -> dict[str, StatsTable]:
     out: dict[str, StatsTable] = {}
     offset = 0
@@ -210,7 +224,7 @@ def _unpack(
         block = sums[offset : offset + len(names)]
         top = maxima[offset : offset + len(names)]
         offset += len(names)
-        keep = np.nonzero(block[:, _NUMEL] > 0)[0]
+        keep = _order(names, np.nonzero(block[:, _NUMEL] > 0)[0], local.get(kind))
         if not len(keep):
             continue
         block, top = block[keep], top[keep]
@@ -282,7 +296,7 @@ def all_reduce_tables(
             f"GAP monitor step {step}: the ranks monitor different tensors; build the "
             "monitor with the same model and arguments on every rank"
         )
-    return _unpack(layout, total, top[_HEADER:], with_stats)
+    return _unpack(layout, total, top[_HEADER:], with_stats, tables)
 
 
 def layout_of(
