@@ -1,4 +1,4 @@
-"""The HF Trainer callback on two real ranks (DDP, gloo, CPU): each step written once.
+"""The HF Trainer and Lightning callbacks on two real ranks (DDP, gloo, CPU): each step once.
 
 The Trainer calls every callback on every rank; the monitor writes from rank 0 only, so
 the log holds what a single process would write, with the global numbers.
@@ -68,3 +68,66 @@ def test_hf_trainer_under_ddp_writes_each_step_once(tmp_path):
         # the Trainer's norm is of the DDP-averaged gradient: the monitor's global one
         norm = gap["stats"]["gap/summary/grads/l2_norm"]
         assert step["grad_norm"] == pytest.approx(norm, rel=1e-4)
+
+
+def lightning_run(rank: int, world: int, workdir: Path) -> dict[str, Any]:
+    import warnings
+
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from adapterprobe.integrations.lightning import GAPCallback
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+
+    class Regression(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Sequential(
+                torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)
+            )
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    module = Regression()
+    monitor = GAPMonitor(module, sink=workdir / "lightning.jsonl")
+    generator = torch.Generator().manual_seed(1)
+    data = TensorDataset(torch.randn(16, 8, generator=generator), torch.randn(16, 4))
+    trainer = L.Trainer(
+        max_steps=STEPS,
+        accelerator="cpu",
+        devices=world,
+        strategy="ddp",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(workdir / "lightning"),
+        callbacks=[GAPCallback(monitor)],
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, DataLoader(data, batch_size=2))
+    monitor.close()
+    return {"world": trainer.world_size, "sinks": len(monitor.sinks)}
+
+
+def test_lightning_ddp_writes_each_step_once(tmp_path):
+    pytest.importorskip("lightning")
+    results = run_world(lightning_run, tmp_path)
+    assert [r["world"] for r in results] == [2, 2]
+    assert [r["sinks"] for r in results] == [1, 0]
+    records = [json.loads(line) for line in (tmp_path / "lightning.jsonl").read_text().splitlines()]
+    gaps = [r for r in records if r["type"] == "gap"]
+    steps = [r for r in records if r["type"] == "step"]
+    assert [r["step"] for r in gaps] == list(range(STEPS))
+    assert [r["step"] for r in steps] == list(range(STEPS))
+    for gap, step in zip(gaps, steps, strict=True):
+        norm = gap["stats"]["gap/summary/grads/l2_norm"]
+        assert step["grad_norm"] == pytest.approx(norm, rel=1e-6)
