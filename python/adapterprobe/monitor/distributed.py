@@ -69,7 +69,8 @@ class World:
         buffers, and its buffers stay on the host whatever the training backend.
         """
         default = torch.distributed.distributed_c10d._get_default_group()
-        group = _GROUPS.get(id(default))
+        made = _GROUPS.get(id(default))
+        group = made[1] if made is not None and made[0] is default else None
         if group is None:
             try:
                 group = torch.distributed.new_group(backend="gloo", timeout=self.timeout)
@@ -80,11 +81,12 @@ class World:
                     "must build the monitor and enter every sampled step"
                 ) from exc
             _GROUPS.clear()  # a group of an earlier, destroyed default group
-            _GROUPS[id(default)] = group
+            _GROUPS[id(default)] = (default, group)
         return group
 
 
-_GROUPS: dict[int, Any] = {}
+# id of the default group -> (that group, the monitor's group over the same ranks)
+_GROUPS: dict[int, tuple[Any, Any]] = {}
 
 
 def current_world(timeout: float | None) -> World | None:
