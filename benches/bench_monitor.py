@@ -1,6 +1,6 @@
 """GAP monitor step-time overhead in a hand loop, the HF Trainer and Lightning, and log size.
 
-    python benches/bench_monitor.py [--harness loop,hf,lightning] [--device cpu|cuda]
+    python benches/bench_monitor.py [--harness loop,hf,lightning,ddp,fsdp2] [--device cpu|cuda]
                                     [--preset tiny|small|125m] [--steps 20] [--rounds 5]
                                     [--accum 2] [--batch 4] [--seq 64] [--threads 1]
     python benches/bench_monitor.py --log-size      # bytes per sampled step, tiny and 7B-shaped
@@ -12,7 +12,11 @@ accumulation (--accum micro-batches per optimizer step) by each harness:
 - hf: ``transformers.Trainer`` with ``integrations.transformers.GAPCallback``
   (``logging_steps=1``, so a dlm step line is written every step too);
 - lightning: ``lightning.Trainer(accumulate_grad_batches=...)`` with
-  ``integrations.lightning.GAPCallback``.
+  ``integrations.lightning.GAPCallback``;
+- ddp, fsdp2 (world size 2): the hand loop on two spawned gloo ranks (CPU), the model
+  wrapped in DDP or sharded with FSDP2 (each decoder layer, then the root); "no
+  monitor" and ours at interval=10 and 1 are timed, paired round by round on rank 0
+  (both ranks run the same steps; the monitor adds two all-reduces per sampled step).
 
 Each harness is timed under these configurations, interleaved round by round:
 
@@ -410,6 +414,64 @@ def lightning_module(llama: nn.Module) -> nn.Module:
 
 
 HARNESSES = {"loop": run_loop, "hf": run_hf, "lightning": run_lightning}
+WORLD_HARNESSES = ("ddp", "fsdp2")  # the hand loop on two gloo ranks (CPU)
+
+
+def _world_rank(rank: int, port: int, harness: str, args, out: str) -> None:
+    """One rank of a world-size-2 run: the hand loop under DDP or FSDP2, paired rounds."""
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(args.threads or 1)
+    warnings.filterwarnings("ignore")
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    model = build_model(args.preset, "cpu")
+    if harness == "ddp":
+        subject: nn.Module = torch.nn.parallel.DistributedDataParallel(model)
+    else:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.model.layers:
+            fully_shard(layer)
+        subject = fully_shard(model)
+    data = Batches(PRESETS[args.preset][4], args.batch, args.seq, "cpu")
+    data.ids = data.ids.roll(rank, dims=0)  # each rank its own micro-batches
+    logs = args.workdir / f"logs-{harness}"
+    reference = Config("no monitor")
+    configs = [
+        Config(f"ours interval={n}", GAPMonitor(subject, interval=n, sink=logs / f"gap-{n}.jsonl"))
+        for n in (10, 1)
+    ]
+    timings = Timings([reference.name, *(c.name for c in configs)])
+    sync = sync_of("cpu")
+    run_loop(subject, reference, args, data, sync)  # warm-up
+    for round_index in range(args.rounds):
+        for ours in configs:
+            pair = (reference, ours) if round_index % 2 == 0 else (ours, reference)
+            got = {c.name: run_loop(subject, c, args, data, sync) for c in pair}
+            for name, value in got.items():
+                timings.times[name].append(value)
+            timings.paired[ours.name].append(got[ours.name] / got[reference.name])
+    for ours in configs:
+        assert ours.monitor is not None
+        ours.monitor.close()
+    if rank == 0:
+        Path(out).write_text(json.dumps([timings.times, timings.paired]), encoding="utf-8")
+    dist.destroy_process_group()
+
+
+def time_world(harness: str, args) -> Timings:
+    """Rank 0's timings of a world-size-2 run (both ranks time the same steps)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = args.workdir / f"world-{harness}.json"
+    torch.multiprocessing.spawn(_world_rank, args=(port, harness, args, str(out)), nprocs=2)
+    timings = Timings(["no monitor", "ours interval=10", "ours interval=1"])
+    timings.times, timings.paired = json.loads(out.read_text(encoding="utf-8"))
+    return timings
 
 
 class Timings:
@@ -421,6 +483,8 @@ class Timings:
 
 
 def time_harness(harness: str, args) -> Timings:
+    if harness in WORLD_HARNESSES:
+        return time_world(harness, args)
     model = build_model(args.preset, args.device)
     data = Batches(PRESETS[args.preset][4], args.batch, args.seq, args.device)
     subject = lightning_module(model) if harness == "lightning" else model
@@ -563,9 +627,12 @@ def main() -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is visible (GPU figures not measured)")
     harnesses = [h for h in args.harness.split(",") if h]
-    unknown = sorted(set(harnesses) - set(HARNESSES))
+    unknown = sorted(set(harnesses) - set(HARNESSES) - set(WORLD_HARNESSES))
     if unknown:
-        parser.error(f"unknown harness {unknown}; choose from {sorted(HARNESSES)}")
+        choices = sorted([*HARNESSES, *WORLD_HARNESSES])
+        parser.error(f"unknown harness {unknown}; choose from {choices}")
+    if args.device != "cpu" and set(harnesses) & set(WORLD_HARNESSES):
+        parser.error("--harness ddp/fsdp2 run on CPU (gloo)")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.clock == "cpu":

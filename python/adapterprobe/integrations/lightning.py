@@ -10,6 +10,10 @@ clipping. After each optimizer step a dlm step line goes to the monitor's sinks,
 the step's loss (the sum of the micro-batch losses Lightning hands back, which it has
 already divided by ``accumulate_grad_batches``: the mean over micro-batches), the
 first optimizer's learning rate and, on sampled steps, the global gradient norm.
+
+Under ``torch.distributed`` (``torchrun``, a DDP strategy) the callback runs on every
+rank and the monitor writes from rank 0 only: each record and step line once, with
+the global statistics.
 """
 
 from __future__ import annotations

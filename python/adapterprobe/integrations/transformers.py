@@ -9,6 +9,10 @@ Steps are numbered as the Trainer numbers them in its logs: the step that ends w
 statistics are those of the accumulated gradient the optimizer is about to use (after
 clipping, when ``max_grad_norm`` clips). Each Trainer log with a training loss also
 becomes a dlm step line in the monitor's sinks.
+
+Under ``torch.distributed`` (``torchrun``, a DDP strategy) the callback runs on every
+rank and the monitor writes from rank 0 only: each record and step line once, with
+the global statistics.
 """
 
 from __future__ import annotations

@@ -11,6 +11,12 @@ can export any adapter as a PEFT adapter directory.
 
 Extraction runs under ``torch.no_grad`` with a private RNG stream, so it does
 not change the training run's random numbers or autograd state.
+
+Under ``torch.distributed`` every rank calls ``snapshot_base`` and ``extract``: with
+FSDP2 each rank keeps only its shard of ``W0`` and the deltas are gathered one layer
+at a time (:mod:`adapterprobe.lora.sharded`); rank 0 alone factors them (its adapter
+holds the factors, under the single-process names; the other ranks' adapters have
+no layers) and ``save_library`` writes from rank 0 only.
 """
 
 from __future__ import annotations
@@ -40,6 +46,14 @@ from adapterprobe.lora.peft_writer import (
     SafetensorsWriter,
     peft_config,
     peft_key,
+)
+from adapterprobe.lora.sharded import (
+    ShardLayout,
+    base_shape,
+    factors_here,
+    full_delta,
+    snapshot,
+    unwrap,
 )
 from adapterprobe.lora.sources import contained, read_json_file
 
@@ -468,7 +482,8 @@ class ParasiticExtractor:
 
     def __init__(self, config: ParasiticConfig | None = None) -> None:
         self.config = config or ParasiticConfig()
-        self.base_weights: dict[str, Any] = {}
+        self.base_weights: dict[str, Any] = {}  # a rank's shard under FSDP2
+        self._layouts: dict[str, ShardLayout | None] = {}
         self.library = AdapterLibrary(config=self.config)
         self._losses: deque[float] = deque(maxlen=self.config.plateau_window)
         self._best_val: float | None = None
@@ -483,6 +498,7 @@ class ParasiticExtractor:
     def _tracked(self, model: Any) -> list[tuple[str, Any]]:
         """(parameter name, parameter) for Linear weights selected by the config,
         leaving out weights shared between modules (tied heads)."""
+        model = unwrap(model)
         counts: dict[int, int] = {}
         for _, mod in model.named_modules(remove_duplicate=False):
             w = getattr(mod, "weight", None)
@@ -502,12 +518,14 @@ class ParasiticExtractor:
         return out
 
     def snapshot_base(self, model: Any) -> int:
-        """Copy ``W0`` of every tracked Linear weight; returns how many."""
+        """Copy ``W0`` of every tracked Linear weight (this rank's shard of a sharded
+        one); returns how many."""
         self.base_weights.clear()
+        self._layouts.clear()
         dev = self.config.snapshot_device
         with torch.no_grad():
             for name, p in self._tracked(model):
-                self.base_weights[name] = p.detach().to(dev or p.device, copy=True)
+                self.base_weights[name], self._layouts[name] = snapshot(p, dev)
         if not self.base_weights:
             raise ExtractionError("snapshot_base: the model has no Linear weights to track")
         return len(self.base_weights)
@@ -582,6 +600,7 @@ class ParasiticExtractor:
         )
         out_dtype = resolve_factor_dtype(cfg.factor_dtype)
         params = dict(self._tracked(model))
+        here = factors_here()  # rank 0 factors; other ranks only take part in the gathers
         with torch.no_grad():
             for name, w0 in self.base_weights.items():
                 p = params.get(name)
@@ -589,19 +608,20 @@ class ParasiticExtractor:
                     raise ExtractionError(
                         f"extract: {name!r} was snapshotted but is not in the model", tensor=name
                     )
-                if tuple(p.shape) != tuple(w0.shape):
+                layout = self._layouts.get(name)
+                shape = base_shape(w0, layout)
+                if tuple(p.shape) != shape:
                     raise ExtractionError(
-                        f"extract: shape of {name!r} changed from {list(w0.shape)} "
-                        f"to {list(p.shape)}",
+                        f"extract: shape of {name!r} changed from {list(shape)} to {list(p.shape)}",
                         tensor=name,
                     )
-                dw = p.detach().float() - w0.to(p.device, torch.float32)
+                dw = full_delta(p, w0, layout, name)  # gathered: a collective when sharded
                 norm = float(torch.linalg.vector_norm(dw))
                 if not math.isfinite(norm):
                     raise ExtractionError(
                         f"extract: non-finite delta in {name!r} at step {step}", tensor=name
                     )
-                if norm == 0.0:
+                if norm == 0.0 or not here:
                     continue
                 f = factorize_delta(
                     dw,
@@ -663,7 +683,10 @@ class ParasiticExtractor:
         return self.library.summary()
 
     def save_library(self, path: str | Path) -> Path:
+        """Save the library (rank 0 only under ``torch.distributed``); returns ``path``."""
         self.library.stats = self._stats()
+        if not factors_here():
+            return Path(path)
         return self.library.save_library(path)
 
     @staticmethod

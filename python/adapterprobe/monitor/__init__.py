@@ -52,8 +52,12 @@ Design choices, each answering a cost found by profiling such monitors:
 
 Sums accumulate in float64 where they could cancel, whatever the tensor's dtype (float32
 on MPS). Tensors with a single element (per instance, for activations) are skipped, and
-so are float8, complex and tensor-subclass values (DTensor): single-process, plain
-tensors only.
+so are float8, complex and tensor-subclass values other than DTensor.
+
+Under ``torch.distributed`` (DDP, FSDP2) the statistics are global: DTensor parameters
+and gradients are read through their local shards, and every rank's tables are combined
+by two all-reduces per sampled step (``distributed``); rank 0 alone writes the sinks,
+step lines and dumps. FSDP1's flat parameters are refused.
 
 Not covered: under activation checkpointing the recomputed forward is recorded again
 (averages stay, ``nonfinite`` counts double); hooks added and removed per sampled
@@ -62,8 +66,9 @@ step make ``torch.compile`` recompile.
 This package is the door: every public name is importable from here. Inside,
 ``hooks`` holds :class:`GAPMonitor` (the hooks of a sampled step and the collection
 at its end), ``reductions`` the per-tensor work on the device and the copy to the
-host, ``stats`` the tables and summaries built on the host, ``dumps``
-:class:`GradientDump`, and ``options`` the choices and the argument checks.
+host, ``stats`` the tables and summaries built on the host, ``distributed`` their
+combination over ranks, ``dumps`` :class:`GradientDump`, and ``options`` the choices
+and the argument checks.
 """
 
 from __future__ import annotations

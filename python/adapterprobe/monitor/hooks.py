@@ -25,6 +25,16 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from adapterprobe.errors import MonitorConfigError
+from adapterprobe.monitor.distributed import (
+    all_reduce_tables,
+    current_world,
+    global_name,
+    layout_of,
+    local_piece,
+    refuse_fsdp1,
+    unwrap,
+    writer_rank,
+)
 from adapterprobe.monitor.dumps import GradientDump
 from adapterprobe.monitor.options import (
     KINDS,
@@ -126,6 +136,12 @@ class GAPMonitor:
     Put the optimizer step after the ``with`` block: parameter and gradient statistics
     are taken when the block exits, on whatever ``.grad`` then holds (accumulated over
     every backward inside the block).
+
+    Under ``torch.distributed`` (DDP, FSDP2) every rank builds the monitor with the same
+    arguments and enters every sampled step: the statistics are then global (see
+    :mod:`adapterprobe.monitor.distributed`), ``latest`` holds them on every rank, and
+    rank 0 alone writes the sinks, ``log_step`` lines and dumps. ``timeout`` (seconds)
+    bounds the wait for the other ranks (None: the process group's own timeout).
     """
 
     top_k: int = 5  # offenders listed per kind in the summary
@@ -142,10 +158,20 @@ class GAPMonitor:
         sink: Any = None,
         detail: str = "summary",
         top_k: int | None = None,
+        timeout: float | None = None,
     ):
         if not isinstance(model, nn.Module):
             raise MonitorConfigError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         self.model = model
+        self._root = unwrap(model)  # names as in single-process: DDP's module
+        refuse_fsdp1(name for name, _ in self._root.named_parameters())
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0
+        ):
+            raise MonitorConfigError(
+                f"timeout must be a positive number of seconds, got {timeout!r}"
+            )
+        self.timeout = None if timeout is None else float(timeout)
         self.interval = int_option("interval", interval, 1)
         self.kinds = kinds_option(kinds)
         self.include = patterns_option("include", include)
@@ -158,8 +184,14 @@ class GAPMonitor:
         if not self.kinds and dump is None:
             raise MonitorConfigError("nothing to monitor: kinds is empty and there is no dump")
         self.dump = dump
+        sinks = sinks_option(sink)
+        self._has_sink = bool(sinks)
+        # under torch.distributed only rank 0 writes: other ranks open no file
+        self._writer = writer_rank()
         self.sinks: tuple[GapSink, ...] = tuple(
-            JsonlSink(s) if isinstance(s, (str, os.PathLike)) else s for s in sinks_option(sink)
+            JsonlSink(s) if isinstance(s, (str, os.PathLike)) else s
+            for s in sinks
+            if self._writer or not isinstance(s, (str, os.PathLike))
         )
         self.latest: dict[str, float] = {}
         self.latest_step: int | None = None
@@ -177,6 +209,7 @@ class GAPMonitor:
         # (id, version) of a hooked output -> (weak ref, names sharing its gradient hook)
         self._grad_hooks: dict[tuple[int, int], tuple[weakref.ref[torch.Tensor], list[str]]] = {}
         self._selected_names: dict[str, bool] = {}
+        self._module_names: list[str] = []  # hooked modules of the step, in model order
         self._layers: dict[str, str | None] = {}
         self._keys: dict[tuple[str, str], tuple[str, ...]] = {}
 
@@ -195,10 +228,15 @@ class GAPMonitor:
         return _SampledStep(self, step)
 
     def log_step(self, step: int, loss: Any, **fields: Any) -> None:
-        """Write a dlm ``{"type": "step", ...}`` line (lr, grad_norm, ... as keywords)."""
-        if not self.sinks:
+        """Write a dlm ``{"type": "step", ...}`` line (lr, grad_norm, ... as keywords).
+
+        Under ``torch.distributed`` only rank 0 writes (other ranks check and return).
+        """
+        if not self._has_sink:
             raise MonitorConfigError("log_step needs a sink: pass sink= to GAPMonitor")
         record = step_record(step, loss, **fields)
+        if not writer_rank():
+            return
         for sink in self.sinks:
             sink.write_step(record)
 
@@ -224,13 +262,16 @@ class GAPMonitor:
             raise MonitorConfigError(f"step({step}) opened inside step({self._active})")
         self._active = step
         self._rows = []
+        self._module_names = []
         self._seen = {}
         self._grad_hooks = {}
         if not (self._activations or self._activation_grads):
             return
         try:
-            for name, module in self.model.named_modules():
+            for name, module in self._root.named_modules():
+                name = global_name(name)
                 if name and self._selected(name):
+                    self._module_names.append(name)
                     hook = functools.partial(self._on_forward, name)
                     self._handles.append(module.register_forward_hook(hook))
         except BaseException:
@@ -316,21 +357,31 @@ class GAPMonitor:
 
     @torch.no_grad()
     def _collect(self, step: int, rows: list[HookRow]) -> None:
+        world = current_world(self.timeout)
+        raw = [(name, p) for name, p in self._root.named_parameters()]
+        refuse_fsdp1(name for name, _ in raw)
         params = [
-            (name, p)
-            for name, p in self.model.named_parameters()
-            if p.dtype in _STAT_DTYPES and self._selected(name) and not p.is_meta
+            (global_name(name), p)
+            for name, p in raw
+            if p.dtype in _STAT_DTYPES and self._selected(global_name(name)) and not p.is_meta
         ]
         # Whole-tensor kinds: group by (device, dtype) so each group is one foreach call.
+        # A DTensor is read through its local shard, weighted for the global sums.
         groups: dict[tuple[str, torch.device, torch.dtype], list[tuple[str, torch.Tensor]]] = {}
+        weights: dict[tuple[str, str], float] = {}
         for kind in ("param", "grad"):
             if kind not in self.kinds:
                 continue
             for name, p in params:
                 tensor = p if kind == "param" else p.grad  # read under no_grad: no detach
-                if tensor is None or tensor.numel() < 2 or type(tensor) not in _PLAIN_TENSOR_TYPES:
-                    continue  # no variance in one element; subclasses (DTensor, ...) skipped
-                groups.setdefault((kind, tensor.device, tensor.dtype), []).append((name, tensor))
+                if tensor is None or tensor.numel() < 2:
+                    continue  # no variance in one element
+                piece = local_piece(tensor, world)
+                if piece is None:
+                    continue  # a tensor subclass other than DTensor, or a Partial DTensor
+                local, weights[(kind, name)] = piece
+                if local.numel():  # an empty shard adds nothing
+                    groups.setdefault((kind, local.device, local.dtype), []).append((name, local))
         blocks = [
             (kind, named, whole_tensor_stats([t for _, t in named], with_sums=self._tensors))
             for (kind, _, _), named in groups.items()
@@ -362,6 +413,9 @@ class GAPMonitor:
             tables.setdefault(kind, []).append(table)
 
         merged = {kind: concat_tables(parts) for kind, parts in tables.items()}
+        if world is not None:
+            layout = layout_of(self.kinds, [name for name, _ in params], self._module_names)
+            merged = all_reduce_tables(world, step, layout, merged, weights, self._tensors)
         layers = self._layer_cache(merged.values())
         latest: dict[str, float] = {}
         for kind in KINDS:
@@ -375,7 +429,10 @@ class GAPMonitor:
         self.latest = latest
         self.latest_step = step
 
+        # the record first: a failed dump must not lose it
+        if writer_rank():
+            for sink in self.sinks:
+                sink.write_gap(step, latest)
         if self.dump is not None and self.dump.wants(step):
-            self.dump.write(step, [(name, p.grad) for name, p in params if p.grad is not None])
-        for sink in self.sinks:
-            sink.write_gap(step, latest)
+            grads = [(name, p.grad) for name, p in params if p.grad is not None]
+            self.dump.write(step, grads, world=world)

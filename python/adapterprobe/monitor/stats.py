@@ -31,6 +31,7 @@ class StatsTable:
     max_abs: np.ndarray
     nonfinite: np.ndarray
     stats: np.ndarray | None = None  # [n, len(STATS)], detail="tensors" only
+    count: np.ndarray | None = None  # instances averaged over (activations, detail="tensors")
 
 
 def _max(a: float, b: float) -> float:
@@ -170,7 +171,9 @@ def activation_tables(
 
 
 def _tables_from(
-    totals: dict[tuple[str, str], list[float]], stats: dict[tuple[str, str], list[float]] | None
+    totals: dict[tuple[str, str], list[float]],
+    stats: dict[tuple[str, str], list[float]] | None,
+    counts: dict[tuple[str, str], float] | None = None,
 ) -> dict[str, StatsTable]:
     by_kind: dict[str, list[tuple[str, list[float]]]] = {}
     for (kind, name), acc in totals.items():
@@ -182,6 +185,8 @@ def _tables_from(
         table = StatsTable(names, array[:, 0], array[:, 1], array[:, 2], array[:, 3])
         if stats is not None:
             table.stats = np.array([stats[(kind, name)] for name in names], dtype=np.float64)
+        if counts is not None:
+            table.count = np.array([counts[(kind, name)] for name in names], dtype=np.float64)
         tables[kind] = table
     return tables
 
@@ -230,7 +235,8 @@ def _instance_tables(rows: list[HookRow], values: list[np.ndarray]) -> dict[str,
         key: [acc[1] / acc[0], acc[2] / acc[0], acc[6], acc[3] / acc[0], acc[7]]
         for key, acc in merged.items()
     }
-    return _tables_from(totals, stats)
+    instances = {key: float(acc[0]) for key, acc in merged.items()}
+    return _tables_from(totals, stats, instances)
 
 
 def concat_tables(tables: list[StatsTable]) -> StatsTable:

@@ -1,0 +1,133 @@
+"""The HF Trainer and Lightning callbacks on two real ranks (DDP, gloo, CPU): each step once.
+
+The Trainer calls every callback on every rank; the monitor writes from rank 0 only, so
+the log holds what a single process would write, with the global numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+if not torch.distributed.is_available():
+    pytest.skip("torch.distributed is not available in this build", allow_module_level=True)
+
+from dist_workers import run_world  # noqa: E402
+
+from adapterprobe import GAPMonitor  # noqa: E402
+
+STEPS = 3
+
+
+def hf_run(rank: int, world: int, workdir: Path) -> dict[str, Any]:
+    from adapterprobe.integrations.transformers import GAPCallback
+    from realruns.tiny import tiny_llama
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+    ids = torch.randint(0, 64, (16, 8), generator=torch.Generator().manual_seed(0))
+    data = [{"input_ids": row, "labels": row} for row in ids]
+    model = tiny_llama(0, max_positions=32)
+    monitor = GAPMonitor(model, kinds=("grad", "activation"), sink=workdir / "hf.jsonl")
+    args = transformers.TrainingArguments(
+        output_dir=str(workdir / "out"),
+        max_steps=STEPS,
+        per_device_train_batch_size=2,
+        logging_steps=1,
+        max_grad_norm=1e9,  # never clips: the logged norm is the gradient's own
+        learning_rate=1e-3,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        ddp_backend="gloo",
+        disable_tqdm=True,
+    )
+    trainer = transformers.Trainer(
+        model=model, args=args, train_dataset=data, callbacks=[GAPCallback(monitor)]
+    )
+    trainer.train()
+    monitor.close()
+    return {"world": trainer.args.world_size, "sinks": len(monitor.sinks)}
+
+
+def test_hf_trainer_under_ddp_writes_each_step_once(tmp_path):
+    results = run_world(hf_run, tmp_path)
+    assert [r["world"] for r in results] == [2, 2]
+    assert [r["sinks"] for r in results] == [1, 0]
+    records = [json.loads(line) for line in (tmp_path / "hf.jsonl").read_text().splitlines()]
+    gaps = [r for r in records if r["type"] == "gap"]
+    steps = [r for r in records if r["type"] == "step"]
+    assert [r["step"] for r in gaps] == [1, 2, 3]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    for gap, step in zip(gaps, steps, strict=True):
+        # the Trainer's norm is of the DDP-averaged gradient: the monitor's global one
+        norm = gap["stats"]["gap/summary/grads/l2_norm"]
+        assert step["grad_norm"] == pytest.approx(norm, rel=1e-4)
+
+
+def lightning_run(rank: int, world: int, workdir: Path) -> dict[str, Any]:
+    import warnings
+
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from adapterprobe.integrations.lightning import GAPCallback
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+
+    class Regression(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Sequential(
+                torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)
+            )
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    module = Regression()
+    monitor = GAPMonitor(module, sink=workdir / "lightning.jsonl")
+    generator = torch.Generator().manual_seed(1)
+    data = TensorDataset(torch.randn(16, 8, generator=generator), torch.randn(16, 4))
+    trainer = L.Trainer(
+        max_steps=STEPS,
+        accelerator="cpu",
+        devices=world,
+        strategy="ddp",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(workdir / "lightning"),
+        callbacks=[GAPCallback(monitor)],
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, DataLoader(data, batch_size=2))
+    monitor.close()
+    return {"world": trainer.world_size, "sinks": len(monitor.sinks)}
+
+
+def test_lightning_ddp_writes_each_step_once(tmp_path):
+    pytest.importorskip("lightning")
+    results = run_world(lightning_run, tmp_path)
+    assert [r["world"] for r in results] == [2, 2]
+    assert [r["sinks"] for r in results] == [1, 0]
+    records = [json.loads(line) for line in (tmp_path / "lightning.jsonl").read_text().splitlines()]
+    gaps = [r for r in records if r["type"] == "gap"]
+    steps = [r for r in records if r["type"] == "step"]
+    assert [r["step"] for r in gaps] == list(range(STEPS))
+    assert [r["step"] for r in steps] == list(range(STEPS))
+    for gap, step in zip(gaps, steps, strict=True):
+        norm = gap["stats"]["gap/summary/grads/l2_norm"]
+        assert step["grad_norm"] == pytest.approx(norm, rel=1e-6)
