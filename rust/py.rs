@@ -899,6 +899,32 @@ fn write_key(out: &mut String, key: &Bound<'_, PyAny>) -> PyResult<()> {
     Ok(())
 }
 
+/// Stage the remote root `url` in the empty directory `dir` (listing it;
+/// files are fetched by range on first read): (objects, bytes listed, LIST
+/// requests, problems as (URL, why)).
+#[pyfunction]
+fn remote_stage(
+    py: Python<'_>,
+    url: &str,
+    dir: PathBuf,
+) -> Result<(usize, u64, u64, Vec<(String, String)>)> {
+    let s = py.detach(|| crate::remote::stage(url, &dir))?;
+    Ok((s.objects, s.bytes_listed, s.list_requests, s.problems))
+}
+
+/// (path, bytes, requests) fetched for each file read under the staged `dir`.
+#[pyfunction]
+fn remote_fetched(dir: PathBuf) -> Vec<(PathBuf, u64, u64)> {
+    let all = crate::remote::fetched(&dir);
+    all.into_iter().map(|f| (f.path, f.bytes, f.requests)).collect()
+}
+
+/// Forget the staged `dir` (its files are no longer fetched).
+#[pyfunction]
+fn remote_release(dir: PathBuf) {
+    crate::remote::release(&dir);
+}
+
 #[pymodule(gil_used = false)]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
@@ -946,5 +972,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<LayerWeights>()?;
     m.add_function(wrap_pyfunction!(full_weights_input, m)?)?;
     m.add_function(wrap_pyfunction!(json_dumps, m)?)?;
+    m.add_function(wrap_pyfunction!(remote_stage, m)?)?;
+    m.add_function(wrap_pyfunction!(remote_fetched, m)?)?;
+    m.add_function(wrap_pyfunction!(remote_release, m)?)?;
     Ok(())
 }

@@ -645,3 +645,20 @@ def json_dumps(value: object) -> str:
     ``repr``) for plain trees of dict, list, tuple, str, int, float, bool and
     None, written in Rust. Other types raise TypeError; NaN and infinities
     ValueError."""
+
+def remote_stage(url: str, dir: _Path) -> tuple[int, int, int, list[tuple[str, str]]]:
+    """List the remote root ``url`` (``s3://``, ``gs://``, ``az://``) and lay
+    its objects out as sparse files under the empty directory ``dir``, fetched
+    by range on first read: (objects, bytes listed, LIST requests, problems as
+    (URL, why)). A bad URL, credentials, bucket or empty prefix raises
+    UsageError."""
+    ...
+
+def remote_fetched(dir: _Path) -> list[tuple[Path, int, int]]:
+    """(path, bytes, requests) fetched so far for each file read under the
+    staged ``dir``."""
+    ...
+
+def remote_release(dir: _Path) -> None:
+    """Stop fetching for the staged ``dir`` (the caller removes it)."""
+    ...
