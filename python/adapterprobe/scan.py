@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from adapterprobe import _core
+from adapterprobe import _core, remote
 from adapterprobe.errors import UsageError
 from adapterprobe.judge import gather, judge_gathered
 from adapterprobe.probes import DEFAULT_PROBES, resolve_options
@@ -80,10 +80,25 @@ def discover(
     *roots: str | Path, all_versions: bool = False, workers: int | None = None
 ) -> tuple[list[_core.Target], list[tuple[str, str]]]:
     """(targets, problems) for the roots; a bad root is a UsageError (see
-    :func:`check_roots`)."""
-    paths = [str(p) for p in check_roots(roots)]
-    found = _core.discover(paths, all_versions=all_versions, workers=workers)
-    return found.targets, [(str(p.path), p.message) for p in found.problems]
+    :func:`check_roots`). A root may be a URL (``s3://``, ``gs://``,
+    ``az://``, ``file://``; see :mod:`adapterprobe.remote`) or a Hugging
+    Face hub cache (its snapshots are the stores)."""
+    targets, problems, _ = _discover(roots, all_versions, workers)
+    return targets, problems
+
+
+def _discover(
+    roots: Sequence[str | Path], all_versions: bool, workers: int | None
+) -> tuple[list[_core.Target], list[tuple[str, str]], list[remote.Alias]]:
+    local, early, made = remote.resolve_roots(roots)
+    try:
+        paths = [str(p) for p in check_roots(local)] if local or not roots else []
+        found = _core.discover(paths, all_versions=all_versions, workers=workers)
+    except BaseException:
+        remote.release(made)
+        raise
+    problems = early + [(str(p.path), p.message) for p in found.problems]
+    return found.targets, remote.rename_problems(problems), made
 
 
 def scan_batches(
@@ -105,7 +120,9 @@ def scan_batches(
     if engine == "ray":
         from adapterprobe.ray_engine import run_on_ray
 
-        yield run_on_ray(targets, probes, resolved, address=address, progress=progress)
+        yield remote.rename_records(
+            run_on_ray(targets, probes, resolved, address=address, progress=progress)
+        )
         return
     if engine != "local":
         raise UsageError(f"engine must be 'local' or 'ray', got {engine!r}")
@@ -122,7 +139,7 @@ def scan_batches(
             gathered = pending.pop().result()
             if i + 1 < len(batches):
                 pending.append(pool.submit(gather, batches[i + 1], probes, workers))
-            yield judge_gathered(gathered, probes, resolved)
+            yield remote.rename_records(judge_gathered(gathered, probes, resolved))
             done += len(batch)
             if progress:
                 progress(done, total)
@@ -159,9 +176,7 @@ def scan(
     check_workers(workers)
     if engine != "ray" and address is not None:
         raise UsageError("address is only used with engine='ray'", option="address")
-    targets, problems = discover(
-        *(roots or (DEMO_STORE,)), all_versions=all_versions, workers=workers
-    )
+    targets, problems, made = _discover(roots or (DEMO_STORE,), all_versions, workers)
     batches = scan_batches(
         targets,
         probes=probes,
@@ -172,9 +187,17 @@ def scan(
         options=options,
         progress=progress,
     )
-    return ScanReport(
-        (r for batch in batches for r in batch), problems, settings_of(resolved, probes)
-    )
+    return ScanReport(released(batches, made), problems, settings_of(resolved, probes))
+
+
+def released(batches: Iterator[list[ScanRecord]], made: list[remote.Alias]) -> Iterator[ScanRecord]:
+    """The records of ``batches``; the remote roots staged for them are
+    released once they are all read (or the reading stops)."""
+    try:
+        for batch in batches:
+            yield from batch
+    finally:
+        remote.release(made)
 
 
 def settings_of(resolved: Mapping[str, ProbeOptions], probes: Sequence[str]) -> dict[str, Any]:

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from adapterprobe.probes import DEFAULT_PROBES
     from adapterprobe.records import ScanReport
 
-    roots = default_roots(args.roots)
+    roots = default_roots(args.roots, args)
     settings = scan_settings(args)
     batches, problems, found, stop = scan_records(roots, args, settings)
     if not found:

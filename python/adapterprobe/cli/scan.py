@@ -18,6 +18,8 @@ examples:
   adapterprobe scan /data --fail-on warn     exit 1 on any warning (for CI)
   adapterprobe scan /data --only warn,fail,error --format markdown >> $GITHUB_STEP_SUMMARY
   adapterprobe scan /data --all-versions     every version, not just the newest
+  adapterprobe scan s3://bucket/runs -v      a bucket prefix, read by range (also gs://, az://)
+  adapterprobe scan --hf-cache               the Hugging Face hub cache, stores as org/name@rev
   adapterprobe scan /data --set training_drift.spike_z=8 --set adapter_weights.max_top_share=0.95
 
 what is scanned:
@@ -120,6 +122,19 @@ def add_scan_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--address", default=None, metavar="ADDR", help="Ray cluster to join (needs --engine ray)"
     )
+    p.add_argument(
+        "--hf-cache",
+        action="store_true",
+        help="also scan the Hugging Face hub cache (HF_HUB_CACHE, else $HF_HOME/hub, else "
+        "~/.cache/huggingface/hub): each snapshot is a store named org/name@rev",
+    )
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="say on stderr how many bytes were fetched for each remote (s3://, gs://, az://) "
+        "store",
+    )
 
 
 def scan_settings(args: argparse.Namespace) -> Any:
@@ -155,7 +170,25 @@ def scan_records(
         options=settings.options,
         progress=bar.update,
     )
+    if getattr(args, "verbose", False):
+        batches = report_fetched(batches)
     return batches, problems, len(targets), bar.stop
+
+
+def report_fetched(batches: Iterator[list[Any]]) -> Iterator[list[Any]]:
+    """The batches unchanged; once they are read, the bytes fetched for each
+    remote store go to stderr."""
+    from adapterprobe.remote import fetched_per_store
+
+    stores: set[str] = set()
+    for batch in batches:
+        stores.update(r.store for r in batch)
+        yield batch
+    for store, (nbytes, requests) in fetched_per_store(stores).items():
+        print(
+            f"adapterprobe: fetched {nbytes} bytes in {requests} range requests from {store}",
+            file=sys.stderr,
+        )
 
 
 def nothing_found(roots: list[str], problems: list[tuple[str, str]], args: Any) -> int:
@@ -193,10 +226,14 @@ def run_scan(roots: list[str], args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_scan(default_roots(args.roots), args)
+    return run_scan(default_roots(args.roots, args), args)
 
 
-def default_roots(roots: list[str]) -> list[str]:
+def default_roots(roots: list[str], args: argparse.Namespace | None = None) -> list[str]:
+    if args is not None and getattr(args, "hf_cache", False):
+        from adapterprobe.hf_cache import cache_root
+
+        roots = [*roots, str(cache_root())]
     if roots:
         return roots
     from adapterprobe.scan import DEMO_STORE
