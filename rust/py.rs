@@ -916,7 +916,9 @@ fn remote_stage(
 #[pyfunction]
 fn remote_fetched(dir: PathBuf) -> Vec<(PathBuf, u64, u64)> {
     let all = crate::remote::fetched(&dir);
-    all.into_iter().map(|f| (f.path, f.bytes, f.requests)).collect()
+    all.into_iter()
+        .map(|f| (f.path, f.bytes, f.requests))
+        .collect()
 }
 
 /// Forget the staged `dir` (its files are no longer fetched).

@@ -13,8 +13,8 @@ use serde_json::Value;
 
 use crate::error::{Area, Error, Result};
 use crate::io::files::open_ranged;
-use crate::io::staged;
 use crate::io::lfs;
+use crate::io::staged;
 
 /// Largest header we accept (the reference implementation uses the same cap).
 pub const MAX_HEADER_BYTES: u64 = 100 * 1024 * 1024;

@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Area, Error, Result};
 use crate::io::files::open_ranged;
-use crate::io::staged;
 use crate::io::lfs;
+use crate::io::staged;
 
 /// Caps on what a zip header may make us allocate.
 const MAX_CENTRAL_DIR_BYTES: u64 = 64 << 20;

@@ -265,7 +265,9 @@ mod tests {
             timeout: Duration::from_secs(1),
             retries: 0,
         };
-        let e = connect("http://example.com/x", &limits).err().map(|e| e.to_string());
+        let e = connect("http://example.com/x", &limits)
+            .err()
+            .map(|e| e.to_string());
         assert!(e.is_some_and(|m| m.contains("unsupported URL scheme http://")));
         let e = connect("s3:///nobucket", &limits).err().map(|e| e.message);
         assert!(e.is_some_and(|m| m.contains("no bucket")), "bucket");

@@ -90,7 +90,9 @@ fn relative_parts<'a>(prefix: &str, key: &'a str) -> std::result::Result<Vec<&'a
     let parts: Vec<&str> = rest.split('/').collect();
     for part in &parts {
         if part.is_empty() || *part == "." || *part == ".." || part.contains('\0') {
-            return Err(format!("has a name part {part:?} that cannot be a local file name"));
+            return Err(format!(
+                "has a name part {part:?} that cannot be a local file name"
+            ));
         }
         if part.len() > 255 {
             return Err("has a name part longer than 255 bytes".into());
@@ -292,6 +294,21 @@ fn missing(have: &[(u64, u64)], lo: u64, hi: u64) -> Vec<(u64, u64)> {
     out
 }
 
+/// The `gaps` each widened to at least `MIN_BLOCK` bytes (a speculative read
+/// ahead), never into bytes already present nor past `size`.
+fn widened(have: &[(u64, u64)], gaps: Vec<(u64, u64)>, size: u64) -> Vec<(u64, u64)> {
+    gaps.into_iter()
+        .map(|(lo, hi)| {
+            let next = have
+                .iter()
+                .map(|&(a, _)| a)
+                .find(|&a| a >= hi)
+                .unwrap_or(size);
+            (lo, hi.max(lo.saturating_add(MIN_BLOCK).min(next).min(size)))
+        })
+        .collect()
+}
+
 /// `have` with `a..b` added, merged with its neighbours.
 fn add_range(have: &mut Vec<(u64, u64)>, a: u64, b: u64) {
     have.push((a, b));
@@ -333,8 +350,7 @@ fn fill(path: &Path, area: Area, offset: u64, len: u64) -> Result<()> {
         ));
     }
     let want = offset.saturating_add(len).min(s.size);
-    let end = want.max(offset.saturating_add(MIN_BLOCK).min(s.size));
-    let gaps = missing(&s.have, offset, end);
+    let gaps = widened(&s.have, missing(&s.have, offset, want), s.size);
     if gaps.is_empty() {
         return Ok(());
     }
@@ -406,6 +422,23 @@ mod tests {
     }
 
     #[test]
+    fn small_reads_are_widened_without_refetching() {
+        let block = MIN_BLOCK;
+        // A header read after the first block: nothing more is asked for.
+        let have = vec![(0, block)];
+        assert_eq!(widened(&have, missing(&have, 8, 2112), 10 * block), vec![]);
+        // A gap is widened up to the next present range, not into it.
+        let have = vec![(0, 10), (100, 200)];
+        assert_eq!(
+            widened(&have, missing(&have, 20, 30), 1 << 40),
+            vec![(20, 100)]
+        );
+        assert_eq!(widened(&[], vec![(5, 6)], 50), vec![(5, 50)]);
+        let far = widened(&[], vec![(0, 1)], 1 << 40);
+        assert_eq!(far, vec![(0, block)]);
+    }
+
+    #[test]
     fn ranges_merge() {
         let mut have = vec![];
         add_range(&mut have, 30, 40);
@@ -418,7 +451,10 @@ mod tests {
 
     #[test]
     fn keys_become_safe_relative_paths() {
-        assert_eq!(relative_parts("runs", "runs/a/b.json"), Ok(vec!["a", "b.json"]));
+        assert_eq!(
+            relative_parts("runs", "runs/a/b.json"),
+            Ok(vec!["a", "b.json"])
+        );
         assert_eq!(relative_parts("", "a"), Ok(vec!["a"]));
         assert!(relative_parts("runs", "other/a").is_err());
         assert!(relative_parts("runs", "runs/../x").is_err());
