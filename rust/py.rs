@@ -899,15 +899,13 @@ fn write_key(out: &mut String, key: &Bound<'_, PyAny>) -> PyResult<()> {
     Ok(())
 }
 
+/// (objects, bytes listed, LIST requests, problems as (URL, why)).
+type Staged = (usize, u64, u64, Vec<(String, String)>);
+
 /// Stage the remote root `url` in the empty directory `dir` (listing it;
-/// files are fetched by range on first read): (objects, bytes listed, LIST
-/// requests, problems as (URL, why)).
+/// files are fetched by range on first read).
 #[pyfunction]
-fn remote_stage(
-    py: Python<'_>,
-    url: &str,
-    dir: PathBuf,
-) -> Result<(usize, u64, u64, Vec<(String, String)>)> {
+fn remote_stage(py: Python<'_>, url: &str, dir: PathBuf) -> Result<Staged> {
     let s = py.detach(|| crate::remote::stage(url, &dir))?;
     Ok((s.objects, s.bytes_listed, s.list_requests, s.problems))
 }

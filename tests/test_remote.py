@@ -365,3 +365,9 @@ def test_a_local_scan_starts_no_network_runtime(demo_store):
         timeout=120,
     )
     assert done.stdout.strip() == "0", (done.stdout, done.stderr)
+
+
+def test_remote_roots_stay_on_the_local_engine(s3, demo_store):
+    s3_loopback.upload_tree(s3, BUCKET, demo_store, "ray")
+    with pytest.raises(ap.UsageError, match="local engine"):
+        ap.scan(f"s3://{BUCKET}/ray", engine="ray")

@@ -211,6 +211,21 @@ def fetched_per_store(stores: Iterable[str]) -> dict[str, tuple[int, int]]:
     return out
 
 
+def refuse_staged(targets: Sequence[Any], engine: str) -> None:
+    """UsageError when a target lies in a staged remote root: its files are
+    fetched by this process only, so another engine cannot read them."""
+    staged = [a for a in active() if a.staged is not None]
+    for target in targets if staged else ():
+        store = str(target.store)
+        for a in staged:
+            if a.rename_path(store) is not None:
+                raise UsageError(
+                    f"remote roots are scanned by the local engine, not {engine} (its workers "
+                    "cannot fetch the objects)",
+                    path=a.shown,
+                )
+
+
 def resolve_roots(
     roots: Sequence[str | os.PathLike[str]],
 ) -> tuple[list[str | os.PathLike[str]], list[tuple[str, str]], list[Alias]]:

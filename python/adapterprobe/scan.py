@@ -51,7 +51,7 @@ def check_workers(workers: int | None) -> None:
         )
 
 
-def check_roots(roots: Sequence[str | Path]) -> list[Path]:
+def check_roots(roots: Sequence[str | os.PathLike[str]]) -> list[Path]:
     """The roots with ``~`` expanded; UsageError for one that does not exist,
     is not a directory, or cannot be listed."""
     if not roots:
@@ -118,6 +118,7 @@ def scan_batches(
     resolved = resolve_options(probes, options, rules)
     check_workers(workers)
     if engine == "ray":
+        remote.refuse_staged(targets, "ray")
         from adapterprobe.ray_engine import run_on_ray
 
         yield remote.rename_records(

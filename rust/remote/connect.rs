@@ -45,7 +45,7 @@ fn env_number(name: &str) -> Result<Option<f64>> {
     match std::env::var(name) {
         Err(_) => Ok(None),
         Ok(text) => match text.trim().parse::<f64>() {
-            Ok(v) if v.is_finite() && v >= 0.0 && v <= 86_400.0 => Ok(Some(v)),
+            Ok(v) if (0.0..=86_400.0).contains(&v) => Ok(Some(v)),
             _ => Err(Error::new(
                 Area::Usage,
                 "",
