@@ -23,10 +23,7 @@ import dataclasses
 import os
 import re
 import shutil
-import tempfile
 import threading
-import urllib.parse
-import urllib.request
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +70,9 @@ def scheme_of(root: str | os.PathLike[str]) -> str | None:
 
 def file_url_path(url: str) -> Path:
     """The local path of a ``file://`` URL (host empty or ``localhost``)."""
+    import urllib.parse
+    import urllib.request  # here, not at import: it pulls in http, email and ssl
+
     parts = urllib.parse.urlparse(url)
     if parts.netloc not in ("", "localhost"):
         raise UsageError(f"file:// URLs name local files only, not host {parts.netloc!r}", path=url)
@@ -82,6 +82,8 @@ def file_url_path(url: str) -> Path:
 def stage(url: str) -> tuple[Path, list[tuple[str, str]]]:
     """List ``url`` into a new temporary directory (its files fetched on
     first read), registered until :func:`release`: (directory, problems)."""
+    import tempfile
+
     from adapterprobe import _core
 
     staged = Path(tempfile.mkdtemp(prefix="adapterprobe-remote-")).resolve()
