@@ -6,7 +6,9 @@
 //! - [`io`]: opening inputs safely and cheaply (files, zip, sidecars);
 //! - [`formats`]: one module per file format, bytes to typed values;
 //! - [`analysis`]: pure computation on those values (curves, statistics);
-//! - [`store`]: walking scan roots and gathering each probe's inputs.
+//! - [`store`]: walking scan roots and gathering each probe's inputs;
+//! - [`remote`]: object-store roots staged locally and read by range
+//!   (beside `store` at the top; it uses only `io`).
 //!
 //! [`error`] is the one error type every room returns. `py.rs` (built only
 //! with the `python` feature) is the one thin layer that converts types and
@@ -16,6 +18,7 @@ pub mod analysis;
 pub mod error;
 pub mod formats;
 pub mod io;
+pub mod remote;
 pub mod store;
 
 #[cfg(feature = "python")]

@@ -32,6 +32,7 @@ use crate::store::torch_state::{self, ParamStat, TrainingState};
 use crate::Result;
 
 mod compare;
+mod remote;
 
 // ---- errors ----
 
@@ -757,9 +758,10 @@ impl Target {
 
 /// Find stores under `roots`: the targets and what could not be searched
 /// (with `explain`, also what was passed over on purpose, and why). Links
-/// are followed only inside each root unless `follow_symlinks`.
+/// are followed only inside each root (or its entry in `bounds`) unless
+/// `follow_symlinks`.
 #[pyfunction]
-#[pyo3(signature = (roots, *, all_versions=false, workers=None, follow_symlinks=false, explain=false))]
+#[pyo3(signature = (roots, *, all_versions=false, workers=None, follow_symlinks=false, explain=false, bounds=Vec::new()))]
 fn discover(
     py: Python<'_>,
     roots: Vec<PathBuf>,
@@ -767,11 +769,14 @@ fn discover(
     workers: Option<Size>,
     follow_symlinks: bool,
     explain: bool,
+    bounds: Vec<PathBuf>,
 ) -> Result<Discovery> {
     let workers = workers.map(|n| count("workers", n)).transpose()?;
     py.detach(|| {
         scan::pool(workers).map(|p| {
-            p.install(|| scan::discover_with(&roots, all_versions, follow_symlinks, explain))
+            p.install(|| {
+                scan::discover_within(&roots, &bounds, all_versions, follow_symlinks, explain)
+            })
         })
     })
 }
@@ -988,5 +993,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(full_weights_input, m)?)?;
     m.add_function(wrap_pyfunction!(json_dumps, m)?)?;
     compare::register(m)?;
+    remote::register(m)?;
     Ok(())
 }

@@ -62,6 +62,9 @@ __all__ = [
     "read_optimizer_state",
     "read_safetensors_header",
     "read_training_state",
+    "remote_fetched",
+    "remote_release",
+    "remote_stage",
     "robust_curve",
     "similar_adapters",
     "spike_indices",
@@ -666,6 +669,7 @@ def discover(
     workers: int | None = None,
     follow_symlinks: bool = False,
     explain: bool = False,
+    bounds: Sequence[_Path] = (),
 ) -> Discovery: ...
 def excerpt(text: str) -> str:
     """``text`` as a short printable-ASCII excerpt (other characters as
@@ -739,3 +743,20 @@ def similar_adapters(
 ) -> SimilarReport:
     """Pairs of adapters (under `root`, or among `paths`) whose similarity is
     at least `threshold`, most similar first."""
+
+def remote_stage(url: str, dir: _Path) -> tuple[int, int, int, list[tuple[str, str]]]:
+    """List the remote root ``url`` (``s3://``, ``gs://``, ``az://``) and lay
+    its objects out as sparse files under the empty directory ``dir``, fetched
+    by range on first read: (objects, bytes listed, LIST requests, problems as
+    (URL, why)). A bad URL, credentials, bucket or empty prefix raises
+    UsageError."""
+    ...
+
+def remote_fetched(dir: _Path) -> list[tuple[Path, int, int]]:
+    """(path, bytes, requests) fetched so far for each file read under the
+    staged ``dir``."""
+    ...
+
+def remote_release(dir: _Path) -> None:
+    """Stop fetching for the staged ``dir`` (the caller removes it)."""
+    ...

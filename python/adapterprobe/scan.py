@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from adapterprobe import _core
+from adapterprobe import _core, remote
 from adapterprobe.errors import UsageError
 from adapterprobe.judge import gather, judge_gathered
 from adapterprobe.probes import DEFAULT_PROBES, resolve_options
@@ -69,7 +69,7 @@ def flat_roots(roots: Sequence[Any]) -> list[str | Path]:
     return out
 
 
-def check_roots(roots: Sequence[str | Path]) -> list[Path]:
+def check_roots(roots: Sequence[str | os.PathLike[str]]) -> list[Path]:
     """The roots with ``~`` expanded; UsageError for one that does not exist,
     is not a directory, or cannot be listed."""
     roots = flat_roots(roots)
@@ -133,20 +133,43 @@ def discover(
     """``(targets, problems)`` for the roots; with ``explain``, also
     ``.skipped`` (see :class:`Discovered`: one more directory listing per
     store, so only when asked). A bad root is a UsageError (see
-    :func:`check_roots`). Symlinks are followed only while they stay inside
-    their root unless ``follow_symlinks``; a directory that cannot be listed
+    :func:`check_roots`). A root may be a URL (``s3://``, ``gs://``,
+    ``az://``, ``file://``; see :mod:`adapterprobe.remote`) or a Hugging
+    Face hub cache (its snapshots are the stores). Symlinks are followed
+    only while they stay inside their root (a hub snapshot's: inside its
+    cache) unless ``follow_symlinks``; a directory that cannot be listed
     and a link not followed are targets of their own (layout
     ``"unreadable"``, ``"outside-root"``) whose records say so."""
-    paths = [str(p) for p in check_roots(roots)]
-    found = _core.discover(
-        paths,
-        all_versions=all_versions,
-        workers=workers,
-        follow_symlinks=follow_symlinks,
-        explain=explain,
-    )
+    found, _ = _discover(roots, all_versions, workers, explain, follow_symlinks)
+    return found
+
+
+def _discover(
+    roots: Sequence[str | os.PathLike[str]],
+    all_versions: bool,
+    workers: int | None,
+    explain: bool = False,
+    follow_symlinks: bool = False,
+) -> tuple[Discovered, list[remote.Alias]]:
+    local, early, made = remote.resolve_roots(flat_roots(roots))
+    try:
+        paths = [str(p) for p in check_roots(local)] if local or not roots else []
+        bounds = [str(remote.confinement_of(p)) for p in paths]
+        found = _core.discover(
+            paths,
+            all_versions=all_versions,
+            workers=workers,
+            follow_symlinks=follow_symlinks,
+            explain=explain,
+            bounds=bounds,
+        )
+    except BaseException:
+        remote.release(made)
+        raise
+    problems = early + [(str(p.path), p.message) for p in found.problems]
     skipped = [(str(p.path), p.message) for p in found.skipped] if explain else None
-    return Discovered(found.targets, [(str(p.path), p.message) for p in found.problems], skipped)
+    discovered = Discovered(found.targets, remote.rename_problems(problems), skipped)
+    return discovered, made
 
 
 def scan_batches(
@@ -166,9 +189,12 @@ def scan_batches(
     resolved = resolve_options(probes, options, rules)
     check_workers(workers)
     if engine == "ray":
+        remote.refuse_staged(targets, "ray")
         from adapterprobe.ray_engine import run_on_ray
 
-        yield run_on_ray(targets, probes, resolved, address=address, progress=progress)
+        yield remote.rename_records(
+            run_on_ray(targets, probes, resolved, address=address, progress=progress)
+        )
         return
     if engine != "local":
         raise UsageError(f"engine must be 'local' or 'ray', got {engine!r}")
@@ -185,7 +211,7 @@ def scan_batches(
             gathered = pending.pop().result()
             if i + 1 < len(batches):
                 pending.append(pool.submit(gather, batches[i + 1], probes, workers))
-            yield judge_gathered(gathered, probes, resolved)
+            yield remote.rename_records(judge_gathered(gathered, probes, resolved))
             done += len(batch)
             if progress:
                 progress(done, total)
@@ -226,11 +252,10 @@ def scan(
     check_workers(workers)
     if engine != "ray" and address is not None:
         raise UsageError("address is only used with engine='ray'", option="address")
-    given = flat_roots(roots)
-    targets, problems = discover(
-        *(given or (DEMO_STORE,)),
-        all_versions=all_versions,
-        workers=workers,
+    (targets, problems), made = _discover(
+        flat_roots(roots) or (DEMO_STORE,),
+        all_versions,
+        workers,
         follow_symlinks=follow_symlinks,
     )
     batches = scan_batches(
@@ -243,9 +268,17 @@ def scan(
         options=options,
         progress=progress,
     )
-    return ScanReport(
-        (r for batch in batches for r in batch), problems, settings_of(resolved, probes)
-    )
+    return ScanReport(released(batches, made), problems, settings_of(resolved, probes))
+
+
+def released(batches: Iterator[list[ScanRecord]], made: list[remote.Alias]) -> Iterator[ScanRecord]:
+    """The records of ``batches``; the remote roots staged for them are
+    released once they are all read (or the reading stops)."""
+    try:
+        for batch in batches:
+            yield from batch
+    finally:
+        remote.release(made)
 
 
 def settings_of(resolved: Mapping[str, ProbeOptions], probes: Sequence[str]) -> dict[str, Any]:

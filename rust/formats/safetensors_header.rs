@@ -12,8 +12,9 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::error::{Area, Error, Result};
-use crate::io::files::open_regular;
+use crate::io::files::open_ranged;
 use crate::io::lfs;
+use crate::io::staged;
 
 /// Largest header we accept (the reference implementation uses the same cap).
 pub const MAX_HEADER_BYTES: u64 = 100 * 1024 * 1024;
@@ -67,7 +68,10 @@ pub fn dtype_bits(dtype: &str) -> Option<u64> {
 /// Read and validate the header of the safetensors file at `path`.
 pub fn read_header(path: &Path) -> Result<Header> {
     let err = |msg: String| Error::new(Area::Header, path, msg);
-    let mut file = open_regular(path, Area::Header)?;
+    // A staged remote file: the first read fetches a speculative block that
+    // holds the length and, for most files, the whole header.
+    staged::fill(path, Area::Header, 0, 8)?;
+    let mut file = open_ranged(path, Area::Header)?;
     let file_len = file
         .metadata()
         .map_err(|e| Error::io(Area::Header, path, &e))?
@@ -97,6 +101,7 @@ pub fn read_header(path: &Path) -> Result<Header> {
             "header length {n} runs past the end of the file ({file_len} bytes)"
         )));
     }
+    staged::fill(path, Area::Header, 8, n)?;
     let mut buf = vec![0u8; n as usize];
     file.read_exact(&mut buf)
         .map_err(|e| err(format!("cannot read the {n}-byte header: {e}")))?;

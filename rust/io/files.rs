@@ -15,6 +15,7 @@ use std::io::Read;
 use std::path::Path;
 
 use crate::error::{Area, Error, Result};
+use crate::io::staged;
 
 #[cfg(unix)]
 fn open_nonblocking(path: &Path) -> std::io::Result<File> {
@@ -40,6 +41,14 @@ fn open_nonblocking(path: &Path) -> std::io::Result<File> {
 /// Reads on a regular file never block, so the non-blocking flag used to
 /// open it changes nothing afterwards.
 pub fn open_regular(path: &Path, area: Area) -> Result<File> {
+    staged::fill(path, area, 0, staged::TO_END)?;
+    open_ranged(path, area)
+}
+
+/// [`open_regular`] for a reader that reads by position and calls
+/// [`staged::fill`] for each range before reading it (a staged remote file
+/// is then fetched by ranges, not whole).
+pub fn open_ranged(path: &Path, area: Area) -> Result<File> {
     let file = open_nonblocking(path).map_err(|e| Error::io(area, path, &e))?;
     let meta = file.metadata().map_err(|e| Error::io(area, path, &e))?;
     if meta.is_dir() {
@@ -60,7 +69,8 @@ pub fn open_regular(path: &Path, area: Area) -> Result<File> {
 /// than `max` bytes (checked on the opened file, and again while reading in
 /// case it grows).
 pub fn read_small(path: &Path, area: Area, max: u64) -> Result<Vec<u8>> {
-    let file = open_regular(path, area)?;
+    staged::fill(path, area, 0, max.saturating_add(1))?;
+    let file = open_ranged(path, area)?;
     let len = file
         .metadata()
         .map_err(|e| Error::io(area, path, &e))?

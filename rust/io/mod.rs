@@ -3,7 +3,9 @@
 //! What belongs here: finding and opening files (regular files only, no
 //! walking out of a root), bounded positioned reads, the zip container that
 //! `torch.save` uses, checksum sidecars, Git LFS pointers (what a clone
-//! without `git lfs pull` holds instead of a file), and writing JSON text.
+//! without `git lfs pull` holds instead of a file), the hook through which
+//! files staged from remote storage are fetched on first read (`staged`),
+//! and writing JSON text.
 //! Nothing here knows a file format beyond its container, and nothing knows
 //! a probe.
 
@@ -13,5 +15,6 @@ pub mod files;
 pub mod json_text;
 pub mod lfs;
 pub mod sidecar;
+pub mod staged;
 pub mod walk;
 pub mod zip_archive;

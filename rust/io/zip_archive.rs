@@ -12,8 +12,9 @@ use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Area, Error, Result};
-use crate::io::files::open_regular;
+use crate::io::files::open_ranged;
 use crate::io::lfs;
+use crate::io::staged;
 
 /// Caps on what a zip header may make us allocate.
 const MAX_CENTRAL_DIR_BYTES: u64 = 64 << 20;
@@ -82,6 +83,9 @@ impl Archive {
             )));
         }
         buf.clear();
+        if self.whole.is_none() {
+            staged::fill(&self.path, Area::TrainingState, offset, len)?;
+        }
         if let Some(whole) = &self.whole {
             // In range: `offset + len <= self.len == whole.len()` was checked above.
             let range = usize::try_from(offset).unwrap_or(usize::MAX)
@@ -106,7 +110,7 @@ impl Archive {
     }
 
     pub fn open(path: &Path) -> Result<Archive> {
-        let file = open_regular(path, Area::TrainingState)?;
+        let file = open_ranged(path, Area::TrainingState)?;
         let len = file
             .metadata()
             .map_err(|e| Error::io(Area::TrainingState, path, &e))?

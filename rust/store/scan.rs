@@ -206,6 +206,20 @@ pub fn discover_with(
     follow_symlinks: bool,
     explain: bool,
 ) -> Discovery {
+    discover_within(roots, &[], all, follow_symlinks, explain)
+}
+
+/// [`discover_with`], each root confined to the directory at the same index
+/// of `bounds` instead of to itself (a Hugging Face hub snapshot's files are
+/// links into the cache's `blobs/`: its bound is the cache). A missing bound
+/// is the root itself; a bound must hold its root.
+pub fn discover_within(
+    roots: &[PathBuf],
+    bounds: &[PathBuf],
+    all: bool,
+    follow_symlinks: bool,
+    explain: bool,
+) -> Discovery {
     let walk = Walk {
         all,
         explain,
@@ -214,13 +228,17 @@ pub fn discover_with(
         problems: Mutex::new(vec![]),
         skipped: Mutex::new(vec![]),
     };
-    for root in roots {
+    for (i, root) in roots.iter().enumerate() {
+        let bound = bounds
+            .get(i)
+            .filter(|b| root.starts_with(b))
+            .unwrap_or(root);
         if !root.exists() {
             walk.problem(root, "does not exist".into());
         } else if !root.is_dir() {
             walk.problem(root, "is not a directory".into());
         } else {
-            let confined: Root = match (follow_symlinks, confine::root_of(root)) {
+            let confined: Root = match (follow_symlinks, confine::root_of(bound)) {
                 (true, _) => None,
                 (false, Ok(real)) => Some(real),
                 (false, Err(e)) => {

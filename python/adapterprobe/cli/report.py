@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"adapterprobe: wrote {terminal(str(path))}", file=sys.stderr)
         return saved.exit_code(args.fail_on or "fail")
     settings = scan_settings(args)
-    roots = default_roots(args.roots)
+    roots = default_roots(args.roots, args)
     batches, problems, found, stop = scan_records(roots, args, settings)
     if not found:
         stop()

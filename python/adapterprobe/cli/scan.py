@@ -22,6 +22,8 @@ examples:
   adapterprobe scan /data --format github    annotations + step summary (automatic
                                              when GITHUB_ACTIONS=true)
   adapterprobe scan /data --all-versions     every version, not just the newest
+  adapterprobe scan s3://bucket/runs -v      a bucket prefix, read by range (also gs://, az://)
+  adapterprobe scan --hf-cache               the Hugging Face hub cache, stores as org/name@rev
   adapterprobe scan /data --set training_drift.spike_z=8 --set adapter_weights.max_top_share=0.95
 
 what is scanned:
@@ -141,6 +143,12 @@ def add_scan_options(p: argparse.ArgumentParser) -> None:
         help="follow symlinks that lead out of the roots (default: such links are not followed "
         "and their records say so; only for trees you trust)",
     )
+    p.add_argument(
+        "--hf-cache",
+        action="store_true",
+        help="also scan the Hugging Face hub cache (HF_HUB_CACHE, else $HF_HOME/hub, else "
+        "~/.cache/huggingface/hub): each snapshot is a store named org/name@rev",
+    )
 
 
 def scan_settings(args: argparse.Namespace) -> Any:
@@ -189,7 +197,28 @@ def scan_records(
         options=settings.options,
         progress=bar.update,
     )
+    if getattr(args, "verbose", False):
+        batches = report_fetched(batches)
     return batches, problems, len(targets), bar.stop
+
+
+def report_fetched(batches: Iterator[list[Any]]) -> Iterator[list[Any]]:
+    """The batches unchanged; once they are read, the bytes fetched for each
+    remote store go to stderr."""
+    from adapterprobe.remote import fetched_per_store
+
+    stores: set[str] = set()
+    for batch in batches:
+        stores.update(r.store for r in batch)
+        yield batch
+    from adapterprobe.escape import terminal
+
+    for store, (nbytes, requests) in fetched_per_store(stores).items():
+        print(
+            f"adapterprobe: fetched {nbytes} bytes in {requests} range requests from "
+            f"{terminal(store)}",
+            file=sys.stderr,
+        )
 
 
 def nothing_found(roots: list[str], problems: list[tuple[str, str]], args: Any) -> int:
@@ -234,7 +263,7 @@ def run_scan(roots: list[str], args: argparse.Namespace) -> int:
     from adapterprobe.probes import DEFAULT_PROBES
 
     settings = scan_settings(args)
-    roots = default_roots(roots)
+    roots = default_roots(roots, args)
     gate = Gate(roots, args)  # --baseline: checked before the walk
     batches, problems, found, stop = scan_records(roots, args, settings)
     if not found:
@@ -251,7 +280,11 @@ def run(args: argparse.Namespace) -> int:
     return run_scan(args.roots, args)
 
 
-def default_roots(roots: list[str]) -> list[str]:
+def default_roots(roots: list[str], args: argparse.Namespace | None = None) -> list[str]:
+    if args is not None and getattr(args, "hf_cache", False):
+        from adapterprobe.hf_cache import cache_root
+
+        roots = [*roots, str(cache_root())]
     if roots:
         return roots
     from adapterprobe.scan import DEMO_STORE

@@ -27,7 +27,8 @@ use nalgebra::DMatrix;
 
 use crate::error::{Area, Error, Result};
 use crate::formats::safetensors_header::{read_header, Header, TensorInfo};
-use crate::io::files::open_regular;
+use crate::io::files::open_ranged;
+use crate::io::staged;
 
 /// Largest single read (and largest decoded buffer) this module makes.
 pub const MAX_CHUNK_BYTES: usize = 8 << 20;
@@ -302,7 +303,7 @@ impl SafetensorsData {
     /// every tensor reads each byte of the file at most once.
     pub fn open(path: &Path) -> Result<SafetensorsData> {
         let header = read_header(path)?;
-        let file = open_regular(path, Area::Weights)?;
+        let file = open_ranged(path, Area::Weights)?;
         let file_len = file
             .metadata()
             .map_err(|e| Error::io(Area::Weights, path, &e))?
@@ -410,6 +411,7 @@ impl SafetensorsData {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64, what: &str) -> Result<()> {
+        staged::fill(&self.path, Area::Weights, offset, buf.len() as u64)?;
         #[cfg(unix)]
         let res = {
             use std::os::unix::fs::FileExt;

@@ -1,0 +1,150 @@
+"""The Hugging Face hub cache: each snapshot scanned as a store named ``org/name@rev``.
+
+The hub keeps each downloaded repository as ``models--org--name/`` with
+``blobs/`` (the files, named by hash), ``refs/`` (branch and tag names, each
+a file holding a commit hash) and ``snapshots/<commit>/`` (the repository's
+tree, its files symbolic links into ``blobs/``). A scan of the cache (or of
+one ``models--*`` directory) scans every snapshot like any other store,
+following its links into ``blobs/`` only while they stay inside the cache:
+a snapshot with a link leading out of it is reported and not scanned. No
+request is made to the Hub.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from adapterprobe.errors import UsageError
+from adapterprobe.remote import Alias
+
+_REPO = re.compile(r"^(models|datasets|spaces)--(.+)$")
+#: Entries looked at below one snapshot while checking its links.
+MAX_SNAPSHOT_ENTRIES = 100_000
+_MAX_REF_BYTES = 256
+
+
+def default_cache() -> Path:
+    """Where the hub cache is: ``HF_HUB_CACHE`` (or the older
+    ``HUGGINGFACE_HUB_CACHE``), else ``$HF_HOME/hub``, else
+    ``$XDG_CACHE_HOME/huggingface/hub`` (``~/.cache`` by default)."""
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(name):
+            return Path(os.environ[name]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    xdg = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
+    return Path(xdg).expanduser() / "huggingface" / "hub"
+
+
+def cache_root() -> Path:
+    """The hub cache for ``--hf-cache``; UsageError when there is none."""
+    path = default_cache()
+    if not path.is_dir():
+        raise UsageError(
+            "no Hugging Face hub cache here (set HF_HUB_CACHE or HF_HOME to point at it)",
+            path=path,
+        )
+    return path
+
+
+def is_repo_dir(path: Path) -> bool:
+    return _REPO.match(path.name) is not None and (path / "snapshots").is_dir()
+
+
+def is_hub_cache(path: Path) -> bool:
+    try:
+        with os.scandir(path) as listing:
+            return any(_REPO.match(e.name) and is_repo_dir(Path(e.path)) for e in listing)
+    except OSError:
+        return False
+
+
+def repo_id(dirname: str) -> str:
+    """``models--org--name`` → ``org/name`` (datasets and spaces keep their kind)."""
+    m = _REPO.match(dirname)
+    if m is None:
+        return dirname
+    kind, rest = m.groups()
+    name = rest.replace("--", "/")
+    return name if kind == "models" else f"{kind}/{name}"
+
+
+def _refs(repo: Path) -> dict[str, list[str]]:
+    """Commit hash → the ref names pointing at it (``main`` first)."""
+    out: dict[str, list[str]] = {}
+    refs = repo / "refs"
+    if not refs.is_dir():
+        return out
+    for dirpath, _dirs, files in os.walk(refs):
+        for name in files:
+            path = Path(dirpath) / name
+            try:
+                if path.is_symlink() or path.stat().st_size > _MAX_REF_BYTES:
+                    continue
+                commit = path.read_text(encoding="utf-8", errors="replace").strip()
+            except OSError:
+                continue
+            out.setdefault(commit, []).append(path.relative_to(refs).as_posix())
+    for names in out.values():
+        names.sort(key=lambda n: (n != "main", n))
+    return out
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder + os.sep)
+
+
+def escaping_link(snapshot: Path, cache: Path) -> tuple[Path, str] | None:
+    """The first link under ``snapshot`` that leads outside ``cache`` (or
+    nowhere inside it), with why; None when every link stays inside."""
+    folder = os.path.realpath(cache)
+    seen = 0
+    for dirpath, dirs, files in os.walk(snapshot):
+        for name in dirs + files:
+            seen += 1
+            if seen > MAX_SNAPSHOT_ENTRIES:
+                return snapshot, f"holds more than {MAX_SNAPSHOT_ENTRIES} entries; not scanned"
+            path = Path(dirpath) / name
+            if not path.is_symlink():
+                continue
+            target = os.path.realpath(path)
+            if not _inside(target, folder):
+                return path, (
+                    "is a link leading outside the Hugging Face cache; the snapshot is not scanned"
+                )
+    return None
+
+
+def expand(
+    root: str | os.PathLike[str],
+) -> tuple[list[Path], list[tuple[str, str]], list[Alias]] | None:
+    """(snapshot roots, problems, aliases naming them ``org/name@rev``) when
+    ``root`` is a hub cache or one ``models--*`` directory in it; None for
+    any other root."""
+    path = Path(root).expanduser()
+    if is_repo_dir(path):
+        cache, repos = path.parent, [path]
+    elif path.is_dir() and is_hub_cache(path):
+        cache = path
+        repos = sorted(p for p in path.iterdir() if is_repo_dir(p))
+    else:
+        return None
+    roots: list[Path] = []
+    problems: list[tuple[str, str]] = []
+    aliases: list[Alias] = []
+    for repo in repos:
+        refs = _refs(repo)
+        for snapshot in sorted((repo / "snapshots").iterdir()):
+            if not snapshot.is_dir() or snapshot.is_symlink():
+                continue
+            bad = escaping_link(snapshot, cache)
+            if bad is not None:
+                problems.append((str(bad[0]), bad[1]))
+                continue
+            names = refs.get(snapshot.name)
+            rev = names[0] if names else snapshot.name
+            roots.append(snapshot)
+            aliases.append(Alias(str(snapshot), f"{repo_id(repo.name)}@{rev}", in_text=False))
+    return roots, problems, aliases
