@@ -761,7 +761,7 @@ impl Target {
 /// are followed only inside each root (or its entry in `bounds`) unless
 /// `follow_symlinks`.
 #[pyfunction]
-#[pyo3(signature = (roots, *, all_versions=false, workers=None, follow_symlinks=false, explain=false, bounds=Vec::new()))]
+#[pyo3(signature = (roots, *, all_versions=false, workers=None, follow_symlinks=false, explain=false, bounds=None))]
 fn discover(
     py: Python<'_>,
     roots: Vec<PathBuf>,
@@ -769,8 +769,9 @@ fn discover(
     workers: Option<Size>,
     follow_symlinks: bool,
     explain: bool,
-    bounds: Vec<PathBuf>,
+    bounds: Option<Vec<PathBuf>>,
 ) -> Result<Discovery> {
+    let bounds = bounds.unwrap_or_default();
     let workers = workers.map(|n| count("workers", n)).transpose()?;
     py.detach(|| {
         scan::pool(workers).map(|p| {

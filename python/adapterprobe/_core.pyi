@@ -669,7 +669,7 @@ def discover(
     workers: int | None = None,
     follow_symlinks: bool = False,
     explain: bool = False,
-    bounds: Sequence[_Path] = (),
+    bounds: Sequence[_Path] | None = None,
 ) -> Discovery: ...
 def excerpt(text: str) -> str:
     """``text`` as a short printable-ASCII excerpt (other characters as
