@@ -125,13 +125,14 @@ def timed(command: list[str], stdout_path: Path) -> tuple[float, int]:
             stderr=subprocess.PIPE,
             text=True,
         )
-    if proc.returncode not in (0, 1):
+    # Exit 1 is a verdict, but a crash exits 1 too: its traceback tells them apart.
+    if proc.returncode not in (0, 1) or "Traceback" in proc.stderr:
         raise SystemExit(proc.stderr or f"exit {proc.returncode}")
     elapsed, peak_kib = proc.stderr.strip().splitlines()[-1].split()
     return float(elapsed), int(peak_kib)
 
 
-def outputs(n: int) -> None:
+def outputs(n: int, only: set[str] | None = None) -> None:
     """Every output format over `n` stores: time against JSON's, memory
     against the 1 GiB target."""
     root = make_tree(n)
@@ -158,6 +159,8 @@ def outputs(n: int) -> None:
     reference, reference_rss = timed(runs["json"], sink)
     limit_kib = 1024 * 1024
     for name, command in runs.items():
+        if only and name.split()[0] not in only and name != "json":
+            continue
         elapsed, rss = (reference, reference_rss) if name == "json" else timed(command, sink)
         verdict = "met" if rss < limit_kib else f"missed by {(rss - limit_kib) / 1024:.0f} MiB"
         print(
@@ -177,9 +180,15 @@ def main() -> None:
     parser.add_argument(
         "--outputs", type=int, default=0, metavar="N", help="only: every output format, N stores"
     )
+    parser.add_argument(
+        "--formats",
+        default=None,
+        metavar="F[,F...]",
+        help="with --outputs: only these (json, jsonl, csv, table, markdown, github, report)",
+    )
     args = parser.parse_args()
     if args.outputs:
-        outputs(args.outputs)
+        outputs(args.outputs, set(args.formats.split(",")) if args.formats else None)
         return
 
     seed_probes = ("--probes", "training_drift,gradient_ghost")
