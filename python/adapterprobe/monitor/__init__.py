@@ -56,8 +56,8 @@ so are float8, complex and tensor-subclass values other than DTensor.
 
 Under ``torch.distributed`` (DDP, FSDP2) the statistics are global: DTensor parameters
 and gradients are read through their local shards, and every rank's tables are combined
-by two all-reduces per sampled step (``distributed``); rank 0 alone writes the sinks,
-step lines and dumps. FSDP1's flat parameters are refused.
+by one all-gather of packed buffers per sampled step (``distributed``); rank 0 alone
+writes the sinks, step lines and dumps. FSDP1's flat parameters are refused.
 
 Not covered: under activation checkpointing the recomputed forward is recorded again
 (averages stay, ``nonfinite`` counts double); hooks added and removed per sampled

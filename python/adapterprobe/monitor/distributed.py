@@ -12,8 +12,10 @@ process does, and this module folds them into global tables:
 - extremes (``max_abs``) are maxed; NaN is carried as a count beside them, so a NaN on
   any rank is NaN in the result.
 
-The reduction is two all-reduces of packed float64 buffers (sums, maxima), issued
-together, whatever the number of tensors, on a gloo group of the monitor's own (host
+The reduction is one collective per sampled step, whatever the number of tensors: an
+all-gather of each rank's packed float64 buffer (header, sums, maxima), summed and
+maxed on every rank (a sum and a max cannot share one all-reduce; gathered, they are
+one exchange of a few KB per rank), on a gloo group of the monitor's own (host
 buffers whatever the training backend; never paired with the training's collectives).
 Their layout is fixed by the model (every selected parameter and module, whether it
 was seen on this rank or not), and a header carries the step and a checksum of the
@@ -46,7 +48,7 @@ _WHOLE = ("param", "grad")
 # L2 norms) and the instance count (activations).
 _NUMEL, _SUMSQ, _BAD, _NAN, _S1, _S2, _S3, _COUNT = range(8)
 _FIELDS = 8
-_HEADER = 4  # in the MAX buffer: step, -step, checksum, -checksum
+_HEADER = 2  # at the head of each rank's buffer: the step and the layout's checksum
 
 # wrapper prefixes that are not part of a parameter's name in a single-process model
 _WRAPPER_PARTS = ("_fsdp_wrapped_module",)
@@ -275,30 +277,28 @@ def all_reduce_tables(
 ) -> dict[str, StatsTable]:
     """Global tables from every rank's local ones (see the module docstring)."""
     sums, maxima = _pack(layout, tables, weights)
-    check = _checksum(layout)
-    header = np.array([step, -step, check, -check], dtype=np.float64)
-    sum_buffer = torch.from_numpy(sums.reshape(-1).copy())
-    max_buffer = torch.from_numpy(np.concatenate((header, maxima)))
-    group = world.group(step)
-    op = torch.distributed.ReduceOp
-    works = [
-        torch.distributed.all_reduce(sum_buffer, op=op.SUM, group=group, async_op=True),
-        torch.distributed.all_reduce(max_buffer, op=op.MAX, group=group, async_op=True),
-    ]
-    _wait(works, world, step)
-    total = sum_buffer.numpy().reshape(-1, _FIELDS)
-    top = max_buffer.numpy()
-    if top[0] != -top[1]:
+    header = np.array([step, _checksum(layout)], dtype=np.float64)
+    mine = torch.from_numpy(np.concatenate((header, sums.reshape(-1), maxima)))
+    gathered = [torch.empty_like(mine) for _ in range(world.size)]
+    work = torch.distributed.all_gather(gathered, mine, group=world.group(step), async_op=True)
+    _wait([work], world, step)
+    rows = torch.stack(gathered).numpy()
+    steps, checks = rows[:, 0], rows[:, 1]
+    if not (steps == steps[0]).all():
         raise MonitorConfigError(
             f"GAP monitor step {step}: the ranks reduced different steps "
-            f"({int(-top[1])} to {int(top[0])}); every rank must enter every sampled step"
+            f"({int(steps.min())} to {int(steps.max())}); every rank must enter every "
+            "sampled step"
         )
-    if top[2] != -top[3]:
+    if not (checks == checks[0]).all():
         raise MonitorConfigError(
             f"GAP monitor step {step}: the ranks monitor different tensors; build the "
             "monitor with the same model and arguments on every rank"
         )
-    return _unpack(layout, total, top[_HEADER:], with_stats, tables)
+    body = rows[:, _HEADER:]
+    total = body[:, : sums.size].sum(axis=0).reshape(-1, _FIELDS)
+    top = body[:, sums.size :].max(axis=0)
+    return _unpack(layout, total, top, with_stats, tables)
 
 
 def layout_of(
