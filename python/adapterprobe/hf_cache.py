@@ -17,7 +17,6 @@ import re
 from pathlib import Path
 
 from adapterprobe.errors import UsageError
-from adapterprobe.remote import Alias
 
 _REPO = re.compile(r"^(models|datasets|spaces)--(.+)$")
 #: Entries looked at below one snapshot while checking its links.
@@ -119,8 +118,8 @@ def escaping_link(snapshot: Path, cache: Path) -> tuple[Path, str] | None:
 
 def expand(
     root: str | os.PathLike[str],
-) -> tuple[list[Path], list[tuple[str, str]], list[Alias]] | None:
-    """(snapshot roots, problems, aliases naming them ``org/name@rev``) when
+) -> tuple[list[Path], list[tuple[str, str]], list[tuple[str, str]]] | None:
+    """(snapshot roots, problems, names: (snapshot path, ``org/name@rev``)) when
     ``root`` is a hub cache or one ``models--*`` directory in it; None for
     any other root."""
     path = Path(root).expanduser()
@@ -133,7 +132,7 @@ def expand(
         return None
     roots: list[Path] = []
     problems: list[tuple[str, str]] = []
-    aliases: list[Alias] = []
+    shown: list[tuple[str, str]] = []
     for repo in repos:
         refs = _refs(repo)
         for snapshot in sorted((repo / "snapshots").iterdir()):
@@ -146,5 +145,5 @@ def expand(
             names = refs.get(snapshot.name)
             rev = names[0] if names else snapshot.name
             roots.append(snapshot)
-            aliases.append(Alias(str(snapshot), f"{repo_id(repo.name)}@{rev}", in_text=False))
-    return roots, problems, aliases
+            shown.append((str(snapshot), f"{repo_id(repo.name)}@{rev}"))
+    return roots, problems, shown

@@ -248,7 +248,10 @@ def resolve_roots(
                 if expanded is None:
                     local.append(root)
                     continue
-                snapshots, found, aliases = expanded
+                snapshots, found, names = expanded
+                # a snapshot's real path stays in messages (it is worth
+                # keeping there); only store/adapter fields show the name
+                aliases = [Alias(real, shown, in_text=False) for real, shown in names]
                 for alias in aliases:
                     register(alias)
                 made += aliases

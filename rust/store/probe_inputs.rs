@@ -102,25 +102,23 @@ impl DriftInput {
     }
 }
 
-/// The loss curve of a store: its dlm logs, its HF run (`trainer_state.json`
-/// and TensorBoard events), or its Lightning logs (`metrics.csv` or events).
-/// A path that is no store itself is judged as a scan would find it: an
-/// HF checkpoint by its own `trainer_state.json`, a folder holding one run
-/// somewhere below (e.g. TensorBoard events in `runs/<name>/`) by that run.
-pub fn drift_input(store: &Path) -> DriftInput {
+/// The loss curve of `store` when it is a store of its own or an HF
+/// checkpoint given alone (judged by its own `trainer_state.json`); None
+/// when the runs below it must be found first (`scan::drift_input`).
+pub fn direct_drift_input(store: &Path) -> Option<DriftInput> {
     if let Some(t) = layout::classify(store, false) {
-        return drift_input_for(store, &t.layout);
+        return Some(drift_input_for(store, &t.layout));
     }
-    if let Some(t) = layout::version_root(store).filter(|t| t.log_root.is_some()) {
-        return drift_input_for(store, &t.layout);
-    }
-    let found = crate::store::scan::discover(&[store.to_path_buf()], false, false);
-    let runs: Vec<&Target> = found
-        .targets
-        .iter()
-        .filter(|t| t.with_logs && t.layout != PEFT)
-        .collect();
-    match runs.as_slice() {
+    layout::version_root(store)
+        .filter(|t| t.log_root.is_some())
+        .map(|t| drift_input_for(store, &t.layout))
+}
+
+/// The loss curve judged for `store`, a folder that is no store itself,
+/// given the runs with logs a scan finds below it: the one run's, or a
+/// record saying there is none or several.
+pub fn drift_input_below(store: &Path, runs: &[&Target]) -> DriftInput {
+    match runs {
         [] if !store.exists() => {
             dlm_drift_input(store).with_note(format!("{} does not exist", store.display()))
         }

@@ -24,9 +24,10 @@ use crate::error::{Area, Error, Result};
 use crate::io::confine::{self, Root};
 pub use crate::store::layout::Target;
 use crate::store::layout::{self, natural_path_cmp};
+use crate::store::probe_inputs::{direct_drift_input, drift_input_below};
 pub use crate::store::probe_inputs::{
-    drift_input, full_weights_input, ghost_input, weights_input, DriftInput, FullWeightsInput,
-    GhostInput, LogsStatus, TargetInputs, Wanted, WeightsInput,
+    full_weights_input, ghost_input, weights_input, DriftInput, FullWeightsInput, GhostInput,
+    LogsStatus, TargetInputs, Wanted, WeightsInput,
 };
 
 /// Deepest directory level the walk descends to below a root.
@@ -187,6 +188,24 @@ impl Walk {
             .par_iter()
             .for_each(|sub| confine::within(root.clone(), || self.visit(sub, &chain)));
     }
+}
+
+/// The loss curve of a store: its dlm logs, its HF run (`trainer_state.json`
+/// and TensorBoard events), or its Lightning logs (`metrics.csv` or events).
+/// A path that is no store itself is judged as a scan would find it: an
+/// HF checkpoint by its own `trainer_state.json`, a folder holding one run
+/// somewhere below (e.g. TensorBoard events in `runs/<name>/`) by that run.
+pub fn drift_input(store: &Path) -> DriftInput {
+    if let Some(input) = direct_drift_input(store) {
+        return input;
+    }
+    let found = discover(&[store.to_path_buf()], false, false);
+    let runs: Vec<&Target> = found
+        .targets
+        .iter()
+        .filter(|t| t.with_logs && t.layout != layout::PEFT)
+        .collect();
+    drift_input_below(store, &runs)
 }
 
 /// Find the targets under `roots`: each root may be a store of any layout,

@@ -22,8 +22,8 @@ from typing import IO, Any
 
 from adapterprobe.escape import terminal
 from adapterprobe.probes.result import Verdict
-from adapterprobe.records import ScanRecord, Tally, natural_key
-from adapterprobe.reports.shaping import common_base
+from adapterprobe.reports.shaping import common_base, natural_key
+from adapterprobe.tally import Tally
 
 COLOURS = {
     Verdict.ERROR: "\x1b[1;35m",
@@ -105,11 +105,11 @@ class TableStream:
             v: tempfile.TemporaryFile("w+", encoding="utf-8")  # noqa: SIM115
             for v in WORST_FIRST
         }
-        self._pending: list[ScanRecord] = []
+        self._pending: list[Any] = []
 
     # -- input
 
-    def add(self, records: Iterable[ScanRecord]) -> None:
+    def add(self, records: Iterable[Any]) -> None:
         for r in records:
             if self._pending and self._pending[0].store != r.store:
                 self._flush_store()
@@ -129,7 +129,7 @@ class TableStream:
                     row.append(_evidence_text(r.evidence))
                 self._spill[r.verdict].write(json.dumps(row) + "\n")
 
-    def _visible(self, r: ScanRecord) -> bool:
+    def _visible(self, r: Any) -> bool:
         if self.only is not None and r.verdict.value not in self.only:
             return False
         return not (self.quiet and r.verdict not in PROBLEMS)

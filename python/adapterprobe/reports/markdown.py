@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from adapterprobe.escape import markdown as md
 from adapterprobe.probes.result import Verdict
-from adapterprobe.records import ScanRecord, Tally
 from adapterprobe.reports.shaping import common_base
+from adapterprobe.tally import Tally
 
 VERDICTS = ("error", "fail", "warn", "skip", "pass")  # worst first
 ICONS = {"error": "🟣", "fail": "🔴", "warn": "🟡", "skip": "⚪", "pass": "🟢"}
@@ -44,18 +44,27 @@ def _short(path: str | None, base: str) -> str:
     return path
 
 
-def _as_record(raw: Any) -> ScanRecord:
-    if isinstance(raw, ScanRecord):
-        return raw
-    d: Mapping[str, Any] = raw
-    return ScanRecord(
-        store=str(d.get("store") or "(no store)"),
-        adapter=d.get("adapter"),
-        layout=str(d.get("layout") or ""),
-        probe=str(d.get("probe") or ""),
-        verdict=Verdict(d.get("verdict") or "error"),
-        score=d.get("score"),
-        message=str(d.get("message") or ""),
+class _Row(NamedTuple):
+    """A record as the summary reads it (a ``ScanRecord`` or a JSON dict)."""
+
+    store: str
+    adapter: str | None
+    layout: str
+    probe: str
+    verdict: Verdict
+    message: str
+
+
+def _as_record(raw: Any) -> Any:
+    if not isinstance(raw, Mapping):
+        return raw  # a ScanRecord
+    return _Row(
+        store=str(raw.get("store") or "(no store)"),
+        adapter=raw.get("adapter"),
+        layout=str(raw.get("layout") or ""),
+        probe=str(raw.get("probe") or ""),
+        verdict=Verdict(raw.get("verdict") or "error"),
+        message=str(raw.get("message") or ""),
     )
 
 
