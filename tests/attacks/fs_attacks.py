@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import adapterprobe
+
 REPO = Path(__file__).resolve().parents[2]
 PYTHON_DIR = REPO / "python"
 DEMO = PYTHON_DIR / "adapterprobe" / "demo_store" / "healthy"
@@ -315,7 +317,10 @@ def cli(
 ) -> Run:
     """``adapterprobe ARGS`` in a subprocess with the secret in its
     environment (and nothing else of ours), optionally as nobody."""
-    prelude = _PRELUDE.format(python_dir=str(PYTHON_DIR), nobody=NOBODY)
+    # The package the tests import: the installed wheel in CI (python/ has no
+    # built _core there), the development tree elsewhere.
+    package_dir = Path(adapterprobe.__file__).resolve().parent.parent
+    prelude = _PRELUDE.format(python_dir=str(package_dir), nobody=NOBODY)
     argv = [str(a) for a in args]
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
