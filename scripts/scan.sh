@@ -15,7 +15,7 @@ fi
 stale=$(find rust python Cargo.toml Cargo.lock pyproject.toml -newer "$venv/.built" 2>/dev/null | head -1 || true)
 if [ ! -f "$venv/.built" ] || [ -n "$stale" ] || ! python -c "import adapterprobe" 2>/dev/null; then
   echo "building adapterprobe into $venv (first run, or sources changed): compiling the" >&2
-  echo "Rust core takes about 100 s on two cores, and prints nothing meanwhile ..." >&2
+  echo "Rust core takes about 3 minutes on two cores, and prints nothing meanwhile ..." >&2
   python -m pip install -q --upgrade pip "maturin>=1.16,<2"
   python -m pip install -q .
   touch "$venv/.built"
