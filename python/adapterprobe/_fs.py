@@ -124,74 +124,66 @@ def _remove(path: Path) -> None:
 
 
 @contextlib.contextmanager
+def _replacing(path: str | os.PathLike[str], *, create_parent: bool) -> Iterator[tuple[int, Path]]:
+    """The one write-then-rename of every file output: yields the descriptor
+    of a temporary file beside ``path`` (mode ``0666 & ~umask``) and the
+    target; when the block ends without an exception the temporary replaces
+    the target, otherwise it is removed (an ``OSError`` becomes a
+    :class:`UsageError`). The block writes, fsyncs and closes the descriptor.
+    ``create_parent``: make missing directories, or refuse them."""
+    target = resolve_output(path)
+    if target.is_dir():
+        raise UsageError("output is a directory, not a file", path=target)
+    if create_parent:
+        _make_parent(target)
+    else:
+        _require_parent(target)
+    clean_leftovers(target)
+    try:
+        fd, staged = tempfile.mkstemp(
+            prefix=_staging_prefix(target.name), suffix=".tmp", dir=target.parent
+        )
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write beside the output: {exc.strerror or exc}", path=target
+        ) from exc
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        yield fd, target
+        os.replace(staged, target)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(staged)
+        if isinstance(exc, OSError):
+            raise UsageError(
+                f"cannot write the output: {exc.strerror or exc}", path=target
+            ) from exc
+        raise
+    fsync_dir(target.parent)
+
+
+@contextlib.contextmanager
 def atomic_output(path: str | os.PathLike[str]) -> Iterator[Any]:
     """A text stream whose content replaces ``path`` only when the block ends
     without an exception (temp file beside it, fsync, rename); a killed or
     failed writer leaves the old file (or none), never a truncated one. The
     file gets the usual ``0666 & ~umask`` mode. Undecodable bytes of names
     (lone surrogates) are written as backslash escapes, never an error."""
-    target = resolve_output(path)
-    if target.is_dir():
-        raise UsageError("output is a directory, not a file", path=target)
-    _require_parent(target)
-    clean_leftovers(target)
-    try:
-        fd, staged = tempfile.mkstemp(
-            prefix=_staging_prefix(target.name), suffix=".tmp", dir=target.parent
-        )
-    except OSError as exc:
-        raise UsageError(
-            f"cannot write beside the output: {exc.strerror or exc}", path=target
-        ) from exc
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace", newline="") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(staged, target)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(staged)
-        if isinstance(exc, OSError):
-            raise UsageError(
-                f"cannot write the output: {exc.strerror or exc}", path=target
-            ) from exc
-        raise
-    fsync_dir(target.parent)
+    with (
+        _replacing(path, create_parent=False) as (fd, _),
+        os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace", newline="") as f,
+    ):
+        yield f
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically (temp file beside it, fsync, rename)."""
-    target = resolve_output(path)
-    if target.is_dir():
-        raise UsageError("output is a directory, not a file", path=target)
-    _make_parent(target)
-    clean_leftovers(target)
-    try:
-        fd, staged = tempfile.mkstemp(
-            prefix=_staging_prefix(target.name), suffix=".tmp", dir=target.parent
-        )
-    except OSError as exc:
-        raise UsageError(
-            f"cannot write beside the output: {exc.strerror or exc}", path=target
-        ) from exc
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(staged, target)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(staged)
-        if isinstance(exc, OSError):
-            raise UsageError(
-                f"cannot write the output: {exc.strerror or exc}", path=target
-            ) from exc
-        raise
-    fsync_dir(target.parent)
+    with _replacing(path, create_parent=True) as (fd, target), os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
     return target
 
 
