@@ -1,12 +1,14 @@
 //! adapterprobe's Rust core: pure-Rust kernels with no Python in them.
 //!
-//! The core is four rooms, and dependencies point one way,
-//! `store → analysis → formats → io`:
+//! The core is five rooms, and dependencies point one way,
+//! `verdicts → store → analysis → formats → io`:
 //!
 //! - [`io`]: opening inputs safely and cheaply (files, zip, sidecars);
 //! - [`formats`]: one module per file format, bytes to typed values;
 //! - [`analysis`]: pure computation on those values (curves, statistics);
 //! - [`store`]: walking scan roots and gathering each probe's inputs;
+//! - [`verdicts`]: the probes' rules, both rule sets, as pure functions
+//!   from gathered inputs and options to verdicts with their evidence;
 //! - [`remote`]: object-store roots staged locally and read by range
 //!   (beside `store` at the top; it uses only `io`).
 //!
@@ -20,6 +22,7 @@ pub mod formats;
 pub mod io;
 pub mod remote;
 pub mod store;
+pub mod verdicts;
 
 #[cfg(feature = "python")]
 mod py;

@@ -33,6 +33,7 @@ use crate::Result;
 
 mod compare;
 mod remote;
+mod verdicts;
 
 // ---- errors ----
 
@@ -995,5 +996,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(json_dumps, m)?)?;
     compare::register(m)?;
     remote::register(m)?;
+    verdicts::register(m)?;
     Ok(())
 }
