@@ -1,9 +1,27 @@
 //! adapter_weights' rules (both rule sets): a LoRA adapter's weights
 //! judged from a [`WeightsInput`] and, where there is one, the version
 //! before it.
+//!
+//! dlm-sway has no weight-space probe, so `rules="sway"` and `"robust"`
+//! run the same checks. Worst first: unreadable weights or no config
+//! (ERROR), non-finite values (FAIL), every module's dW zero (FAIL), then
+//! WARN findings (dead modules, dW energy in a few modules, a version
+//! identical to the one before), else PASS.
 
+pub(crate) mod pyops;
+mod timsort;
+
+#[cfg(test)]
+mod tests;
+
+use crate::analysis::adapter_weights::{AdapterWeights, LoraModuleStats};
+use crate::io::excerpt::excerpt;
 use crate::store::probe_inputs::WeightsInput;
-use crate::verdicts::{Judged, Verdict};
+use crate::verdicts::pyfmt::{general, percent};
+use crate::verdicts::{findings_value, worst, Evidence, Finding, Judged, Value, Verdict};
+use pyops::{
+    error_str, fsum, median, median_int, path_name, path_str, sorted_order, square_pow, IntMedian,
+};
 
 pub const KIND: &str = "adapter_weights";
 
@@ -12,17 +30,298 @@ pub const KIND: &str = "adapter_weights";
 #[derive(Debug, Clone, PartialEq)]
 pub struct WeightsOptions {
     pub rules: String,
+    /// A module whose ||dW|| is at most this fraction of the median
+    /// module's is dead (0: exactly zero only).
+    pub dead_relative_norm: f64,
+    /// WARN when the top 5% of modules hold more than this share of the
+    /// dW energy.
+    pub max_top_share: f64,
+    /// Adapters with fewer modules are not judged on energy concentration.
+    pub min_modules_for_share: i64,
+}
+
+/// How many names a message lists before "and N more".
+const NAMES_SHOWN: usize = 6;
+
+/// Names from the file for a message: the first few, each an excerpt.
+pub(crate) fn names_text(names: &[&str]) -> String {
+    let shown: Vec<String> = names.iter().take(NAMES_SHOWN).map(|n| excerpt(n)).collect();
+    let mut text = shown.join(", ");
+    if names.len() > NAMES_SHOWN {
+        text.push_str(&format!(" and {} more", names.len() - NAMES_SHOWN));
+    }
+    text
+}
+
+/// Python's `m.delta_fro or 0.0`: None and zero are 0.0.
+fn norm_of(m: &LoraModuleStats) -> f64 {
+    match m.delta_fro {
+        Some(x) if x != 0.0 => x,
+        _ => 0.0,
+    }
+}
+
+/// What identifies a version's training state: each module's name and
+/// factor norms, in order.
+fn same_fingerprint(a: &AdapterWeights, b: &AdapterWeights) -> bool {
+    a.modules.len() == b.modules.len()
+        && a.modules
+            .iter()
+            .zip(&b.modules)
+            .all(|(x, y)| x.name == y.name && x.norm_a == y.norm_a && x.norm_b == y.norm_b)
+}
+
+fn base_evidence(o: &WeightsOptions, w: &AdapterWeights) -> Evidence {
+    let mut base = Evidence::new();
+    base.put("rules", o.rules.as_str());
+    base.put("num_modules", w.modules.len());
+    base.put("num_other_tensors", w.other_tensors.len());
+    base.put("tensor_bytes", w.tensor_bytes);
+    if let Some(c) = &w.config {
+        let mut config = Evidence::new();
+        config.put("r", c.r);
+        config.put("lora_alpha", c.lora_alpha);
+        config.put("use_rslora", c.use_rslora);
+        config.put("use_dora", c.use_dora);
+        config.put("target_modules", c.target_modules.clone());
+        config.put("modules_to_save", c.modules_to_save.clone());
+        base.put("config", config);
+    }
+    base
+}
+
+/// A note the gatherer left (SKIP), or what stops any judgement (ERROR).
+fn unjudgeable(input: &WeightsInput) -> Option<Judged> {
+    if let Some(note) = &input.note {
+        return Some(Judged::bare(KIND, Verdict::Skip, note.clone()));
+    }
+    let Some(w) = &input.weights else {
+        let message = format!("adapter_weights: {}", error_str(input.error.as_ref()));
+        return Some(Judged::bare(KIND, Verdict::Error, message));
+    };
+    if w.config.is_none() {
+        let message = format!(
+            "adapter_weights: no adapter_config.json beside {}, so the scale of \
+             dW = (alpha / r) * B @ A is unknown and the adapter cannot be loaded as is",
+            path_str(&w.path)
+        );
+        return Some(Judged::bare(KIND, Verdict::Error, message));
+    }
+    None
 }
 
 /// The verdict for one adapter version (`previous`: the version before it).
 pub fn judge_weights(
-    _input: &WeightsInput,
-    _previous: Option<&WeightsInput>,
-    _o: &WeightsOptions,
+    input: &WeightsInput,
+    previous: Option<&WeightsInput>,
+    o: &WeightsOptions,
 ) -> Judged {
-    Judged::bare(
-        KIND,
-        Verdict::Error,
-        "adapter_weights' rules are not ported yet",
-    )
+    if let Some(j) = unjudgeable(input) {
+        return j;
+    }
+    let (Some(w), Some(config)) = (
+        input.weights.as_ref(),
+        input.weights.as_ref().and_then(|w| w.config.as_ref()),
+    ) else {
+        return Judged::bare(KIND, Verdict::Error, "adapter_weights: no weights");
+    };
+    let modules = &w.modules;
+    let base = base_evidence(o, w);
+    if w.nonfinite_total != 0 {
+        let mut bad: Vec<&str> = modules
+            .iter()
+            .filter(|m| m.nonfinite_a != 0 || m.nonfinite_b != 0 || m.magnitude_nonfinite != 0)
+            .map(|m| m.name.as_str())
+            .collect();
+        bad.extend(
+            w.other_tensors
+                .iter()
+                .filter(|t| t.nonfinite != 0)
+                .map(|t| t.name.as_str()),
+        );
+        let message = format!(
+            "nonfinite_weights: {} NaN/inf values in {} tensors ({}): the adapter is corrupt \
+             and produces NaN outputs",
+            w.nonfinite_total,
+            bad.len(),
+            names_text(&bad)
+        );
+        let mut evidence = base;
+        evidence.put("nonfinite_total", w.nonfinite_total);
+        evidence.put("nonfinite_modules", bad);
+        return Judged::bare(KIND, Verdict::Fail, message)
+            .with_score(0.0)
+            .with_evidence(evidence);
+    }
+    if modules.is_empty() {
+        let message = format!(
+            "no LoRA factors in {} (only {} other tensors), so there is no dW to judge",
+            path_str(&w.path),
+            w.other_tensors.len()
+        );
+        return Judged::bare(KIND, Verdict::Skip, message).with_evidence(base);
+    }
+
+    let norms: Vec<f64> = modules.iter().map(norm_of).collect();
+    let energy: Vec<f64> = norms.iter().map(|n| n * n).collect();
+    // Python's fsum raises on an overflow of finite squares (which it
+    // reports as an error record); the kernel takes the sum as infinite.
+    let total_energy = fsum(energy.iter().copied()).unwrap_or(f64::INFINITY);
+    let mid = median(&norms).unwrap_or(0.0);
+    let dead: Vec<&str> = modules
+        .iter()
+        .zip(&norms)
+        .filter(|(_, &n)| n == 0.0 || (mid > 0.0 && n <= o.dead_relative_norm * mid))
+        .map(|(m, _)| m.name.as_str())
+        .collect();
+    // sorted(..., key=lambda item: -energy): by negated energy with `<`.
+    let keys: Vec<f64> = energy.iter().map(|e| -e).collect();
+    let ranked = sorted_order(&keys, |a, b| a < b);
+    let top: Vec<Value> = ranked
+        .iter()
+        .take(5)
+        .filter_map(|&i| Some((modules.get(i)?, *energy.get(i)?)))
+        .map(|(m, e)| {
+            let mut item = Evidence::new();
+            item.put("module", m.name.as_str());
+            item.put(
+                "share",
+                if total_energy > 0.0 {
+                    e / total_energy
+                } else {
+                    0.0
+                },
+            );
+            Value::Map(item)
+        })
+        .collect();
+    let mut layer_energy = Evidence::new();
+    for layer in &w.layers {
+        layer_energy.put(&layer.layer.to_string(), layer.delta_fro_sq);
+    }
+    let used: Vec<u64> = modules.iter().filter_map(|m| m.rank_used).collect();
+    let used_min = used.iter().min().copied();
+    let used_max = used.iter().max().copied();
+    let mut rank_used = Evidence::new();
+    rank_used.put("min", used_min);
+    rank_used.put(
+        "median",
+        match median_int(&used) {
+            None => Value::Null,
+            Some(IntMedian::Int(n)) => Value::from(n),
+            Some(IntMedian::Float(x)) => Value::Float(x),
+        },
+    );
+    rank_used.put("max", used_max);
+    let stable: Vec<f64> = modules.iter().map(|m| m.stable_rank).collect();
+    let total_delta_fro = total_energy.sqrt();
+
+    let mut evidence = base;
+    evidence.put("total_delta_fro", total_delta_fro);
+    evidence.put("layer_delta_energy", layer_energy);
+    evidence.put("top_modules", Value::List(top));
+    evidence.put("dead_modules", dead.clone());
+    evidence.put("rank_configured", config.r);
+    evidence.put("rank_used", rank_used);
+    evidence.put("stable_rank_median", median(&stable).unwrap_or(f64::NAN));
+    if dead.len() == modules.len() {
+        let message = format!(
+            "dead_adapter: every one of the {} LoRA modules has dW = 0 \
+             (lora_B never moved from its zero init): the adapter changes nothing",
+            modules.len()
+        );
+        return Judged::bare(KIND, Verdict::Fail, message)
+            .with_score(0.0)
+            .with_evidence(evidence);
+    }
+
+    let mut findings: Vec<Finding> = Vec::new();
+    if !dead.is_empty() {
+        findings.push(Finding::new(
+            Verdict::Warn,
+            "dead_modules",
+            format!(
+                "{} of {} modules have dW = 0: {}",
+                dead.len(),
+                modules.len(),
+                names_text(&dead)
+            ),
+        ));
+    }
+    let n_modules = i64::try_from(modules.len()).unwrap_or(i64::MAX);
+    if n_modules >= o.min_modules_for_share && total_energy > 0.0 {
+        let k = (modules.len() / 20).max(1);
+        let top_k = ranked.get(..k).unwrap_or(&ranked);
+        let top_energy = fsum(top_k.iter().filter_map(|&i| energy.get(i).copied()));
+        let share = top_energy.unwrap_or(f64::INFINITY) / total_energy;
+        if share > o.max_top_share {
+            let names: Vec<&str> = top_k
+                .iter()
+                .filter_map(|&i| modules.get(i).map(|m| m.name.as_str()))
+                .collect();
+            findings.push(Finding::new(
+                Verdict::Warn,
+                "concentrated",
+                format!(
+                    "{k} of {} modules hold {} of the dW energy (more than {}): {}",
+                    modules.len(),
+                    percent(share, 0),
+                    percent(o.max_top_share, 0),
+                    names_text(&names)
+                ),
+            ));
+        }
+    }
+    if let Some((before_input, before)) = previous.and_then(|p| p.weights.as_ref().map(|w| (p, w)))
+    {
+        evidence.put("previous_version", path_str(&before_input.adapter));
+        let squares = before
+            .modules
+            .iter()
+            .map(|m| square_pow(norm_of(m)).unwrap_or(f64::INFINITY));
+        evidence.put(
+            "total_delta_fro_previous",
+            fsum(squares).unwrap_or(f64::INFINITY).sqrt(),
+        );
+        if same_fingerprint(before, w) {
+            findings.push(Finding::new(
+                Verdict::Warn,
+                "unchanged",
+                format!(
+                    "identical to the previous version {}: no module's ||A|| or ||B|| changed, \
+                     so this version trained nothing new",
+                    path_name(&before_input.adapter)
+                ),
+            ));
+        }
+    }
+
+    let layers = if w.layers.is_empty() {
+        "no".to_string()
+    } else {
+        w.layers.len().to_string()
+    };
+    let or_none = |v: Option<u64>| v.map_or_else(|| "None".to_string(), |n| n.to_string());
+    let summary = format!(
+        "{} LoRA modules in {layers} layers, ||dW|| {}, rank used {}-{} of {}",
+        modules.len(),
+        general(total_delta_fro, 4),
+        or_none(used_min),
+        or_none(used_max),
+        config.r
+    );
+    evidence.put("findings", findings_value(&findings));
+    if findings.is_empty() {
+        return Judged::bare(KIND, Verdict::Pass, summary)
+            .with_score(1.0)
+            .with_evidence(evidence);
+    }
+    let message = findings
+        .iter()
+        .map(|f| format!("{}: {}", f.rule, f.message))
+        .collect::<Vec<_>>()
+        .join("; ");
+    Judged::bare(KIND, worst(&findings), format!("{message} ({summary})"))
+        .with_score(0.5)
+        .with_evidence(evidence)
 }

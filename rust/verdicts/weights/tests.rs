@@ -1,0 +1,317 @@
+use std::path::{Path, PathBuf};
+
+use super::pyops::{fsum, median, median_int, path_name, path_str, py_max, py_min, IntMedian};
+use super::*;
+use crate::analysis::adapter_weights::{ConfigSummary, LayerEnergy, TensorStats};
+use crate::{Area, Error};
+
+fn module(name: &str, layer: u64, delta: f64) -> LoraModuleStats {
+    LoraModuleStats {
+        name: name.to_string(),
+        layer: Some(layer),
+        kind: "linear".into(),
+        rank: 8,
+        in_features: 64,
+        out_features: 64,
+        dtype_a: "F32".into(),
+        dtype_b: "F32".into(),
+        alpha: Some(16.0),
+        scale: Some(2.0),
+        norm_a: 1.0,
+        norm_b: delta,
+        max_abs_a: 0.1,
+        max_abs_b: 0.1,
+        nonfinite_a: 0,
+        nonfinite_b: 0,
+        delta_fro: Some(delta),
+        singular_values: vec![],
+        stable_rank: 1.5,
+        effective_rank: 2.0,
+        rank_used: Some(if delta == 0.0 { 0 } else { 4 }),
+        magnitude_norm: None,
+        magnitude_nonfinite: 0,
+    }
+}
+
+fn config() -> ConfigSummary {
+    ConfigSummary {
+        path: PathBuf::from("/a/adapter_config.json"),
+        peft_type: Some("LORA".into()),
+        r: 8,
+        lora_alpha: 16.0,
+        use_rslora: false,
+        use_dora: false,
+        fan_in_fan_out: false,
+        target_modules: vec!["q_proj".into(), "v_proj".into()],
+        target_modules_is_regex: false,
+        modules_to_save: vec![],
+        base_model_name_or_path: None,
+        rank_pattern: vec![],
+        alpha_pattern: vec![],
+    }
+}
+
+fn weights(deltas: &[f64]) -> AdapterWeights {
+    let modules: Vec<LoraModuleStats> = deltas
+        .iter()
+        .enumerate()
+        .map(|(i, &d)| module(&format!("model.layers.{i}.q_proj"), i as u64, d))
+        .collect();
+    let layers = modules
+        .iter()
+        .map(|m| LayerEnergy {
+            layer: m.layer.unwrap_or(0),
+            modules: 1,
+            delta_fro_sq: m.delta_fro.unwrap_or(0.0).powi(2),
+        })
+        .collect();
+    AdapterWeights {
+        path: PathBuf::from("/store/v0001/adapter_model.safetensors"),
+        config: Some(config()),
+        modules,
+        other_tensors: vec![],
+        layers,
+        tensor_bytes: 4096,
+        nonfinite_total: 0,
+    }
+}
+
+fn input(w: Option<AdapterWeights>) -> WeightsInput {
+    WeightsInput {
+        adapter: PathBuf::from("/store/v0001"),
+        layout: "dlm".into(),
+        checkpoint_kind: "adapter".into(),
+        weights: w,
+        error: None,
+        note: None,
+    }
+}
+
+fn options() -> WeightsOptions {
+    WeightsOptions {
+        rules: "robust".into(),
+        dead_relative_norm: 1e-6,
+        max_top_share: 0.9,
+        min_modules_for_share: 8,
+    }
+}
+
+fn judge(w: AdapterWeights) -> Judged {
+    judge_weights(&input(Some(w)), None, &options())
+}
+
+#[test]
+fn healthy_adapter_passes_with_a_summary() {
+    let j = judge(weights(&[1.0, 2.0, 2.0, 3.0]));
+    assert_eq!(j.verdict, Verdict::Pass);
+    assert_eq!(j.score, Some(1.0));
+    assert_eq!(
+        j.message,
+        "4 LoRA modules in 4 layers, ||dW|| 4.243, rank used 4-4 of 8"
+    );
+    let keys: Vec<&str> = j.evidence.0.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "rules",
+            "num_modules",
+            "num_other_tensors",
+            "tensor_bytes",
+            "config",
+            "total_delta_fro",
+            "layer_delta_energy",
+            "top_modules",
+            "dead_modules",
+            "rank_configured",
+            "rank_used",
+            "stable_rank_median",
+            "findings"
+        ]
+    );
+    // Sorted by energy, largest first, ties in module order.
+    let Some(Value::List(top)) = j.evidence.get("top_modules") else {
+        panic!("no top_modules")
+    };
+    let names: Vec<_> = top
+        .iter()
+        .filter_map(|t| match t {
+            Value::Map(m) => m.get("module").cloned(),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            Value::from("model.layers.3.q_proj"),
+            Value::from("model.layers.1.q_proj"),
+            Value::from("model.layers.2.q_proj"),
+            Value::from("model.layers.0.q_proj"),
+        ]
+    );
+}
+
+#[test]
+fn note_error_and_missing_config() {
+    let mut i = input(None);
+    i.note = Some("a note".into());
+    let j = judge_weights(&i, None, &options());
+    assert_eq!((j.verdict, j.message.as_str()), (Verdict::Skip, "a note"));
+
+    let mut i = input(None);
+    i.error = Some(Error::new(Area::Missing, "/x//y/", "no such file"));
+    let j = judge_weights(&i, None, &options());
+    assert_eq!(j.verdict, Verdict::Error);
+    assert_eq!(j.message, "adapter_weights: /x/y: no such file");
+
+    let mut w = weights(&[1.0]);
+    w.config = None;
+    let j = judge(w);
+    assert_eq!(j.verdict, Verdict::Error);
+    assert!(j
+        .message
+        .contains("no adapter_config.json beside /store/v0001/adapter_model"));
+}
+
+#[test]
+fn nonfinite_values_fail_naming_the_tensors() {
+    let mut w = weights(&[1.0; 8]);
+    w.nonfinite_total = 3;
+    for m in w.modules.iter_mut().take(7) {
+        m.nonfinite_b = 1;
+    }
+    w.other_tensors.push(TensorStats {
+        name: "lm_head.weight".into(),
+        dtype: "F32".into(),
+        shape: vec![2],
+        numel: 2,
+        norm: f64::NAN,
+        max_abs: f64::INFINITY,
+        nonfinite: 1,
+    });
+    let j = judge(w);
+    assert_eq!(j.verdict, Verdict::Fail);
+    assert_eq!(j.score, Some(0.0));
+    assert!(j
+        .message
+        .starts_with("nonfinite_weights: 3 NaN/inf values in 8 tensors (model.layers.0.q_proj"));
+    assert!(j.message.contains("model.layers.5.q_proj and 2 more)"));
+    assert_eq!(j.evidence.get("nonfinite_total"), Some(&Value::Int(3)));
+}
+
+#[test]
+fn dead_adapter_fails_and_some_dead_modules_warn() {
+    let j = judge(weights(&[0.0, 0.0, -0.0]));
+    assert_eq!(j.verdict, Verdict::Fail);
+    assert!(j
+        .message
+        .starts_with("dead_adapter: every one of the 3 LoRA modules"));
+
+    let j = judge(weights(&[0.0, 1.0, 1e-9, 1.0]));
+    assert_eq!(j.verdict, Verdict::Warn);
+    assert_eq!(j.score, Some(0.5));
+    assert!(j.message.starts_with(
+        "dead_modules: 2 of 4 modules have dW = 0: model.layers.0.q_proj, model.layers.2.q_proj ("
+    ));
+    assert!(j.message.ends_with("rank used 0-4 of 8)"));
+}
+
+#[test]
+fn energy_in_one_module_warns_above_the_share() {
+    let mut deltas = vec![0.01; 9];
+    deltas.push(10.0);
+    let j = judge(weights(&deltas));
+    assert_eq!(j.verdict, Verdict::Warn);
+    assert!(
+        j.message
+            .starts_with("concentrated: 1 of 10 modules hold 100% of the dW energy (more than 90%): model.layers.9.q_proj ("),
+        "{}",
+        j.message
+    );
+    // Below min_modules_for_share nothing is said.
+    let j = judge(weights(&[0.01, 10.0]));
+    assert_eq!(j.verdict, Verdict::Pass);
+}
+
+#[test]
+fn an_identical_previous_version_warns() {
+    let w = weights(&[1.0, 2.0]);
+    let mut before = input(Some(w.clone()));
+    before.adapter = PathBuf::from("/store/versions/v0001/");
+    let j = judge_weights(&input(Some(w.clone())), Some(&before), &options());
+    assert_eq!(j.verdict, Verdict::Warn);
+    assert!(j
+        .message
+        .starts_with("unchanged: identical to the previous version v0001: no module"));
+    assert_eq!(
+        j.evidence.get("previous_version"),
+        Some(&Value::from("/store/versions/v0001"))
+    );
+    assert_eq!(
+        j.evidence.get("total_delta_fro_previous"),
+        Some(&Value::Float(5.0_f64.sqrt()))
+    );
+    let mut changed = w;
+    if let Some(m) = changed.modules.first_mut() {
+        m.norm_a = 1.5;
+    }
+    let j = judge_weights(&input(Some(changed)), Some(&before), &options());
+    assert_eq!(j.verdict, Verdict::Pass);
+}
+
+#[test]
+fn no_modules_skips() {
+    let j = judge(weights(&[]));
+    assert_eq!(j.verdict, Verdict::Skip);
+    assert_eq!(
+        j.message,
+        "no LoRA factors in /store/v0001/adapter_model.safetensors (only 0 other tensors), \
+         so there is no dW to judge"
+    );
+    assert_eq!(j.evidence.len(), 5);
+}
+
+#[test]
+fn fsum_is_exact_and_raises_where_python_does() {
+    assert_eq!(fsum([0.1; 10]), Some(1.0));
+    assert_eq!(fsum([1e100, 1.0, -1e100, 1e-100]), Some(1.0));
+    assert_eq!(fsum([]), Some(0.0));
+    assert_eq!(fsum([f64::INFINITY, 1.0]), Some(f64::INFINITY));
+    assert!(fsum([f64::NAN, 1.0]).is_some_and(f64::is_nan));
+    assert_eq!(fsum([f64::INFINITY, f64::NEG_INFINITY]), None);
+    assert_eq!(fsum([f64::MAX, f64::MAX]), None);
+    // math.fsum([1.0, 1e-16, 1e-16]) == 1.0000000000000002
+    assert_eq!(fsum([1.0, 1e-16, 1e-16]), Some(1.0000000000000002));
+}
+
+#[test]
+fn median_and_extremes_as_python_finds_them() {
+    assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+    assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
+    assert_eq!(median(&[]), None);
+    // CPython: sorted([2.0, 1.0, nan, 5.0, 4.0]) == [1.0, 2.0, nan, 4.0, 5.0]
+    assert!(median(&[2.0, 1.0, f64::NAN, 5.0, 4.0]).is_some_and(f64::is_nan));
+    assert_eq!(
+        super::pyops::sorted_floats(&[2.0, 1.0, f64::NAN, 5.0, 4.0]).get(3..),
+        Some(&[4.0, 5.0][..])
+    );
+    assert_eq!(median_int(&[1, 2]), Some(IntMedian::Float(1.5)));
+    assert_eq!(median_int(&[5, 1, 3]), Some(IntMedian::Int(3)));
+    assert_eq!(py_min(&[f64::NAN, 1.0]).map(f64::is_nan), Some(true));
+    assert_eq!(py_min(&[2.0, f64::NAN, 1.0]), Some(1.0));
+    assert_eq!(py_max(&[2.0, 3.0, 1.0]), Some(3.0));
+}
+
+#[test]
+fn paths_as_pathlib_shows_them() {
+    for (raw, text, name) in [
+        ("", ".", ""),
+        ("/", "/", ""),
+        ("//a", "//a", "a"),
+        ("///a//b/", "/a/b", "b"),
+        ("./a/./b/.", "a/b", "b"),
+        ("a/..", "a/..", ".."),
+    ] {
+        assert_eq!(path_str(Path::new(raw)), text, "{raw}");
+        assert_eq!(path_name(Path::new(raw)), name, "{raw}");
+    }
+}
