@@ -1,7 +1,7 @@
 //! adapterprobe's Rust core: pure-Rust kernels with no Python in them.
 //!
-//! The core is five rooms, and dependencies point one way,
-//! `verdicts → store → analysis → formats → io`:
+//! The core is six rooms, and dependencies point one way,
+//! `records → verdicts → store → analysis → formats → io`:
 //!
 //! - [`io`]: opening inputs safely and cheaply (files, zip, sidecars);
 //! - [`formats`]: one module per file format, bytes to typed values;
@@ -9,6 +9,8 @@
 //! - [`store`]: walking scan roots and gathering each probe's inputs;
 //! - [`verdicts`]: the probes' rules, both rule sets, as pure functions
 //!   from gathered inputs and options to verdicts with their evidence;
+//! - [`records`]: the scan pass, gathering, judging and assembling each
+//!   target's records (and their JSON text) on every core;
 //! - [`remote`]: object-store roots staged locally and read by range
 //!   (beside `store` at the top; it uses only `io`).
 //!
@@ -20,6 +22,7 @@ pub mod analysis;
 pub mod error;
 pub mod formats;
 pub mod io;
+pub mod records;
 pub mod remote;
 pub mod store;
 pub mod verdicts;

@@ -31,6 +31,7 @@ use crate::Result;
 
 mod compare;
 mod json;
+mod records;
 mod remote;
 mod verdicts;
 
@@ -895,6 +896,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(full_weights_input, m)?)?;
     compare::register(m)?;
     json::register(m)?;
+    records::register(m)?;
     remote::register(m)?;
     verdicts::register(m)?;
     Ok(())

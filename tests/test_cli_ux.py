@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import adapterprobe as ap
 
@@ -205,3 +207,17 @@ def test_report_from_python(tmp_path, demo_store):
     path = report.to_html(tmp_path / "r.html")
     assert path.read_text().startswith("<!DOCTYPE html>")
     assert "## adapterprobe scan" in report.to_markdown()
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    text=st.text(alphabet=st.sampled_from(list("ab c-\t\n\u00e9xyz  .")), max_size=200),
+    width=st.integers(1, 60),
+)
+def test_table_wrap_is_textwraps(text, width):
+    import textwrap
+
+    from adapterprobe.cli.table import wrap
+
+    expected = textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False) or [""]
+    assert wrap(text, width) == expected

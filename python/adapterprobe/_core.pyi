@@ -6,7 +6,7 @@ Errors raised here are the classes of :mod:`adapterprobe.errors`.
 from collections.abc import Sequence
 from os import PathLike
 from pathlib import Path
-from typing import Any, ClassVar, final
+from typing import Any, ClassVar, TypeAlias, final
 
 import numpy as np
 import numpy.typing as npt
@@ -17,6 +17,7 @@ __all__ = [
     "AdapterWeights",
     "Attribution",
     "ConfigSummary",
+    "CoreRecord",
     "Discovery",
     "DriftInput",
     "FullWeights",
@@ -56,6 +57,10 @@ __all__ = [
     "ghost_input",
     "group_layers",
     "json_dumps",
+    "judge_drift",
+    "judge_full_weights",
+    "judge_ghost",
+    "judge_weights",
     "probe_targets",
     "read_adapter_weights",
     "read_loss_curve",
@@ -66,6 +71,7 @@ __all__ = [
     "remote_release",
     "remote_stage",
     "robust_curve",
+    "scan_records",
     "similar_adapters",
     "spike_indices",
     "weights_input",
@@ -760,3 +766,45 @@ def remote_fetched(dir: _Path) -> list[tuple[Path, int, int]]:
 def remote_release(dir: _Path) -> None:
     """Stop fetching for the staged ``dir`` (the caller removes it)."""
     ...
+
+# ---- verdict kernels (verdicts) and the scan pass (records) ----
+
+_Judged: TypeAlias = tuple[str, float | None, float | None, str, dict[str, Any]]
+
+def judge_drift(inputs: DriftInput, options: Any) -> _Judged:
+    """training_drift's verdict on gathered inputs under the resolved
+    ``DriftOptions``: (verdict, score, raw, message, evidence)."""
+
+def judge_ghost(inputs: GhostInput, options: Any) -> _Judged:
+    """gradient_ghost's verdict on gathered inputs under ``GhostOptions``."""
+
+def judge_weights(
+    inputs: WeightsInput, options: Any, previous: WeightsInput | None = None
+) -> _Judged:
+    """adapter_weights' verdict on gathered inputs under ``WeightsOptions``
+    (``previous``: the version before this one)."""
+
+def judge_full_weights(inputs: FullWeightsInput, options: Any) -> _Judged:
+    """full_weights' verdict on gathered inputs under ``FullWeightsOptions``."""
+
+@final
+class CoreRecord:
+    """A record made by the scan pass: evidence kept in Rust until asked for."""
+
+    def evidence(self) -> dict[str, Any]: ...
+    def evidence_json(self) -> str: ...
+    @property
+    def raw(self) -> float | None: ...
+    @property
+    def json(self) -> str | None: ...
+
+def scan_records(
+    targets: Sequence[Target],
+    options: dict[str, Any],
+    *,
+    workers: int | None = None,
+    json: bool = False,
+) -> list[tuple[str, str | None, str, str, str, float | None, str, str | None, CoreRecord]]:
+    """Gather, judge and assemble the records of ``targets`` (GIL released):
+    (store, adapter, layout, probe, verdict, score, message, checkpoint_kind,
+    core) per record, in order."""

@@ -1,22 +1,21 @@
 """Scan records and their output formats (JSON, CSV, pandas).
 
 A :class:`ScanRecord` is one probe's verdict on one store or adapter version;
-a :class:`ScanReport` is the records of a scan. The field list is the
-dataclass's own, so JSON, CSV and pandas output can never disagree on it.
+a :class:`ScanReport` is the records of a scan. One field list
+(``RECORD_FIELDS``) orders JSON, CSV and pandas output, so they can never
+disagree on it.
 Both the local scan and the Ray engine build on this module.
 """
 
 from __future__ import annotations
 
 import csv
-import dataclasses
 import io
 import json
 import os
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, overload
 
@@ -54,7 +53,24 @@ __all__ = [
 SCHEMA_VERSION = 1
 
 
-@dataclass(frozen=True, repr=False)
+#: The record fields, in output order (JSON, CSV columns, pandas).
+RECORD_FIELDS: tuple[str, ...] = (
+    "store",
+    "adapter",
+    "layout",
+    "probe",
+    "verdict",
+    "score",
+    "message",
+    "evidence",
+    "checkpoint_kind",
+)
+#: Fields written to JSON only when set (not CSV columns).
+JSON_ONLY_FIELDS = ("root", "baseline")
+_ALL_FIELDS = RECORD_FIELDS + JSON_ONLY_FIELDS
+_VERDICTS = {v.value: v for v in Verdict}
+
+
 class ScanRecord:
     """One probe's verdict on one store (drift) or version (ghost, weights,
     full_weights).
@@ -66,22 +82,90 @@ class ScanRecord:
     or ``"logs"`` (no weights: only ``trainer_state.json``, or a run that
     left only logs). A store-level record (``training_drift``) carries the
     store's newest version's kind (``"logs"`` for a log-only run); it is
-    None when the store's versions could not be determined.
+    None when the store's versions could not be determined. ``root`` is the
+    scan root the store was found under and ``baseline`` its comparison
+    with a saved scan (both set by the CLI, JSON only).
+
+    Records are values: read-only, compared by their fields, changed copies
+    made with :meth:`replace`. A record made by the scan keeps its evidence
+    in the Rust core until it is first read, and its JSON text ready.
     """
 
-    store: str
-    adapter: str | None
-    layout: str
-    probe: str
-    verdict: Verdict
-    score: float | None
-    message: str
-    evidence: dict[str, Any] = field(default_factory=dict)
-    checkpoint_kind: str | None = None
-    #: The scan root the store was found under (set by the CLI; JSON only).
-    root: str | None = None
-    #: ``scan --baseline``: this record against the saved scan (JSON only).
-    baseline: dict[str, Any] | None = None
+    __slots__ = (
+        "_adapter",
+        "_baseline",
+        "_checkpoint_kind",
+        "_core",
+        "_evidence",
+        "_layout",
+        "_message",
+        "_probe",
+        "_root",
+        "_score",
+        "_store",
+        "_verdict",
+    )
+    _store: str
+    _adapter: str | None
+    _layout: str
+    _probe: str
+    _verdict: Verdict
+    _score: float | None
+    _message: str
+    _evidence: dict[str, Any] | None
+    _checkpoint_kind: str | None
+    _root: str | None
+    _baseline: dict[str, Any] | None
+    _core: Any
+
+    def __init__(
+        self,
+        store: str,
+        adapter: str | None,
+        layout: str,
+        probe: str,
+        verdict: Verdict | str,
+        score: float | None,
+        message: str,
+        evidence: dict[str, Any] | None = None,
+        checkpoint_kind: str | None = None,
+        root: str | None = None,
+        baseline: dict[str, Any] | None = None,
+    ) -> None:
+        set_ = object.__setattr__
+        set_(self, "_store", store)
+        set_(self, "_adapter", adapter)
+        set_(self, "_layout", layout)
+        set_(self, "_probe", probe)
+        set_(self, "_verdict", Verdict(verdict))
+        set_(self, "_score", score)
+        set_(self, "_message", message)
+        set_(self, "_evidence", {} if evidence is None else evidence)
+        set_(self, "_checkpoint_kind", checkpoint_kind)
+        set_(self, "_root", root)
+        set_(self, "_baseline", baseline)
+        set_(self, "_core", None)
+
+    @classmethod
+    def _from_core(cls, fields: tuple[Any, ...]) -> ScanRecord:
+        """A record from one tuple of ``_core.scan_records`` (evidence left
+        in the core until read)."""
+        self = object.__new__(cls)
+        set_ = object.__setattr__
+        store, adapter, layout, probe, verdict, score, message, kind, core = fields
+        set_(self, "_store", store)
+        set_(self, "_adapter", adapter)
+        set_(self, "_layout", layout)
+        set_(self, "_probe", probe)
+        set_(self, "_verdict", _VERDICTS[verdict])
+        set_(self, "_score", score)
+        set_(self, "_message", message)
+        set_(self, "_evidence", None)
+        set_(self, "_checkpoint_kind", kind)
+        set_(self, "_root", None)
+        set_(self, "_baseline", None)
+        set_(self, "_core", core)
+        return self
 
     @classmethod
     def of(
@@ -103,6 +187,93 @@ class ScanRecord:
             result.evidence,
             checkpoint_kind,
         )
+
+    @property
+    def store(self) -> str:
+        """The store's path (or URL)."""
+        return self._store
+
+    @property
+    def adapter(self) -> str | None:
+        """The version's path (or URL); None for a store's own record."""
+        return self._adapter
+
+    @property
+    def layout(self) -> str:
+        return self._layout
+
+    @property
+    def probe(self) -> str:
+        return self._probe
+
+    @property
+    def verdict(self) -> Verdict:
+        return self._verdict
+
+    @property
+    def score(self) -> float | None:
+        """In [0, 1], higher is healthier; None where the probe did not judge."""
+        return self._score
+
+    @property
+    def message(self) -> str:
+        return self._message
+
+    @property
+    def checkpoint_kind(self) -> str | None:
+        return self._checkpoint_kind
+
+    @property
+    def root(self) -> str | None:
+        return self._root
+
+    @property
+    def baseline(self) -> dict[str, Any] | None:
+        return self._baseline
+
+    @property
+    def evidence(self) -> dict[str, Any]:
+        """What the verdict rests on (a dict; made on first read)."""
+        if self._evidence is None:
+            made: dict[str, Any] = self._core.evidence()
+            object.__setattr__(self, "_evidence", made)
+            return made
+        return self._evidence
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"ScanRecord is read-only; use .replace({name}=...)")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError("ScanRecord is read-only")
+
+    def replace(self, **changes: Any) -> ScanRecord:
+        """A copy with ``changes`` (field names) applied."""
+        unknown = set(changes) - set(_ALL_FIELDS)
+        if unknown:
+            raise TypeError(f"ScanRecord has no field(s) {sorted(unknown)}")
+        if self._core is not None and changes.keys() <= _JSON_ONLY:
+            # Only the JSON-only fields change: the core's record stays valid.
+            copy = object.__new__(ScanRecord)
+            set_ = object.__setattr__
+            for slot in _SLOTS:
+                set_(copy, slot, getattr(self, slot))
+            for name, value in changes.items():
+                set_(copy, "_" + name, value)
+            return copy
+        values = {f: getattr(self, f) for f in _ALL_FIELDS}
+        values.update(changes)
+        return ScanRecord(**values)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ScanRecord):
+            return NotImplemented
+        return all(getattr(self, f) == getattr(other, f) for f in _ALL_FIELDS)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Plain values only (the core's handle does not cross processes).
+        return (ScanRecord, tuple(getattr(self, f) for f in _ALL_FIELDS))
 
     def __repr__(self) -> str:
         where = self.store if self.adapter is None else self.adapter
@@ -133,6 +304,12 @@ class ScanRecord:
 
     def to_json(self) -> str:
         """One compact JSON object (NaN and infinities as null)."""
+        made = None if self._core is None else self._core.json
+        if made is not None:
+            # Written by the scan pass; the JSON-only fields go at its end.
+            if self._root is None and self._baseline is None:
+                return made  # type: ignore[no-any-return]
+            return made[:-1] + self._json_tail() + "}"
         # The common case, plain values only, is written by the Rust core
         # (the same text as json.dumps, several times faster on the float-heavy
         # evidence); anything else is cleaned by json_safe first.
@@ -141,13 +318,27 @@ class ScanRecord:
         except (ValueError, TypeError):
             return json.dumps(self.to_dict(), allow_nan=False)
 
+    def _evidence_json(self) -> str:
+        """The evidence as ASCII JSON (from the core when it is still there)."""
+        if self._evidence is None:
+            return self._core.evidence_json()  # type: ignore[no-any-return]
+        return _evidence_json(self._evidence)
 
-#: Fields written to JSON only when set (not CSV columns).
-JSON_ONLY_FIELDS = ("root", "baseline")
-#: The record fields, in output order.
-RECORD_FIELDS: tuple[str, ...] = tuple(
-    f.name for f in dataclasses.fields(ScanRecord) if f.name not in JSON_ONLY_FIELDS
-)
+    def _json_tail(self) -> str:
+        tail = ""
+        if self._root is not None:
+            tail += f', "schema_version": {SCHEMA_VERSION}, "root": ' + json_dumps(self._root)
+        if self._baseline is not None:
+            try:
+                text = json_dumps(self._baseline)
+            except (ValueError, TypeError):
+                text = json.dumps(json_safe(self._baseline), allow_nan=False)
+            tail += ', "baseline": ' + text
+        return tail
+
+
+_SLOTS = ScanRecord.__slots__
+_JSON_ONLY = frozenset(JSON_ONLY_FIELDS)
 
 
 def natural_key(text: str) -> tuple[Any, ...]:
@@ -189,7 +380,7 @@ def write_csv(out: IO[str], records: Iterable[ScanRecord], header: bool) -> None
             "verdict": record.verdict.value,
             "score": "" if score is None or score != score else score,
             "message": record.message,
-            "evidence": _evidence_json(record.evidence),
+            "evidence": record._evidence_json(),
             "checkpoint_kind": record.checkpoint_kind,
         }
         for key in _CSV_TEXT:

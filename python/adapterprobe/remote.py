@@ -19,7 +19,6 @@ cache's snapshots as ``org/name@rev`` (:mod:`adapterprobe.hf_cache`).
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import os
 import re
 import shutil
@@ -172,8 +171,7 @@ def rename_records(records: list[Any]) -> list[Any]:
             out.append(r)
             continue
         out.append(
-            dataclasses.replace(
-                r,
+            r.replace(
                 store=store,
                 adapter=None if r.adapter is None else rename_path(r.adapter, aliases),
                 message=_rename_text(r.message, aliases),

@@ -16,7 +16,7 @@ from typing import Any
 
 from adapterprobe import _core, remote
 from adapterprobe.errors import UsageError
-from adapterprobe.judge import gather, judge_gathered
+from adapterprobe.judge import judge_batch
 from adapterprobe.probes import DEFAULT_PROBES, resolve_options
 from adapterprobe.probes.options import ProbeOptions
 from adapterprobe.records import ScanRecord, ScanReport
@@ -182,9 +182,11 @@ def scan_batches(
     rules: str | None = None,
     options: OptionsArg | None = None,
     progress: Progress | None = None,
+    json: bool = False,
 ) -> Iterator[list[ScanRecord]]:
     """Records of discovered `targets`, a batch at a time and in order, so a
-    caller can write them out without holding a whole large scan in memory."""
+    caller can write them out without holding a whole large scan in memory.
+    ``json``: the pass also writes each record's JSON text (for JSON output)."""
     probes = tuple(probes)
     resolved = resolve_options(probes, options, rules)
     check_workers(workers)
@@ -203,15 +205,19 @@ def scan_batches(
         progress(0, total)
     batches = [targets[start : start + BATCH] for start in range(0, total, BATCH)]
     done = 0
-    # Rust reads batch i+1 (GIL released) while Python judges batch i; at most
-    # two batches are held at a time.
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="adapterprobe-gather") as pool:
-        pending = [pool.submit(gather, batches[0], probes, workers)] if batches else []
+    # Rust gathers and judges batch i+1 (GIL released) while Python hands
+    # out batch i; at most two batches are held at a time.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="adapterprobe-scan") as pool:
+
+        def submit(batch: Sequence[Any]) -> Any:
+            return pool.submit(judge_batch, batch, probes, resolved, workers, json=json)
+
+        pending = [submit(batches[0])] if batches else []
         for i, batch in enumerate(batches):
-            gathered = pending.pop().result()
+            records = pending.pop().result()
             if i + 1 < len(batches):
-                pending.append(pool.submit(gather, batches[i + 1], probes, workers))
-            yield remote.rename_records(judge_gathered(gathered, probes, resolved))
+                pending.append(submit(batches[i + 1]))
+            yield remote.rename_records(records)
             done += len(batch)
             if progress:
                 progress(done, total)

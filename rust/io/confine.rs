@@ -18,6 +18,7 @@
 //! by `open_regular` itself).
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -29,6 +30,66 @@ pub type Root = Option<Arc<PathBuf>>;
 
 thread_local! {
     static ROOT: RefCell<Root> = const { RefCell::new(None) };
+    /// Real paths already resolved on this thread (see `real_path`); None
+    /// (no caching) unless the thread is a scan pool's (`cache_real_paths`).
+    static REAL: RefCell<Option<HashMap<PathBuf, PathBuf>>> = const { RefCell::new(None) };
+}
+
+/// Most real paths a thread keeps before starting afresh.
+const REAL_CACHE_MAX: usize = 8192;
+
+/// Let this thread remember resolved paths until it ends: for the threads
+/// of one scan's pool (`store::scan::pool`), which live for one call, so
+/// nothing remembered outlives the scan that resolved it. Each store's
+/// paths then cost one `lstat` per new directory instead of a `getcwd`
+/// and a `readlink` per component from `/` down.
+pub fn cache_real_paths() {
+    REAL.with(|r| *r.borrow_mut() = Some(HashMap::new()));
+}
+
+/// `fs::canonicalize(path)`, through this thread's cache when it has one:
+/// a path whose last component is not a link resolves to its parent's real
+/// path joined with its name (the parent resolved the same way); a link,
+/// `..`, or a path without a parent is resolved by the kernel.
+fn real_path(path: &Path) -> std::io::Result<PathBuf> {
+    if REAL.with(|r| r.borrow().is_none()) {
+        return std::fs::canonicalize(path);
+    }
+    let absolute = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir()?.join(path)
+    };
+    resolve_cached(&absolute)
+}
+
+fn resolve_cached(path: &Path) -> std::io::Result<PathBuf> {
+    use std::path::Component;
+    if let Some(hit) = REAL.with(|r| r.borrow().as_ref().and_then(|m| m.get(path).cloned())) {
+        return Ok(hit);
+    }
+    let plain = path
+        .components()
+        .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+    let real = match (path.parent(), path.file_name()) {
+        (Some(parent), Some(name)) if plain => {
+            if std::fs::symlink_metadata(path)?.file_type().is_symlink() {
+                std::fs::canonicalize(path)?
+            } else {
+                resolve_cached(parent)?.join(name)
+            }
+        }
+        _ => std::fs::canonicalize(path)?,
+    };
+    REAL.with(|r| {
+        if let Some(map) = r.borrow_mut().as_mut() {
+            if map.len() >= REAL_CACHE_MAX {
+                map.clear();
+            }
+            map.insert(path.to_path_buf(), real.clone());
+        }
+    });
+    Ok(real)
 }
 
 /// What a refused link says, after its path.
@@ -113,7 +174,7 @@ pub fn check_opened(file: &File, path: &Path, area: Area) -> Result<()> {
 
 /// Check a path (a directory about to be listed) against the root in force.
 pub fn check_path(path: &Path, area: Area) -> Result<()> {
-    let real = std::fs::canonicalize(path).map_err(|e| Error::io(area, path, &e))?;
+    let real = real_path(path).map_err(|e| Error::io(area, path, &e))?;
     allowed(path, &real, area)
 }
 
@@ -123,7 +184,7 @@ pub fn leads_outside(path: &Path) -> bool {
     let Some(root) = current() else {
         return false;
     };
-    std::fs::canonicalize(path).is_ok_and(|real| !real.starts_with(root.as_path()))
+    real_path(path).is_ok_and(|real| !real.starts_with(root.as_path()))
 }
 
 /// The entries of directory `dir` (name, path, whether it is a directory,
@@ -180,6 +241,40 @@ mod tests {
         assert!(current().is_none());
         let f = File::open(&out).unwrap();
         check_opened(&f, &out, Area::LogFormat).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn cached_real_paths_are_the_kernels() {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = tmp.path().join("a/b/c");
+        std::fs::create_dir_all(&base).unwrap();
+        std::fs::create_dir_all(tmp.path().join("elsewhere/d")).unwrap();
+        std::os::unix::fs::symlink(tmp.path().join("elsewhere"), base.join("link")).unwrap();
+        let cases = [
+            base.clone(),
+            base.join("link"),
+            base.join("link/d"),
+            base.join("../c/link/d"),
+            tmp.path().join("a/b"),
+        ];
+        std::thread::spawn(move || {
+            cache_real_paths();
+            for round in 0..2 {
+                for p in &cases {
+                    assert_eq!(
+                        real_path(p).unwrap(),
+                        std::fs::canonicalize(p).unwrap(),
+                        "{p:?} (round {round})"
+                    );
+                }
+            }
+            assert!(real_path(&cases[0].join("missing")).is_err());
+        })
+        .join()
+        .unwrap();
+        // Threads that did not ask keep nothing.
+        assert!(REAL.with(|r| r.borrow().is_none()));
     }
 
     #[cfg(target_os = "linux")]

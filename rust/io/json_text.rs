@@ -15,6 +15,13 @@ use std::fmt::Write;
 pub fn push_str(out: &mut String, s: &str) {
     out.reserve(s.len() + 2);
     out.push('"');
+    push_str_body(out, s);
+    out.push('"');
+}
+
+/// [`push_str`] without the quotes: the escaped body of the literal, for
+/// writers that assemble one literal from several pieces.
+pub fn push_str_body(out: &mut String, s: &str) {
     let mut plain_from = 0;
     for (i, c) in s.char_indices() {
         if (' '..='~').contains(&c) && c != '"' && c != '\\' {
@@ -40,7 +47,6 @@ pub fn push_str(out: &mut String, s: &str) {
         }
     }
     out.push_str(&s[plain_from..]);
-    out.push('"');
 }
 
 /// Append a finite `x` as `repr(x)` writes it: the shortest digits that read

@@ -309,7 +309,10 @@ pub const MAX_WORKERS: usize = 256;
 
 /// A rayon pool of `workers` threads (None: one per core).
 pub fn pool(workers: Option<usize>) -> Result<rayon::ThreadPool> {
-    let mut builder = rayon::ThreadPoolBuilder::new();
+    // The pool lives for one call, and its threads' cache of resolved
+    // paths with it (see `confine::cache_real_paths`).
+    let mut builder =
+        rayon::ThreadPoolBuilder::new().start_handler(|_| crate::io::confine::cache_real_paths());
     if let Some(n) = workers {
         if n == 0 || n > MAX_WORKERS {
             return Err(Error::new(

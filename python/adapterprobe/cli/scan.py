@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from adapterprobe.cli import positive_int
-from adapterprobe.cli.render import Output, add_output_options, print_problems
+from adapterprobe.cli.render import Output, add_output_options, choose_format, print_problems
 
 EPILOG = """\
 examples:
@@ -196,6 +196,7 @@ def scan_records(
         rules=settings.rules,
         options=settings.options,
         progress=bar.update,
+        json=choose_format(getattr(args, "format", None)) in ("json", "jsonl"),
     )
     if getattr(args, "verbose", False):
         batches = report_fetched(batches)

@@ -72,6 +72,31 @@ def _evidence_text(evidence: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+def wrap(text: str, width: int) -> list[str]:
+    """``textwrap.wrap(text, width, break_long_words=False,
+    break_on_hyphens=False) or [""]``: greedy filling, a word longer than
+    the width on a line of its own. Done by hand for text whose words are
+    separated by single spaces (every message), which is several times
+    faster on a table of 100,000 rows; anything else goes to textwrap."""
+    if "  " in text or text.startswith(" ") or not text.isprintable():
+        return textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False) or [""]
+    lines: list[str] = []
+    line = ""
+    for word in text.split(" "):
+        if not word:
+            continue
+        if not line:
+            line = word
+        elif len(line) + 1 + len(word) <= width:
+            line += " " + word
+        else:
+            lines.append(line)
+            line = word
+    if line:
+        lines.append(line)
+    return lines or [""]
+
+
 class TableStream:
     """Writes the table for records given batch by batch (see the module doc).
 
@@ -148,12 +173,7 @@ class TableStream:
         f.close()
 
     def _wrap(self, text: str) -> list[str]:
-        return textwrap.wrap(
-            terminal(text),
-            self.width - len(INDENT),
-            break_long_words=False,
-            break_on_hyphens=False,
-        ) or [""]
+        return wrap(terminal(text), self.width - len(INDENT))
 
     def finish(self, fail_on: str) -> int:
         """Write everything; returns the exit code."""

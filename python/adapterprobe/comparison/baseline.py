@@ -269,14 +269,20 @@ class Gate:
             else None
         )
         self.regressed = 0
+        self._root_of: dict[str, str] = {}
 
     def record(self, r: ScanRecord) -> ScanRecord:
-        r = dataclasses.replace(r, root=root_of(r.store, self.roots))
+        root = self._root_of.get(r.store)
+        if root is None:
+            if len(self._root_of) > 4096:  # a store's records come together
+                self._root_of.clear()
+            root = self._root_of[r.store] = root_of(r.store, self.roots)
+        r = r.replace(root=root)
         if self.baseline is None:
             return r
         entry = judge(r, self.baseline, self.margins)
         self.regressed += entry["regressed"]
-        return dataclasses.replace(r, baseline=entry)
+        return r.replace(baseline=entry)
 
     def batches(self, batches: Iterable[list[ScanRecord]]) -> Iterator[list[ScanRecord]]:
         for batch in batches:
