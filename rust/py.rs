@@ -34,6 +34,7 @@ mod json;
 mod records;
 mod remote;
 mod verdicts;
+mod weights_inputs;
 
 // ---- errors ----
 
@@ -899,5 +900,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     records::register(m)?;
     remote::register(m)?;
     verdicts::register(m)?;
+    weights_inputs::register(m)?;
     Ok(())
 }

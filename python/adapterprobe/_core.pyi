@@ -57,6 +57,15 @@ __all__ = [
     "ghost_input",
     "group_layers",
     "json_dumps",
+    "make_adapter_weights",
+    "make_config_summary",
+    "make_full_weights",
+    "make_full_weights_input",
+    "make_layer_energy",
+    "make_layer_weights",
+    "make_lora_module_stats",
+    "make_tensor_stats",
+    "make_weights_input",
     "judge_drift",
     "judge_full_weights",
     "judge_ghost",
@@ -808,3 +817,95 @@ def scan_records(
     """Gather, judge and assemble the records of ``targets`` (GIL released):
     (store, adapter, layout, probe, verdict, score, message, checkpoint_kind,
     core) per record, in order."""
+
+# ---- the weights probes' inputs from plain values (property tests) ----
+
+def make_lora_module_stats(
+    name: str,
+    *,
+    layer: int | None = None,
+    rank: int = 0,
+    norm_a: float = 0.0,
+    norm_b: float = 0.0,
+    nonfinite_a: int = 0,
+    nonfinite_b: int = 0,
+    delta_fro: float | None = None,
+    stable_rank: float = 0.0,
+    effective_rank: float = 0.0,
+    rank_used: int | None = None,
+    magnitude_norm: float | None = None,
+    magnitude_nonfinite: int = 0,
+    singular_values: Sequence[float] = ...,
+) -> LoraModuleStats:
+    """A ``LoraModuleStats`` with these fields (the rest plain defaults)."""
+
+def make_tensor_stats(
+    name: str,
+    *,
+    dtype: str = "F32",
+    shape: Sequence[int] = ...,
+    numel: int = 0,
+    norm: float = 0.0,
+    max_abs: float = 0.0,
+    nonfinite: int = 0,
+) -> TensorStats: ...
+def make_layer_energy(layer: int, modules: int, delta_fro_sq: float) -> LayerEnergy: ...
+def make_config_summary(
+    path: _Path,
+    r: int,
+    lora_alpha: float,
+    *,
+    use_rslora: bool = False,
+    use_dora: bool = False,
+    target_modules: Sequence[str] = ...,
+    modules_to_save: Sequence[str] = ...,
+) -> ConfigSummary: ...
+def make_adapter_weights(
+    path: _Path,
+    config: ConfigSummary | None,
+    modules: Sequence[LoraModuleStats],
+    other_tensors: Sequence[TensorStats],
+    layers: Sequence[LayerEnergy],
+    *,
+    tensor_bytes: int = 0,
+    nonfinite_total: int = 0,
+) -> AdapterWeights: ...
+def make_weights_input(
+    adapter: _Path,
+    *,
+    weights: AdapterWeights | None = None,
+    error: str | None = None,
+    error_path: _Path | None = None,
+    note: str | None = None,
+    layout: str = "dlm",
+    checkpoint_kind: str = "adapter",
+) -> WeightsInput:
+    """A ``WeightsInput``: the weights, or a ``WeightsError`` with reason
+    ``error`` (and ``error_path``), or a note."""
+
+def make_layer_weights(
+    layer: int, *, tensors: int = 1, numel: int = 0, norm: float = 0.0, nonfinite: int = 0
+) -> LayerWeights: ...
+def make_full_weights(
+    path: _Path,
+    files: Sequence[_Path],
+    tensors: Sequence[TensorStats],
+    layers: Sequence[LayerWeights],
+    *,
+    skipped: Sequence[tuple[str, str]] = ...,
+    other_norm: float = 0.0,
+    total_norm: float = 0.0,
+    tensor_bytes: int = 0,
+    nonfinite_total: int = 0,
+) -> FullWeights: ...
+def make_full_weights_input(
+    adapter: _Path,
+    *,
+    model_file: _Path | None = None,
+    weights: FullWeights | None = None,
+    error: str | None = None,
+    error_path: _Path | None = None,
+    note: str | None = None,
+    layout: str = "hf",
+    checkpoint_kind: str = "full",
+) -> FullWeightsInput: ...
