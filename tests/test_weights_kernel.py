@@ -78,7 +78,7 @@ def check_full(inputs: Any, options: FullWeightsOptions) -> ProbeResult:
 
 SPECIAL = [0.0, -0.0, 1.0, 5e-324, 1e-300, 1e-7, 0.5, 2.0, 1e150, 1e160, 1e308]
 floats = st.one_of(
-    st.sampled_from(SPECIAL + [math.nan, math.inf, -math.inf]),
+    st.sampled_from([*SPECIAL, math.nan, math.inf, -math.inf]),
     st.floats(allow_nan=True, allow_infinity=True),
     st.floats(min_value=0.0, max_value=10.0),
 )
@@ -318,14 +318,15 @@ def test_full_weights_kernel_is_the_reference(
 
 # ---- every real input the repository has ----
 
-WEIGHT_FIXTURES = sorted(p for p in (ROOT / "rust" / "testdata" / "weights").iterdir() if p.is_dir())
+WEIGHTS_DATA = ROOT / "rust" / "testdata" / "weights"
+WEIGHT_FIXTURES = sorted(p for p in WEIGHTS_DATA.iterdir() if p.is_dir())
 
 
 @pytest.mark.parametrize("rules", ["robust", "sway"])
 def test_testdata_adapters(rules: str) -> None:
     options = resolve(WeightsOptions, None, rules, {})
     inputs = [_core.weights_input(p) for p in WEIGHT_FIXTURES]
-    inputs.append(_core.weights_input(ROOT / "rust" / "testdata" / "no-such-adapter"))
+    inputs.append(_core.weights_input(WEIGHTS_DATA / "no-such-adapter"))
     verdicts = set()
     for i, item in enumerate(inputs):
         # Each with no version before, itself before it, and its neighbour.

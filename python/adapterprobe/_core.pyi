@@ -57,6 +57,10 @@ __all__ = [
     "ghost_input",
     "group_layers",
     "json_dumps",
+    "judge_drift",
+    "judge_full_weights",
+    "judge_ghost",
+    "judge_weights",
     "make_adapter_weights",
     "make_config_summary",
     "make_full_weights",
@@ -66,10 +70,6 @@ __all__ = [
     "make_lora_module_stats",
     "make_tensor_stats",
     "make_weights_input",
-    "judge_drift",
-    "judge_full_weights",
-    "judge_ghost",
-    "judge_weights",
     "probe_targets",
     "read_adapter_weights",
     "read_loss_curve",
@@ -842,7 +842,7 @@ def make_lora_module_stats(
 def make_tensor_stats(
     name: str,
     *,
-    dtype: str = "F32",
+    dtype: str = ...,
     shape: Sequence[int] = ...,
     numel: int = 0,
     norm: float = 0.0,
@@ -877,8 +877,8 @@ def make_weights_input(
     error: str | None = None,
     error_path: _Path | None = None,
     note: str | None = None,
-    layout: str = "dlm",
-    checkpoint_kind: str = "adapter",
+    layout: str = ...,
+    checkpoint_kind: str = ...,
 ) -> WeightsInput:
     """A ``WeightsInput``: the weights, or a ``WeightsError`` with reason
     ``error`` (and ``error_path``), or a note."""
@@ -906,6 +906,6 @@ def make_full_weights_input(
     error: str | None = None,
     error_path: _Path | None = None,
     note: str | None = None,
-    layout: str = "hf",
-    checkpoint_kind: str = "full",
+    layout: str = ...,
+    checkpoint_kind: str = ...,
 ) -> FullWeightsInput: ...

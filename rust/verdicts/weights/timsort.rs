@@ -229,7 +229,7 @@ impl Merge<'_> {
         let power = powerloop(last.base, last.len, n2, total);
         while self.pending.len() > 1 {
             let i = self.pending.len() - 2;
-            if !self.pending.get(i).is_some_and(|r| r.power > power) {
+            if self.pending.get(i).is_none_or(|r| r.power <= power) {
                 break;
             }
             self.merge_at(i);
