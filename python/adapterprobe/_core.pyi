@@ -674,7 +674,10 @@ class FullWeightsInput:
     @property
     def note(self) -> str | None: ...
 
-def full_weights_input(version: _Path) -> FullWeightsInput: ...
+def full_weights_input(version: _Path) -> FullWeightsInput:
+    """A ``FullWeightsInput`` (``layout`` ``"hf"``, ``checkpoint_kind``
+    ``"full"`` unless given)."""
+
 def drift_input(store: _Path) -> DriftInput: ...
 def ghost_input(adapter: _Path) -> GhostInput: ...
 def discover(
@@ -848,7 +851,9 @@ def make_tensor_stats(
     norm: float = 0.0,
     max_abs: float = 0.0,
     nonfinite: int = 0,
-) -> TensorStats: ...
+) -> TensorStats:
+    """A ``TensorStats`` (``dtype`` ``"F32"``, ``shape`` empty unless given)."""
+
 def make_layer_energy(layer: int, modules: int, delta_fro_sq: float) -> LayerEnergy: ...
 def make_config_summary(
     path: _Path,
@@ -881,7 +886,8 @@ def make_weights_input(
     checkpoint_kind: str = ...,
 ) -> WeightsInput:
     """A ``WeightsInput``: the weights, or a ``WeightsError`` with reason
-    ``error`` (and ``error_path``), or a note."""
+    ``error`` (and ``error_path``), or a note; ``layout`` is ``"dlm"`` and
+    ``checkpoint_kind`` ``"adapter"`` unless given."""
 
 def make_layer_weights(
     layer: int, *, tensors: int = 1, numel: int = 0, norm: float = 0.0, nonfinite: int = 0
@@ -908,4 +914,6 @@ def make_full_weights_input(
     note: str | None = None,
     layout: str = ...,
     checkpoint_kind: str = ...,
-) -> FullWeightsInput: ...
+) -> FullWeightsInput:
+    """A ``FullWeightsInput`` (``layout`` ``"hf"``, ``checkpoint_kind``
+    ``"full"`` unless given)."""
