@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from reference import full_weights_rules, weights_rules
 
@@ -82,7 +82,10 @@ floats = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
     st.floats(min_value=0.0, max_value=10.0),
 )
+healthy = st.floats(min_value=0.1, max_value=10.0)
 norm_values = st.one_of(
+    healthy,
+    healthy,
     st.floats(min_value=0.0, max_value=10.0),
     st.sampled_from([0.0, -0.0, 1e-9, 1.0, 3.0]),
     floats,
@@ -109,7 +112,7 @@ def lora_modules(draw: st.DrawFn) -> Any:
         norm_b=draw(norm_values),
         nonfinite_a=draw(st.sampled_from([0, 0, 0, 1, 7])),
         nonfinite_b=draw(st.sampled_from([0, 0, 0, 2])),
-        delta_fro=draw(st.none() | norm_values),
+        delta_fro=None if draw(st.integers(0, 15)) == 0 else draw(norm_values),
         stable_rank=draw(norm_values),
         rank_used=draw(st.none() | st.integers(0, 64) | st.integers(0, 2**62)),
         magnitude_nonfinite=draw(st.sampled_from([0, 0, 0, 0, 3])),
@@ -123,8 +126,7 @@ def module_lists(max_size: int) -> st.SearchStrategy[list[Any]]:
 @st.composite
 def adapter_weights(draw: st.DrawFn, modules: st.SearchStrategy[list[Any]]) -> Any:
     config = draw(
-        st.none()
-        | st.builds(
+        st.builds(
             _core.make_config_summary,
             st.just("/store/v0001/adapter_config.json"),
             st.integers(0, 256),
@@ -135,6 +137,8 @@ def adapter_weights(draw: st.DrawFn, modules: st.SearchStrategy[list[Any]]) -> A
             modules_to_save=st.lists(names, max_size=2),
         )
     )
+    if draw(st.integers(0, 7)) == 0:
+        config = None  # the adapter cannot be judged without it
     others = draw(
         st.lists(
             st.builds(_core.make_tensor_stats, names, nonfinite=st.sampled_from([0, 0, 1, 4])),
@@ -160,7 +164,7 @@ def adapter_weights(draw: st.DrawFn, modules: st.SearchStrategy[list[Any]]) -> A
 
 @st.composite
 def weights_inputs(draw: st.DrawFn, modules: st.SearchStrategy[list[Any]]) -> Any:
-    state = draw(st.sampled_from(["weights"] * 6 + ["note", "error", "error-path"]))
+    state = draw(st.sampled_from(["weights"] * 12 + ["note", "error", "error-path"]))
     adapter = draw(paths)
     if state == "note":
         return _core.make_weights_input(adapter, note=draw(names))
@@ -228,7 +232,10 @@ def test_weights_kernel_is_the_reference(
     if bump is not None and inputs.weights is not None:
         # A version before with the same (or barely changed) fingerprint.
         previous = changed(inputs, bump)
-    check_weights(inputs, options, previous)
+    result = check_weights(inputs, options, previous)
+    event(result.verdict.value)
+    for finding in result.evidence.get("findings", []):
+        event(finding["rule"])
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -313,7 +320,7 @@ def test_full_weights_kernel_is_the_reference(
     inputs: Any, rules: str, max_listed: int | None
 ) -> None:
     options = resolve(FullWeightsOptions, None, rules, {"max_listed": max_listed})
-    check_full(inputs, options)
+    event(check_full(inputs, options).verdict.value)
 
 
 # ---- every real input the repository has ----
