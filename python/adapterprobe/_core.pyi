@@ -54,8 +54,10 @@ __all__ = [
     "find_adapters",
     "full_weights_input",
     "ghost_input",
+    "ghost_input_of",
     "group_layers",
     "json_dumps",
+    "judge_ghost",
     "probe_targets",
     "read_adapter_weights",
     "read_loss_curve",
@@ -662,6 +664,15 @@ class FullWeightsInput:
 def full_weights_input(version: _Path) -> FullWeightsInput: ...
 def drift_input(store: _Path) -> DriftInput: ...
 def ghost_input(adapter: _Path) -> GhostInput: ...
+def ghost_input_of(obj: object) -> GhostInput:
+    """A ``GhostInput`` from any object with its attributes (plain data shaped
+    like one); a ``GhostInput`` comes back as a copy."""
+
+def judge_ghost(
+    inputs: GhostInput, options: Any
+) -> tuple[str, float | None, float | None, str, dict[str, Any]]:
+    """gradient_ghost's verdict: (verdict, score, raw, message, evidence)."""
+
 def discover(
     roots: Sequence[_Path],
     *,
