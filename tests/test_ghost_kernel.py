@@ -280,6 +280,23 @@ def _versions(root: Path) -> list[Path]:
     return sorted(found)
 
 
+def _plain_state(inputs: Any) -> SimpleNamespace:
+    """``inputs`` with its state as plain data (the readers' other objects kept)."""
+    state = inputs.state
+    per_param = [
+        SimpleNamespace(
+            param_id=p.param_id, exp_avg_sq_mean=p.exp_avg_sq_mean, nonfinite=p.nonfinite
+        )
+        for p in state.per_param
+    ]
+    fields = ("global_step", "epoch", "best_val_loss", "use_qlora", "implausible")
+    plain = SimpleNamespace(per_param=per_param, **{f: getattr(state, f) for f in fields})
+    keep = ("note", "error", "optimizer", "grouping", "attribution", "attribution_error")
+    return SimpleNamespace(
+        state=plain, weights_error=inputs.weights_error, **{f: getattr(inputs, f) for f in keep}
+    )
+
+
 def _judge_all(roots: list[Path]) -> dict[str, int]:
     verdicts: dict[str, int] = {}
     for root in roots:
@@ -288,6 +305,12 @@ def _judge_all(roots: list[Path]) -> dict[str, int]:
             for options in OPTION_SETS:
                 got = _compare(inputs, options)
                 verdicts[got.verdict.value] = verdicts.get(got.verdict.value, 0) + 1
+                if inputs.state is not None:
+                    # As benches/bench_ghost_layers.py scales a real state: plain
+                    # data beside the readers' own grouping and attribution.
+                    mixed = _plain_state(inputs)
+                    _same_result(judge_ghost(mixed, options), got)
+                    _same_result(ref.judge_ghost(mixed, options), got)
     return verdicts
 
 
