@@ -324,3 +324,16 @@ def test_kernel_matches_reference_on_the_repo_inputs():
 def test_kernel_matches_reference_on_real_runs(corpus, field_root):
     verdicts = _judge_all([corpus[0], field_root])
     assert {"pass", "warn", "fail"} <= set(verdicts), verdicts
+
+
+def test_plain_data_that_cannot_be_a_grouping_is_refused():
+    grouping = SimpleNamespace(layer_indices=(0, 1), params_per_layer=1, layer_of={0: 0, 2: 1})
+    inputs = SimpleNamespace(
+        state=SimpleNamespace(global_step=100, per_param=[]), grouping=grouping
+    )
+    with pytest.raises(ValueError, match=r"param id 0\.\.2 to its layer; 1 is missing"):
+        judge_ghost(inputs, GhostOptions(rules="sway"))
+    # An error held in the input keeps its class: a missing file is a skip.
+    missing = SimpleNamespace(state=None, error=MissingFileError("gone", path="/v/t.pt"))
+    r = judge_ghost(missing, GhostOptions())
+    assert (r.verdict, r.message) == ("skip", "/v/t.pt: gone")
