@@ -55,6 +55,7 @@ __all__ = [
     "find_adapters",
     "full_weights_input",
     "ghost_input",
+    "ghost_input_of",
     "group_layers",
     "json_dumps",
     "judge_drift",
@@ -668,6 +669,15 @@ class FullWeightsInput:
 def full_weights_input(version: _Path) -> FullWeightsInput: ...
 def drift_input(store: _Path) -> DriftInput: ...
 def ghost_input(adapter: _Path) -> GhostInput: ...
+def ghost_input_of(obj: object) -> GhostInput:
+    """A ``GhostInput`` from any object with its attributes (plain data shaped
+    like one); a ``GhostInput`` comes back as a copy."""
+
+def judge_ghost(
+    inputs: GhostInput, options: Any
+) -> tuple[str, float | None, float | None, str, dict[str, Any]]:
+    """gradient_ghost's verdict: (verdict, score, raw, message, evidence)."""
+
 def discover(
     roots: Sequence[_Path],
     *,
@@ -774,9 +784,6 @@ _Judged: TypeAlias = tuple[str, float | None, float | None, str, dict[str, Any]]
 def judge_drift(inputs: DriftInput, options: Any) -> _Judged:
     """training_drift's verdict on gathered inputs under the resolved
     ``DriftOptions``: (verdict, score, raw, message, evidence)."""
-
-def judge_ghost(inputs: GhostInput, options: Any) -> _Judged:
-    """gradient_ghost's verdict on gathered inputs under ``GhostOptions``."""
 
 def judge_weights(
     inputs: WeightsInput, options: Any, previous: WeightsInput | None = None
