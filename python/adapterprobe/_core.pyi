@@ -50,12 +50,15 @@ __all__ = [
     "curve_metrics",
     "discover",
     "drift_input",
+    "drift_input_from",
     "excerpt",
     "find_adapters",
     "full_weights_input",
     "ghost_input",
     "group_layers",
     "json_dumps",
+    "judge_drift",
+    "loss_curve_from_records",
     "probe_targets",
     "read_adapter_weights",
     "read_loss_curve",
@@ -759,4 +762,42 @@ def remote_fetched(dir: _Path) -> list[tuple[Path, int, int]]:
 
 def remote_release(dir: _Path) -> None:
     """Stop fetching for the staged ``dir`` (the caller removes it)."""
+    ...
+
+# ---- training_drift's kernel (rust/py/verdicts.rs, rust/py/drift_inputs.rs) ----
+
+def judge_drift(
+    inputs: DriftInput, options: Any
+) -> tuple[str, float | None, float | None, str, dict[str, Any]]:
+    """training_drift's verdict on gathered inputs (``options``: a resolved
+    ``DriftOptions``): ``(verdict, score, raw, message, evidence)``."""
+    ...
+
+def loss_curve_from_records(
+    records: Sequence[tuple[int, float]],
+    *,
+    eval_loss: Sequence[tuple[int, float]] = ...,
+    grad_norm: Sequence[tuple[int, float]] = ...,
+    learning_rate: Sequence[tuple[int, float]] = ...,
+    files: Sequence[_Path] = ...,
+    source: str = ...,
+) -> LossCurve:
+    """A loss curve from ``(step, loss)`` records in reading order, built as
+    the log readers build it, with the side series logged beside it."""
+    ...
+
+def drift_input_from(
+    store: _Path,
+    status: LogsStatus,
+    *,
+    logs_dir: _Path | None = None,
+    files: Sequence[_Path] = ...,
+    curve: LossCurve | None = None,
+    error: str | None = None,
+    error_path: _Path | None = None,
+    note: str | None = None,
+    layout: str = ...,
+) -> DriftInput:
+    """A ``DriftInput`` in any state (``curve`` exactly with ``Curve``,
+    ``error`` exactly with ``Failed``)."""
     ...
