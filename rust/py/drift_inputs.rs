@@ -69,7 +69,8 @@ fn drift_input_from(
         files,
         status,
         curve: curve.map(|c| c.clone()),
-        error: error.map(|reason| Error::new(Area::LogFormat, error_path.unwrap_or_default(), reason)),
+        error: error
+            .map(|reason| Error::new(Area::LogFormat, error_path.unwrap_or_default(), reason)),
         note,
     })
 }

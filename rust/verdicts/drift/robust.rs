@@ -5,8 +5,8 @@
 
 use super::side::side_findings;
 use super::{
-    change_text, curve_sampled, int_value, need, pow_half, py_max, py_min,
-    sample_indices, span_text, step_span, steps_text, upper_median, DriftOptions, KIND,
+    change_text, curve_sampled, int_value, need, pow_half, py_max, py_min, sample_indices,
+    span_text, step_span, steps_text, upper_median, DriftOptions, KIND,
 };
 use crate::analysis::robust_curve::{self, RobustCurve, RobustParams};
 use crate::formats::logs::loss_log::LossCurve;
@@ -210,7 +210,13 @@ pub(super) fn judge(curve: &LossCurve, o: &DriftOptions) -> Result<Judged, Strin
         return Ok(finish.answer(findings, &summary, 0.6, None, extra));
     }
     Ok(judge_trend(
-        curve, &a, &opts, findings, nonfinite_steps, &span, finish,
+        curve,
+        &a,
+        &opts,
+        findings,
+        nonfinite_steps,
+        &span,
+        finish,
     ))
 }
 
@@ -235,7 +241,11 @@ fn judge_trend(
         3.0 * a.noise * (if a.relative { 1.0 } else { 1.0 / head }) / pow_half(a.level_points);
 
     let judge_spikes = num_steps >= o.min_spike_records;
-    let events = if judge_spikes { a.spikes.as_slice() } else { &[] };
+    let events = if judge_spikes {
+        a.spikes.as_slice()
+    } else {
+        &[]
+    };
     let spikes: Vec<Spike> = events
         .iter()
         .map(|e| Spike {
@@ -489,7 +499,7 @@ fn thirds_drop_bound(losses: &[f64], noise: f64) -> f64 {
     let (Some(first), Some(last)) = (first, last) else {
         return f64::INFINITY;
     };
-    if !(first > 0.0) {
+    if first.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
         return f64::INFINITY; // nothing to measure a fall against
     }
     (first - last) / first + 3.0 * 1.2533 * noise / pow_half(third)

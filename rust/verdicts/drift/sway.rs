@@ -2,6 +2,8 @@
 //! ratio and the MAD spike count against fixed thresholds; PASS needs all
 //! three.
 
+use std::cmp::Ordering;
+
 use super::{curve_sampled, need, py_max, py_min, DriftOptions, KIND};
 use crate::analysis::metrics;
 use crate::formats::logs::loss_log::LossCurve;
@@ -29,14 +31,14 @@ pub(super) fn judge(curve: &LossCurve, o: &DriftOptions) -> Result<Judged, Strin
     let (smooth, conv, events) = (m.smoothness, m.convergence_ratio, m.instability_events);
 
     let mut shortfalls: Vec<String> = Vec::new();
-    if !(smooth >= smooth_gte) {
+    if matches!(smooth.partial_cmp(&smooth_gte), None | Some(Ordering::Less)) {
         shortfalls.push(format!(
             "smoothness {} is below {}",
             pyfmt::fixed(smooth, 2),
             pyfmt::repr(smooth_gte)
         ));
     }
-    if !(conv <= conv_lte) {
+    if matches!(conv.partial_cmp(&conv_lte), None | Some(Ordering::Greater)) {
         shortfalls.push(format!(
             "convergence_ratio {} is above {}",
             pyfmt::fixed(conv, 2),
@@ -58,7 +60,11 @@ pub(super) fn judge(curve: &LossCurve, o: &DriftOptions) -> Result<Judged, Strin
         (Verdict::Pass, py_min(1.0, py_max(0.0, smooth)), summary)
     } else {
         let message = format!("{summary}; {}", shortfalls.join("; "));
-        (Verdict::Warn, py_min(1.0, py_max(0.0, smooth * 0.5)), message)
+        (
+            Verdict::Warn,
+            py_min(1.0, py_max(0.0, smooth * 0.5)),
+            message,
+        )
     };
 
     let mut thresholds = Evidence::new();

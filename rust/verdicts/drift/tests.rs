@@ -27,7 +27,9 @@ fn input(curve: LossCurve) -> DriftInput {
 }
 
 fn decaying(n: usize) -> Vec<f64> {
-    (0..n).map(|i| 4.0 * 0.93f64.powi(i as i32) + 0.05).collect()
+    (0..n)
+        .map(|i| 4.0 * 0.93f64.powi(i as i32) + 0.05)
+        .collect()
 }
 
 fn robust() -> DriftOptions {
@@ -60,7 +62,10 @@ fn states_without_a_curve_skip_or_error_with_their_reason() {
     i.curve = None;
     i.status = LogsStatus::NoLogsDir;
     let j = judge_drift(&i, &robust());
-    assert_eq!((j.verdict, j.message.as_str()), (Verdict::Skip, "/r has no logs/ directory"));
+    assert_eq!(
+        (j.verdict, j.message.as_str()),
+        (Verdict::Skip, "/r has no logs/ directory")
+    );
     i.note = Some("a bare PEFT adapter".into());
     assert_eq!(judge_drift(&i, &robust()).message, "a bare PEFT adapter");
     i.note = Some(String::new());
@@ -89,7 +94,9 @@ fn a_short_curve_skips_naming_records_and_steps() {
     );
     assert_eq!(j.evidence.get("num_steps"), Some(&Value::Int(3)));
     let j = judge_drift(&input(curve(&[3.0, 2.0])), &robust());
-    assert!(j.message.starts_with("2 logged records, fewer than min_steps=3"));
+    assert!(j
+        .message
+        .starts_with("2 logged records, fewer than min_steps=3"));
 }
 
 #[test]
@@ -97,16 +104,28 @@ fn sway_passes_a_smooth_descent_and_warns_with_each_shortfall() {
     let j = judge_drift(&input(curve(&decaying(60))), &sway());
     assert_eq!(j.verdict, Verdict::Pass, "{}", j.message);
     assert_eq!(j.score, j.raw);
-    assert!(j.message.starts_with("smoothness=0.9"));
+    assert!(j
+        .message
+        .starts_with("smoothness=1.00, convergence_ratio=0.03"));
     let keys: Vec<&str> = j.evidence.0.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(keys[..3], ["rules", "final_loss", "initial_loss"]);
     assert_eq!(keys.last(), Some(&"thresholds"));
 
-    let flat: Vec<f64> = (0..40).map(|i| 2.0 + if i % 2 == 0 { 0.3 } else { -0.3 }).collect();
+    let flat: Vec<f64> = (0..40)
+        .map(|i| 2.0 + if i % 2 == 0 { 0.3 } else { -0.3 })
+        .collect();
     let j = judge_drift(&input(curve(&flat)), &sway());
     assert_eq!(j.verdict, Verdict::Warn);
-    assert!(j.message.contains("; smoothness 0.00 is below 0.7"), "{}", j.message);
-    assert!(j.message.contains("convergence_ratio 0.74 is above 0.7"), "{}", j.message);
+    assert!(
+        j.message.contains("; smoothness 0.00 is below 0.7"),
+        "{}",
+        j.message
+    );
+    assert!(
+        j.message.contains("convergence_ratio 0.74 is above 0.7"),
+        "{}",
+        j.message
+    );
     assert_eq!(j.score, Some(0.0));
 }
 
@@ -115,7 +134,11 @@ fn robust_passes_a_healthy_run_with_a_clean_summary() {
     let j = judge_drift(&input(curve(&decaying(60))), &robust());
     assert_eq!(j.verdict, Verdict::Pass, "{}", j.message);
     assert!(j.message.starts_with("loss 3.") && j.message.contains("over 60 steps"));
-    assert!(j.message.ends_with("; no spikes, no NaN/inf losses"), "{}", j.message);
+    assert!(
+        j.message.ends_with("; no spikes, no NaN/inf losses"),
+        "{}",
+        j.message
+    );
     assert_eq!(j.score, Some(1.0));
     assert!(rules(&j).is_empty());
     let Some(Value::Map(t)) = j.evidence.get("thresholds") else {
@@ -142,7 +165,9 @@ fn robust_judges_other_objectives_for_nan_only() {
     let j = judge_drift(&input(curve(&rl)), &robust());
     assert_eq!(j.verdict, Verdict::Pass, "{}", j.message);
     assert_eq!((j.score, j.raw), (Some(0.6), None));
-    assert!(j.message.starts_with("objective -0.5 -> -0.21 over 30 steps; not a positive loss"));
+    assert!(j
+        .message
+        .starts_with("objective -0.5 -> -0.21 over 30 steps; not a positive loss"));
     assert_eq!(
         j.evidence.get("objective"),
         Some(&Value::Text("not_positive".into()))
@@ -153,14 +178,19 @@ fn robust_judges_other_objectives_for_nan_only() {
 fn robust_trend_rules_fire() {
     let rising: Vec<f64> = (0..40).map(|i| 1.0 + 0.05 * f64::from(i)).collect();
     let j = judge_drift(&input(curve(&rising)), &robust());
-    assert_eq!((j.verdict, rules(&j)), (Verdict::Fail, vec!["diverged".to_string()]));
+    assert_eq!(
+        (j.verdict, rules(&j)),
+        (Verdict::Fail, vec!["diverged".to_string()])
+    );
     assert_eq!(j.score, Some(0.0));
     assert!(j.raw.is_some_and(|r| r < 0.0));
 
     let flat = vec![2.0; 40];
     let j = judge_drift(&input(curve(&flat)), &robust());
     assert_eq!(rules(&j), vec!["no_progress"]);
-    assert!(j.message.starts_with("no_progress: loss did not fall: +0.0% over 40 steps (2 -> 2)"));
+    assert!(j
+        .message
+        .starts_with("no_progress: loss did not fall: +0.0% over 40 steps (2 -> 2)"));
     assert_eq!(j.score, Some(0.3));
 
     let mut spiky = decaying(80);
@@ -171,11 +201,21 @@ fn robust_trend_rules_fire() {
         *v = f64::NAN;
     }
     let j = judge_drift(&input(curve(&spiky)), &robust());
-    assert_eq!(rules(&j), vec!["nonfinite_loss", "loss_spikes"], "{}", j.message);
+    assert_eq!(
+        rules(&j),
+        vec!["nonfinite_loss", "loss_spikes"],
+        "{}",
+        j.message
+    );
     assert_eq!(j.verdict, Verdict::Warn);
-    assert!(j.message.contains("1 NaN/inf losses (1.2% of records) at steps 30"));
+    assert!(j
+        .message
+        .contains("1 NaN/inf losses (1.2% of records) at steps 30"));
     assert!(j.message.contains("1 loss spike beyond"));
-    assert_eq!(j.evidence.get("spike_steps"), Some(&Value::List(vec![Value::Int(50)])));
+    assert_eq!(
+        j.evidence.get("spike_steps"),
+        Some(&Value::List(vec![Value::Int(50)]))
+    );
 }
 
 #[test]
@@ -199,7 +239,9 @@ fn robust_side_series_findings() {
         "{}",
         j.message
     );
-    assert!(j.message.contains("eval loss rose 50% from its best (1 at step 10 -> 1.5 at step 39)"));
+    assert!(j
+        .message
+        .contains("eval loss rose 50% from its best (1 at step 10 -> 1.5 at step 39)"));
     assert_eq!(j.evidence.get("eval_best_step"), Some(&Value::Int(10)));
 }
 
@@ -208,7 +250,10 @@ fn text_helpers_spell_as_python() {
     assert_eq!(span_text(&[5]), "over 1 step");
     assert_eq!(span_text(&[0, 10, 20]), "over 21 steps (3 logged records)");
     assert_eq!(span_text(&[0, 1]), "over 2 steps");
-    assert_eq!(steps_text(&[1, 2, 3, 4, 5, 6, 7, 8], 6), "1, 2, 3, 4, 5, 6 and 2 more");
+    assert_eq!(
+        steps_text(&[1, 2, 3, 4, 5, 6, 7, 8], 6),
+        "1, 2, 3, 4, 5, 6 and 2 more"
+    );
     assert_eq!(step_span(&[i64::MIN, i64::MAX]), 1i128 << 64);
     assert_eq!(thousands(1i128 << 64), "18,446,744,073,709,551,616");
     assert_eq!(py_path(Path::new("/a//b/./c/")), "/a/b/c");
