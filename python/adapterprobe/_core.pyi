@@ -51,6 +51,7 @@ __all__ = [
     "curve_metrics",
     "discover",
     "drift_input",
+    "drift_input_from",
     "excerpt",
     "find_adapters",
     "full_weights_input",
@@ -62,6 +63,7 @@ __all__ = [
     "judge_full_weights",
     "judge_ghost",
     "judge_weights",
+    "loss_curve_from_records",
     "probe_targets",
     "read_adapter_weights",
     "read_loss_curve",
@@ -781,10 +783,6 @@ def remote_release(dir: _Path) -> None:
 
 _Judged: TypeAlias = tuple[str, float | None, float | None, str, dict[str, Any]]
 
-def judge_drift(inputs: DriftInput, options: Any) -> _Judged:
-    """training_drift's verdict on gathered inputs under the resolved
-    ``DriftOptions``: (verdict, score, raw, message, evidence)."""
-
 def judge_weights(
     inputs: WeightsInput, options: Any, previous: WeightsInput | None = None
 ) -> _Judged:
@@ -815,3 +813,41 @@ def scan_records(
     """Gather, judge and assemble the records of ``targets`` (GIL released):
     (store, adapter, layout, probe, verdict, score, message, checkpoint_kind,
     core) per record, in order."""
+
+# ---- training_drift's kernel (rust/py/verdicts.rs, rust/py/drift_inputs.rs) ----
+
+def judge_drift(
+    inputs: DriftInput, options: Any
+) -> tuple[str, float | None, float | None, str, dict[str, Any]]:
+    """training_drift's verdict on gathered inputs (``options``: a resolved
+    ``DriftOptions``): ``(verdict, score, raw, message, evidence)``."""
+    ...
+
+def loss_curve_from_records(
+    records: Sequence[tuple[int, float]],
+    *,
+    eval_loss: Sequence[tuple[int, float]] = ...,
+    grad_norm: Sequence[tuple[int, float]] = ...,
+    learning_rate: Sequence[tuple[int, float]] = ...,
+    files: Sequence[_Path] = ...,
+    source: str = ...,
+) -> LossCurve:
+    """A loss curve from ``(step, loss)`` records in reading order, built as
+    the log readers build it, with the side series logged beside it."""
+    ...
+
+def drift_input_from(
+    store: _Path,
+    status: LogsStatus,
+    *,
+    logs_dir: _Path | None = None,
+    files: Sequence[_Path] = ...,
+    curve: LossCurve | None = None,
+    error: str | None = None,
+    error_path: _Path | None = None,
+    note: str | None = None,
+    layout: str = ...,
+) -> DriftInput:
+    """A ``DriftInput`` in any state (``curve`` exactly with ``Curve``,
+    ``error`` exactly with ``Failed``)."""
+    ...
