@@ -30,6 +30,8 @@ use crate::store::torch_state::{self, ParamStat, TrainingState};
 use crate::Result;
 
 mod compare;
+mod drift_inputs;
+mod ghost_inputs;
 mod json;
 mod records;
 mod remote;
@@ -896,6 +898,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<LayerWeights>()?;
     m.add_function(wrap_pyfunction!(full_weights_input, m)?)?;
     compare::register(m)?;
+    drift_inputs::register(m)?;
+    ghost_inputs::register(m)?;
     json::register(m)?;
     records::register(m)?;
     remote::register(m)?;

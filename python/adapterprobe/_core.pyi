@@ -51,16 +51,19 @@ __all__ = [
     "curve_metrics",
     "discover",
     "drift_input",
+    "drift_input_from",
     "excerpt",
     "find_adapters",
     "full_weights_input",
     "ghost_input",
+    "ghost_input_of",
     "group_layers",
     "json_dumps",
     "judge_drift",
     "judge_full_weights",
     "judge_ghost",
     "judge_weights",
+    "loss_curve_from_records",
     "make_adapter_weights",
     "make_config_summary",
     "make_full_weights",
@@ -674,12 +677,18 @@ class FullWeightsInput:
     @property
     def note(self) -> str | None: ...
 
-def full_weights_input(version: _Path) -> FullWeightsInput:
-    """A ``FullWeightsInput`` (``layout`` ``"hf"``, ``checkpoint_kind``
-    ``"full"`` unless given)."""
-
+def full_weights_input(version: _Path) -> FullWeightsInput: ...
 def drift_input(store: _Path) -> DriftInput: ...
 def ghost_input(adapter: _Path) -> GhostInput: ...
+def ghost_input_of(obj: object) -> GhostInput:
+    """A ``GhostInput`` from any object with its attributes (plain data shaped
+    like one); a ``GhostInput`` comes back as a copy."""
+
+def judge_ghost(
+    inputs: GhostInput, options: Any
+) -> tuple[str, float | None, float | None, str, dict[str, Any]]:
+    """gradient_ghost's verdict: (verdict, score, raw, message, evidence)."""
+
 def discover(
     roots: Sequence[_Path],
     *,
@@ -783,13 +792,6 @@ def remote_release(dir: _Path) -> None:
 
 _Judged: TypeAlias = tuple[str, float | None, float | None, str, dict[str, Any]]
 
-def judge_drift(inputs: DriftInput, options: Any) -> _Judged:
-    """training_drift's verdict on gathered inputs under the resolved
-    ``DriftOptions``: (verdict, score, raw, message, evidence)."""
-
-def judge_ghost(inputs: GhostInput, options: Any) -> _Judged:
-    """gradient_ghost's verdict on gathered inputs under ``GhostOptions``."""
-
 def judge_weights(
     inputs: WeightsInput, options: Any, previous: WeightsInput | None = None
 ) -> _Judged:
@@ -820,6 +822,44 @@ def scan_records(
     """Gather, judge and assemble the records of ``targets`` (GIL released):
     (store, adapter, layout, probe, verdict, score, message, checkpoint_kind,
     core) per record, in order."""
+
+# ---- training_drift's kernel (rust/py/verdicts.rs, rust/py/drift_inputs.rs) ----
+
+def judge_drift(
+    inputs: DriftInput, options: Any
+) -> tuple[str, float | None, float | None, str, dict[str, Any]]:
+    """training_drift's verdict on gathered inputs (``options``: a resolved
+    ``DriftOptions``): ``(verdict, score, raw, message, evidence)``."""
+    ...
+
+def loss_curve_from_records(
+    records: Sequence[tuple[int, float]],
+    *,
+    eval_loss: Sequence[tuple[int, float]] = ...,
+    grad_norm: Sequence[tuple[int, float]] = ...,
+    learning_rate: Sequence[tuple[int, float]] = ...,
+    files: Sequence[_Path] = ...,
+    source: str = ...,
+) -> LossCurve:
+    """A loss curve from ``(step, loss)`` records in reading order, built as
+    the log readers build it, with the side series logged beside it."""
+    ...
+
+def drift_input_from(
+    store: _Path,
+    status: LogsStatus,
+    *,
+    logs_dir: _Path | None = None,
+    files: Sequence[_Path] = ...,
+    curve: LossCurve | None = None,
+    error: str | None = None,
+    error_path: _Path | None = None,
+    note: str | None = None,
+    layout: str = ...,
+) -> DriftInput:
+    """A ``DriftInput`` in any state (``curve`` exactly with ``Curve``,
+    ``error`` exactly with ``Failed``)."""
+    ...
 
 # ---- the weights probes' inputs from plain values (property tests) ----
 

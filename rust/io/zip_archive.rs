@@ -35,6 +35,9 @@ pub struct Entry {
 /// pair for each local header and each entry costs more than the bytes.
 const WHOLE_READ_MAX: u64 = 1 << 20;
 
+/// Most bytes reserved ahead of one ranged read (larger ranges grow as read).
+const RESERVE_MAX: u64 = 64 << 20;
+
 /// A zip archive opened for reading STORED entries.
 pub struct Archive {
     pub path: PathBuf,
@@ -96,6 +99,9 @@ impl Archive {
             buf.extend_from_slice(bytes);
             return Ok(());
         }
+        // Room for the range up front (it is within the file's length): one
+        // read instead of a chain of growing ones.
+        buf.reserve(usize::try_from(len.min(RESERVE_MAX)).unwrap_or(0));
         let mut f = &self.file;
         f.seek(SeekFrom::Start(offset))
             .map_err(|e| Error::io(Area::TrainingState, &self.path, &e))?;

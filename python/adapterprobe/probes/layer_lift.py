@@ -47,14 +47,17 @@ last two of four escape half the time, being the calmest layers to begin
 with, with layer 1 their only calm peer left). With fewer than three
 layers nothing is compared: which of two layers is the outlier cannot be
 told.
+
+The measure runs in Rust (``rust/verdicts/layer_lift.rs``, inside
+gradient_ghost's kernel); this module keeps its constants and the small
+helpers under the same names (``tests/reference/ghost_rules.py`` builds the
+plain-Python reference of the whole measure from them).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
-from typing import Any
 
 #: A layer's peers: this many other layers, the nearest in depth.
 PEERS = 4
@@ -64,16 +67,6 @@ SET_ASIDE = 2
 #: The block that reads the embeddings: busier than its peers in healthy
 #: runs, so it gets its own threshold.
 FIRST_LAYER = 0
-
-
-@dataclass(frozen=True)
-class LayerLift:
-    """One layer's lift over its peers' reference, in decades."""
-
-    layer: int
-    decades: float  # reached by at least `share` of its tensors
-    tensors: int  # tensors compared
-    by_tensor: tuple[tuple[str, float], ...]  # (tensor, lift in decades), highest first
 
 
 def nearest_peers(layer: int, layers: list[int]) -> list[int]:
@@ -95,37 +88,3 @@ def share_quantile(lifts: list[float], share: float) -> float:
     ordered = sorted(lifts, reverse=True)
     reached_by = max(1, math.ceil(share * len(ordered) - 1e-9))
     return ordered[reached_by - 1]
-
-
-def layer_lifts(
-    per_param: list[Any], attribution: Any, *, share: float, min_layers: int
-) -> dict[int, LayerLift]:
-    """Each layer's lift over its peers (see the module docstring).
-
-    A tensor is compared where it holds a positive, finite second moment in
-    at least ``min_layers`` layers (tensors with none are dead: the caller
-    reports them); a layer with no compared tensor gets no lift.
-    """
-    value = {p.param_id: p.exp_avg_sq_mean for p in per_param}
-    by_slot: dict[int, dict[int, float]] = {}
-    for ps in attribution.params:
-        v = value[ps.param_id]
-        if v > 0.0 and math.isfinite(v):
-            by_slot.setdefault(ps.slot, {})[ps.layer] = math.log10(v)
-    per_layer: dict[int, list[tuple[str, float]]] = {}
-    for slot, logs in sorted(by_slot.items()):
-        if len(logs) < min_layers:
-            continue
-        tensor = attribution.slot_names[slot] or f"slot {slot}"
-        for layer, x in logs.items():
-            others = [logs[m] for m in nearest_peers(layer, list(logs))]
-            per_layer.setdefault(layer, []).append((tensor, x - peer_reference(others)))
-    return {
-        layer: LayerLift(
-            layer=layer,
-            decades=share_quantile([d for _, d in lifts], share),
-            tensors=len(lifts),
-            by_tensor=tuple(sorted(lifts, key=lambda t: -t[1])),
-        )
-        for layer, lifts in sorted(per_layer.items())
-    }

@@ -1,0 +1,288 @@
+//! training_drift's rules (both rule sets): the loss curve and its side
+//! series judged from a [`DriftInput`].
+//!
+//! `rules="robust"` ([`robust`], with the side series in [`side`]) gates CI
+//! on trends, spikes against the curve's own noise and non-finite values;
+//! `rules="sway"` ([`sway`]) is dlm-sway's smoothness, convergence ratio and
+//! MAD spike count. Both were Python first (`tests/reference/drift_rules.py`
+//! is that code, kept as the reference the kernel is compared with), so the
+//! arithmetic here follows Python's operation order and its `min`/`max`
+//! semantics, and every number in a message is spelled by [`pyfmt`].
+
+mod robust;
+mod side;
+mod sway;
+#[cfg(test)]
+mod tests;
+
+use std::path::Path;
+
+use crate::formats::logs::loss_log::LossCurve;
+use crate::store::probe_inputs::{DriftInput, LogsStatus};
+use crate::verdicts::evidence::Evidence;
+use crate::verdicts::{pyfmt, Judged, Value, Verdict};
+
+pub const KIND: &str = "training_drift";
+
+/// Sampled points kept of each curve in the evidence.
+pub const CURVE_SAMPLE_CAP: usize = 512;
+
+/// The resolved options (Python's `DriftOptions`, read by attribute).
+/// `rules` picks the rule set; the options of the other rule set are None.
+#[cfg_attr(feature = "python", derive(pyo3::FromPyObject))]
+#[derive(Debug, Clone, PartialEq)]
+pub struct DriftOptions {
+    pub rules: String,
+    pub min_steps: usize,
+    // rules="sway"
+    pub rolling_window: Option<usize>,
+    pub spike_sigma: Option<f64>,
+    pub assert_smoothness_gte: Option<f64>,
+    pub assert_convergence_ratio_lte: Option<f64>,
+    pub assert_instability_events_lte: Option<usize>,
+    // rules="robust"
+    pub min_spike_records: Option<usize>,
+    pub trend_window: Option<usize>,
+    pub spike_false_alarm: Option<f64>,
+    pub spike_z: Option<f64>,
+    pub min_spike_rise: Option<f64>,
+    pub spike_fall_share: Option<f64>,
+    pub max_spike_events: Option<usize>,
+    pub min_relative_drop: Option<f64>,
+    pub max_regression: Option<f64>,
+    pub max_eval_rise: Option<f64>,
+}
+
+impl DriftOptions {
+    /// The default options of a rule set (`"robust"` or `"sway"`), as
+    /// Python's `DriftOptions(rules=...)` resolves them.
+    pub fn defaults(rules: &str) -> DriftOptions {
+        let sway = rules == "sway";
+        DriftOptions {
+            rules: rules.to_string(),
+            min_steps: if sway { 10 } else { 3 },
+            rolling_window: sway.then_some(10),
+            spike_sigma: sway.then_some(3.0),
+            assert_smoothness_gte: sway.then_some(0.7),
+            assert_convergence_ratio_lte: sway.then_some(0.7),
+            assert_instability_events_lte: sway.then_some(0),
+            min_spike_records: (!sway).then_some(20),
+            trend_window: (!sway).then_some(11),
+            spike_false_alarm: (!sway).then_some(0.01),
+            spike_z: (!sway).then_some(6.0),
+            min_spike_rise: (!sway).then_some(0.1),
+            spike_fall_share: (!sway).then_some(0.1),
+            max_spike_events: (!sway).then_some(0),
+            min_relative_drop: (!sway).then_some(0.02),
+            max_regression: (!sway).then_some(0.1),
+            max_eval_rise: (!sway).then_some(0.2),
+        }
+    }
+}
+
+/// The verdict for one store.
+pub fn judge_drift(input: &DriftInput, o: &DriftOptions) -> Judged {
+    let note = input.note.as_deref().filter(|n| !n.is_empty());
+    match input.status {
+        LogsStatus::NoLogsDir => {
+            let message = note.map_or_else(
+                || format!("{} has no logs/ directory", py_path(&input.store)),
+                str::to_string,
+            );
+            return Judged::bare(KIND, Verdict::Skip, message);
+        }
+        LogsStatus::NoFiles => {
+            let message = note.map_or_else(
+                || format!("no train-*.jsonl files in {}", py_path(&input.logs_dir)),
+                str::to_string,
+            );
+            return Judged::bare(KIND, Verdict::Skip, message);
+        }
+        LogsStatus::Failed => {
+            let message = match &input.error {
+                Some(e) if e.path.as_os_str().is_empty() => e.message.clone(),
+                Some(e) => format!("{}: {}", py_path(&e.path), e.message),
+                None => "None".to_string(),
+            };
+            let paths: Vec<Value> = input.files.iter().map(|p| py_path(p).into()).collect();
+            let mut evidence = Evidence::new();
+            evidence.put("log_paths", Value::List(paths));
+            return Judged::bare(KIND, Verdict::Error, message).with_evidence(evidence);
+        }
+        LogsStatus::Curve => {}
+    }
+    let Some(curve) = &input.curve else {
+        return Judged::bare(KIND, Verdict::Error, "the logs were read but hold no curve");
+    };
+    let num_steps = curve.steps.len();
+    if num_steps < o.min_steps {
+        let span = step_span(&curve.steps);
+        let over = if span > num_steps as i128 {
+            format!(" over {} steps", thousands(span))
+        } else {
+            String::new()
+        };
+        let mut evidence = Evidence::new();
+        evidence.put("num_steps", num_steps);
+        evidence.put("num_log_files", curve.num_files);
+        let message = format!(
+            "{num_steps} logged records{over}, fewer than min_steps={}: too short a curve to judge",
+            o.min_steps
+        );
+        return Judged::bare(KIND, Verdict::Skip, message).with_evidence(evidence);
+    }
+    let judged = if o.rules == "sway" {
+        sway::judge(curve, o)
+    } else {
+        robust::judge(curve, o)
+    };
+    judged.unwrap_or_else(|e| Judged::bare(KIND, Verdict::Error, e))
+}
+
+/// An option the rule set needs, or why it is missing (the Python options
+/// class always sets it; a struct built by hand may not).
+fn need<T: Copy>(value: Option<T>, name: &str, rules: &str) -> Result<T, String> {
+    value.ok_or_else(|| format!("option {name} is not set for rules={rules:?}"))
+}
+
+/// The curve's points sampled for evidence (non-finite losses as None).
+fn curve_sampled(curve: &LossCurve) -> Value {
+    let points = sample_indices(curve.steps.len(), CURVE_SAMPLE_CAP)
+        .into_iter()
+        .filter_map(|i| Some((*curve.steps.get(i)?, *curve.losses.get(i)?)))
+        .collect();
+    Value::Points(points)
+}
+
+/// The indices `LossCurve::sample` keeps: an even stride, the last point always.
+fn sample_indices(n: usize, cap: usize) -> Vec<usize> {
+    let cap = cap.max(1);
+    let stride = if n <= cap { 1 } else { n.div_ceil(cap) };
+    let mut idx: Vec<usize> = (0..n).step_by(stride).collect();
+    if n > 0 && idx.last() != Some(&(n - 1)) {
+        idx.push(n - 1);
+    }
+    idx
+}
+
+/// `steps[-1] - steps[0] + 1` (0 for no steps), without overflow.
+fn step_span(steps: &[i64]) -> i128 {
+    match (steps.first(), steps.last()) {
+        (Some(&a), Some(&b)) => i128::from(b) - i128::from(a) + 1,
+        _ => 0,
+    }
+}
+
+/// `f"{n:,}"` of a wide integer.
+fn thousands(n: i128) -> String {
+    match i64::try_from(n) {
+        Ok(n) => pyfmt::thousands(n),
+        Err(_) => {
+            let digits = n.unsigned_abs().to_string();
+            let mut out = String::new();
+            if n < 0 {
+                out.push('-');
+            }
+            for (i, c) in digits.chars().enumerate() {
+                if i > 0 && (digits.len() - i) % 3 == 0 {
+                    out.push(',');
+                }
+                out.push(c);
+            }
+            out
+        }
+    }
+}
+
+/// An evidence integer of a wide value (saturated to i64; steps are i64).
+fn int_value(n: i128) -> Value {
+    Value::Int(i64::try_from(n).unwrap_or(if n < 0 { i64::MIN } else { i64::MAX }))
+}
+
+/// Up to `limit` steps, `", "`-joined, then `" and N more"`.
+fn steps_text(steps: &[i64], limit: usize) -> String {
+    let shown: Vec<String> = steps.iter().take(limit).map(i64::to_string).collect();
+    let mut out = shown.join(", ");
+    if steps.len() > limit {
+        out.push_str(&format!(" and {} more", steps.len() - limit));
+    }
+    out
+}
+
+/// `"over 2,750 steps (6 logged records)"`: training steps and records, both.
+fn span_text(steps: &[i64]) -> String {
+    let n = steps.len();
+    let s = if n != 1 { "s" } else { "" };
+    let span = step_span(steps);
+    if span == n as i128 {
+        return format!("over {} step{s}", pyfmt::count(n));
+    }
+    format!(
+        "over {} steps ({} logged record{s})",
+        thousands(span),
+        pyfmt::count(n)
+    )
+}
+
+/// The change from head to tail with its sign: `+0.5%` is a rise.
+fn change_text(head: f64, tail: f64) -> String {
+    pyfmt::signed_percent((tail - head) / head.abs(), 1)
+}
+
+/// Python's `max(a, b)`: `a` unless `b > a` (so a NaN `b` loses, a NaN `a` stays).
+fn py_max(a: f64, b: f64) -> f64 {
+    if b > a {
+        b
+    } else {
+        a
+    }
+}
+
+/// Python's `min(a, b)`: `a` unless `b < a`.
+fn py_min(a: f64, b: f64) -> f64 {
+    if b < a {
+        b
+    } else {
+        a
+    }
+}
+
+/// Python's `x ** 0.5` for a count: C `pow` (as CPython calls it), not
+/// `sqrt`, which the compiler would otherwise substitute.
+fn pow_half(x: usize) -> f64 {
+    (x as f64).powf(std::hint::black_box(0.5))
+}
+
+/// `sorted(values)[len(values) // 2]` of finite values (None when empty).
+fn upper_median(values: &[f64]) -> Option<f64> {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(py_order);
+    sorted.get(sorted.len() / 2).copied()
+}
+
+/// Finite floats ordered as Python's `<` orders them (`-0.0 == 0.0`, so a
+/// stable sort keeps their order, as Python's does).
+fn py_order(a: &f64, b: &f64) -> std::cmp::Ordering {
+    a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal)
+}
+
+/// `str(pathlib.Path(p))`: what Python prints for a path the binding hands
+/// over (repeated and trailing separators and `.` parts dropped).
+pub(crate) fn py_path(p: &Path) -> String {
+    let text = p.to_string_lossy();
+    let root = if text.starts_with("//") && !text.starts_with("///") {
+        "//"
+    } else if text.starts_with('/') {
+        "/"
+    } else {
+        ""
+    };
+    let parts: Vec<&str> = text
+        .split('/')
+        .filter(|part| !part.is_empty() && *part != ".")
+        .collect();
+    if root.is_empty() && parts.is_empty() {
+        return ".".to_string();
+    }
+    format!("{root}{}", parts.join("/"))
+}

@@ -1,0 +1,506 @@
+//! `rules="robust"`: trend verdicts (diverged, unstable, regressed, no
+//! progress), spikes against the curve's own noise at a stated false-alarm
+//! rate, non-finite losses, and the side series ([`super::side`]). README's
+//! "How the robust drift rules are built" states each rule.
+
+use super::side::side_findings;
+use super::{
+    change_text, curve_sampled, int_value, need, pow_half, py_max, py_min, sample_indices,
+    span_text, step_span, steps_text, upper_median, DriftOptions, KIND,
+};
+use crate::analysis::robust_curve::{self, RobustCurve, RobustParams};
+use crate::formats::logs::loss_log::LossCurve;
+use crate::verdicts::evidence::Evidence;
+use crate::verdicts::{findings_value, pyfmt, worst, Finding, Judged, Value, Verdict};
+
+/// A final loss that is not finite, or more than this share of non-finite
+/// steps, makes non-finite losses a FAIL rather than a WARN.
+pub const NONFINITE_FAIL_SHARE: f64 = 0.05;
+/// The smoothed loss climbing this share above its start (or three noise
+/// scales, if more) mid-run is an instability, wherever the run ends.
+pub const UNSTABLE_RISE: f64 = 0.25;
+/// A series whose start is below this, and below this share of its largest
+/// value, starts at zero rather than at a loss (a KL-regularised RL objective).
+pub const NEAR_ZERO_START: f64 = 1e-3;
+/// Points of the robust analysis's noise blocks (its default).
+const SCALE_BLOCK: usize = 64;
+
+/// The robust options, all set.
+struct Opts {
+    min_spike_records: usize,
+    trend_window: usize,
+    spike_false_alarm: f64,
+    spike_z: f64,
+    min_spike_rise: f64,
+    spike_fall_share: f64,
+    max_spike_events: usize,
+    min_relative_drop: f64,
+    max_regression: f64,
+    max_eval_rise: f64,
+}
+
+impl Opts {
+    fn of(o: &DriftOptions) -> Result<Opts, String> {
+        let r = o.rules.as_str();
+        Ok(Opts {
+            min_spike_records: need(o.min_spike_records, "min_spike_records", r)?,
+            trend_window: need(o.trend_window, "trend_window", r)?,
+            spike_false_alarm: need(o.spike_false_alarm, "spike_false_alarm", r)?,
+            spike_z: need(o.spike_z, "spike_z", r)?,
+            min_spike_rise: need(o.min_spike_rise, "min_spike_rise", r)?,
+            spike_fall_share: need(o.spike_fall_share, "spike_fall_share", r)?,
+            max_spike_events: need(o.max_spike_events, "max_spike_events", r)?,
+            min_relative_drop: need(o.min_relative_drop, "min_relative_drop", r)?,
+            max_regression: need(o.max_regression, "max_regression", r)?,
+            max_eval_rise: need(o.max_eval_rise, "max_eval_rise", r)?,
+        })
+    }
+
+    /// `DriftOptions.to_dict()`: `rules` and the robust options, in field order.
+    fn to_evidence(&self, o: &DriftOptions) -> Evidence {
+        let mut e = Evidence::new();
+        e.put("rules", o.rules.as_str());
+        e.put("min_steps", o.min_steps);
+        e.put("min_spike_records", self.min_spike_records);
+        e.put("trend_window", self.trend_window);
+        e.put("spike_false_alarm", self.spike_false_alarm);
+        e.put("spike_z", self.spike_z);
+        e.put("min_spike_rise", self.min_spike_rise);
+        e.put("spike_fall_share", self.spike_fall_share);
+        e.put("max_spike_events", self.max_spike_events);
+        e.put("min_relative_drop", self.min_relative_drop);
+        e.put("max_regression", self.max_regression);
+        e.put("max_eval_rise", self.max_eval_rise);
+        e
+    }
+}
+
+/// What every robust answer shares: the evidence the result starts from
+/// and the side series' findings, appended to the loss's own.
+struct Finish {
+    base: Evidence,
+    side: Vec<Finding>,
+}
+
+impl Finish {
+    /// The answer from the loss's findings: the worst verdict of all; PASS
+    /// keeps `score` and says `summary`, else the score is 0.3 (WARN) or 0
+    /// and the message lists every finding.
+    fn answer(
+        self,
+        mut findings: Vec<Finding>,
+        summary: &str,
+        score: f64,
+        raw: Option<f64>,
+        extra: Evidence,
+    ) -> Judged {
+        findings.extend(self.side);
+        let verdict = worst(&findings);
+        let mut evidence = self.base;
+        evidence.put("findings", findings_value(&findings));
+        evidence.extend(extra);
+        let (score, message) = if verdict == Verdict::Pass {
+            (score, summary.to_string())
+        } else {
+            let listed: Vec<String> = findings
+                .iter()
+                .map(|f| format!("{}: {}", f.rule, f.message))
+                .collect();
+            let score = if verdict == Verdict::Warn { 0.3 } else { 0.0 };
+            (score, format!("{} ({summary})", listed.join("; ")))
+        };
+        let mut judged = Judged::bare(KIND, verdict, message)
+            .with_score(score)
+            .with_evidence(evidence);
+        judged.raw = raw;
+        judged
+    }
+}
+
+pub(super) fn judge(curve: &LossCurve, o: &DriftOptions) -> Result<Judged, String> {
+    let opts = Opts::of(o)?;
+    let params = RobustParams {
+        trend_window: opts.trend_window,
+        spike_z: opts.spike_z,
+        min_spike_rise: opts.min_spike_rise,
+        scale_block: SCALE_BLOCK,
+        spike_false_alarm: opts.spike_false_alarm,
+        spike_fall_share: opts.spike_fall_share,
+    };
+    robust_curve::check_params(&params).map_err(|e| e.to_string())?;
+    let (steps, losses) = (&curve.steps, &curve.losses);
+    let num_steps = steps.len();
+    let span = span_text(steps);
+    let (side, side_evidence) = side_findings(curve, opts.max_eval_rise);
+    let mut base = Evidence::new();
+    base.put("rules", "robust");
+    base.put("num_steps", num_steps);
+    base.put("num_records", num_steps);
+    base.put("step_span", int_value(step_span(steps)));
+    base.put("num_log_files", curve.num_files);
+    base.put("log_format", curve.source.as_str());
+    base.put("curve_sampled", curve_sampled(curve));
+    base.extend(side_evidence);
+    base.put("thresholds", opts.to_evidence(o));
+    let finish = Finish { base, side };
+
+    let nonfinite_steps: Vec<i64> = steps
+        .iter()
+        .zip(losses)
+        .filter(|(_, v)| !v.is_finite())
+        .map(|(&s, _)| s)
+        .collect();
+    let analysed = robust_curve::analyse(losses, &params);
+    let Some(a) = analysed.filter(|_| nonfinite_steps.len() < num_steps) else {
+        let finding = Finding::new(
+            Verdict::Fail,
+            "nonfinite_loss",
+            format!("all {num_steps} logged losses are NaN or infinite"),
+        );
+        let mut extra = Evidence::new();
+        extra.put("nonfinite_steps", Value::from(steps.clone()));
+        return Ok(finish.answer(
+            vec![finding],
+            &format!("no finite loss {span}"),
+            0.0,
+            None,
+            extra,
+        ));
+    };
+
+    let mut findings: Vec<Finding> = Vec::new();
+    if let Some(&last) = nonfinite_steps.last() {
+        let last_bad = Some(&last) == steps.last();
+        let share = nonfinite_steps.len() as f64 / num_steps as f64;
+        let severe = last_bad || share > NONFINITE_FAIL_SHARE;
+        findings.push(Finding::new(
+            if severe { Verdict::Fail } else { Verdict::Warn },
+            "nonfinite_loss",
+            format!(
+                "{} NaN/inf losses ({} of records{}) at steps {}",
+                nonfinite_steps.len(),
+                pyfmt::percent(share, 1),
+                if last_bad {
+                    ", the last one included"
+                } else {
+                    ""
+                },
+                steps_text(&nonfinite_steps, 6)
+            ),
+        ));
+    }
+
+    let head = a.head_level;
+    if !(is_positive_loss(losses) && head > 0.0) {
+        let finite: Vec<f64> = losses.iter().copied().filter(|v| v.is_finite()).collect();
+        let (first, last) = (
+            finite.first().copied().unwrap_or(f64::NAN),
+            finite.last().copied().unwrap_or(f64::NAN),
+        );
+        let summary = format!(
+            "objective {} -> {} {span}; not a positive loss (it goes negative or starts at or \
+             near 0: an RL, KL or log-ratio objective?), so only NaN/inf and the side series are \
+             judged, not its trend or spikes",
+            pyfmt::general(first, 4),
+            pyfmt::general(last, 4)
+        );
+        let mut extra = Evidence::new();
+        extra.put("objective", "not_positive");
+        extra.put("nonfinite_steps", Value::from(nonfinite_steps));
+        return Ok(finish.answer(findings, &summary, 0.6, None, extra));
+    }
+    Ok(judge_trend(
+        curve,
+        &a,
+        &opts,
+        findings,
+        nonfinite_steps,
+        &span,
+        finish,
+    ))
+}
+
+/// The trend, spike and noise rules of a positive loss (`a.head_level > 0`).
+fn judge_trend(
+    curve: &LossCurve,
+    a: &RobustCurve,
+    o: &Opts,
+    mut findings: Vec<Finding>,
+    nonfinite_steps: Vec<i64>,
+    span: &str,
+    finish: Finish,
+) -> Judged {
+    let (steps, losses) = (&curve.steps, &curve.losses);
+    let num_steps = steps.len();
+    let step = |i: usize| steps.get(i).copied().unwrap_or(0);
+    let (head, tail, best) = (a.head_level, a.tail_level, a.best_level);
+    let drop = a.relative_drop();
+    let regression = a.relative_regression();
+    // How far apart two level estimates may be by noise alone (3 standard errors).
+    let level_noise =
+        3.0 * a.noise * (if a.relative { 1.0 } else { 1.0 / head }) / pow_half(a.level_points);
+
+    let judge_spikes = num_steps >= o.min_spike_records;
+    let events = if judge_spikes {
+        a.spikes.as_slice()
+    } else {
+        &[]
+    };
+    let spikes: Vec<Spike> = events
+        .iter()
+        .map(|e| Spike {
+            start_step: step(e.start),
+            end_step: step(e.end),
+            peak_step: step(e.peak),
+            rise: e.rise,
+            relative_rise: e.relative_rise,
+            z: e.z.is_finite().then_some(e.z),
+        })
+        .collect();
+    if spikes.len() > o.max_spike_events {
+        let parts: Vec<String> = spikes
+            .iter()
+            .take(6)
+            .map(|s| {
+                let size = if a.relative {
+                    format!("+{} over trend", pyfmt::percent(s.relative_rise, 0))
+                } else {
+                    format!("+{}", pyfmt::general(s.rise, 3))
+                };
+                let scales = match s.z {
+                    Some(z) => format!(", {} noise scales)", pyfmt::fixed(z, 0)),
+                    None => ", noise-free curve)".to_string(),
+                };
+                format!("step {} ({size}{scales}", s.peak_step)
+            })
+            .collect();
+        let more = if spikes.len() > 6 {
+            format!(" and {} more", spikes.len() - 6)
+        } else {
+            String::new()
+        };
+        findings.push(Finding::new(
+            Verdict::Warn,
+            "loss_spikes",
+            format!(
+                "{} loss spike{} beyond {} noise scales (a {} false-alarm threshold for \
+                 {num_steps} records): {}{more}",
+                spikes.len(),
+                if spikes.len() != 1 { "s" } else { "" },
+                pyfmt::fixed(a.spike_threshold, 1),
+                pyfmt::percent(o.spike_false_alarm, 0),
+                parts.join("; ")
+            ),
+        ));
+    }
+
+    let best_step = step(a.best_index);
+    let change = change_text(head, tail);
+    let rise = -drop;
+    // The trend's highest point past the start: a healthy run's smoothed loss
+    // does not climb far above where it began, even when it ends lower.
+    let peak = a.peak_level;
+    let peak_rise = (peak - head) / head;
+    let unstable_limit = py_max(
+        UNSTABLE_RISE,
+        if a.relative {
+            3.0 * a.noise
+        } else {
+            3.0 * a.noise / head
+        },
+    );
+    let g4 = |x: f64| pyfmt::general(x, 4);
+    if rise > py_max(0.05, level_noise) {
+        findings.push(Finding::new(
+            Verdict::Fail,
+            "diverged",
+            format!(
+                "loss ended {} above where it started ({} -> {} {span}; best {} at step {best_step})",
+                pyfmt::percent(rise, 0),
+                g4(head),
+                g4(tail),
+                g4(best)
+            ),
+        ));
+    } else if peak_rise > unstable_limit {
+        findings.push(Finding::new(
+            Verdict::Warn,
+            "unstable",
+            format!(
+                "the loss trend climbed {} above where it started ({} -> {} at step {}) before \
+                 ending at {}",
+                pyfmt::percent(peak_rise, 0),
+                g4(head),
+                g4(peak),
+                step(a.peak_index),
+                g4(tail)
+            ),
+        ));
+    } else if regression
+        > py_max(
+            o.max_regression,
+            regression_noise(a, num_steps, head, o.trend_window),
+        )
+    {
+        findings.push(Finding::new(
+            Verdict::Warn,
+            "regressed",
+            format!(
+                "loss climbed back from its best by {} of its starting level ({} at step \
+                 {best_step} -> {} at the end), more than {}",
+                pyfmt::percent(regression, 0),
+                g4(best),
+                g4(tail),
+                pyfmt::percent(o.max_regression, 0)
+            ),
+        ));
+    } else if drop < o.min_relative_drop && thirds_drop_bound(losses, a.noise) < o.min_relative_drop
+    {
+        // Even allowing for noise, it fell less than required.
+        findings.push(Finding::new(
+            Verdict::Warn,
+            "no_progress",
+            format!(
+                "loss did not fall: {change} {span} ({} -> {}), less than the {} fall required",
+                g4(head),
+                g4(tail),
+                pyfmt::percent(o.min_relative_drop, 0)
+            ),
+        ));
+    }
+
+    let noise_text = if a.relative {
+        pyfmt::percent(a.noise, 1)
+    } else {
+        pyfmt::general(a.noise, 3)
+    };
+    let spike_note = if judge_spikes {
+        "no spikes".to_string()
+    } else {
+        format!(
+            "spikes not judged ({num_steps} records, fewer than {})",
+            o.min_spike_records
+        )
+    };
+    let mut summary = format!(
+        "loss {} -> {} ({change}) {span}, noise {noise_text}",
+        g4(head),
+        g4(tail)
+    );
+    if findings.is_empty() && finish.side.is_empty() {
+        summary.push_str(&format!("; {spike_note}, no NaN/inf losses"));
+    }
+    let score = 0.6 + 0.4 * py_min(1.0, py_max(0.0, drop) / 0.5);
+
+    let mut e = Evidence::new();
+    e.put("head_loss", head);
+    e.put("tail_loss", tail);
+    e.put("best_loss", best);
+    e.put("best_step", best_step);
+    e.put("relative_drop", drop);
+    e.put("relative_regression", regression);
+    e.put("noise", a.noise);
+    e.put("noise_is_relative", a.relative);
+    e.put("spikes_judged", judge_spikes);
+    e.put("spike_threshold", a.spike_threshold);
+    e.put(
+        "spikes",
+        Value::List(spikes.iter().map(Spike::to_value).collect()),
+    );
+    e.put(
+        "spike_steps",
+        Value::from(spikes.iter().map(|s| s.peak_step).collect::<Vec<i64>>()),
+    );
+    e.put("nonfinite_steps", Value::from(nonfinite_steps));
+    let trend_sampled = sample_indices(num_steps, super::CURVE_SAMPLE_CAP)
+        .into_iter()
+        .map(|i| {
+            let t = a.trend.get(i).copied().unwrap_or(f64::NAN);
+            Value::List(vec![Value::Int(step(i)), Value::Float(t)])
+        })
+        .collect();
+    e.put("trend_sampled", Value::List(trend_sampled));
+    finish.answer(findings, &summary, score, Some(drop), e)
+}
+
+/// One spike event as the evidence lists it.
+struct Spike {
+    start_step: i64,
+    end_step: i64,
+    peak_step: i64,
+    rise: f64,
+    relative_rise: f64,
+    /// None: a noise-free curve.
+    z: Option<f64>,
+}
+
+impl Spike {
+    fn to_value(&self) -> Value {
+        let mut e = Evidence::new();
+        e.put("start_step", self.start_step);
+        e.put("end_step", self.end_step);
+        e.put("peak_step", self.peak_step);
+        e.put("rise", self.rise);
+        e.put("relative_rise", self.relative_rise);
+        e.put("z", self.z);
+        Value::Map(e)
+    }
+}
+
+/// Whether the series reads as a loss to be minimised from a positive start.
+///
+/// Cross-entropy and its kin start well above zero and stay >= 0; exact
+/// zeros later on are judged (NaN masking, memorisation). A negative value,
+/// a start at or below zero, or a start that is near zero next to the rest
+/// of the series (GRPO's loss grows from ~1e-8 with its KL term) is some
+/// other objective, for which "fell by x%" means nothing.
+fn is_positive_loss(losses: &[f64]) -> bool {
+    let finite: Vec<f64> = losses.iter().copied().filter(|v| v.is_finite()).collect();
+    if finite.is_empty() || finite.iter().any(|&v| v < 0.0) {
+        return false;
+    }
+    let head = finite.get(..3).unwrap_or(&finite);
+    let Some(start) = upper_median(head) else {
+        return false;
+    };
+    let largest = finite.iter().copied().fold(f64::NEG_INFINITY, py_max);
+    let near_zero = start < NEAR_ZERO_START && start < NEAR_ZERO_START * largest;
+    start > 0.0 && !near_zero
+}
+
+/// How far above its best a healthy run's end level can sit by noise
+/// alone, as a share of the start: three standard errors of the end level
+/// (a median of `level_points` records) plus the expected depth of the
+/// lowest of the trend's independent windows below the true level (the
+/// best level is a minimum, so it is biased low by about sqrt(2 ln m) of
+/// them).
+fn regression_noise(a: &RobustCurve, n: usize, head: f64, window: usize) -> f64 {
+    let per_point = 1.2533 * a.noise; // standard error factor of a median
+    let tail_scale = if a.relative { a.tail_level.abs() } else { 1.0 };
+    let best_scale = if a.relative { a.best_level.abs() } else { 1.0 };
+    let w = window.max(1);
+    let windows = (n / w).max(2);
+    let end = 3.0 * per_point * tail_scale / pow_half(a.level_points);
+    let low = per_point * best_scale / pow_half(w) * (2.0 * (windows as f64).ln()).sqrt();
+    (end + low) / head
+}
+
+/// An upper bound on how far the loss fell, from the medians of the first
+/// and last thirds of the records (more points than the start and end
+/// levels, so a flat curve is told from a noisy one): the relative drop
+/// plus three standard errors of a median of that many points.
+fn thirds_drop_bound(losses: &[f64], noise: f64) -> f64 {
+    let finite: Vec<f64> = losses.iter().copied().filter(|v| v.is_finite()).collect();
+    let third = (finite.len() / 3).max(1);
+    let first = finite.get(..third).and_then(upper_median);
+    let last = finite
+        .get(finite.len().saturating_sub(third)..)
+        .and_then(upper_median);
+    let (Some(first), Some(last)) = (first, last) else {
+        return f64::INFINITY;
+    };
+    if first.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
+        return f64::INFINITY; // nothing to measure a fall against
+    }
+    (first - last) / first + 3.0 * 1.2533 * noise / pow_half(third)
+}

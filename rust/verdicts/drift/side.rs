@@ -1,0 +1,197 @@
+//! The robust rules on what the logs carry beside the loss: the gradient
+//! norm (NaN masking, non-finite and zero norms), the learning rate (zero
+//! for most of the run) and the eval loss (non-finite, rising while the
+//! training loss falls).
+
+use super::{pyfmt, steps_text, upper_median, CURVE_SAMPLE_CAP};
+use crate::analysis::series;
+use crate::formats::logs::loss_log::LossCurve;
+use crate::verdicts::evidence::Evidence;
+use crate::verdicts::{Finding, Value, Verdict};
+
+/// Non-finite gradient norms on more than this share of records (or on the
+/// last one) WARN; fewer are what fp16 loss scaling does while it calibrates.
+pub const NONFINITE_GRAD_SHARE: f64 = 0.05;
+/// Zero gradient norms or a zero learning rate on more than this share of
+/// the logged records: nothing was training for most of the run.
+pub const ZERO_SHARE: f64 = 0.5;
+/// Eval points needed before the eval loss is judged.
+pub const MIN_EVAL_POINTS: usize = 3;
+
+/// Findings and evidence from the side series of `curve`.
+pub(super) fn side_findings(curve: &LossCurve, max_eval_rise: f64) -> (Vec<Finding>, Evidence) {
+    let mut findings = Vec::new();
+    let mut evidence = Evidence::new();
+    let (steps, losses) = (&curve.steps, &curve.losses);
+
+    let grad = &curve.side.grad_norm;
+    if !grad.is_empty() {
+        let s = series::summarize(grad, CURVE_SAMPLE_CAP);
+        evidence.put("grad_norm_sampled", points(&s.sampled));
+        let (bad, n) = (&s.nonfinite_steps, s.len);
+        // The Trainer's NaN masking: NaN gradients, and the loss logged as 0.0.
+        let masked: Vec<i64> = bad
+            .iter()
+            .copied()
+            .filter(|&b| loss_at(steps, losses, b) == Some(0.0))
+            .collect();
+        let last_bad = bad.last().is_some() && bad.last() == s.sampled.last().map(|p| &p.0);
+        let share = bad.len() as f64 / n as f64;
+        if !masked.is_empty() {
+            findings.push(Finding::new(
+                Verdict::Fail,
+                "nan_masked",
+                format!(
+                    "the loss is logged as exactly 0.0 with NaN/inf gradient norms at {} records \
+                     (steps {}): the weights went NaN and the trainer masked the loss",
+                    masked.len(),
+                    steps_text(&masked, 6)
+                ),
+            ));
+        } else if !bad.is_empty() && (share > NONFINITE_GRAD_SHARE || last_bad) {
+            findings.push(Finding::new(
+                Verdict::Warn,
+                "nonfinite_grad_norm",
+                format!(
+                    "{} NaN/inf gradient norms ({} of records{}) at steps {}",
+                    bad.len(),
+                    pyfmt::percent(share, 1),
+                    if last_bad {
+                        ", the last one included"
+                    } else {
+                        ""
+                    },
+                    steps_text(bad, 6)
+                ),
+            ));
+        }
+        if s.zeros as f64 > ZERO_SHARE * n as f64 {
+            findings.push(Finding::new(
+                Verdict::Warn,
+                "zero_gradients",
+                format!(
+                    "the gradient norm is exactly 0 at {} of {n} logged records: nothing is \
+                     being trained (frozen parameters, or a LoRA B and A that cannot move)",
+                    s.zeros
+                ),
+            ));
+        }
+    }
+
+    let lr = &curve.side.learning_rate;
+    if !lr.is_empty() {
+        let s = series::summarize(lr, CURVE_SAMPLE_CAP);
+        evidence.put("learning_rate_sampled", points(&s.sampled));
+        if s.zeros as f64 > ZERO_SHARE * s.len as f64 {
+            findings.push(Finding::new(
+                Verdict::Warn,
+                "zero_learning_rate",
+                format!(
+                    "the learning rate is 0 at {} of {} logged records",
+                    s.zeros, s.len
+                ),
+            ));
+        }
+    }
+
+    let evals = &curve.side.eval_loss;
+    if !evals.is_empty() {
+        let s = series::summarize(evals, CURVE_SAMPLE_CAP);
+        evidence.put("eval_loss_sampled", points(&s.sampled));
+        let bad: Vec<i64> = evals
+            .iter()
+            .filter(|p| !p.1.is_finite())
+            .map(|p| p.0)
+            .collect();
+        let finite: Vec<(i64, f64)> = evals.iter().copied().filter(|p| p.1.is_finite()).collect();
+        if !bad.is_empty() {
+            findings.push(Finding::new(
+                Verdict::Fail,
+                "nonfinite_eval_loss",
+                format!(
+                    "{} NaN/inf eval losses at steps {}",
+                    bad.len(),
+                    steps_text(&bad, 6)
+                ),
+            ));
+        }
+        if finite.len() >= MIN_EVAL_POINTS && finite.iter().all(|p| p.1 > 0.0) {
+            eval_rise(curve, &finite, max_eval_rise, &mut findings, &mut evidence);
+        }
+    }
+    (findings, evidence)
+}
+
+/// The eval loss's best, its end, and whether it rose while training fell.
+fn eval_rise(
+    curve: &LossCurve,
+    finite: &[(i64, f64)],
+    max_eval_rise: f64,
+    findings: &mut Vec<Finding>,
+    evidence: &mut Evidence,
+) {
+    // Python's min(key=...): the first of equal minima.
+    let Some(&(best_step, best)) = finite
+        .iter()
+        .reduce(|acc, p| if p.1 < acc.1 { p } else { acc })
+    else {
+        return;
+    };
+    let Some(&(last_step, last)) = finite.last() else {
+        return;
+    };
+    let rise = (last - best) / best;
+    evidence.put("eval_best_loss", best);
+    evidence.put("eval_best_step", best_step);
+    evidence.put("eval_final_loss", last);
+    let train_fell = train_fell_between(&curve.steps, &curve.losses, best_step, last_step);
+    if rise > max_eval_rise && train_fell {
+        findings.push(Finding::new(
+            Verdict::Warn,
+            "eval_rising",
+            format!(
+                "eval loss rose {} from its best ({} at step {best_step} -> {} at step \
+                 {last_step}) while the training loss fell: overfitting",
+                pyfmt::percent(rise, 0),
+                pyfmt::general(best, 4),
+                pyfmt::general(last, 4)
+            ),
+        ));
+    }
+}
+
+/// The loss logged at `step` (steps are distinct).
+fn loss_at(steps: &[i64], losses: &[f64], step: i64) -> Option<f64> {
+    let i = steps.binary_search(&step).ok()?;
+    losses.get(i).copied()
+}
+
+/// Whether the training loss is lower around `last` than around `first`
+/// (medians of the three finite records nearest each step).
+fn train_fell_between(steps: &[i64], losses: &[f64], first: i64, last: i64) -> bool {
+    last > first && level_at(steps, losses, last) < level_at(steps, losses, first)
+}
+
+/// The upper median of the three finite losses nearest `step` (by step
+/// distance, ties by value, as Python sorts the pairs); NaN without any.
+fn level_at(steps: &[i64], losses: &[f64], step: i64) -> f64 {
+    let mut near: Vec<(i128, f64)> = steps
+        .iter()
+        .zip(losses)
+        .filter(|(_, v)| v.is_finite())
+        .map(|(&s, &v)| ((i128::from(s) - i128::from(step)).abs(), v))
+        .collect();
+    near.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| super::py_order(&a.1, &b.1)));
+    let vals: Vec<f64> = near.iter().take(3).map(|p| p.1).collect();
+    upper_median(&vals).unwrap_or(f64::NAN)
+}
+
+/// Sampled `(step, value | None)` points as evidence.
+fn points(sampled: &[(i64, Option<f64>)]) -> Value {
+    Value::Points(
+        sampled
+            .iter()
+            .map(|&(s, v)| (s, v.unwrap_or(f64::NAN)))
+            .collect(),
+    )
+}
