@@ -1,0 +1,134 @@
+"""adapter_weights' and full_weights' Rust kernels against their plain-Python
+references (tests/reference/weights_rules.py, full_weights_rules.py),
+judging the same inputs in one run.
+
+    python benches/bench_weights_kernel.py [--layers 32] [--repeat 200]
+
+Inputs: rust/testdata's real adapters (each with the one before it as its
+previous version), and reports shaped like a LoRA adapter on every
+projection of a ``--layers``-layer model (7 modules a layer, norms spread
+over decades) and like a full model of as many layers. Each timing is the
+best of 3 rounds of ``--repeat`` judgements, through ``judge_weights`` /
+``judge_full_weights`` (the kernel and the ProbeResult it builds) and
+through the reference. Both answers are checked equal first, so the ratio
+compares like with like.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from _timing import best_of, report
+from reference import full_weights_rules, weights_rules
+
+from adapterprobe import _core
+from adapterprobe.probes.full_weights import FullWeightsOptions, judge_full_weights
+from adapterprobe.probes.weights import WeightsOptions, judge_weights
+
+ROOT = Path(__file__).resolve().parents[1]
+MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def lora_report(layers: int, seed: int = 0) -> Any:
+    rng = random.Random(seed)
+    mods, energy = [], []
+    for layer in range(layers):
+        for m in MODULES:
+            delta = 10.0 ** rng.uniform(-3, 0)
+            mods.append(
+                _core.make_lora_module_stats(
+                    f"base_model.model.model.layers.{layer}.self_attn.{m}",
+                    layer=layer,
+                    rank=16,
+                    norm_a=rng.uniform(1, 3),
+                    norm_b=delta,
+                    delta_fro=delta,
+                    stable_rank=rng.uniform(1, 8),
+                    rank_used=rng.randint(4, 16),
+                )
+            )
+        energy.append(_core.make_layer_energy(layer, len(MODULES), rng.random()))
+    config = _core.make_config_summary("/a/adapter_config.json", 16, 32.0)
+    w = _core.make_adapter_weights("/a/adapter_model.safetensors", config, mods, [], energy)
+    return _core.make_weights_input("/a", weights=w)
+
+
+def full_report(layers: int) -> Any:
+    tensors = [
+        _core.make_tensor_stats(f"model.layers.{i}.{m}.weight", norm=1.0)
+        for i in range(layers)
+        for m in MODULES
+    ]
+    per_layer = [_core.make_layer_weights(i, norm=1.0 + i) for i in range(layers)]
+    w = _core.make_full_weights(
+        "/m/model.safetensors", ["/m/model.safetensors"], tensors, per_layer
+    )
+    return _core.make_full_weights_input("/m", model_file="/m/model.safetensors", weights=w)
+
+
+def timed(
+    label: str, repeat: int, cases: list[tuple[Any, ...]], ours: Callable[..., Any], ref: Callable
+) -> None:
+    for case in cases:
+        got, want = ours(*case), ref(*case)
+        # repr: NaN evidence (a NaN adapter's layer energy) compares equal.
+        assert repr((got.verdict, got.message, got.evidence)) == repr(
+            (want.verdict, want.message, want.evidence)
+        ), label
+
+    def run(judge: Callable[..., Any]) -> Callable[[], None]:
+        def go() -> None:
+            for _ in range(repeat):
+                for case in cases:
+                    judge(*case)
+
+        return go
+
+    report(f"{label} x{repeat}", best_of(run(ours)), "Python reference", best_of(run(ref)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--repeat", type=int, default=200)
+    args = parser.parse_args()
+    fixtures = sorted(p for p in (ROOT / "rust/testdata/weights").iterdir() if p.is_dir())
+    real = [_core.weights_input(p) for p in fixtures]
+    options = WeightsOptions(rules="robust")
+    real_cases = [(x, options, real[i - 1] if i else None) for i, x in enumerate(real)]
+    lora_cases = [(lora_report(args.layers), options, None)]
+
+    def kernel(x: Any, o: WeightsOptions, previous: Any) -> Any:
+        return judge_weights(x, o, previous=previous)
+
+    def reference(x: Any, o: WeightsOptions, previous: Any) -> Any:
+        return weights_rules.judge_weights(x, o, previous=previous)
+
+    timed("adapter_weights, rust/testdata adapters", args.repeat, real_cases, kernel, reference)
+    timed(
+        f"adapter_weights, {args.layers}-layer LoRA ({args.layers * len(MODULES)} modules)",
+        args.repeat,
+        lora_cases,
+        kernel,
+        reference,
+    )
+    full_cases = [(full_report(args.layers), FullWeightsOptions(rules="robust"))]
+    timed(
+        f"full_weights, {args.layers}-layer model",
+        args.repeat,
+        full_cases,
+        judge_full_weights,
+        full_weights_rules.judge_full_weights,
+    )
+
+
+if __name__ == "__main__":
+    main()
