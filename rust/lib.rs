@@ -30,4 +30,12 @@ pub mod verdicts;
 #[cfg(feature = "python")]
 mod py;
 
+/// The extension allocates through mimalloc: a scan makes millions of small
+/// short-lived allocations on every core (pickle values, evidence, JSON
+/// text), which glibc's allocator serves markedly slower. Local-dynamic TLS,
+/// since the extension is loaded with `dlopen`.
+#[cfg(feature = "python")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 pub use error::{Area, Error, Result};

@@ -30,21 +30,48 @@ pub type Root = Option<Arc<PathBuf>>;
 
 thread_local! {
     static ROOT: RefCell<Root> = const { RefCell::new(None) };
-    /// Real paths already resolved on this thread (see `real_path`); None
-    /// (no caching) unless the thread is a scan pool's (`cache_real_paths`).
-    static REAL: RefCell<Option<HashMap<PathBuf, PathBuf>>> = const { RefCell::new(None) };
+    /// Real paths already resolved on this thread (see `real_path`), with
+    /// the generation they belong to; None (no caching) unless the thread is
+    /// a scan pool's (`cache_real_paths`).
+    static REAL: RefCell<Option<(u64, HashMap<PathBuf, PathBuf>)>> = const { RefCell::new(None) };
+}
+
+/// The current generation of the threads' caches of real paths: each scan
+/// call starts a new one, and a thread's cache from an older one is dropped
+/// before it is read.
+static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Make every cache of real paths stale: called as each scan call starts,
+/// so what was resolved is never trusted beyond the call that resolved it.
+pub fn forget_real_paths() {
+    GENERATION.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// This thread's cache, emptied first when it is of an older generation.
+fn with_cache<R>(f: impl FnOnce(&mut HashMap<PathBuf, PathBuf>) -> R) -> Option<R> {
+    let now = GENERATION.load(std::sync::atomic::Ordering::SeqCst);
+    REAL.with(|r| {
+        let mut slot = r.borrow_mut();
+        let (generation, map) = slot.as_mut()?;
+        if *generation != now {
+            map.clear();
+            *generation = now;
+        }
+        Some(f(map))
+    })
 }
 
 /// Most real paths a thread keeps before starting afresh.
 const REAL_CACHE_MAX: usize = 8192;
 
-/// Let this thread remember resolved paths until it ends: for the threads
-/// of one scan's pool (`store::scan::pool`), which live for one call, so
-/// nothing remembered outlives the scan that resolved it. Each store's
-/// paths then cost one `lstat` per new directory instead of a `getcwd`
-/// and a `readlink` per component from `/` down.
+/// Let this thread remember resolved paths (for the threads of the scan
+/// pools, `store::scan::pool`), each only within the scan call that
+/// resolved it (see `forget_real_paths`). Each store's paths then cost one
+/// `lstat` per new directory instead of a `getcwd` and a `readlink` per
+/// component from `/` down.
 pub fn cache_real_paths() {
-    REAL.with(|r| *r.borrow_mut() = Some(HashMap::new()));
+    let now = GENERATION.load(std::sync::atomic::Ordering::SeqCst);
+    REAL.with(|r| *r.borrow_mut() = Some((now, HashMap::new())));
 }
 
 /// `fs::canonicalize(path)`, through this thread's cache when it has one:
@@ -65,7 +92,7 @@ fn real_path(path: &Path) -> std::io::Result<PathBuf> {
 
 fn resolve_cached(path: &Path) -> std::io::Result<PathBuf> {
     use std::path::Component;
-    if let Some(hit) = REAL.with(|r| r.borrow().as_ref().and_then(|m| m.get(path).cloned())) {
+    if let Some(hit) = with_cache(|m| m.get(path).cloned()).flatten() {
         return Ok(hit);
     }
     let plain = path
@@ -81,13 +108,11 @@ fn resolve_cached(path: &Path) -> std::io::Result<PathBuf> {
         }
         _ => std::fs::canonicalize(path)?,
     };
-    REAL.with(|r| {
-        if let Some(map) = r.borrow_mut().as_mut() {
-            if map.len() >= REAL_CACHE_MAX {
-                map.clear();
-            }
-            map.insert(path.to_path_buf(), real.clone());
+    with_cache(|map| {
+        if map.len() >= REAL_CACHE_MAX {
+            map.clear();
         }
+        map.insert(path.to_path_buf(), real.clone());
     });
     Ok(real)
 }
@@ -270,6 +295,21 @@ mod tests {
                 }
             }
             assert!(real_path(&cases[0].join("missing")).is_err());
+            // A directory swapped for a link: trusted no longer once the
+            // next scan call starts a new generation.
+            let swapped = cases[0].join("swapped");
+            std::fs::create_dir(&swapped).unwrap();
+            assert_eq!(
+                real_path(&swapped).unwrap(),
+                std::fs::canonicalize(&swapped).unwrap()
+            );
+            std::fs::remove_dir(&swapped).unwrap();
+            std::os::unix::fs::symlink(cases[1].join("d"), &swapped).unwrap();
+            forget_real_paths();
+            assert_eq!(
+                real_path(&swapped).unwrap(),
+                std::fs::canonicalize(&swapped).unwrap()
+            );
         })
         .join()
         .unwrap();

@@ -59,7 +59,10 @@ pub fn push_f64(out: &mut String, x: f64) -> bool {
     }
     let mut buffer = zmij::Buffer::new();
     let shortest = buffer.format_finite(x);
-    let (digits, point) = decimal_digits(shortest);
+    let mut digit_bytes = [0u8; MAX_DIGITS];
+    let (len, point) = decimal_digits(shortest, &mut digit_bytes);
+    // ASCII digits only, so this cannot fail.
+    let digits = std::str::from_utf8(digit_bytes.get(..len).unwrap_or_default()).unwrap_or("");
     if x.is_sign_negative() {
         out.push('-');
     }
@@ -72,9 +75,9 @@ pub fn push_f64(out: &mut String, x: f64) -> bool {
         if point <= 0 {
             out.push_str("0.");
             out.extend(std::iter::repeat_n('0', (-point) as usize));
-            out.push_str(&digits);
+            out.push_str(digits);
         } else if point >= n {
-            out.push_str(&digits);
+            out.push_str(digits);
             out.extend(std::iter::repeat_n('0', (point - n) as usize));
             out.push_str(".0");
         } else {
@@ -95,10 +98,14 @@ pub fn push_f64(out: &mut String, x: f64) -> bool {
     true
 }
 
+/// More significant digits than a shortest round-trip f64 ever has (17).
+const MAX_DIGITS: usize = 32;
+
 /// The significant digits of a formatted float (no sign, no leading or
-/// trailing zeros) and the decimal point's position: the value is
-/// `0.DIGITS x 10^point`. Empty digits mean zero.
-fn decimal_digits(formatted: &str) -> (String, i32) {
+/// trailing zeros), written into `digits` (on the stack: a scan writes
+/// hundreds of floats per record), and the decimal point's position: the
+/// value is `0.DIGITS x 10^point`. Zero digits mean zero.
+fn decimal_digits(formatted: &str, digits: &mut [u8; MAX_DIGITS]) -> (usize, i32) {
     let unsigned = formatted.trim_start_matches('-');
     let (mantissa, exponent) = match unsigned.find(['e', 'E']) {
         Some(at) => (
@@ -108,11 +115,21 @@ fn decimal_digits(formatted: &str) -> (String, i32) {
         None => (unsigned, 0),
     };
     let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
-    let all: String = whole.chars().chain(fraction.chars()).collect();
-    let leading = all.len() - all.trim_start_matches('0').len();
-    let digits = all.trim_matches('0').to_string();
-    let point = whole.len() as i32 - leading as i32 + exponent;
-    (digits, point)
+    let mut len = 0;
+    let mut leading = 0;
+    for b in whole.bytes().chain(fraction.bytes()) {
+        if len == 0 && b == b'0' {
+            leading += 1;
+        } else if let Some(slot) = digits.get_mut(len) {
+            *slot = b;
+            len += 1;
+        }
+    }
+    while len > 0 && digits.get(len - 1) == Some(&b'0') {
+        len -= 1;
+    }
+    let point = whole.len() as i32 - leading + exponent;
+    (len, point)
 }
 
 #[cfg(test)]

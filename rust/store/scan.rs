@@ -307,12 +307,17 @@ pub fn probe_targets(targets: &[Target], wanted: Wanted) -> Vec<TargetInputs> {
 /// and small enough that starting them is instant.
 pub const MAX_WORKERS: usize = 256;
 
-/// A rayon pool of `workers` threads (None: one per core).
-pub fn pool(workers: Option<usize>) -> Result<rayon::ThreadPool> {
-    // The pool lives for one call, and its threads' cache of resolved
-    // paths with it (see `confine::cache_real_paths`).
-    let mut builder =
-        rayon::ThreadPoolBuilder::new().start_handler(|_| crate::io::confine::cache_real_paths());
+/// The scan pools made so far, by size (None: one thread per core), with
+/// the process that made them: a forked child has none of their threads.
+type Pools = std::collections::HashMap<Option<usize>, (u32, std::sync::Arc<rayon::ThreadPool>)>;
+static POOLS: std::sync::Mutex<Option<Pools>> = std::sync::Mutex::new(None);
+
+/// The rayon pool of `workers` threads (None: one per core) that scans run
+/// on. Pools are kept for the process, so a scan's batches reuse warm
+/// threads; each call starts a new generation of the threads' cache of
+/// resolved paths (`confine::forget_real_paths`), so nothing resolved
+/// outlives the call that resolved it.
+pub fn pool(workers: Option<usize>) -> Result<std::sync::Arc<rayon::ThreadPool>> {
     if let Some(n) = workers {
         if n == 0 || n > MAX_WORKERS {
             return Err(Error::new(
@@ -321,11 +326,29 @@ pub fn pool(workers: Option<usize>) -> Result<rayon::ThreadPool> {
                 format!("workers must be between 1 and {MAX_WORKERS}, got {n}"),
             ));
         }
+    }
+    crate::io::confine::forget_real_paths();
+    let pid = std::process::id();
+    let mut pools = POOLS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let pools = pools.get_or_insert_with(Default::default);
+    if let Some((made_by, pool)) = pools.get(&workers) {
+        if *made_by == pid {
+            return Ok(pool.clone());
+        }
+    }
+    let mut builder =
+        rayon::ThreadPoolBuilder::new().start_handler(|_| crate::io::confine::cache_real_paths());
+    if let Some(n) = workers {
         builder = builder.num_threads(n);
     }
-    builder
-        .build()
-        .map_err(|e| Error::new(Area::Usage, "", format!("cannot start worker threads: {e}")))
+    let made =
+        std::sync::Arc::new(builder.build().map_err(|e| {
+            Error::new(Area::Usage, "", format!("cannot start worker threads: {e}"))
+        })?);
+    pools.insert(workers, (pid, made.clone()));
+    Ok(made)
 }
 
 #[cfg(test)]
