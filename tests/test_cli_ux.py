@@ -221,3 +221,33 @@ def test_table_wrap_is_textwraps(text, width):
 
     expected = textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False) or [""]
     assert wrap(text, width) == expected
+
+
+def _short_path_by_relpath(path, base):
+    if path is None:
+        return "-"
+    try:
+        rel = os.path.relpath(path, base) if base else path
+    except ValueError:
+        return path
+    if rel in (".", ""):
+        return os.path.basename(os.path.normpath(path)) or path
+    return path if rel.startswith("..") else rel
+
+
+_part = st.sampled_from(["a", "b", ".data", "..", ".", "store-1", "v0001", ""])
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    base=st.lists(_part, max_size=4),
+    rest=st.lists(_part, max_size=4),
+    absolute=st.booleans(),
+)
+def test_table_short_path_is_relpaths(base, rest, absolute):
+    from adapterprobe.cli.table import short_path
+
+    lead = "/" if absolute else ""
+    b = lead + "/".join(base)
+    p = lead + "/".join(base + rest)
+    assert short_path(p, b) == _short_path_by_relpath(p, b)

@@ -45,6 +45,18 @@ def short_path(path: str | None, base: str) -> str:
     `base` itself (a store checked alone is named, not shown as '.')."""
     if path is None:
         return "-"
+    # Below `base`, both normalized (records' paths are): the suffix, which
+    # is what relpath gives, without its getcwd calls.
+    if (
+        base
+        and path.startswith(base)
+        and not base.endswith("/")
+        and path[len(base) : len(base) + 1] == "/"
+        and os.path.normpath(path) == path
+        and os.path.normpath(base) == base
+        and not path[len(base) + 1 :].startswith("..")
+    ):
+        return path[len(base) + 1 :]
     try:
         rel = os.path.relpath(path, base) if base else path
     except ValueError:
