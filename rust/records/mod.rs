@@ -70,9 +70,11 @@ pub fn scan_records(targets: &[Target], options: &ScanOptions, json: bool) -> Ve
     let per_target: Vec<Vec<Record>> = targets
         .par_iter()
         .map(|t| {
-            let root = t.root.clone().map(std::sync::Arc::new);
-            let inputs = confine::within(root, || gather(t, wanted));
-            let mut records = assemble::records_for(&inputs, options);
+            let mut records = guarded(t, options, || {
+                let root = t.root.clone().map(std::sync::Arc::new);
+                let inputs = confine::within(root, || gather(t, wanted));
+                assemble::records_for(&inputs, options)
+            });
             if json {
                 for r in &mut records {
                     r.json = Some(json::record_json(r));
@@ -82,4 +84,81 @@ pub fn scan_records(targets: &[Target], options: &ScanOptions, json: bool) -> Ve
         })
         .collect();
     per_target.into_iter().flatten().collect()
+}
+
+/// The records `make` returns for target `t`; should it panic (a bug: no
+/// reader or rule is meant to), one `error` record per probe asked for,
+/// naming what failed, so one store can never stop a scan.
+fn guarded(t: &Target, options: &ScanOptions, make: impl FnOnce() -> Vec<Record>) -> Vec<Record> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(make)) {
+        Ok(records) => records,
+        Err(payload) => {
+            let why = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "an internal error".to_string());
+            let kinds = [
+                (options.drift.is_some(), crate::verdicts::drift::KIND),
+                (options.weights.is_some(), crate::verdicts::weights::KIND),
+                (
+                    options.full_weights.is_some(),
+                    crate::verdicts::full_weights::KIND,
+                ),
+                (options.ghost.is_some(), crate::verdicts::ghost::KIND),
+            ];
+            kinds
+                .into_iter()
+                .filter(|(asked, _)| *asked)
+                .map(|(_, kind)| Record {
+                    store: path_text::python_path(&t.store),
+                    adapter: None,
+                    layout: t.layout.clone(),
+                    checkpoint_kind: t.checkpoint_kind.clone(),
+                    judged: Judged::bare(
+                        kind,
+                        crate::verdicts::Verdict::Error,
+                        format!(
+                            "{kind} failed while judging this store: {} (a bug in \
+                             adapterprobe; please report it)",
+                            crate::io::excerpt::excerpt(&why)
+                        ),
+                    ),
+                    json: None,
+                })
+                .collect()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[allow(clippy::panic)]
+    fn a_panic_while_judging_becomes_error_records_for_that_store_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let t = Target {
+            store: tmp.path().join("store"),
+            layout: "dlm".to_string(),
+            versions: vec![],
+            broken: vec![],
+            with_logs: true,
+            log_root: None,
+            checkpoint_kind: None,
+            root: None,
+        };
+        let options = ScanOptions {
+            drift: Some(crate::verdicts::drift::DriftOptions::defaults("robust")),
+            ..ScanOptions::default()
+        };
+        let out = guarded(&t, &options, || panic!("index out of bounds"));
+        assert_eq!(out.len(), 1);
+        let j = &out[0].judged;
+        assert_eq!(j.verdict, crate::verdicts::Verdict::Error);
+        assert_eq!(j.kind, "training_drift");
+        assert!(j.message.contains("index out of bounds"), "{}", j.message);
+        assert!(guarded(&t, &options, Vec::new).is_empty());
+    }
 }
