@@ -1,5 +1,5 @@
 //! What each probe needs about a store or an adapter version, read per
-//! layout. Reading only: the verdicts are the Python probes', so a scan and
+//! layout. Reading only: the verdicts are `verdicts`' kernels, so a scan and
 //! a single probe can never disagree. A layout that cannot feed a probe says
 //! why in `note` (the probe then SKIPs with that reason).
 
