@@ -109,7 +109,8 @@ fn strip_zeros(text: &str) -> &str {
 }
 
 /// `f"{n:,}"`: thousands separated by commas.
-pub fn thousands(n: i64) -> String {
+pub fn thousands(n: impl Into<i128>) -> String {
+    let n: i128 = n.into();
     let digits = n.unsigned_abs().to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3 + 1);
     if n < 0 {
@@ -126,7 +127,7 @@ pub fn thousands(n: i64) -> String {
 
 /// [`thousands`] of a count.
 pub fn count(n: usize) -> String {
-    thousands(i64::try_from(n).unwrap_or(i64::MAX))
+    thousands(i128::try_from(n).unwrap_or(i128::MAX))
 }
 
 #[cfg(test)]
@@ -279,6 +280,7 @@ mod tests {
         assert_eq!(thousands(999), "999");
         assert_eq!(thousands(1000), "1,000");
         assert_eq!(thousands(-1_234_567), "-1,234,567");
+        assert_eq!(thousands(1i128 << 64), "18,446,744,073,709,551,616");
         assert_eq!(count(2750), "2,750");
     }
 }

@@ -113,16 +113,7 @@ class DriftOptions(ProbeOptions):
 def judge_drift(inputs: Any, options: DriftOptions, *, name: str = KIND) -> ProbeResult:
     """The verdict for one store from its gathered inputs (a ``DriftInput``),
     by the Rust kernel ``verdicts::drift`` (the same function a scan runs)."""
-    verdict, score, raw, message, evidence = _core.judge_drift(inputs, options)
-    return ProbeResult(
-        name=name,
-        kind=KIND,
-        verdict=Verdict(verdict),
-        score=score,
-        raw=raw,
-        message=message,
-        evidence=evidence,
-    )
+    return ProbeResult.judged(name, KIND, _core.judge_drift(inputs, options))
 
 
 def training_drift(

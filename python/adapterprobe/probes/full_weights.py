@@ -28,7 +28,7 @@ from typing import Any
 
 from adapterprobe import _core
 from adapterprobe.probes.options import ProbeOptions, Rule, option, resolve
-from adapterprobe.probes.result import ProbeResult, Verdict
+from adapterprobe.probes.result import ProbeResult
 
 KIND = "full_weights"
 
@@ -53,16 +53,7 @@ def judge_full_weights(
     The rules run in the Rust kernel ``verdicts::full_weights`` (the same the
     scan pass runs); tests/reference/full_weights_rules.py keeps them in Python.
     """
-    verdict, score, raw, message, evidence = _core.judge_full_weights(inputs, options)
-    return ProbeResult(
-        name=name,
-        kind=KIND,
-        verdict=Verdict(verdict),
-        score=score,
-        raw=raw,
-        message=message,
-        evidence=evidence,
-    )
+    return ProbeResult.judged(name, KIND, _core.judge_full_weights(inputs, options))
 
 
 def full_weights(

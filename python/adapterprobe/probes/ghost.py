@@ -56,7 +56,7 @@ from typing import Any
 
 from adapterprobe import _core
 from adapterprobe.probes.options import ProbeOptions, Rule, option, resolve
-from adapterprobe.probes.result import ProbeResult, Verdict
+from adapterprobe.probes.result import ProbeResult
 
 KIND = "gradient_ghost"
 #: How a state holding values no optimizer writes is reported (see
@@ -121,16 +121,7 @@ def judge_ghost(inputs: Any, options: GhostOptions, *, name: str = KIND) -> Prob
     in plain Python."""
     if not isinstance(inputs, _core.GhostInput):
         inputs = _core.ghost_input_of(inputs)
-    verdict, score, raw, message, evidence = _core.judge_ghost(inputs, options)
-    return ProbeResult(
-        name=name,
-        kind=KIND,
-        verdict=Verdict(verdict),
-        score=score,
-        raw=raw,
-        message=message,
-        evidence=evidence,
-    )
+    return ProbeResult.judged(name, KIND, _core.judge_ghost(inputs, options))
 
 
 def gradient_ghost(

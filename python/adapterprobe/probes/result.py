@@ -65,6 +65,13 @@ class ProbeResult:
     def __post_init__(self) -> None:
         self.verdict = Verdict(self.verdict)
 
+    @classmethod
+    def judged(cls, name: str, kind: str, made: tuple[Any, ...]) -> ProbeResult:
+        """The result of a verdict kernel (``_core.judge_*``): its
+        ``(verdict, score, raw, message, evidence)``, named ``name``."""
+        verdict, score, raw, message, evidence = made
+        return cls(name, kind, Verdict(verdict), score, raw, message, evidence)
+
     def __repr__(self) -> str:
         return short_repr(
             type(self).__name__, self.kind, self.verdict, self.score, self.message

@@ -29,7 +29,7 @@ from typing import Any
 
 from adapterprobe import _core
 from adapterprobe.probes.options import ProbeOptions, Rule, option, resolve
-from adapterprobe.probes.result import ProbeResult, Verdict
+from adapterprobe.probes.result import ProbeResult
 
 KIND = "adapter_weights"
 
@@ -68,16 +68,7 @@ def judge_weights(
     The rules run in the Rust kernel ``verdicts::weights`` (the same the
     scan pass runs); tests/reference/weights_rules.py keeps them in Python.
     """
-    verdict, score, raw, message, evidence = _core.judge_weights(inputs, options, previous)
-    return ProbeResult(
-        name=name,
-        kind=KIND,
-        verdict=Verdict(verdict),
-        score=score,
-        raw=raw,
-        message=message,
-        evidence=evidence,
-    )
+    return ProbeResult.judged(name, KIND, _core.judge_weights(inputs, options, previous))
 
 
 def adapter_weights(

@@ -118,7 +118,7 @@ pub fn judge_drift(input: &DriftInput, o: &DriftOptions) -> Judged {
     if num_steps < o.min_steps {
         let span = step_span(&curve.steps);
         let over = if span > num_steps as i128 {
-            format!(" over {} steps", thousands(span))
+            format!(" over {} steps", pyfmt::thousands(span))
         } else {
             String::new()
         };
@@ -173,27 +173,6 @@ fn step_span(steps: &[i64]) -> i128 {
     }
 }
 
-/// `f"{n:,}"` of a wide integer.
-fn thousands(n: i128) -> String {
-    match i64::try_from(n) {
-        Ok(n) => pyfmt::thousands(n),
-        Err(_) => {
-            let digits = n.unsigned_abs().to_string();
-            let mut out = String::new();
-            if n < 0 {
-                out.push('-');
-            }
-            for (i, c) in digits.chars().enumerate() {
-                if i > 0 && (digits.len() - i) % 3 == 0 {
-                    out.push(',');
-                }
-                out.push(c);
-            }
-            out
-        }
-    }
-}
-
 /// An evidence integer of a wide value (saturated to i64; steps are i64).
 fn int_value(n: i128) -> Value {
     Value::Int(i64::try_from(n).unwrap_or(if n < 0 { i64::MIN } else { i64::MAX }))
@@ -219,7 +198,7 @@ fn span_text(steps: &[i64]) -> String {
     }
     format!(
         "over {} steps ({} logged record{s})",
-        thousands(span),
+        pyfmt::thousands(span),
         pyfmt::count(n)
     )
 }
