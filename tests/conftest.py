@@ -3,14 +3,19 @@ the paths every test module uses.
 
 The tests import the installed adapterprobe (the wheel in CI), never the
 python/ source tree; ``realruns`` (tools/realruns) makes real artifacts by
-training tiny models with torch, transformers and PEFT.
+training tiny models with torch, transformers and PEFT. The labelled runs the
+verdict tests judge were trained once and committed (tests/fixtures/realruns,
+written by tools/realruns/fixtures.py), so a verdict test fails only when the
+product changed.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / "tools"
 if str(TOOLS) not in sys.path:
     sys.path.insert(0, str(TOOLS))
+
+from realruns.fixtures import FIELD_SUBSET, FIXTURES, SOURCE_ENV  # noqa: E402
 
 
 @pytest.fixture
@@ -28,50 +35,49 @@ def demo_store() -> Path:
     return DEMO_STORE
 
 
-@pytest.fixture(scope="session")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
-    """The labelled corpus of real training runs, written once per session (about a
-    minute of CPU training): ``(root, {run name: label})``, labels read from disk."""
+def realruns_source() -> str:
+    """Where the labelled real runs come from: "committed" (the default), "fresh"
+    (trained in this session on the installed torch) or a folder."""
+    return os.environ.get(SOURCE_ENV, "committed") or "committed"
+
+
+def _realruns(part: str, tmp_path_factory: pytest.TempPathFactory, train: Any) -> Path:
+    source = realruns_source()
+    if source == "committed":
+        return FIXTURES / part
+    if source != "fresh":
+        return Path(source) / part
     for module in ("torch", "safetensors", "transformers", "peft"):
         pytest.importorskip(module)
-    from realruns.corpus import write_corpus
+    root = tmp_path_factory.mktemp(part)
+    train(root)
+    return root
 
-    root = tmp_path_factory.mktemp("corpus")
-    write_corpus(root)
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """The labelled corpus of real training runs (tools/realruns/corpus.py):
+    ``(root, {run name: label})``, labels read from disk. The committed fixture
+    unless ADAPTERPROBE_REALRUNS says otherwise (see realruns_source)."""
+
+    def train(root: Path) -> None:
+        from realruns.corpus import write_corpus
+
+        write_corpus(root)
+
+    root = _realruns("corpus", tmp_path_factory, train)
     labels = json.loads((root / "labels.json").read_text(encoding="utf-8"))
     return root, {name: info["label"] for name, info in labels.items()}
 
 
-#: The subset the session trains: every fault class, the layouts (LoRA, full,
-#: resumed) and the healthy traps (small-batch noise, RL losses, a 0.0 loss).
-FIELD_SUBSET = [
-    "lora-b2-log1",
-    "full-b2-log1",
-    "lora-resumed-b8-log1",
-    "rl-reinforce-b8-log1",
-    "lora-prompt-only-rows-b2-log1",
-    "lr-too-high-full-adam1-log1",
-    "nan-empty-batch-b2-log1",
-    "nan-empty-batch-nofilter-log1",
-    "nan-logged-weights-fine-nofilter",
-    "frozen-lora-b-b8-log5",
-    "overfit-full-32seq-eval20",
-    "dead-relu-sgd-log1",
-    "no-progress-full-lr1e-9-b4-log1",
-    "no-progress-lr-horizon-log10",
-    "too-few-steps-full-log1",
-    "too-few-steps-lora-log10",
-]
-
-
 @pytest.fixture(scope="session")
 def field_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """FIELD_SUBSET of the field corpus (tools/realruns/field.py), trained once
-    per session with the real transformers.Trainer (about 40 s of CPU)."""
-    for module in ("torch", "safetensors", "transformers", "peft"):
-        pytest.importorskip(module)
-    from realruns import field
+    """FIELD_SUBSET of the field corpus (tools/realruns/field.py): real
+    transformers.Trainer output dirs; committed, as ``corpus``."""
 
-    root = tmp_path_factory.mktemp("field")
-    field.write_field_corpus(root, FIELD_SUBSET)
-    return root
+    def train(root: Path) -> None:
+        from realruns import field
+
+        field.write_field_corpus(root, FIELD_SUBSET)
+
+    return _realruns("field", tmp_path_factory, train)

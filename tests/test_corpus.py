@@ -29,7 +29,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 pytestmark = pytest.mark.slow  # the session's corpus takes about a minute of CPU training
 
-from conftest import ROOT  # noqa: E402
+from conftest import ROOT, realruns_source  # noqa: E402
 
 from adapterprobe.errors import UsageError  # noqa: E402
 from realruns.corpus import (  # noqa: E402
@@ -76,6 +76,17 @@ LOG_NAME = re.compile(r"^train-(\d{6})-(\d{8}T\d{6})\.jsonl$")
 KEY = re.compile(r"\.layers\.(\d+)\.(self_attn|mlp)\.(\w+_proj)\.lora_([AB])\.weight$")
 # PEFT registers LoRA modules in the model's module order, A before B.
 MODULE_ORDER = ALL_PROJ
+#: A run trained at lr 30 is chaotic: which way it swings depends on the last
+#: bits of the CPU's kernels, so the same seed oscillates on one machine and
+#: settles on another. Its label is checked on the committed fixture (and when
+#: fixtures are regenerated); trained fresh on the CI machine
+#: (ADAPTERPROBE_REALRUNS=fresh) a miss is reported as XFAIL, not hidden.
+CHAOTIC = {"lr-too-high-oscillate"}
+chaotic_when_fresh = pytest.mark.xfail(
+    realruns_source() == "fresh",
+    reason="chaotic run trained fresh: its end state depends on this CPU's kernels",
+    strict=False,
+)
 HEALTHY = [s.name for s in CORPUS if s.label == "healthy"]
 FAULTY = [s.name for s in CORPUS if s.label != "healthy"]
 
@@ -412,6 +423,7 @@ def test_too_few_steps(corpus: tuple[Path, dict[str, str]]) -> None:
     assert all(math.isfinite(v) for v in losses_of(store))
 
 
+@chaotic_when_fresh
 def test_lr_too_high_variants(corpus: tuple[Path, dict[str, str]]) -> None:
     root, _ = corpus
     specs = runs_labelled("lr_too_high")
@@ -566,7 +578,10 @@ SYMPTOMS: dict[str, Callable[[Path], bool]] = {
 }
 
 
-@pytest.mark.parametrize("name", [s.name for s in CORPUS])
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(s.name, marks=[chaotic_when_fresh] if s.name in CHAOTIC else []) for s in CORPUS],
+)
 def test_symptoms_fire_only_where_they_belong(
     corpus: tuple[Path, dict[str, str]], name: str
 ) -> None:
@@ -586,18 +601,23 @@ def test_symptoms_fire_only_where_they_belong(
 CHEAP = ["too-few-steps", "healthy-short", "nan-losses"]
 
 
-def test_same_seed_same_bytes(tmp_path: Path, corpus: tuple[Path, dict[str, str]]) -> None:
-    """Rewriting runs alone gives the bytes the full corpus wrote for them."""
-    root, _ = corpus
-    fresh = write_corpus(tmp_path, names=CHEAP)
-    assert sorted(fresh) == sorted(CHEAP)
+def test_same_seed_same_bytes(tmp_path: Path) -> None:
+    """Runs written alone give the bytes they get when written with others.
+
+    Compared with a second fresh write, not with the committed fixture: on
+    another CPU the same seed may train to other bits."""
+    alone = {name: write_corpus(tmp_path / name, names=[name])[name] for name in CHEAP}
+    together = write_corpus(tmp_path / "together", names=CHEAP)
+    assert sorted(together) == sorted(CHEAP)
     for name in CHEAP:
-        mine = sorted(p.relative_to(fresh[name]) for p in fresh[name].rglob("*") if p.is_file())
-        theirs = sorted(p.relative_to(root / name) for p in (root / name).rglob("*") if p.is_file())
+        mine = sorted(p.relative_to(alone[name]) for p in alone[name].rglob("*") if p.is_file())
+        theirs = sorted(
+            p.relative_to(together[name]) for p in together[name].rglob("*") if p.is_file()
+        )
         assert mine == theirs
         for rel in mine:
-            assert (fresh[name] / rel).read_bytes() == (root / name / rel).read_bytes(), rel
-    labels = json.loads((tmp_path / "labels.json").read_text(encoding="utf-8"))
+            assert (alone[name] / rel).read_bytes() == (together[name] / rel).read_bytes(), rel
+    labels = json.loads((tmp_path / "together" / "labels.json").read_text(encoding="utf-8"))
     assert sorted(labels) == sorted(CHEAP)
 
 

@@ -28,6 +28,7 @@ pytest.importorskip("peft")
 pytestmark = pytest.mark.slow  # the session's subset takes about half a minute of training
 
 from conftest import FIELD_SUBSET as SUBSET  # noqa: E402
+from conftest import realruns_source  # noqa: E402
 
 from adapterprobe.errors import UsageError  # noqa: E402
 from realruns import field  # noqa: E402
@@ -374,6 +375,12 @@ def test_overfit_eval_rising(field_root: Path) -> None:
     assert head_tail(train)[1] < at_best  # train kept falling while eval rose
 
 
+@pytest.mark.xfail(
+    realruns_source() == "fresh",
+    reason="chaotic run trained fresh: of 8 seeds, 4 collapse this way on one CPU; which "
+    "ones depends on the CPU's kernels (the committed fixture is checked in every run)",
+    strict=False,
+)
 def test_dead_relu_collapse(field_root: Path) -> None:
     """Loss pinned at ln(vocab) with zero gradients; the last MLP's ReLUs all dead."""
     run = run_named("dead-relu-sgd-log1")
@@ -431,13 +438,14 @@ def test_too_few_steps(field_root: Path) -> None:
 # ---------------------------------------------------------------------------
 
 
-def test_same_seed_same_run(field_root: Path, tmp_path: Path) -> None:
-    """A run regenerated alone logs the same losses (single thread, seeded)."""
+def test_same_seed_same_run(tmp_path: Path) -> None:
+    """A run trained twice logs the same losses (single thread, seeded)."""
     name = "too-few-steps-full-log1"
-    field.write_field_corpus(tmp_path, [name])
-    assert losses(tmp_path / name) == losses(field_root / name)
-    again = [e["grad_norm"] for e in train_entries(tmp_path / name)]
-    assert again == [e["grad_norm"] for e in train_entries(field_root / name)]
+    field.write_field_corpus(tmp_path / "a", [name])
+    field.write_field_corpus(tmp_path / "b", [name])
+    first, again = (train_entries(tmp_path / side / name) for side in "ab")
+    assert [e["loss"] for e in again] == [e["loss"] for e in first]
+    assert [e["grad_norm"] for e in again] == [e["grad_norm"] for e in first]
 
 
 def test_cli_and_refusals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
