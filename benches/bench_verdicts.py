@@ -4,9 +4,9 @@ real runs, and spike detection against three public rules, in one run.
     python benches/bench_verdicts.py [--corpus DIR] [--trials 400] [--seed 0]
 
 1. Confusion matrix of rules="robust" and rules="sway" on the corpus
-   (tools/realruns/corpus.py, generated into benches/.data/corpus when
-   missing): a healthy run with any warn/fail/error is a false alarm; a
-   faulty run with none is a miss.
+   (tools/realruns/corpus.py; by default the committed fixture the tests
+   judge, tests/fixtures/realruns/corpus): a healthy run with any
+   warn/fail/error is a false alarm; a faulty run with none is a miss.
 2. Spike detection on real loss curves (the corpus's healthy runs and its
    loss-spikes run) with spikes injected at known steps: precision, recall
    and detection delay of the robust rule next to
@@ -38,11 +38,12 @@ from _timing import best_of, report
 import adapterprobe as ap
 
 DATA = Path(__file__).parent / ".data"
+COMMITTED = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "realruns" / "corpus"
 ALARMS = {"warn", "fail", "error"}
 
 
 def ensure_corpus(path: Path | None) -> Path:
-    root = path or DATA / "corpus"
+    root = path or (COMMITTED if (COMMITTED / "labels.json").exists() else DATA / "corpus")
     if not (root / "labels.json").exists():
         from realruns.corpus import write_corpus
 
