@@ -67,10 +67,12 @@ ROW_MESSAGE_CHARS = 240  # a compact row's message is clipped here
 
 
 # ---------------------------------------------------------------------------
-# Small HTML pieces
+# Small HTML pieces. The public ones (badge, facts_line, store_card,
+# compact_table, summary_section) are shared with the notebook display.
 
 
-def _badge(verdict: str, label: str | None = None) -> str:
+def badge(verdict: str, label: str | None = None) -> str:
+    """A verdict's coloured badge, labelled with ``label`` or the verdict."""
     return f'<b class="v v-{verdict}">{esc(label or verdict)}</b>'
 
 
@@ -78,7 +80,7 @@ def _count_text(counts: Mapping[str, int]) -> str:
     return " · ".join(f"{n:,} {v}" for v, n in counts.items() if n)
 
 
-def _facts(evidence: Mapping[str, Any], limit: int = 8) -> str:
+def facts_line(evidence: Mapping[str, Any], limit: int = 8) -> str:
     """The scalar evidence as one short line, so numbers behind a verdict show."""
     parts = []
     for key, value in evidence.items():
@@ -126,7 +128,7 @@ def _adapter_figures(store: Store, ratio: float, room: int) -> tuple[list[str], 
         step = as_finite(rec.evidence.get("global_step"))
         extra = f" · global_step {num(step)}" if step is not None else ""
         figures.append(
-            f'<figure class="plot">{body}<figcaption>{_badge(rec.verdict, rec.label)} '
+            f'<figure class="plot">{body}<figcaption>{badge(rec.verdict, rec.label)} '
             f"<b>{esc(rec.probe)}</b> · {esc(adapter_name(rec))}{extra}</figcaption></figure>"
         )
     return figures, skipped
@@ -141,12 +143,12 @@ def _reasons(store: Store) -> str:
     for r in store.records[:MAX_ROWS]:
         score = "—" if r.score is None else f"{r.score:.2f}"
         rows.append(
-            f'<tr data-v="{r.verdict}"><td class="c-v">{_badge(r.verdict, r.label)}</td>'
+            f'<tr data-v="{r.verdict}"><td class="c-v">{badge(r.verdict, r.label)}</td>'
             f'<td class="c-p">{esc(r.probe)}</td>'
             f'<td class="c-a{" none" if r.adapter is None else ""}">{esc(adapter_name(r))}</td>'
             f'<td class="c-s">{score}</td><td class="c-m">'
             f"{esc(clip(r.message, MESSAGE_CHARS)) or '<i>no message</i>'}"
-            f"{_facts(r.evidence)}</td></tr>"
+            f"{facts_line(r.evidence)}</td></tr>"
         )
     rest = store.records[MAX_ROWS:]
     if rest:
@@ -171,7 +173,7 @@ def _store_title(store: Store) -> str:
     layout = store.layout
     tag = f' <span class="tag">{esc(layout)}</span>' if layout else ""
     return (
-        f'{_badge(worst)} <span class="name">{esc(store.name)}</span>{tag}'
+        f'{badge(worst)} <span class="name">{esc(store.name)}</span>{tag}'
         f' <span class="muted">{esc(_count_text(store.counts()))}</span>'
     )
 
@@ -197,7 +199,8 @@ def _store_body(store: Store, ratio: float, plots: bool) -> str:
     return "".join(parts)
 
 
-def _store_card(store: Store, ratio: float) -> str:
+def store_card(store: Store, ratio: float) -> str:
+    """A problem store in full: title, reasons, verdict rows and its charts."""
     sid = f"s{store.index}"
     return (
         f'<article class="store card" id="{sid}" data-store data-v="{" ".join(store.verdicts)}" '
@@ -215,7 +218,7 @@ def _store_fold(store: Store, ratio: float) -> str:
     )
 
 
-def _compact_table(stores: list[Store], caption: str) -> str:
+def compact_table(stores: list[Store], caption: str) -> str:
     """One row per store, no plots: how big scans stay small and fast."""
     rows = []
     for s in stores:
@@ -253,7 +256,8 @@ def _settings_html(settings: Mapping[str, Any] | None) -> str:
     return f'<details class="settings"><summary>Settings used</summary>{body}</details>'
 
 
-def _summary(stores: list[Store], settings: Mapping[str, Any] | None, when: str) -> str:
+def summary_section(stores: list[Store], settings: Mapping[str, Any] | None, when: str) -> str:
+    """The page's head: stores per verdict, the filter and the settings used."""
     # The cards count stores by their roll-up (a store's worst record, skip
     # only when every record skipped); record counts are said as such, so the
     # two are never mixed in one figure.
@@ -576,20 +580,20 @@ def render_stores(
     left = max(0, limit - len(detailed))
     folded, rest = healthy[:left], healthy[left:]
 
-    body: list[str] = [_summary(stores, settings, when)]
+    body: list[str] = [summary_section(stores, settings, when)]
     body.append(
         '<section id="problems" aria-labelledby="problems-h">'
         f'<h2 id="problems-h">Stores needing attention ({len(problems):,})</h2>'
     )
     if not problems:
         body.append('<p class="note">None: every record passed or was skipped.</p>')
-    body.extend(_store_card(s, ratio) for s in detailed)
+    body.extend(store_card(s, ratio) for s in detailed)
     if overflow:
         body.append(
             f'<p class="note">Plots are drawn for the worst {len(detailed)} stores only; '
             f"{len(overflow):,} more are listed below, worst first.</p>"
         )
-        body.append(_compact_table(overflow, f"{len(overflow):,} more stores needing attention"))
+        body.append(compact_table(overflow, f"{len(overflow):,} more stores needing attention"))
     body.append("</section>")
 
     body.append(
@@ -605,7 +609,7 @@ def render_stores(
         caption = f"{len(rest):,} {'more ' if folded else ''}healthy stores"
         body.append(
             f'<details class="more"><summary>{esc(caption)} (table, no plots)</summary>'
-            f"{_compact_table(rest, caption)}</details>"
+            f"{compact_table(rest, caption)}</details>"
         )
     body.append("</section>")
 

@@ -48,14 +48,14 @@ def scan_html(
     stores = sorted(group_stores(records), key=badness)
     ratio = ghost_ratio(settings)
     drawn, rest = stores[:stores_with_charts], stores[stores_with_charts:]
-    parts = [page._summary(stores, settings, "now")]
-    parts.extend(page._store_card(s, ratio) for s in drawn)
+    parts = [page.summary_section(stores, settings, "now")]
+    parts.extend(page.store_card(s, ratio) for s in drawn)
     if rest:
         shown = rest[:NOTEBOOK_ROWS]
         caption = f"{len(rest):,} more stores" + (
             f" (the first {len(shown):,} listed)" if len(shown) < len(rest) else ""
         )
-        parts.append(page._compact_table(shown, caption))
+        parts.append(page.compact_table(shown, caption))
     if not stores:
         parts.append("<p>This scan produced no records.</p>")
     return _wrap("".join(parts))
@@ -91,10 +91,10 @@ def result_html(
         figures.append(weights_figure(rec, "nb-weights"))
     score_text = "" if score is None else f" · score {score:.2f}"
     head = (
-        f"<h3>{page._badge(v, verdict)} {esc(kind)}{esc(score_text)}"
+        f"<h3>{page.badge(v, verdict)} {esc(kind)}{esc(score_text)}"
         f"{' · ' + esc(name) if name else ''}</h3>"
         f'<p class="c-m">{esc(clip(message, page.MESSAGE_CHARS))}</p>'
-        f"{page._facts(evidence)}"
+        f"{page.facts_line(evidence)}"
     )
     drawn = "".join(f for f in figures if f)
     charts = f'<div class="plots">{drawn}</div>' if drawn else ""
