@@ -83,10 +83,39 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     add_output_options(p)
     add_scan_options(p)
-    from adapterprobe.comparison.baseline import add_baseline_options
-
     add_baseline_options(p)
     p.set_defaults(run=run)
+
+
+def add_baseline_options(p: argparse.ArgumentParser) -> None:
+    """``--baseline`` and its gate options (comparison.baseline.Gate does the work)."""
+    from adapterprobe.comparison.baseline import Margins
+
+    g = p.add_argument_group("regression gate")
+    g.add_argument(
+        "--baseline",
+        metavar="FILE",
+        default=None,
+        help='a saved `scan --format json`: every record gains a "baseline" entry',
+    )
+    g.add_argument(
+        "--fail-on-regression",
+        action="store_true",
+        help="exit 1 when any record regressed against --baseline",
+    )
+    g.add_argument(
+        "--match",
+        choices=("path", "name"),
+        default="path",
+        help="match stores by path relative to the root (default) or by directory name",
+    )
+    g.add_argument(
+        "--loss-margin",
+        type=float,
+        default=Margins.loss_margin,
+        metavar="SHARE",
+        help="relative rise of a loss that counts as a regression (default 0.05)",
+    )
 
 
 def probe_list(text: str) -> tuple[str, ...]:
@@ -260,12 +289,18 @@ def output_of(args: argparse.Namespace, settings: dict[str, Any] | None) -> Outp
 
 
 def run_scan(roots: list[str], args: argparse.Namespace) -> int:
-    from adapterprobe.comparison.baseline import Gate
+    from adapterprobe.comparison.baseline import Gate, Margins
     from adapterprobe.probes import DEFAULT_PROBES
 
     settings = scan_settings(args)
     roots = default_roots(roots, args)
-    gate = Gate(roots, args)  # --baseline: checked before the walk
+    gate = Gate(  # --baseline: checked before the walk (`check` has no such options)
+        roots,
+        baseline=getattr(args, "baseline", None),
+        fail_on_regression=getattr(args, "fail_on_regression", False),
+        match=getattr(args, "match", "path"),
+        loss_margin=getattr(args, "loss_margin", Margins.loss_margin),
+    )
     batches, problems, found, stop = scan_records(roots, args, settings)
     if not found:
         stop()

@@ -21,7 +21,6 @@ What counts as a regression (each gives a ``why`` line):
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -219,54 +218,30 @@ def judge(record: ScanRecord, baseline: Baseline, m: Margins) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------
-# The scan CLI's hook
-
-
-def add_baseline_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("regression gate")
-    g.add_argument(
-        "--baseline",
-        metavar="FILE",
-        default=None,
-        help='a saved `scan --format json`: every record gains a "baseline" entry',
-    )
-    g.add_argument(
-        "--fail-on-regression",
-        action="store_true",
-        help="exit 1 when any record regressed against --baseline",
-    )
-    g.add_argument(
-        "--match",
-        choices=("path", "name"),
-        default="path",
-        help="match stores by path relative to the root (default) or by directory name",
-    )
-    g.add_argument(
-        "--loss-margin",
-        type=float,
-        default=Margins.loss_margin,
-        metavar="SHARE",
-        help="relative rise of a loss that counts as a regression (default 0.05)",
-    )
+# The regression gate a scan's records pass through
 
 
 class Gate:
     """Tags every record with its root and, with --baseline, its comparison."""
 
-    def __init__(self, roots: list[str], args: argparse.Namespace) -> None:
+    def __init__(
+        self,
+        roots: list[str],
+        *,
+        baseline: str | os.PathLike[str] | None = None,
+        fail_on_regression: bool = False,
+        match: str = "path",
+        loss_margin: float = Margins.loss_margin,
+    ) -> None:
         self.roots = [_norm(r) for r in roots]
-        self.fail = bool(getattr(args, "fail_on_regression", False))
-        path = getattr(args, "baseline", None)
-        if self.fail and path is None:
+        self.fail = bool(fail_on_regression)
+        if self.fail and baseline is None:
             raise UsageError("--fail-on-regression needs --baseline FILE")
-        margin = getattr(args, "loss_margin", Margins.loss_margin)
-        if not (isinstance(margin, float) and 0 <= margin < math.inf):
-            raise UsageError(f"--loss-margin must be a share >= 0, got {margin}")
-        self.margins = Margins(loss_margin=margin)
+        if not (isinstance(loss_margin, float) and 0 <= loss_margin < math.inf):
+            raise UsageError(f"--loss-margin must be a share >= 0, got {loss_margin}")
+        self.margins = Margins(loss_margin=loss_margin)
         self.baseline = (
-            Baseline(load_saved_scan(path), self.roots, getattr(args, "match", "path"))
-            if path is not None
-            else None
+            Baseline(load_saved_scan(baseline), self.roots, match) if baseline is not None else None
         )
         self.regressed = 0
         self._root_of: dict[str, str] = {}
