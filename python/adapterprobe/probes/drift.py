@@ -12,8 +12,8 @@ compared with) under one of two rule sets (``rules=``):
   number of records (see ``analysis::robust_curve`` in the Rust core);
   non-finite losses always events; the eval loss, gradient norm and learning
   rate judged where the logs carry them; objectives that are not positive
-  losses judged for NaN/inf only. README's "How the robust drift rules are
-  built" states each rule and its false-alarm design.
+  losses judged for NaN/inf only. docs/rules.md ("How the robust drift rules
+  are built") states each rule and its false-alarm design.
 - ``"sway"``: dlm-sway's training_drift exactly: smoothness, convergence
   ratio and MAD spike count against fixed thresholds; PASS needs all three.
 
