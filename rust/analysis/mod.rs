@@ -14,6 +14,7 @@ pub mod float_reduce;
 pub mod full_weights;
 pub mod layers;
 pub mod metrics;
+pub mod numerics;
 pub mod robust_curve;
 pub mod second_moment;
 pub mod series;

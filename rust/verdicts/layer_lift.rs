@@ -9,8 +9,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::analysis::attribution::Attribution;
+use crate::analysis::numerics::median;
 use crate::store::torch_state::ParamStat;
-use crate::verdicts::ghost::stats::median;
 
 /// A layer's peers: this many other layers, the nearest in depth.
 pub const PEERS: usize = 4;

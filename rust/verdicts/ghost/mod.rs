@@ -6,7 +6,6 @@
 //! and the tests compare the two text for text.
 
 mod robust;
-pub mod stats;
 mod sway;
 
 use crate::analysis::second_moment::ParamStat;

@@ -6,10 +6,10 @@
 use std::collections::BTreeMap;
 
 use crate::analysis::attribution::Attribution;
+use crate::analysis::numerics::{mean, median};
 use crate::io::excerpt::excerpt;
 use crate::store::probe_inputs::GhostInput;
 use crate::store::torch_state::{ParamStat, TrainingState};
-use crate::verdicts::ghost::stats::{mean, median};
 use crate::verdicts::ghost::{finite_or_none, values_by_id, GhostOptions, KIND};
 use crate::verdicts::layer_lift::{
     layer_lifts, slot_name, LayerLift, FIRST_LAYER, PEERS, SET_ASIDE,

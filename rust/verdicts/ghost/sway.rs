@@ -2,9 +2,9 @@
 //! moments, then each layer's mean second moment against the calmest
 //! layer's.
 
+use crate::analysis::numerics::mean;
 use crate::store::probe_inputs::GhostInput;
 use crate::store::torch_state::TrainingState;
-use crate::verdicts::ghost::stats::mean;
 use crate::verdicts::ghost::{finite_or_none, GhostOptions, KIND};
 use crate::verdicts::pyfmt::{fixed, percent};
 use crate::verdicts::{Evidence, Judged, Value, Verdict};
