@@ -2,8 +2,10 @@
 
 ``_core.scan_records`` gathers, judges (the verdict kernels) and assembles
 every target's records in one parallel pass. ``reference/scan_records.py``
-builds the same records the old way: the core gathers, the plain-Python
-reference rules judge, Python orders. Both must give the same records, field
+builds the same records the old way: the core gathers, each probe's judge is
+called from Python (the plain-Python reference rules where they are kept,
+the kernels' own wrappers for adapter_weights and full_weights, whose rules
+live only in Rust), Python orders. Both must give the same records, field
 for field, and the same JSON text, byte for byte, over real stores: the demo
 store, runs trained with the real HF Trainer and PEFT, the layouts the
 readers' fixtures hold, under both rule sets and with every probe.
@@ -17,13 +19,13 @@ from typing import Any
 
 import pytest
 from reference.drift_rules import judge_drift
-from reference.full_weights_rules import judge_full_weights
 from reference.ghost_rules import judge_ghost
 from reference.scan_records import reference_records
-from reference.weights_rules import judge_weights
 
 from adapterprobe.judge import judge_batch
 from adapterprobe.probes import PROBES, resolve_options
+from adapterprobe.probes.full_weights import judge_full_weights
+from adapterprobe.probes.weights import judge_weights
 from adapterprobe.scan import discover
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,20 +1,28 @@
-//! Python's float reductions as the rules were written with them, bit for
-//! bit: `math.fsum` (Shewchuk's exact summation, correctly rounded, as
-//! CPython computes it), the overflow-safe mean built on it, and
-//! `statistics.median`.
+//! The shared numerics of the verdict rules, in one place: an exact
+//! compensated sum, the mean built on it, medians and extremes.
+//!
+//! NaN policy: [`fsum`] and [`mean`] propagate NaN (a NaN among the values
+//! is a NaN result, which the rules treat as an event of its own); [`median`]
+//! and [`extremes`] leave NaN values out, so one NaN neither hides in a sort
+//! order nor moves the middle. Orders are total (`f64::total_cmp`: -0.0
+//! before 0.0), never an accident of `<` on NaN.
 
-/// Why `math.fsum` raised instead of answering.
+use std::cmp::Ordering;
+
+/// Why [`fsum`] has no finite answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FsumError {
-    /// `OverflowError`: finite values whose partial sums leave the float range.
+    /// Finite values whose partial sums leave the float range.
     Overflow,
-    /// `ValueError`: `inf` and `-inf` among the values.
+    /// `inf` and `-inf` among the values.
     InfMinusInf,
 }
 
-/// `math.fsum(values)`: CPython's algorithm step for step (partials kept
-/// exact, the top summed until inexact, then half-even rounding across
-/// partials), so the result is the same float.
+/// The correctly rounded sum of `values` (Shewchuk's exact partials, the
+/// top summed until inexact, then half-even rounding across partials):
+/// independent of the values' order, so permuting layers or modules never
+/// moves a total by a bit. An infinity among the values is the answer; NaN
+/// propagates.
 pub fn fsum(values: impl IntoIterator<Item = f64>) -> Result<f64, FsumError> {
     let mut partials: Vec<f64> = Vec::new();
     let mut special_sum = 0.0_f64;
@@ -85,9 +93,9 @@ pub fn fsum(values: impl IntoIterator<Item = f64>) -> Result<f64, FsumError> {
     Ok(hi)
 }
 
-/// The rules' `mean`: `fsum(values) / len(values)`, or where that sum
-/// overflows, the same over the values divided by the largest magnitude,
-/// scaled back. NaN for no values (the rules never take the mean of none).
+/// `fsum(values) / len(values)`, or where that sum overflows, the same over
+/// the values divided by the largest magnitude, scaled back. NaN for no
+/// values.
 pub fn mean(values: &[f64]) -> f64 {
     let n = values.len() as f64;
     match fsum(values.iter().copied()) {
@@ -110,21 +118,82 @@ pub fn mean(values: &[f64]) -> f64 {
     }
 }
 
-/// `statistics.median(values)`: the middle of the values sorted (a stable
-/// sort, as Python's: equal values such as 0.0 and -0.0 keep their order),
-/// the mean of the two middle ones for an even count. NaN for none.
-pub fn median(values: impl IntoIterator<Item = f64>) -> f64 {
-    let mut sorted: Vec<f64> = values.into_iter().collect();
-    sorted.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+/// The median of the values that are not NaN (the mean of the two middle
+/// ones for an even count); `None` when none is left.
+pub fn median(values: impl IntoIterator<Item = f64>) -> Option<f64> {
+    let mut sorted: Vec<f64> = values.into_iter().filter(|v| !v.is_nan()).collect();
+    sorted.sort_by(f64::total_cmp);
+    middle(&sorted)
+}
+
+/// The median of values already sorted by `total_cmp`, none of them NaN.
+fn middle(sorted: &[f64]) -> Option<f64> {
     let n = sorted.len();
-    let at = |i: usize| sorted.get(i).copied().unwrap_or(f64::NAN);
     if n == 0 {
-        f64::NAN
-    } else if n % 2 == 1 {
-        at(n / 2)
-    } else {
-        (at(n / 2 - 1) + at(n / 2)) / 2.0
+        return None;
     }
+    let upper = *sorted.get(n / 2)?;
+    if n % 2 == 1 {
+        Some(upper)
+    } else {
+        let lower = *sorted.get(n / 2 - 1)?;
+        let sum = lower + upper;
+        // Two values near f64::MAX: halve first rather than overflow.
+        Some(
+            if sum.is_finite() || !lower.is_finite() || !upper.is_finite() {
+                sum / 2.0
+            } else {
+                lower / 2.0 + upper / 2.0
+            },
+        )
+    }
+}
+
+/// The median of counts: a count for an odd number of them, the mean of
+/// the two middle ones (a float) for an even number.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum CountMedian {
+    Count(u64),
+    Between(f64),
+}
+
+/// The median of `counts`; `None` for none.
+pub fn count_median(counts: &[u64]) -> Option<CountMedian> {
+    let mut sorted = counts.to_vec();
+    sorted.sort_unstable();
+    let n = sorted.len();
+    if n == 0 {
+        return None;
+    }
+    let upper = *sorted.get(n / 2)?;
+    if n % 2 == 1 {
+        Some(CountMedian::Count(upper))
+    } else {
+        let lower = *sorted.get(n / 2 - 1)?;
+        Some(CountMedian::Between((lower as f64 + upper as f64) / 2.0))
+    }
+}
+
+/// The smallest and largest values that are not NaN; `None` when none is left.
+pub fn extremes(values: impl IntoIterator<Item = f64>) -> Option<(f64, f64)> {
+    values
+        .into_iter()
+        .filter(|v| !v.is_nan())
+        .fold(None, |acc, v| match acc {
+            None => Some((v, v)),
+            Some((lo, hi)) => Some((
+                if v.total_cmp(&lo) == Ordering::Less {
+                    v
+                } else {
+                    lo
+                },
+                if v.total_cmp(&hi) == Ordering::Greater {
+                    v
+                } else {
+                    hi
+                },
+            )),
+        })
 }
 
 #[cfg(test)]
@@ -160,12 +229,46 @@ mod tests {
     }
 
     #[test]
-    fn median_is_statistics_median() {
-        assert_eq!(median([3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median([4.0, 1.0, 3.0, 2.0]), 2.5);
-        assert!(median([]).is_nan());
-        // Stable: -0.0 before 0.0 as given, so the middle is the given one.
-        assert!(median([0.0, -0.0, -0.0]).is_sign_negative());
-        assert!(median([-0.0, 0.0, 0.0]).is_sign_positive());
+    fn median_leaves_nan_out() {
+        assert_eq!(median([3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median([4.0, 1.0, 3.0, 2.0]), Some(2.5));
+        assert_eq!(median([]), None);
+        assert_eq!(median([f64::NAN, f64::NAN]), None);
+        // NaN is left out wherever it stands, never sorted into the middle.
+        assert_eq!(median([f64::NAN, 5.0, 1.0, 3.0]), Some(3.0));
+        assert_eq!(median([5.0, 1.0, f64::NAN, 3.0]), Some(3.0));
+        assert_eq!(median([f64::INFINITY, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median([f64::MAX, f64::MAX]), Some(f64::MAX));
+        // A total order: -0.0 sorts before 0.0.
+        assert!(median([0.0, -0.0, -0.0]).is_some_and(f64::is_sign_negative));
+        assert!(median([0.0, -0.0, 0.0]).is_some_and(f64::is_sign_positive));
+    }
+
+    #[test]
+    fn median_does_not_depend_on_order() {
+        let values = [0.3, f64::NAN, 7.0, -2.0, 0.3, 1e300, f64::NEG_INFINITY];
+        let mut reversed = values;
+        reversed.reverse();
+        assert_eq!(median(values), median(reversed));
+        assert_eq!(median(values), Some(0.3));
+    }
+
+    #[test]
+    fn count_median_is_a_count_or_between_two() {
+        assert_eq!(count_median(&[5, 1, 3]), Some(CountMedian::Count(3)));
+        assert_eq!(count_median(&[1, 2]), Some(CountMedian::Between(1.5)));
+        assert_eq!(
+            count_median(&[u64::MAX, u64::MAX]),
+            Some(CountMedian::Between(u64::MAX as f64))
+        );
+        assert_eq!(count_median(&[]), None);
+    }
+
+    #[test]
+    fn extremes_leave_nan_out() {
+        assert_eq!(extremes([2.0, f64::NAN, 1.0, 3.0]), Some((1.0, 3.0)));
+        assert_eq!(extremes([f64::NAN]), None);
+        assert_eq!(extremes([]), None);
+        assert_eq!(extremes([f64::INFINITY, -1.0]), Some((-1.0, f64::INFINITY)));
     }
 }

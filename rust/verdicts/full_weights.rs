@@ -7,10 +7,11 @@
 //! ERROR; otherwise PASS with per-layer norms as evidence.
 
 use crate::analysis::full_weights::FullWeights;
+use crate::analysis::numerics::extremes;
 use crate::io::excerpt::excerpt;
 use crate::store::probe_inputs::FullWeightsInput;
 use crate::verdicts::pyfmt::general;
-use crate::verdicts::weights::pyops::{error_str, path_str, py_max, py_min};
+use crate::verdicts::weights::pyops::{error_str, path_str};
 use crate::verdicts::{Evidence, Judged, Value, Verdict};
 
 pub const KIND: &str = "full_weights";
@@ -131,15 +132,15 @@ pub fn judge_full_weights(input: &FullWeightsInput, o: &FullWeightsOptions) -> J
         return Judged::bare(KIND, Verdict::Skip, message).with_evidence(evidence);
     }
     let norms: Vec<f64> = w.layers.iter().map(|l| l.norm).collect();
-    let spread = if norms.is_empty() {
-        String::new()
-    } else {
-        format!(
+    let spread = match extremes(norms.iter().copied()) {
+        None if norms.is_empty() => String::new(),
+        None => format!(", layer norms NaN over {} layers", w.layers.len()),
+        Some((lo, hi)) => format!(
             ", layer norms {}-{} over {} layers",
-            general(py_min(&norms).unwrap_or(f64::NAN), 4),
-            general(py_max(&norms).unwrap_or(f64::NAN), 4),
+            general(lo, 4),
+            general(hi, 4),
             w.layers.len()
-        )
+        ),
     };
     let message = format!(
         "{} tensors in {} file(s), all finite; ||W|| {}{spread}",

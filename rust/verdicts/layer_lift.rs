@@ -44,13 +44,13 @@ pub fn nearest_peers(layer: u64, layers: &[u64]) -> Vec<u64> {
 
 /// The median of `others` (the same tensor's log10 values in the peer
 /// layers) without their [`SET_ASIDE`] highest values, at least the lowest
-/// kept. NaN for none.
+/// kept. NaN values are left out; NaN for none.
 pub fn peer_reference(others: &[f64]) -> f64 {
-    let mut ordered = others.to_vec();
-    ordered.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    let mut ordered: Vec<f64> = others.iter().copied().filter(|v| !v.is_nan()).collect();
+    ordered.sort_by(f64::total_cmp);
     let keep = ordered.len().saturating_sub(SET_ASIDE).max(1);
     ordered.truncate(keep);
-    median(ordered)
+    median(ordered).unwrap_or(f64::NAN)
 }
 
 /// The largest value that at least `share` of `lifts` reach. NaN for none.

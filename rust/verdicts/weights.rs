@@ -9,19 +9,17 @@
 //! identical to the one before), else PASS.
 
 pub(crate) mod pyops;
-mod timsort;
 
 #[cfg(test)]
 mod tests;
 
 use crate::analysis::adapter_weights::{AdapterWeights, LoraModuleStats};
+use crate::analysis::numerics::{count_median, fsum, median, CountMedian};
 use crate::io::excerpt::excerpt;
 use crate::store::probe_inputs::WeightsInput;
 use crate::verdicts::pyfmt::{general, percent};
 use crate::verdicts::{findings_value, worst, Evidence, Finding, Judged, Value, Verdict};
-use pyops::{
-    error_str, fsum, median, median_int, path_name, path_str, sorted_order, square_pow, IntMedian,
-};
+use pyops::{error_str, path_name, path_str};
 
 pub const KIND: &str = "adapter_weights";
 
@@ -164,19 +162,28 @@ pub fn judge_weights(
 
     let norms: Vec<f64> = modules.iter().map(norm_of).collect();
     let energy: Vec<f64> = norms.iter().map(|n| n * n).collect();
-    // Python's fsum raises on an overflow of finite squares (which it
-    // reports as an error record); the kernel takes the sum as infinite.
+    // An overflow of finite squares is an infinite total, not an error.
     let total_energy = fsum(energy.iter().copied()).unwrap_or(f64::INFINITY);
-    let mid = median(&norms).unwrap_or(0.0);
+    let mid = median(norms.iter().copied()).unwrap_or(0.0);
     let dead: Vec<&str> = modules
         .iter()
         .zip(&norms)
         .filter(|(_, &n)| n == 0.0 || (mid > 0.0 && n <= o.dead_relative_norm * mid))
         .map(|(m, _)| m.name.as_str())
         .collect();
-    // sorted(..., key=lambda item: -energy): by negated energy with `<`.
-    let keys: Vec<f64> = energy.iter().map(|e| -e).collect();
-    let ranked = sorted_order(&keys, |a, b| a < b);
+    // Modules by dW energy, largest first; ties keep the file's order. NaN
+    // (a NaN norm the reader could not count as non-finite) ranks last.
+    let mut ranked: Vec<usize> = (0..energy.len()).collect();
+    ranked.sort_by(|&a, &b| {
+        let (x, y) = (energy.get(a), energy.get(b));
+        let key = |e: Option<&f64>| e.copied().filter(|v| !v.is_nan());
+        match (key(x), key(y)) {
+            (Some(x), Some(y)) => y.total_cmp(&x),
+            (Some(_), None) => std::cmp::Ordering::Less,
+            (None, Some(_)) => std::cmp::Ordering::Greater,
+            (None, None) => std::cmp::Ordering::Equal,
+        }
+    });
     let top: Vec<Value> = ranked
         .iter()
         .take(5)
@@ -206,10 +213,10 @@ pub fn judge_weights(
     rank_used.put("min", used_min);
     rank_used.put(
         "median",
-        match median_int(&used) {
+        match count_median(&used) {
             None => Value::Null,
-            Some(IntMedian::Int(n)) => Value::from(n),
-            Some(IntMedian::Float(x)) => Value::Float(x),
+            Some(CountMedian::Count(n)) => Value::from(n),
+            Some(CountMedian::Between(x)) => Value::Float(x),
         },
     );
     rank_used.put("max", used_max);
@@ -223,7 +230,10 @@ pub fn judge_weights(
     evidence.put("dead_modules", dead.clone());
     evidence.put("rank_configured", config.r);
     evidence.put("rank_used", rank_used);
-    evidence.put("stable_rank_median", median(&stable).unwrap_or(f64::NAN));
+    evidence.put(
+        "stable_rank_median",
+        median(stable.iter().copied()).unwrap_or(f64::NAN),
+    );
     if dead.len() == modules.len() {
         let message = format!(
             "dead_adapter: every one of the {} LoRA modules has dW = 0 \
@@ -275,10 +285,7 @@ pub fn judge_weights(
     if let Some((before_input, before)) = previous.and_then(|p| p.weights.as_ref().map(|w| (p, w)))
     {
         evidence.put("previous_version", path_str(&before_input.adapter));
-        let squares = before
-            .modules
-            .iter()
-            .map(|m| square_pow(norm_of(m)).unwrap_or(f64::INFINITY));
+        let squares = before.modules.iter().map(|m| norm_of(m) * norm_of(m));
         evidence.put(
             "total_delta_fro_previous",
             fsum(squares).unwrap_or(f64::INFINITY).sqrt(),

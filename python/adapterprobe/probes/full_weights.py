@@ -51,7 +51,7 @@ def judge_full_weights(
     """The verdict for one checkpoint from its gathered inputs (a ``FullWeightsInput``).
 
     The rules run in the Rust kernel ``verdicts::full_weights`` (the same the
-    scan pass runs); tests/reference/full_weights_rules.py keeps them in Python.
+    scan pass runs), the one implementation of them.
     """
     return ProbeResult.judged(name, KIND, _core.judge_full_weights(inputs, options))
 

@@ -66,7 +66,7 @@ def judge_weights(
     ``WeightsInput``); ``previous`` is the version before it, when known.
 
     The rules run in the Rust kernel ``verdicts::weights`` (the same the
-    scan pass runs); tests/reference/weights_rules.py keeps them in Python.
+    scan pass runs), the one implementation of them.
     """
     return ProbeResult.judged(name, KIND, _core.judge_weights(inputs, options, previous))
 

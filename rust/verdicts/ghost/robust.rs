@@ -424,7 +424,7 @@ fn layer_comparison(
     let mut ratios: BTreeMap<u64, Vec<(f64, String)>> = BTreeMap::new();
     for (&slot, entries) in &by_slot {
         let tensor = slot_name(attribution, slot);
-        let mid = median(entries.iter().map(|&(_, v)| v));
+        let mid = median(entries.iter().map(|&(_, v)| v)).unwrap_or(f64::NAN);
         for &(layer, v) in entries {
             if v == 0.0 && mid > 0.0 {
                 dead.push(Dead {
@@ -443,7 +443,7 @@ fn layer_comparison(
     let mut outliers = Vec::new();
     let mut scores = Vec::new();
     for (&layer, rs) in &ratios {
-        let score = median(rs.iter().map(|(r, _)| *r));
+        let score = median(rs.iter().map(|(r, _)| *r)).unwrap_or(f64::NAN);
         scores.push((layer, score));
         if score > outlier_ratio {
             // Python's max over (ratio, tensor) tuples: the first of the largest.

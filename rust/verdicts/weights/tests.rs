@@ -1,6 +1,6 @@
 use std::path::{Path, PathBuf};
 
-use super::pyops::{fsum, median, median_int, path_name, path_str, py_max, py_min, IntMedian};
+use super::pyops::{path_name, path_str};
 use super::*;
 use crate::analysis::adapter_weights::{ConfigSummary, LayerEnergy, TensorStats};
 use crate::{Area, Error};
@@ -270,35 +270,58 @@ fn no_modules_skips() {
     assert_eq!(j.evidence.len(), 5);
 }
 
-#[test]
-fn fsum_is_exact_and_raises_where_python_does() {
-    assert_eq!(fsum([0.1; 10]), Some(1.0));
-    assert_eq!(fsum([1e100, 1.0, -1e100, 1e-100]), Some(1.0));
-    assert_eq!(fsum([]), Some(0.0));
-    assert_eq!(fsum([f64::INFINITY, 1.0]), Some(f64::INFINITY));
-    assert!(fsum([f64::NAN, 1.0]).is_some_and(f64::is_nan));
-    assert_eq!(fsum([f64::INFINITY, f64::NEG_INFINITY]), None);
-    assert_eq!(fsum([f64::MAX, f64::MAX]), None);
-    // math.fsum([1.0, 1e-16, 1e-16]) == 1.0000000000000002
-    assert_eq!(fsum([1.0, 1e-16, 1e-16]), Some(1.0000000000000002));
+fn top_module_names(j: &Judged) -> Vec<String> {
+    let Some(Value::List(top)) = j.evidence.get("top_modules") else {
+        return vec![];
+    };
+    top.iter()
+        .filter_map(|item| match item {
+            Value::Map(m) => match m.get("module") {
+                Some(Value::Text(name)) => Some(name.clone()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
 }
 
 #[test]
-fn median_and_extremes_as_python_finds_them() {
-    assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
-    assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
-    assert_eq!(median(&[]), None);
-    // CPython: sorted([2.0, 1.0, nan, 5.0, 4.0]) == [1.0, 2.0, nan, 4.0, 5.0]
-    assert!(median(&[2.0, 1.0, f64::NAN, 5.0, 4.0]).is_some_and(f64::is_nan));
+fn modules_rank_by_energy_and_a_nan_norm_ranks_last() {
+    let j = judge(weights(&[1.0, f64::NAN, 3.0, 2.0, 3.0]));
     assert_eq!(
-        super::pyops::sorted_floats(&[2.0, 1.0, f64::NAN, 5.0, 4.0]).get(3..),
-        Some(&[4.0, 5.0][..])
+        top_module_names(&j),
+        [
+            "model.layers.2.q_proj",
+            "model.layers.4.q_proj", // a tie keeps the file's order
+            "model.layers.3.q_proj",
+            "model.layers.0.q_proj",
+            "model.layers.1.q_proj",
+        ]
     );
-    assert_eq!(median_int(&[1, 2]), Some(IntMedian::Float(1.5)));
-    assert_eq!(median_int(&[5, 1, 3]), Some(IntMedian::Int(3)));
-    assert_eq!(py_min(&[f64::NAN, 1.0]).map(f64::is_nan), Some(true));
-    assert_eq!(py_min(&[2.0, f64::NAN, 1.0]), Some(1.0));
-    assert_eq!(py_max(&[2.0, 3.0, 1.0]), Some(3.0));
+}
+
+#[test]
+fn a_nan_norm_does_not_move_the_median_that_finds_dead_modules() {
+    // Median of the norms without NaN is 2.0; 1e-7 is below 1e-6 of it.
+    let j = judge(weights(&[1e-7, f64::NAN, 2.0, 2.0, 3.0]));
+    assert_eq!(
+        j.evidence.get("dead_modules"),
+        Some(&Value::from(vec!["model.layers.0.q_proj"]))
+    );
+}
+
+#[test]
+fn rank_used_median_is_a_count_or_between_two() {
+    let mut w = weights(&[1.0, 2.0, 3.0, 4.0]);
+    for (m, used) in w.modules.iter_mut().zip([1, 2, 6, 8]) {
+        m.rank_used = Some(used);
+    }
+    let j = judge(w);
+    let Some(Value::Map(used)) = j.evidence.get("rank_used") else {
+        panic!("no rank_used");
+    };
+    assert_eq!(used.get("median"), Some(&Value::Float(4.0)));
+    assert_eq!(used.get("min"), Some(&Value::from(1_u64)));
 }
 
 #[test]
