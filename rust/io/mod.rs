@@ -14,6 +14,7 @@ pub mod excerpt;
 pub mod files;
 pub mod json_text;
 pub mod lfs;
+pub mod path_text;
 pub mod sidecar;
 pub mod staged;
 pub mod walk;

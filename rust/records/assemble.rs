@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 
-use crate::records::path_text::python_path;
+use crate::io::path_text::python_path;
 use crate::records::{Record, ScanOptions};
 use crate::store::probe_inputs::{TargetInputs, WeightsInput};
 use crate::verdicts::{drift, full_weights, ghost, weights, Judged, Verdict};

@@ -12,7 +12,6 @@
 
 pub mod assemble;
 pub mod json;
-pub mod path_text;
 
 use std::ffi::OsString;
 
@@ -51,7 +50,7 @@ impl ScanOptions {
 /// One probe's verdict on one store (`adapter` None) or adapter version.
 ///
 /// Paths are kept as the text Python shows (`str(pathlib.Path(p))`, see
-/// `path_text`); `json` is the record's JSON object when asked for.
+/// `io::path_text`); `json` is the record's JSON object when asked for.
 #[derive(Debug, Clone)]
 pub struct Record {
     pub store: OsString,
@@ -111,7 +110,7 @@ fn guarded(t: &Target, options: &ScanOptions, make: impl FnOnce() -> Vec<Record>
                 .into_iter()
                 .filter(|(asked, _)| *asked)
                 .map(|(_, kind)| Record {
-                    store: path_text::python_path(&t.store),
+                    store: crate::io::path_text::python_path(&t.store),
                     adapter: None,
                     layout: t.layout.clone(),
                     checkpoint_kind: t.checkpoint_kind.clone(),
