@@ -9,10 +9,10 @@
 use crate::analysis::full_weights::FullWeights;
 use crate::analysis::numerics::extremes;
 use crate::io::excerpt::excerpt;
+use crate::io::path_text::display as path_str;
 use crate::store::probe_inputs::FullWeightsInput;
 use crate::verdicts::pyfmt::general;
-use crate::verdicts::weights::pyops::{error_str, path_str};
-use crate::verdicts::{Evidence, Judged, Value, Verdict};
+use crate::verdicts::{error_text as error_str, Evidence, Judged, Value, Verdict};
 
 pub const KIND: &str = "full_weights";
 

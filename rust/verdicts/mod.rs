@@ -4,10 +4,11 @@
 //!
 //! They run inside the same GIL-free pass that gathers the inputs, so a scan
 //! judges on every core; the Python probes call the same functions, so a
-//! scan and a single probe cannot disagree. Messages are written with
-//! [`pyfmt`], which spells numbers exactly as Python's format specs do: the
-//! rules were Python first, and their plain-Python references in `tests/`
-//! are compared with these kernels text for text.
+//! scan and a single probe cannot disagree. Each rule has one
+//! implementation, here; the shared numerics are `analysis::numerics`, and
+//! paths become text through `io::path_text`. Messages are written with
+//! [`pyfmt`] (training_drift's and gradient_ghost's plain-Python references
+//! in `tests/` are still compared with their kernels text for text).
 //!
 //! Room order: above `store` (whose gathered inputs they read), below
 //! `records` (which turns verdicts into scan records).
@@ -21,6 +22,9 @@ pub mod pyfmt;
 pub mod weights;
 
 pub use evidence::{Evidence, Value};
+
+use crate::io::path_text;
+use crate::Error;
 
 /// Outcome of a probe, ordered by severity (`Pass < Skip < Warn < Fail <
 /// Error`), so the worst of several is their `max`.
@@ -86,6 +90,17 @@ impl Finding {
 }
 
 /// The evidence list of `findings`.
+/// An error a gatherer left, as a message shows it: `"<path>: <reason>"`
+/// (the path as Python shows it), the reason alone for an error without a
+/// path, `"None"` for none.
+pub fn error_text(error: Option<&Error>) -> String {
+    match error {
+        None => "None".to_string(),
+        Some(e) if e.path.as_os_str().is_empty() => e.message.clone(),
+        Some(e) => format!("{}: {}", path_text::display(&e.path), e.message),
+    }
+}
+
 pub fn findings_value(findings: &[Finding]) -> Value {
     Value::List(findings.iter().map(Finding::to_value).collect())
 }

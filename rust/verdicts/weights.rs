@@ -8,18 +8,18 @@
 //! WARN findings (dead modules, dW energy in a few modules, a version
 //! identical to the one before), else PASS.
 
-pub(crate) mod pyops;
-
 #[cfg(test)]
 mod tests;
 
 use crate::analysis::adapter_weights::{AdapterWeights, LoraModuleStats};
 use crate::analysis::numerics::{count_median, fsum, median, CountMedian};
 use crate::io::excerpt::excerpt;
+use crate::io::path_text::{display as path_str, last_name as path_name};
 use crate::store::probe_inputs::WeightsInput;
 use crate::verdicts::pyfmt::{general, percent};
-use crate::verdicts::{findings_value, worst, Evidence, Finding, Judged, Value, Verdict};
-use pyops::{error_str, path_name, path_str};
+use crate::verdicts::{
+    error_text as error_str, findings_value, worst, Evidence, Finding, Judged, Value, Verdict,
+};
 
 pub const KIND: &str = "adapter_weights";
 

@@ -15,9 +15,8 @@ mod sway;
 #[cfg(test)]
 mod tests;
 
-use std::path::Path;
-
 use crate::formats::logs::loss_log::LossCurve;
+use crate::io::path_text;
 use crate::store::probe_inputs::{DriftInput, LogsStatus};
 use crate::verdicts::evidence::Evidence;
 use crate::verdicts::{pyfmt, Judged, Value, Verdict};
@@ -86,14 +85,24 @@ pub fn judge_drift(input: &DriftInput, o: &DriftOptions) -> Judged {
     match input.status {
         LogsStatus::NoLogsDir => {
             let message = note.map_or_else(
-                || format!("{} has no logs/ directory", py_path(&input.store)),
+                || {
+                    format!(
+                        "{} has no logs/ directory",
+                        path_text::display(&input.store)
+                    )
+                },
                 str::to_string,
             );
             return Judged::bare(KIND, Verdict::Skip, message);
         }
         LogsStatus::NoFiles => {
             let message = note.map_or_else(
-                || format!("no train-*.jsonl files in {}", py_path(&input.logs_dir)),
+                || {
+                    format!(
+                        "no train-*.jsonl files in {}",
+                        path_text::display(&input.logs_dir)
+                    )
+                },
                 str::to_string,
             );
             return Judged::bare(KIND, Verdict::Skip, message);
@@ -101,10 +110,14 @@ pub fn judge_drift(input: &DriftInput, o: &DriftOptions) -> Judged {
         LogsStatus::Failed => {
             let message = match &input.error {
                 Some(e) if e.path.as_os_str().is_empty() => e.message.clone(),
-                Some(e) => format!("{}: {}", py_path(&e.path), e.message),
+                Some(e) => format!("{}: {}", path_text::display(&e.path), e.message),
                 None => "None".to_string(),
             };
-            let paths: Vec<Value> = input.files.iter().map(|p| py_path(p).into()).collect();
+            let paths: Vec<Value> = input
+                .files
+                .iter()
+                .map(|p| path_text::display(p).into())
+                .collect();
             let mut evidence = Evidence::new();
             evidence.put("log_paths", Value::List(paths));
             return Judged::bare(KIND, Verdict::Error, message).with_evidence(evidence);
@@ -243,25 +256,4 @@ fn upper_median(values: &[f64]) -> Option<f64> {
 /// stable sort keeps their order, as Python's does).
 fn py_order(a: &f64, b: &f64) -> std::cmp::Ordering {
     a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal)
-}
-
-/// `str(pathlib.Path(p))`: what Python prints for a path the binding hands
-/// over (repeated and trailing separators and `.` parts dropped).
-pub(crate) fn py_path(p: &Path) -> String {
-    let text = p.to_string_lossy();
-    let root = if text.starts_with("//") && !text.starts_with("///") {
-        "//"
-    } else if text.starts_with('/') {
-        "/"
-    } else {
-        ""
-    };
-    let parts: Vec<&str> = text
-        .split('/')
-        .filter(|part| !part.is_empty() && *part != ".")
-        .collect();
-    if root.is_empty() && parts.is_empty() {
-        return ".".to_string();
-    }
-    format!("{root}{}", parts.join("/"))
 }

@@ -1,4 +1,4 @@
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::*;
 use crate::error::{Area, Error};
@@ -256,11 +256,11 @@ fn text_helpers_spell_as_python() {
     );
     assert_eq!(step_span(&[i64::MIN, i64::MAX]), 1i128 << 64);
     assert_eq!(pyfmt::thousands(1i128 << 64), "18,446,744,073,709,551,616");
-    assert_eq!(py_path(Path::new("/a//b/./c/")), "/a/b/c");
-    assert_eq!(py_path(Path::new("//net/x")), "//net/x");
-    assert_eq!(py_path(Path::new("///x")), "/x");
-    assert_eq!(py_path(Path::new("./")), ".");
-    assert_eq!(py_path(Path::new("a/../b")), "a/../b");
+    assert_eq!(path_text::display(Path::new("/a//b/./c/")), "/a/b/c");
+    assert_eq!(path_text::display(Path::new("//net/x")), "//net/x");
+    assert_eq!(path_text::display(Path::new("///x")), "/x");
+    assert_eq!(path_text::display(Path::new("./")), ".");
+    assert_eq!(path_text::display(Path::new("a/../b")), "a/../b");
     assert_eq!(py_max(0.0, f64::NAN), 0.0);
     assert!(py_max(f64::NAN, 1.0).is_nan());
     assert_eq!(py_min(1.0, f64::NAN), 1.0);

@@ -1,6 +1,5 @@
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use super::pyops::{path_name, path_str};
 use super::*;
 use crate::analysis::adapter_weights::{ConfigSummary, LayerEnergy, TensorStats};
 use crate::{Area, Error};
@@ -322,19 +321,4 @@ fn rank_used_median_is_a_count_or_between_two() {
     };
     assert_eq!(used.get("median"), Some(&Value::Float(4.0)));
     assert_eq!(used.get("min"), Some(&Value::from(1_u64)));
-}
-
-#[test]
-fn paths_as_pathlib_shows_them() {
-    for (raw, text, name) in [
-        ("", ".", ""),
-        ("/", "/", ""),
-        ("//a", "//a", "a"),
-        ("///a//b/", "/a/b", "b"),
-        ("./a/./b/.", "a/b", "b"),
-        ("a/..", "a/..", ".."),
-    ] {
-        assert_eq!(path_str(Path::new(raw)), text, "{raw}");
-        assert_eq!(path_name(Path::new(raw)), name, "{raw}");
-    }
 }
