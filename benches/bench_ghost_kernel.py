@@ -1,5 +1,6 @@
-"""gradient_ghost's Rust kernel against its plain-Python reference
-(tests/reference/ghost_rules.py), judging the same inputs in one run.
+"""What judging costs next to the least any per-layer judge must do:
+gradient_ghost's Rust kernel against one Python pass that groups the second
+moments by layer and takes each layer's median, on the same inputs in one run.
 
     python benches/bench_ghost_kernel.py [--layers 32] [--repeat 200]
 
@@ -8,14 +9,15 @@ shaped like a LoRA adapter on every projection of a ``--layers``-layer model
 (7 modules x 2 factors a layer, second moments spread over decades, one
 layer exploding). Both rule sets; each timing is the best of 3 rounds of
 ``--repeat`` judgements, through ``judge_ghost`` (the kernel and the
-ProbeResult it builds) and through the reference. Both answers are checked
-equal first, so the ratio compares like with like.
+ProbeResult it builds) and through that pass. A ratio above 1 means the
+whole verdict costs less than the pass.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,7 +27,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from _timing import best_of, report
-from reference import ghost_rules as ref
 
 from adapterprobe import _core
 from adapterprobe.probes.ghost import GhostOptions, judge_ghost
@@ -64,6 +65,16 @@ def lora_state(layers: int, seed: int = 0) -> Any:
     )
 
 
+def layer_medians(x: Any) -> dict[int, float]:
+    """The floor of a per-layer judge in Python: each layer's median second moment."""
+    value = {p.param_id: p.exp_avg_sq_mean for p in x.state.per_param}
+    by_layer: dict[int, list[float]] = {}
+    for p in x.attribution.params:
+        if p.param_id in value:
+            by_layer.setdefault(p.layer, []).append(value[p.param_id])
+    return {layer: statistics.median(vs) for layer, vs in by_layer.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=32)
@@ -81,9 +92,6 @@ def main() -> None:
     for rules in ("robust", "sway"):
         options = GhostOptions(rules=rules)
         for label, inputs in cases:
-            for x in inputs:
-                got, want = judge_ghost(x, options), ref.judge_ghost(x, options)
-                assert (got.verdict, got.message) == (want.verdict, want.message), label
 
             def kernel(inputs: list[Any] = inputs, options: GhostOptions = options) -> None:
                 for _ in range(args.repeat):
@@ -93,12 +101,12 @@ def main() -> None:
             def reference(inputs: list[Any] = inputs, options: GhostOptions = options) -> None:
                 for _ in range(args.repeat):
                     for x in inputs:
-                        ref.judge_ghost(x, options)
+                        layer_medians(x)
 
             report(
                 f"rules={rules}, {label} x{args.repeat}",
                 best_of(kernel),
-                "Python reference",
+                "a Python pass of per-layer medians",
                 best_of(reference),
             )
 

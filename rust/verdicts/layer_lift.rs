@@ -56,8 +56,8 @@ pub fn peer_reference(others: &[f64]) -> f64 {
 /// The largest value that at least `share` of `lifts` reach. NaN for none.
 pub fn share_quantile(lifts: &[f64], share: f64) -> f64 {
     let mut ordered = lifts.to_vec();
-    // Descending and stable, as Python's `sorted(..., reverse=True)`.
-    ordered.sort_by(|a, b| b.partial_cmp(a).unwrap_or(std::cmp::Ordering::Equal));
+    // Descending and stable (a total order).
+    ordered.sort_by(|a, b| b.total_cmp(a));
     let wanted = (share * ordered.len() as f64 - 1e-9).ceil();
     // `wanted` is at most len (share <= 1); the float-to-int cast saturates.
     let reached_by = if wanted >= 1.0 { wanted as usize } else { 1 };
@@ -121,7 +121,7 @@ pub fn layer_lifts(
         .map(|(layer, mut lifts)| {
             let values: Vec<f64> = lifts.iter().map(|&(_, d)| d).collect();
             // Highest first, stable: Python's sort on the negated lift.
-            lifts.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap_or(std::cmp::Ordering::Equal));
+            lifts.sort_by(|a, b| b.1.total_cmp(&a.1));
             LayerLift {
                 layer,
                 decades: share_quantile(&values, share),

@@ -7,8 +7,8 @@
 //! scan and a single probe cannot disagree. Each rule has one
 //! implementation, here; the shared numerics are `analysis::numerics`, and
 //! paths become text through `io::path_text`. Messages are written with
-//! [`pyfmt`] (training_drift's and gradient_ghost's plain-Python references
-//! in `tests/` are still compared with their kernels text for text).
+//! [`pyfmt`] (training_drift's plain-Python reference in `tests/` is still
+//! compared with its kernel text for text).
 //!
 //! Room order: above `store` (whose gathered inputs they read), below
 //! `records` (which turns verdicts into scan records).

@@ -117,8 +117,7 @@ def judge_ghost(inputs: Any, options: GhostOptions, *, name: str = KIND) -> Prob
     """The verdict for one adapter from its gathered inputs: a ``GhostInput``,
     or any object with its attributes (plain data shaped like one, read by
     ``_core.ghost_input_of``). The rules run in Rust
-    (``rust/verdicts/ghost/``); ``tests/reference/ghost_rules.py`` keeps them
-    in plain Python."""
+    (``rust/verdicts/ghost/``), their one implementation."""
     if not isinstance(inputs, _core.GhostInput):
         inputs = _core.ghost_input_of(inputs)
     return ProbeResult.judged(name, KIND, _core.judge_ghost(inputs, options))

@@ -50,8 +50,8 @@ told.
 
 The measure runs in Rust (``rust/verdicts/layer_lift.rs``, inside
 gradient_ghost's kernel); this module keeps its constants and the small
-helpers under the same names (``tests/reference/ghost_rules.py`` builds the
-plain-Python reference of the whole measure from them).
+helpers under the same names, for the benches and tests that explain the
+measure on real states.
 """
 
 from __future__ import annotations

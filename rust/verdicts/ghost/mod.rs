@@ -2,8 +2,9 @@
 //! from a [`GhostInput`].
 //!
 //! What the rules mean is told in `python/adapterprobe/probes/ghost.py`'s
-//! module doc; `tests/reference/ghost_rules.py` keeps them in plain Python,
-//! and the tests compare the two text for text.
+//! module doc. This is their one implementation: unit tests per rule here,
+//! and `tests/test_ghost_kernel.py` holds the verdicts to their properties
+//! (storage order, scale, both sides of each threshold) and to real runs.
 
 mod robust;
 mod sway;

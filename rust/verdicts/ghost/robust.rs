@@ -183,11 +183,7 @@ fn per_layer_verdict(
             let layers = a.layer_indices.len();
             if !outliers.is_empty() {
                 let mut ranked: Vec<&Outlier> = outliers.iter().collect();
-                ranked.sort_by(|x, y| {
-                    y.ratio
-                        .partial_cmp(&x.ratio)
-                        .unwrap_or(std::cmp::Ordering::Equal)
-                });
+                ranked.sort_by(|x, y| y.ratio.total_cmp(&x.ratio));
                 let parts: Vec<String> = ranked
                     .iter()
                     .take(6)
@@ -215,11 +211,7 @@ fn per_layer_verdict(
             }
             if !exploding.is_empty() {
                 let mut ranked: Vec<&LayerLift> = exploding.iter().collect();
-                ranked.sort_by(|x, y| {
-                    y.decades
-                        .partial_cmp(&x.decades)
-                        .unwrap_or(std::cmp::Ordering::Equal)
-                });
+                ranked.sort_by(|x, y| y.decades.total_cmp(&x.decades));
                 let parts: Vec<String> = ranked
                     .iter()
                     .take(6)

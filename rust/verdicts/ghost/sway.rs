@@ -117,7 +117,7 @@ pub(super) fn judge(input: &GhostInput, state: &TrainingState, o: &GhostOptions)
     };
     let mut ranked = layer_means.clone();
     // Highest mean first, stable (Python sorts on the negated mean).
-    ranked.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap_or(std::cmp::Ordering::Equal));
+    ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
     let worst_layers: Vec<Value> = ranked
         .iter()
         .take(3)
