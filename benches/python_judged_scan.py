@@ -1,10 +1,9 @@
 """The scan as it ran before the Rust scan pass, for ``bench_scan.py`` to
 time beside it in the same run: the core gathers each batch (in a thread,
 GIL released, while Python judges the previous one), each probe is judged
-by a call from Python (the plain-Python rules of tests/reference/ where they
-are kept; adapter_weights, full_weights and gradient_ghost, whose rules live
-only in Rust, through their kernels' wrappers), and the records are written as
-``adapterprobe scan ROOT --format json`` writes them (with their root).
+by a call from Python (through the kernels' wrappers), and the records are
+written as ``adapterprobe scan ROOT --format json`` writes them (with their
+root).
 
     python benches/python_judged_scan.py ROOT > scan.json
 """
@@ -17,12 +16,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from reference.drift_rules import judge_drift
 from reference.scan_records import records_for
 
 from adapterprobe import _core
 from adapterprobe.comparison.baseline import root_of
 from adapterprobe.probes import DEFAULT_PROBES, resolve_options
+from adapterprobe.probes.drift import judge_drift
 from adapterprobe.probes.full_weights import judge_full_weights
 from adapterprobe.probes.ghost import judge_ghost
 from adapterprobe.probes.weights import judge_weights

@@ -143,7 +143,9 @@ def analyse(
     h = trend_window // 2
     inner = range(h, n - h) if n > 2 * h else range(n)
     best_index = min(inner, key=lambda i: (trend[i], i))
-    peak_index = min(inner, key=lambda i: (-trend[i], i))
+    # A climb from the start: looked for past the middle of the head points.
+    past_head = max(inner.start, k // 2)
+    peak_index = min((i for i in inner if i >= past_head), key=lambda i: (-trend[i], i))
     threshold = spike_threshold(n, spike_false_alarm, spike_z)
     min_rise = spike_fall_share * max(head - trend[best_index], 0.0)
     spikes: list[list[int]] = []

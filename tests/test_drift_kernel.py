@@ -1,65 +1,57 @@
-"""training_drift's Rust kernel (``_core.judge_drift``) against its plain-Python
-reference (tests/reference/drift_rules.py): the same verdict, score, raw,
-message and evidence, floats bit for bit, on arbitrary curves, side series,
-input states and options (both rule sets), and on every real input the
-repository has (the demo store, rust/testdata's logs, real training runs).
+"""What training_drift's verdicts must do, checked on its Rust kernel
+(rust/verdicts/drift/, the one implementation of its rules, with unit tests
+per rule beside it) through ``judge_drift``:
+
+- every curve, side series, input state and option set of both rule sets
+  gets a verdict and JSON-able evidence, never an exception;
+- a coarser logging cadence (every k-th record) keeps a healthy curve
+  healthy; multiplying a positive loss by a power of two changes no verdict
+  (the trend rules are relative; the one absolute floor is the 2% fall
+  ``no_progress`` asks of the loss, itself relative to the start);
+- a NaN as the last loss, and a sustained climb above the start, FAIL;
+- every rule fires on a curve made for it, under both rule sets;
+- the real inputs the repository has get a verdict, and the labelled corpus
+  is judged as its physics says.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from reference import drift_rules
 
 from adapterprobe import _core
 from adapterprobe._core import LogsStatus
 from adapterprobe.probes.drift import DriftOptions, judge_drift
+from adapterprobe.probes.options import resolve
 from adapterprobe.probes.result import ProbeResult
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def same(a: Any, b: Any, where: str = "") -> None:
-    """``a`` and ``b`` identical: the same types, keys in the same order, and
-    floats with the same bits (NaN equal to NaN, 0.0 not to -0.0)."""
-    assert type(a) is type(b), f"{where}: {type(a).__name__} != {type(b).__name__} ({a!r}, {b!r})"
-    if isinstance(a, float):
-        if math.isnan(a):
-            assert math.isnan(b), f"{where}: {a!r} != {b!r}"
-        else:
-            assert a == b and math.copysign(1, a) == math.copysign(1, b), f"{where}: {a!r} != {b!r}"
-    elif isinstance(a, dict):
-        assert list(a) == list(b), f"{where}: keys {list(a)} != {list(b)}"
-        for k in a:
-            same(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), f"{where}: {len(a)} items != {len(b)}"
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
+VERDICTS = {"pass", "warn", "fail", "error", "skip"}
 
 
-def assert_same_result(got: ProbeResult, want: ProbeResult) -> None:
-    assert got.kind == want.kind and got.name == want.name
-    assert got.verdict is want.verdict, (got.verdict, want.verdict, got.message, want.message)
-    assert got.message == want.message
-    same(got.score, want.score, "score")
-    same(got.raw, want.raw, "raw")
-    same(got.evidence, want.evidence, "evidence")
+def rules_of(result: ProbeResult) -> set[str]:
+    return {f["rule"] for f in result.evidence.get("findings", [])}
 
 
 def check(inputs: Any, options: DriftOptions) -> ProbeResult:
-    """The kernel's answer, asserted identical to the reference's."""
-    want = drift_rules.judge_drift(inputs, options, name="run")
+    """The kernel's answer: a verdict, a message, a score in [0, 1] and
+    evidence JSON can carry, never an exception."""
     got = judge_drift(inputs, options, name="run")
-    assert_same_result(got, want)
+    assert got.verdict.value in VERDICTS
+    assert isinstance(got.message, str)
+    assert got.score is None or 0.0 <= got.score <= 1.0
+    json.dumps(got.evidence)
+    for finding in got.evidence.get("findings", []):
+        assert finding["verdict"] in {"warn", "fail"} and finding["message"]
     return got
 
 
@@ -211,7 +203,7 @@ def drift_options(draw: st.DrawFn) -> DriftOptions:
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(curve=curves(), options=drift_options())
-def test_kernel_matches_reference_on_arbitrary_curves(curve: Any, options: DriftOptions) -> None:
+def test_every_curve_gets_a_verdict(curve: Any, options: DriftOptions) -> None:
     inputs = _core.drift_input_from("/runs/r", LogsStatus.Curve, curve=curve)
     check(inputs, options)
 
@@ -233,7 +225,7 @@ paths = st.sampled_from(
     options=drift_options(),
     curve=curves(),
 )
-def test_kernel_matches_reference_in_every_state(
+def test_every_input_state_gets_a_verdict(
     status: str,
     store: str,
     logs_dir: str | None,
@@ -266,9 +258,9 @@ def decay(n: int, lift_at: int | None = None, lift: float = 0.0, hump: bool = Fa
     return out
 
 
-def test_every_rule_fires_somewhere_and_agrees() -> None:
-    """One curve per rule (so the comparison covers each branch for sure,
-    not only where Hypothesis happens to go), both rule sets."""
+def test_every_rule_fires_on_a_curve_made_for_it() -> None:
+    """One curve per rule (so each branch is reached for sure, not only
+    where Hypothesis happens to go), both rule sets."""
     masked = [*decay(40)[:39], 0.0]
     spiky = decay(80)
     spiky[50] = 3.0
@@ -364,20 +356,122 @@ def judge_every_folder(root: Path, depth: int = 2) -> int:
     return curves_seen
 
 
-def test_kernel_matches_reference_on_the_demo_store(demo_store: Path) -> None:
+def test_the_demo_store(demo_store: Path) -> None:
     assert judge_every_folder(demo_store) >= 3
 
 
-def test_kernel_matches_reference_on_testdata_logs() -> None:
+def test_testdata_logs() -> None:
     assert judge_every_folder(ROOT / "rust" / "testdata" / "logs", depth=3) >= 3
 
 
-def test_kernel_matches_reference_on_real_training_runs(field_root: Path) -> None:
+def test_real_training_runs(field_root: Path) -> None:
     assert judge_every_folder(field_root) >= 10
 
 
-def test_kernel_matches_reference_on_the_labelled_corpus(
+def test_the_labelled_corpus(
     corpus: tuple[Path, dict[str, str]],
 ) -> None:
     root, labels = corpus
     assert judge_every_folder(root) >= len(labels) // 2
+    # What training_drift must say of each label (robust): the faults the
+    # loss curve carries are flagged; the ones only the optimizer state or
+    # the weights show (dead adapter aside, whose loss does not move) pass.
+    expected = {
+        "healthy": {"pass"},
+        "lr_too_high": {"warn", "fail"},
+        "lr_too_low": {"warn", "fail"},
+        "loss_spikes": {"warn", "fail"},
+        "nan_losses": {"warn", "fail"},
+        "dead_adapter": {"warn", "fail"},
+    }
+    for name, label in labels.items():
+        if label in expected:
+            got = check(_core.drift_input(root / name), DriftOptions())
+            assert got.verdict.value in expected[label], (name, got.message)
+
+
+# ---- properties of the verdicts ----
+
+
+def judged(steps: list[int], losses: list[float], rules: str = "robust") -> ProbeResult:
+    curve = _core.loss_curve_from_records(list(zip(steps, losses, strict=True)))
+    inputs = _core.drift_input_from("/r", LogsStatus.Curve, curve=curve)
+    return check(inputs, resolve(DriftOptions, None, rules, {}))
+
+
+@st.composite
+def healthy_runs(draw: st.DrawFn) -> tuple[list[int], list[float]]:
+    """A run that trains: an exponential fall to a floor, with multiplicative
+    minibatch noise of up to 5%, logged every ``every`` steps."""
+    n = draw(st.integers(60, 1500))
+    every = draw(st.sampled_from([1, 1, 5, 10, 50]))
+    start, floor = draw(st.floats(0.5, 4.0)), draw(st.floats(0.05, 2.0))
+    tau = draw(st.floats(0.1, 0.35)) * n
+    sigma = draw(st.floats(0.0, 0.05))
+    rng = random.Random(draw(st.integers(0, 2**32 - 1)))
+    steps = [every * (i + 1) for i in range(n)]
+    losses = [
+        (start * math.exp(-i / tau) + floor) * math.exp(rng.gauss(0, sigma)) for i in range(n)
+    ]
+    return steps, losses
+
+
+PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@PROPERTY
+@given(run=healthy_runs(), k=st.integers(2, 10), offset=st.data())
+def test_a_coarser_logging_cadence_keeps_a_healthy_run_healthy(
+    run: tuple[list[int], list[float]], k: int, offset: st.DataObject
+) -> None:
+    steps, losses = run
+    assume(judged(steps, losses).verdict.value == "pass")
+    first = offset.draw(st.integers(0, k - 1), label="first record kept")
+    assume(len(steps[first::k]) >= 10)
+    thinned = judged(steps[first::k], losses[first::k])
+    assert thinned.verdict.value == "pass", thinned.message
+
+
+@PROPERTY
+@given(run=healthy_runs(), exponent=st.sampled_from([-20, -3, -1, 1, 4, 20]))
+def test_scaling_a_positive_loss_changes_no_verdict(
+    run: tuple[list[int], list[float]], exponent: int
+) -> None:
+    steps, losses = run
+    for rules in ("robust", "sway"):
+        before = judged(steps, losses, rules)
+        after = judged(steps, [x * 2.0**exponent for x in losses], rules)
+        assert (after.verdict, rules_of(after)) == (before.verdict, rules_of(before)), (
+            before.message,
+            after.message,
+        )
+
+
+@PROPERTY
+@given(run=healthy_runs(), bad=st.sampled_from([math.nan, math.inf]))
+def test_a_nonfinite_last_loss_fails(run: tuple[list[int], list[float]], bad: float) -> None:
+    steps, losses = run
+    result = judged([*steps, steps[-1] + 1], [*losses, bad])
+    assert result.verdict.value == "fail" and "nonfinite_loss" in rules_of(result)
+
+
+@PROPERTY
+@given(
+    run=healthy_runs(),
+    share=st.floats(0.2, 0.6),
+    height=st.floats(1.3, 4.0),
+)
+def test_a_sustained_climb_above_the_start_fails(
+    run: tuple[list[int], list[float]], share: float, height: float
+) -> None:
+    """The run then climbs for ``share`` of its length to ``height`` times
+    where it started, and stays there."""
+    steps, losses = run
+    start = losses[0]
+    m = max(3, int(share * len(losses)))
+    every = steps[1] - steps[0]
+    climb = [losses[-1] + (height * start - losses[-1]) * (j + 1) / m for j in range(m)]
+    plateau = [height * start] * m
+    tail_steps = [steps[-1] + every * (j + 1) for j in range(2 * m)]
+    result = judged([*steps, *tail_steps], [*losses, *climb, *plateau])
+    assert result.verdict.value == "fail" and "diverged" in rules_of(result), result.message

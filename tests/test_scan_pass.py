@@ -3,9 +3,8 @@
 ``_core.scan_records`` gathers, judges (the verdict kernels) and assembles
 every target's records in one parallel pass. ``reference/scan_records.py``
 builds the same records the old way: the core gathers, each probe's judge is
-called from Python (training_drift's plain-Python reference rules; the
-kernels' own wrappers for the probes whose rules live only in Rust), Python
-orders. Both must give the same records, field for field, and the same JSON
+called from Python (the kernels' own wrappers: the rules live only in Rust),
+Python orders. Both must give the same records, field for field, and the same JSON
 text, byte for byte, over real stores: the demo store, runs trained with the
 real HF Trainer and PEFT, the layouts the readers' fixtures hold, under both
 rule sets and with every probe.
@@ -18,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from reference.drift_rules import judge_drift
 from reference.scan_records import reference_records
 
 from adapterprobe.judge import judge_batch
 from adapterprobe.probes import PROBES, resolve_options
+from adapterprobe.probes.drift import judge_drift
 from adapterprobe.probes.full_weights import judge_full_weights
 from adapterprobe.probes.ghost import judge_ghost
 from adapterprobe.probes.weights import judge_weights

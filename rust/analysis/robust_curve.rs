@@ -403,13 +403,18 @@ pub fn analyse(losses: &[f64], params: &RobustParams) -> Option<RobustCurve> {
     // at the very ends the window shrinks to a single noisy record.
     let h = params.trend_window / 2;
     let inner = if n > 2 * h { h..n - h } else { 0..n };
+    // The peak is a climb from the start, so it is looked for past the
+    // middle of the head points: on a short or coarsely logged curve the
+    // first records are the start itself (a steep first descent logged every
+    // 10 steps puts its first record far above the head's median).
+    let past_head = inner.start.max(k / 2);
     let (mut best_index, mut best_level) = (0, f64::INFINITY);
-    let (mut peak_index, mut peak_level) = (0, f64::NEG_INFINITY);
+    let (mut peak_index, mut peak_level) = (past_head.min(n - 1), f64::NEG_INFINITY);
     for i in inner {
         if trend[i] < best_level {
             (best_index, best_level) = (i, trend[i]);
         }
-        if trend[i] > peak_level {
+        if i >= past_head && trend[i] > peak_level {
             (peak_index, peak_level) = (i, trend[i]);
         }
     }
@@ -626,6 +631,24 @@ mod tests {
         assert!(a.relative_regression() > 0.5);
         assert!(a.tail_level > a.head_level);
         assert!((a.best_index as i64 - 40).abs() <= 5, "{}", a.best_index);
+    }
+
+    #[test]
+    fn a_steep_start_logged_coarsely_is_no_climb() {
+        // Ten records of a falling curve, logged every 10 steps: the first
+        // sits far above the head's median, yet nothing ever climbed.
+        let curve = [3.16, 2.33, 1.89, 1.69, 1.63, 1.52, 1.52, 1.52, 1.51, 1.52];
+        let a = analyse(&curve, &RobustParams::default()).unwrap();
+        assert!(
+            a.peak_level <= a.head_level,
+            "{} > {}",
+            a.peak_level,
+            a.head_level
+        );
+        // A real climb after the start is still found.
+        let bump = [3.16, 2.33, 1.89, 2.9, 3.8, 3.9, 3.7, 2.0, 1.6, 1.5];
+        let a = analyse(&bump, &RobustParams::default()).unwrap();
+        assert!(a.peak_level > 1.3 * a.head_level, "{}", a.peak_level);
     }
 
     #[test]

@@ -7,8 +7,8 @@
 //! scan and a single probe cannot disagree. Each rule has one
 //! implementation, here; the shared numerics are `analysis::numerics`, and
 //! paths become text through `io::path_text`. Messages are written with
-//! [`pyfmt`] (training_drift's plain-Python reference in `tests/` is still
-//! compared with its kernel text for text).
+//! [`pyfmt`]. The tests hold the verdicts to what they must do
+//! (`tests/test_*_kernel.py`), not to a second implementation.
 //!
 //! Room order: above `store` (whose gathered inputs they read), below
 //! `records` (which turns verdicts into scan records).

@@ -1,9 +1,9 @@
 """training_drift: did this run's loss curve descend the way a healthy run does?
 
 Reads the store's loss curve with the Rust readers and judges it with the
-Rust kernel ``verdicts::drift`` (the function a scan runs inside its gather;
-tests/reference/drift_rules.py keeps the plain-Python reference it is
-compared with) under one of two rule sets (``rules=``):
+Rust kernel ``verdicts::drift`` (the function a scan runs inside its gather,
+the one implementation of the rules) under one of two rule sets
+(``rules=``):
 
 - ``"robust"`` (default), built to gate CI on and for every logging
   cadence: trend verdicts (diverged, unstable, regressed, no progress) from a

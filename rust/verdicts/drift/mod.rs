@@ -4,10 +4,10 @@
 //! `rules="robust"` ([`robust`], with the side series in [`side`]) gates CI
 //! on trends, spikes against the curve's own noise and non-finite values;
 //! `rules="sway"` ([`sway`]) is dlm-sway's smoothness, convergence ratio and
-//! MAD spike count. Both were Python first (`tests/reference/drift_rules.py`
-//! is that code, kept as the reference the kernel is compared with), so the
-//! arithmetic here follows Python's operation order and its `min`/`max`
-//! semantics, and every number in a message is spelled by [`pyfmt`].
+//! MAD spike count. This is their one implementation (unit tests per rule
+//! in `tests.rs`; `tests/test_drift_kernel.py` holds the verdicts to their
+//! properties: logging cadence, scale, NaN and climbs). Numbers in messages
+//! are spelled by [`pyfmt`].
 
 mod robust;
 mod side;
