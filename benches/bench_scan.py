@@ -7,8 +7,8 @@
   from a first pass), in `--format json` and `--format table`: best wall
   time against the targets (10,000 stores < 2 s, 100,000 < 20 s), beside
   the Python-judged path this scan had before its Rust scan pass
-  (`python_judged_scan.py`: the core gathers, the plain-Python reference
-  rules judge), timed in the same run.
+  (`python_judged_scan.py`: the core gathers, Python calls each probe's
+  kernel target by target), timed in the same run.
 - `--outputs N` (e.g. 100000): every output format over N stores, whole
   process: wall time and peak RSS of `--format json` (the streaming
   reference), `jsonl`, `csv`, `table`, `markdown`, `github`, `--junit` and
