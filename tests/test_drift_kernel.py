@@ -16,7 +16,6 @@ per rule beside it) through ``judge_drift``:
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from verdict_checks import rules_of, well_formed
 
 from adapterprobe import _core
 from adapterprobe._core import LogsStatus
@@ -35,24 +35,9 @@ from adapterprobe.probes.result import ProbeResult
 ROOT = Path(__file__).resolve().parents[1]
 
 
-VERDICTS = {"pass", "warn", "fail", "error", "skip"}
-
-
-def rules_of(result: ProbeResult) -> set[str]:
-    return {f["rule"] for f in result.evidence.get("findings", [])}
-
-
 def check(inputs: Any, options: DriftOptions) -> ProbeResult:
-    """The kernel's answer: a verdict, a message, a score in [0, 1] and
-    evidence JSON can carry, never an exception."""
-    got = judge_drift(inputs, options, name="run")
-    assert got.verdict.value in VERDICTS
-    assert isinstance(got.message, str)
-    assert got.score is None or 0.0 <= got.score <= 1.0
-    json.dumps(got.evidence)
-    for finding in got.evidence.get("findings", []):
-        assert finding["verdict"] in {"warn", "fail"} and finding["message"]
-    return got
+    """The kernel's answer, well formed (verdict_checks), never an exception."""
+    return well_formed(judge_drift(inputs, options, name="run"))
 
 
 # ---- arbitrary values ----

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
+from verdict_checks import rules_of, well_formed
 
 from adapterprobe import _core
 from adapterprobe.errors import MissingFileError, TrainingStateError, WeightsError
@@ -37,19 +38,6 @@ from adapterprobe.probes.result import ProbeResult
 from adapterprobe.scan import DEMO_STORE
 
 ROOT = Path(__file__).resolve().parents[1]
-VERDICTS = {"pass", "warn", "fail", "error", "skip"}
-
-
-def rules_of(result: ProbeResult) -> set[str]:
-    return {f["rule"] for f in result.evidence.get("findings", [])}
-
-
-def well_formed(result: ProbeResult) -> ProbeResult:
-    assert result.verdict.value in VERDICTS
-    assert isinstance(result.message, str)
-    assert result.score is None or 0.0 <= result.score <= 1.0
-    json.dumps(result.evidence)
-    return result
 
 
 def outcome(result: ProbeResult) -> tuple[str, set[str]]:

@@ -29,6 +29,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
+from verdict_checks import rules_of
+from verdict_checks import well_formed as checked
 
 from adapterprobe import _core
 from adapterprobe.probes.full_weights import FullWeightsOptions, judge_full_weights
@@ -37,24 +39,11 @@ from adapterprobe.probes.result import ProbeResult
 from adapterprobe.probes.weights import WeightsOptions, judge_weights
 
 ROOT = Path(__file__).resolve().parents[1]
-VERDICTS = {"pass", "warn", "fail", "error", "skip"}
 WEIGHTS_RULES = {"dead_modules", "concentrated", "unchanged"}
 
 
-def rules_of(result: ProbeResult) -> set[str]:
-    return {f["rule"] for f in result.evidence.get("findings", [])}
-
-
 def well_formed(result: ProbeResult) -> ProbeResult:
-    """A verdict, a message and evidence that JSON can carry."""
-    assert result.verdict.value in VERDICTS
-    assert isinstance(result.message, str)
-    assert result.score is None or 0.0 <= result.score <= 1.0
-    json.dumps(result.evidence)  # NaN allowed (Python's json writes it), no objects
-    for finding in result.evidence.get("findings", []):
-        assert finding["rule"] in WEIGHTS_RULES
-        assert finding["verdict"] in {"warn", "fail"}
-    return result
+    return checked(result, WEIGHTS_RULES)
 
 
 # ---- strategies ----
