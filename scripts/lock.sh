@@ -20,35 +20,14 @@ if ! command -v uv >/dev/null 2>&1; then
   python3 -m pip install -q --require-hashes -r requirements-uv.txt
 fi
 
-pins() { grep -E '^[A-Za-z0-9_.-]+==' "$1" | sed 's/ .*//' | sort; }
-
 for name in dev olmo; do
   lock="requirements-$name.txt"
   before=$(mktemp)
-  if [ -f "$lock" ]; then pins "$lock" >"$before"; fi
+  if [ -f "$lock" ]; then cp "$lock" "$before"; fi
   uv pip compile "requirements-$name.in" -o "$lock" --quiet --generate-hashes \
     --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
     --custom-compile-command "bash scripts/lock.sh" "$@"
-  after=$(mktemp)
-  pins "$lock" >"$after"
   echo "== $lock: versions that moved (old -> new)"
-  python3 - "$before" "$after" <<'PY'
-import sys
-def read(path):
-    out = {}
-    for line in open(path):
-        name, _, version = line.strip().partition("==")
-        if name:
-            out[name.lower()] = version
-    return out
-old, new = read(sys.argv[1]), read(sys.argv[2])
-moved = 0
-for name in sorted(old.keys() | new.keys()):
-    a, b = old.get(name, "-"), new.get(name, "-")
-    if a != b:
-        moved += 1
-        print(f"  {name:<32} {a:>16} -> {b}")
-print(f"  {moved} moved, {len(new)} pinned")
-PY
-  rm -f "$before" "$after"
+  python3 scripts/pin_changes.py "$before" "$lock"
+  rm -f "$before"
 done

@@ -24,23 +24,7 @@ newest=$(mktemp)
 uv pip compile requirements-dev.in -o "$newest" --quiet --upgrade --no-header \
   --python-version 3.11 --python-platform x86_64-manylinux_2_28
 echo "== drift: the newest allowed releases against requirements-dev.txt"
-python3 - requirements-dev.txt "$newest" <<'PY'
-import re
-import sys
-def pins(path):
-    out = {}
-    for line in open(path):
-        m = re.match(r"([A-Za-z0-9_.-]+)==(\S+)", line)
-        if m:
-            out[m.group(1).lower()] = m.group(2)
-    return out
-locked, newest = pins(sys.argv[1]), pins(sys.argv[2])
-drift = [(n, locked.get(n, "-"), newest.get(n, "-")) for n in sorted(locked.keys() | newest.keys())
-         if locked.get(n) != newest.get(n)]
-for name, old, new in drift:
-    print(f"  {name:<32} {old:>16} -> {new}")
-print(f"  {len(drift)} of {len(newest)} packages drifted")
-PY
+python3 scripts/pin_changes.py requirements-dev.txt "$newest"
 
 uv pip install --quiet -r "$newest"
 rm -f "$newest"
