@@ -94,11 +94,18 @@ def timed(
     report(f"{label} x{repeat}", best_of(run(ours)), ref_name, best_of(run(ref)))
 
 
-def norms_pass(x: Any, *_: Any) -> Any:
-    """The floor of any judge in Python: every module's energy summed and sorted."""
-    modules = x.weights.modules if hasattr(x.weights, "modules") else x.weights.layers
-    energy = [(getattr(m, "delta_fro", None) or getattr(m, "norm", 0.0)) ** 2 for m in modules]
+def sum_and_sort(norms: list[float]) -> Any:
+    """The floor of any judge in Python: the energies summed and sorted."""
+    energy = [n * n for n in norms]
     return math.fsum(energy), sorted(energy, reverse=True)
+
+
+def lora_norms_pass(x: Any, *_: Any) -> Any:
+    return sum_and_sort([m.delta_fro or 0.0 for m in x.weights.modules])
+
+
+def layer_norms_pass(x: Any, *_: Any) -> Any:
+    return sum_and_sort([layer.norm for layer in x.weights.layers])
 
 
 def main() -> None:
@@ -109,12 +116,13 @@ def main() -> None:
     fixtures = sorted(p for p in (ROOT / "rust/testdata/weights").iterdir() if p.is_dir())
     real = [_core.weights_input(p) for p in fixtures]
     options = WeightsOptions(rules="robust")
-    real_cases = [(x, options, real[i - 1] if i else None) for i, x in enumerate(real)]
+    # Each case carries its adapter's path, for the reference to read it by.
+    real_cases = [(x, options, real[i - 1] if i else None, fixtures[i]) for i, x in enumerate(real)]
 
-    def kernel(x: Any, o: WeightsOptions, previous: Any) -> Any:
+    def kernel(x: Any, o: WeightsOptions, previous: Any, *_: Any) -> Any:
         return judge_weights(x, o, previous=previous)
 
-    def read(path: Path, *_: Any) -> Any:
+    def read(_x: Any, _o: WeightsOptions, _previous: Any, path: Path) -> Any:
         return _core.weights_input(path)
 
     timed(
@@ -123,7 +131,7 @@ def main() -> None:
         real_cases,
         kernel,
         "reading them",
-        lambda x, *_: read(fixtures[real.index(x)]),
+        read,
     )
     lora_cases = [(lora_report(args.layers), options, None)]
     timed(
@@ -132,7 +140,7 @@ def main() -> None:
         lora_cases,
         kernel,
         "a Python sum-and-sort of the norms",
-        norms_pass,
+        lora_norms_pass,
     )
     full_cases = [(full_report(args.layers), FullWeightsOptions(rules="robust"))]
     timed(
@@ -141,7 +149,7 @@ def main() -> None:
         full_cases,
         judge_full_weights,
         "a Python sum-and-sort of the norms",
-        norms_pass,
+        layer_norms_pass,
     )
 
 
