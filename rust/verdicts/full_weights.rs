@@ -9,10 +9,10 @@
 use crate::analysis::full_weights::FullWeights;
 use crate::analysis::numerics::extremes;
 use crate::io::excerpt::excerpt;
-use crate::io::path_text::display as path_str;
+use crate::io::path_text;
 use crate::store::probe_inputs::FullWeightsInput;
 use crate::verdicts::pyfmt::general;
-use crate::verdicts::{error_text as error_str, Evidence, Judged, Value, Verdict};
+use crate::verdicts::{error_text, Evidence, Judged, Value, Verdict};
 
 pub const KIND: &str = "full_weights";
 
@@ -38,10 +38,16 @@ fn finite_or_none(x: f64) -> Value {
 fn evidence_of(input: &FullWeightsInput, w: &FullWeights, o: &FullWeightsOptions) -> Evidence {
     let mut e = Evidence::new();
     e.put("rules", o.rules.as_str());
-    e.put("model_file", input.model_file.as_deref().map(path_str));
+    e.put(
+        "model_file",
+        input.model_file.as_deref().map(path_text::display),
+    );
     e.put(
         "files",
-        w.files.iter().map(|f| path_str(f)).collect::<Vec<_>>(),
+        w.files
+            .iter()
+            .map(|f| path_text::display(f))
+            .collect::<Vec<_>>(),
     );
     e.put("num_tensors", w.tensors.len());
     e.put("num_layers", w.layers.len());
@@ -74,7 +80,7 @@ pub fn judge_full_weights(input: &FullWeightsInput, o: &FullWeightsOptions) -> J
         return Judged::bare(KIND, Verdict::Skip, note.clone());
     }
     let Some(w) = &input.weights else {
-        let why = error_str(input.error.as_ref());
+        let why = error_text(input.error.as_ref());
         return Judged::bare(KIND, Verdict::Error, format!("full_weights: {why}"));
     };
     let mut evidence = evidence_of(input, w, o);
@@ -124,7 +130,7 @@ pub fn judge_full_weights(input: &FullWeightsInput, o: &FullWeightsOptions) -> J
         let file = input
             .model_file
             .as_deref()
-            .map_or_else(|| "None".to_string(), path_str);
+            .map_or_else(|| "None".to_string(), path_text::display);
         let message = format!(
             "no float tensors in {file} ({} of other dtypes), so there are no weights to check",
             w.skipped.len()

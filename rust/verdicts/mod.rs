@@ -89,7 +89,6 @@ impl Finding {
     }
 }
 
-/// The evidence list of `findings`.
 /// An error a gatherer left, as a message shows it: `"<path>: <reason>"`
 /// (the path as Python shows it), the reason alone for an error without a
 /// path, `"None"` for none.
@@ -101,6 +100,7 @@ pub fn error_text(error: Option<&Error>) -> String {
     }
 }
 
+/// The evidence list of `findings`.
 pub fn findings_value(findings: &[Finding]) -> Value {
     Value::List(findings.iter().map(Finding::to_value).collect())
 }

@@ -14,11 +14,11 @@ mod tests;
 use crate::analysis::adapter_weights::{AdapterWeights, LoraModuleStats};
 use crate::analysis::numerics::{count_median, fsum, median, CountMedian};
 use crate::io::excerpt::excerpt;
-use crate::io::path_text::{display as path_str, last_name as path_name};
+use crate::io::path_text;
 use crate::store::probe_inputs::WeightsInput;
 use crate::verdicts::pyfmt::{general, percent};
 use crate::verdicts::{
-    error_text as error_str, findings_value, worst, Evidence, Finding, Judged, Value, Verdict,
+    error_text, findings_value, worst, Evidence, Finding, Judged, Value, Verdict,
 };
 
 pub const KIND: &str = "adapter_weights";
@@ -94,14 +94,14 @@ fn unjudgeable(input: &WeightsInput) -> Option<Judged> {
         return Some(Judged::bare(KIND, Verdict::Skip, note.clone()));
     }
     let Some(w) = &input.weights else {
-        let message = format!("adapter_weights: {}", error_str(input.error.as_ref()));
+        let message = format!("adapter_weights: {}", error_text(input.error.as_ref()));
         return Some(Judged::bare(KIND, Verdict::Error, message));
     };
     if w.config.is_none() {
         let message = format!(
             "adapter_weights: no adapter_config.json beside {}, so the scale of \
              dW = (alpha / r) * B @ A is unknown and the adapter cannot be loaded as is",
-            path_str(&w.path)
+            path_text::display(&w.path)
         );
         return Some(Judged::bare(KIND, Verdict::Error, message));
     }
@@ -154,7 +154,7 @@ pub fn judge_weights(
     if modules.is_empty() {
         let message = format!(
             "no LoRA factors in {} (only {} other tensors), so there is no dW to judge",
-            path_str(&w.path),
+            path_text::display(&w.path),
             w.other_tensors.len()
         );
         return Judged::bare(KIND, Verdict::Skip, message).with_evidence(base);
@@ -284,8 +284,11 @@ pub fn judge_weights(
     }
     if let Some((before_input, before)) = previous.and_then(|p| p.weights.as_ref().map(|w| (p, w)))
     {
-        evidence.put("previous_version", path_str(&before_input.adapter));
-        let squares = before.modules.iter().map(|m| norm_of(m) * norm_of(m));
+        evidence.put(
+            "previous_version",
+            path_text::display(&before_input.adapter),
+        );
+        let squares = before.modules.iter().map(norm_of).map(|n| n * n);
         evidence.put(
             "total_delta_fro_previous",
             fsum(squares).unwrap_or(f64::INFINITY).sqrt(),
@@ -297,7 +300,7 @@ pub fn judge_weights(
                 format!(
                     "identical to the previous version {}: no module's ||A|| or ||B|| changed, \
                      so this version trained nothing new",
-                    path_name(&before_input.adapter)
+                    path_text::last_name(&before_input.adapter)
                 ),
             ));
         }

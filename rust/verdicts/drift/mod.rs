@@ -19,7 +19,7 @@ use crate::formats::logs::loss_log::LossCurve;
 use crate::io::path_text;
 use crate::store::probe_inputs::{DriftInput, LogsStatus};
 use crate::verdicts::evidence::Evidence;
-use crate::verdicts::{pyfmt, Judged, Value, Verdict};
+use crate::verdicts::{error_text, pyfmt, Judged, Value, Verdict};
 
 pub const KIND: &str = "training_drift";
 
@@ -108,11 +108,7 @@ pub fn judge_drift(input: &DriftInput, o: &DriftOptions) -> Judged {
             return Judged::bare(KIND, Verdict::Skip, message);
         }
         LogsStatus::Failed => {
-            let message = match &input.error {
-                Some(e) if e.path.as_os_str().is_empty() => e.message.clone(),
-                Some(e) => format!("{}: {}", path_text::display(&e.path), e.message),
-                None => "None".to_string(),
-            };
+            let message = error_text(input.error.as_ref());
             let paths: Vec<Value> = input
                 .files
                 .iter()
