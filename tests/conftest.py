@@ -15,7 +15,6 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,7 +23,7 @@ TOOLS = ROOT / "tools"
 if str(TOOLS) not in sys.path:
     sys.path.insert(0, str(TOOLS))
 
-from realruns.fixtures import FIELD_SUBSET, FIXTURES, SOURCE_ENV  # noqa: E402
+from realruns.fixtures import FIXTURES, SOURCE_ENV, write_part  # noqa: E402
 
 
 @pytest.fixture
@@ -41,7 +40,7 @@ def realruns_source() -> str:
     return os.environ.get(SOURCE_ENV, "committed") or "committed"
 
 
-def _realruns(part: str, tmp_path_factory: pytest.TempPathFactory, train: Any) -> Path:
+def _realruns(part: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     source = realruns_source()
     if source == "committed":
         return FIXTURES / part
@@ -50,7 +49,7 @@ def _realruns(part: str, tmp_path_factory: pytest.TempPathFactory, train: Any) -
     for module in ("torch", "safetensors", "transformers", "peft"):
         pytest.importorskip(module)
     root = tmp_path_factory.mktemp(part)
-    train(root)
+    write_part(part, root)
     return root
 
 
@@ -59,13 +58,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, st
     """The labelled corpus of real training runs (tools/realruns/corpus.py):
     ``(root, {run name: label})``, labels read from disk. The committed fixture
     unless ADAPTERPROBE_REALRUNS says otherwise (see realruns_source)."""
-
-    def train(root: Path) -> None:
-        from realruns.corpus import write_corpus
-
-        write_corpus(root)
-
-    root = _realruns("corpus", tmp_path_factory, train)
+    root = _realruns("corpus", tmp_path_factory)
     labels = json.loads((root / "labels.json").read_text(encoding="utf-8"))
     return root, {name: info["label"] for name, info in labels.items()}
 
@@ -74,10 +67,4 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, st
 def field_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """FIELD_SUBSET of the field corpus (tools/realruns/field.py): real
     transformers.Trainer output dirs; committed, as ``corpus``."""
-
-    def train(root: Path) -> None:
-        from realruns import field
-
-        field.write_field_corpus(root, FIELD_SUBSET)
-
-    return _realruns("field", tmp_path_factory, train)
+    return _realruns("field", tmp_path_factory)

@@ -27,12 +27,12 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 pytestmark = pytest.mark.slow  # the session's subset takes about half a minute of training
 
-from conftest import FIELD_SUBSET as SUBSET  # noqa: E402
 from conftest import realruns_source  # noqa: E402
 
 from adapterprobe.errors import UsageError  # noqa: E402
 from realruns import field  # noqa: E402
 from realruns.field import ALL_LABELS, FAULTS, FIELD, LABELS, run_named  # noqa: E402
+from realruns.fixtures import FIELD_SUBSET as SUBSET  # noqa: E402
 
 LOSS_KEYS = {"epoch", "grad_norm", "learning_rate", "loss", "step"}
 CHECKPOINT_FILES = {

@@ -11,9 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from conftest import FIELD_SUBSET, FIXTURES
-
-from realruns.fixtures import MANIFEST, file_hashes
+from realruns.fixtures import FIELD_SUBSET, FIXTURES, MANIFEST, file_hashes
 
 
 def manifest() -> dict:

@@ -69,17 +69,31 @@ FIELD_SUBSET = (
 )
 
 
-def write_all(out: Path) -> None:
-    """Train the corpus and the field subset into the empty folder ``out``."""
-    from realruns.corpus import write_corpus
-    from realruns.field import write_field_corpus
+#: The two parts, each a folder of FIXTURES.
+PARTS = ("corpus", "field")
 
-    began = time.perf_counter()
-    write_corpus(out / "corpus")
-    print(f"corpus trained in {time.perf_counter() - began:.0f} s", flush=True)
-    began = time.perf_counter()
-    write_field_corpus(out / "field", FIELD_SUBSET, progress=True)
-    print(f"field subset trained in {time.perf_counter() - began:.0f} s", flush=True)
+
+def write_part(part: str, root: Path, *, progress: bool = False) -> None:
+    """Train one part into the folder ``root``: "corpus" (every run of
+    :mod:`realruns.corpus`) or "field" (``FIELD_SUBSET`` of :mod:`realruns.field`)."""
+    if part == "corpus":
+        from realruns.corpus import write_corpus
+
+        write_corpus(root)
+    elif part == "field":
+        from realruns.field import write_field_corpus
+
+        write_field_corpus(root, FIELD_SUBSET, progress=progress)
+    else:
+        raise ValueError(f"no fixture part named {part!r} (known: {', '.join(PARTS)})")
+
+
+def write_all(out: Path) -> None:
+    """Train every part into the empty folder ``out``, saying how long each took."""
+    for part in PARTS:
+        began = time.perf_counter()
+        write_part(part, out / part, progress=True)
+        print(f"{part} trained in {time.perf_counter() - began:.0f} s", flush=True)
 
 
 def file_hashes(root: Path) -> dict[str, str]:
