@@ -25,6 +25,7 @@ import numpy as np
 from _timing import best_of, report
 
 from adapterprobe import _core
+from adapterprobe._core import _testing
 from adapterprobe.probes.drift import DriftOptions, judge_drift
 
 
@@ -42,13 +43,13 @@ def make_input(records: int, seed: int = 0) -> object:
     rng = random.Random(seed + 1)
     losses = make_losses(records, seed)
     steps = range(records)
-    curve = _core.loss_curve_from_records(
+    curve = _testing.loss_curve_from_records(
         list(zip(steps, losses, strict=True)),
         grad_norm=[(s, 1.0 + rng.random()) for s in steps],
         learning_rate=[(s, 1e-4 * (1 - s / records)) for s in steps],
         eval_loss=[(s, 3.0 * 0.9995**s + 0.5) for s in range(0, records, max(records // 50, 1))],
     )
-    return _core.drift_input_from("/bench/run", _core.LogsStatus.Curve, curve=curve)
+    return _testing.drift_input_from("/bench/run", _core.LogsStatus.Curve, curve=curve)
 
 
 def main() -> None:

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from _timing import best_of, report
 
 from adapterprobe import _core
+from adapterprobe._core import _testing
 from adapterprobe.probes.full_weights import FullWeightsOptions, judge_full_weights
 from adapterprobe.probes.weights import WeightsOptions, judge_weights
 
@@ -45,7 +46,7 @@ def lora_report(layers: int, seed: int = 0) -> Any:
         for m in MODULES:
             delta = 10.0 ** rng.uniform(-3, 0)
             mods.append(
-                _core.make_lora_module_stats(
+                _testing.make_lora_module_stats(
                     f"base_model.model.model.layers.{layer}.self_attn.{m}",
                     layer=layer,
                     rank=16,
@@ -56,23 +57,23 @@ def lora_report(layers: int, seed: int = 0) -> Any:
                     rank_used=rng.randint(4, 16),
                 )
             )
-        energy.append(_core.make_layer_energy(layer, len(MODULES), rng.random()))
-    config = _core.make_config_summary("/a/adapter_config.json", 16, 32.0)
-    w = _core.make_adapter_weights("/a/adapter_model.safetensors", config, mods, [], energy)
-    return _core.make_weights_input("/a", weights=w)
+        energy.append(_testing.make_layer_energy(layer, len(MODULES), rng.random()))
+    config = _testing.make_config_summary("/a/adapter_config.json", 16, 32.0)
+    w = _testing.make_adapter_weights("/a/adapter_model.safetensors", config, mods, [], energy)
+    return _testing.make_weights_input("/a", weights=w)
 
 
 def full_report(layers: int) -> Any:
     tensors = [
-        _core.make_tensor_stats(f"model.layers.{i}.{m}.weight", norm=1.0)
+        _testing.make_tensor_stats(f"model.layers.{i}.{m}.weight", norm=1.0)
         for i in range(layers)
         for m in MODULES
     ]
-    per_layer = [_core.make_layer_weights(i, norm=1.0 + i) for i in range(layers)]
-    w = _core.make_full_weights(
+    per_layer = [_testing.make_layer_weights(i, norm=1.0 + i) for i in range(layers)]
+    w = _testing.make_full_weights(
         "/m/model.safetensors", ["/m/model.safetensors"], tensors, per_layer
     )
-    return _core.make_full_weights_input("/m", model_file="/m/model.safetensors", weights=w)
+    return _testing.make_full_weights_input("/m", model_file="/m/model.safetensors", weights=w)
 
 
 def timed(

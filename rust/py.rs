@@ -898,12 +898,26 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<LayerWeights>()?;
     m.add_function(wrap_pyfunction!(full_weights_input, m)?)?;
     compare::register(m)?;
-    drift_inputs::register(m)?;
     ghost_inputs::register(m)?;
     json::register(m)?;
     records::register(m)?;
     remote::register(m)?;
     verdicts::register(m)?;
-    weights_inputs::register(m)?;
+    add_testing(m)
+}
+
+/// `_core._testing`: constructors of the kernels' inputs from plain values,
+/// for the property tests. Kept out of `_core` itself so the public surface
+/// (and its stub) is what a user calls; registered in `sys.modules` so that
+/// `from adapterprobe._core import _testing` and a plain import both work.
+fn add_testing(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    let testing = PyModule::new(py, "adapterprobe._core._testing")?;
+    drift_inputs::register(&testing)?;
+    weights_inputs::register(&testing)?;
+    m.setattr("_testing", &testing)?;
+    py.import("sys")?
+        .getattr("modules")?
+        .set_item("adapterprobe._core._testing", &testing)?;
     Ok(())
 }

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from verdict_checks import rules_of, well_formed
 
 from adapterprobe import _core
-from adapterprobe._core import LogsStatus
+from adapterprobe._core import LogsStatus, _testing
 from adapterprobe.probes.drift import DriftOptions, judge_drift
 from adapterprobe.probes.options import resolve
 from adapterprobe.probes.result import ProbeResult
@@ -140,7 +140,7 @@ def curves(draw: st.DrawFn) -> Any:
         masked = draw(st.lists(st.sampled_from(curve_steps), min_size=1, max_size=3))
         records += [(s, draw(st.sampled_from([0.0, -0.0, 1.0]))) for s in masked]
         grad_norm += [(s, math.nan) for s in masked]
-    return _core.loss_curve_from_records(
+    return _testing.loss_curve_from_records(
         records,
         eval_loss=draw(side_series(curve_steps, "eval")),
         grad_norm=grad_norm,
@@ -189,7 +189,7 @@ def drift_options(draw: st.DrawFn) -> DriftOptions:
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(curve=curves(), options=drift_options())
 def test_every_curve_gets_a_verdict(curve: Any, options: DriftOptions) -> None:
-    inputs = _core.drift_input_from("/runs/r", LogsStatus.Curve, curve=curve)
+    inputs = _testing.drift_input_from("/runs/r", LogsStatus.Curve, curve=curve)
     check(inputs, options)
 
 
@@ -221,7 +221,7 @@ def test_every_input_state_gets_a_verdict(
     options: DriftOptions,
     curve: Any,
 ) -> None:
-    inputs = _core.drift_input_from(
+    inputs = _testing.drift_input_from(
         store,
         getattr(LogsStatus, status),
         logs_dir=logs_dir,
@@ -266,14 +266,14 @@ def test_every_rule_fires_on_a_curve_made_for_it() -> None:
         (decay(8), {}),  # spikes not judged; too short for sway
     ]
     for losses, steps in [([2.0, 1.0], [0, 1]), ([2.0, 1.0], [0, 9]), ([3.0, 2.0, 1.0], [5, 6, 7])]:
-        curve = _core.loss_curve_from_records(list(zip(steps, losses, strict=True)))
-        inputs = _core.drift_input_from("/r", LogsStatus.Curve, curve=curve)
+        curve = _testing.loss_curve_from_records(list(zip(steps, losses, strict=True)))
+        inputs = _testing.drift_input_from("/r", LogsStatus.Curve, curve=curve)
         for rules in ("robust", "sway"):
             check(inputs, DriftOptions(rules=rules, min_steps=2))
     seen: set[str] = set()
     for losses, side in cases:
-        curve = _core.loss_curve_from_records(list(enumerate(losses)), **side)
-        inputs = _core.drift_input_from("/r", LogsStatus.Curve, curve=curve)
+        curve = _testing.loss_curve_from_records(list(enumerate(losses)), **side)
+        inputs = _testing.drift_input_from("/r", LogsStatus.Curve, curve=curve)
         for options in ALL_OPTIONS:
             r = check(inputs, options)
             seen.add(f"{options.rules}:{r.verdict.value}")
@@ -304,13 +304,13 @@ def test_every_rule_fires_on_a_curve_made_for_it() -> None:
 
 
 def test_constructor_refuses_inconsistent_states() -> None:
-    curve = _core.loss_curve_from_records([(0, 1.0)])
+    curve = _testing.loss_curve_from_records([(0, 1.0)])
     with pytest.raises(ap_errors().UsageError):
-        _core.drift_input_from("/r", LogsStatus.Curve)
+        _testing.drift_input_from("/r", LogsStatus.Curve)
     with pytest.raises(ap_errors().UsageError):
-        _core.drift_input_from("/r", LogsStatus.NoFiles, curve=curve)
+        _testing.drift_input_from("/r", LogsStatus.NoFiles, curve=curve)
     with pytest.raises(ap_errors().UsageError):
-        _core.drift_input_from("/r", LogsStatus.Failed)
+        _testing.drift_input_from("/r", LogsStatus.Failed)
 
 
 def ap_errors() -> Any:
@@ -379,8 +379,8 @@ def test_the_labelled_corpus(
 
 
 def judged(steps: list[int], losses: list[float], rules: str = "robust") -> ProbeResult:
-    curve = _core.loss_curve_from_records(list(zip(steps, losses, strict=True)))
-    inputs = _core.drift_input_from("/r", LogsStatus.Curve, curve=curve)
+    curve = _testing.loss_curve_from_records(list(zip(steps, losses, strict=True)))
+    inputs = _testing.drift_input_from("/r", LogsStatus.Curve, curve=curve)
     return check(inputs, resolve(DriftOptions, None, rules, {}))
 
 

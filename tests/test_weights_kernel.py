@@ -33,6 +33,7 @@ from verdict_checks import rules_of
 from verdict_checks import well_formed as checked
 
 from adapterprobe import _core
+from adapterprobe._core import _testing
 from adapterprobe.probes.full_weights import FullWeightsOptions, judge_full_weights
 from adapterprobe.probes.options import resolve
 from adapterprobe.probes.result import ProbeResult
@@ -76,7 +77,7 @@ counts = st.one_of(st.just(0), st.integers(min_value=0, max_value=5), st.integer
 
 @st.composite
 def lora_modules(draw: st.DrawFn) -> Any:
-    return _core.make_lora_module_stats(
+    return _testing.make_lora_module_stats(
         draw(names),
         layer=draw(st.none() | st.integers(0, 40)),
         rank=draw(st.integers(0, 64)),
@@ -99,7 +100,7 @@ def module_lists(max_size: int) -> st.SearchStrategy[list[Any]]:
 def adapter_weights(draw: st.DrawFn, modules: st.SearchStrategy[list[Any]]) -> Any:
     config = draw(
         st.builds(
-            _core.make_config_summary,
+            _testing.make_config_summary,
             st.just("/store/v0001/adapter_config.json"),
             st.integers(0, 256),
             floats,
@@ -113,17 +114,17 @@ def adapter_weights(draw: st.DrawFn, modules: st.SearchStrategy[list[Any]]) -> A
         config = None  # the adapter cannot be judged without it
     others = draw(
         st.lists(
-            st.builds(_core.make_tensor_stats, names, nonfinite=st.sampled_from([0, 0, 1, 4])),
+            st.builds(_testing.make_tensor_stats, names, nonfinite=st.sampled_from([0, 0, 1, 4])),
             max_size=4,
         )
     )
     layers = draw(
         st.lists(
-            st.builds(_core.make_layer_energy, st.integers(0, 12), st.integers(0, 8), floats),
+            st.builds(_testing.make_layer_energy, st.integers(0, 12), st.integers(0, 8), floats),
             max_size=8,
         )
     )
-    return _core.make_adapter_weights(
+    return _testing.make_adapter_weights(
         draw(paths),
         config,
         draw(modules),
@@ -139,11 +140,11 @@ def weights_inputs(draw: st.DrawFn, modules: st.SearchStrategy[list[Any]]) -> An
     state = draw(st.sampled_from(["weights"] * 12 + ["note", "error", "error-path"]))
     adapter = draw(paths)
     if state == "note":
-        return _core.make_weights_input(adapter, note=draw(names))
+        return _testing.make_weights_input(adapter, note=draw(names))
     if state != "weights":
         path = draw(paths) if state == "error-path" else None
-        return _core.make_weights_input(adapter, error=draw(names), error_path=path)
-    return _core.make_weights_input(adapter, weights=draw(adapter_weights(modules)))
+        return _testing.make_weights_input(adapter, error=draw(names), error_path=path)
+    return _testing.make_weights_input(adapter, weights=draw(adapter_weights(modules)))
 
 
 @st.composite
@@ -166,7 +167,7 @@ def changed(inputs: Any, bump: float) -> Any:
     mods = list(w.modules)
     if mods and bump:
         m = mods[0]
-        mods[0] = _core.make_lora_module_stats(
+        mods[0] = _testing.make_lora_module_stats(
             m.name,
             layer=m.layer,
             rank=m.rank,
@@ -176,7 +177,7 @@ def changed(inputs: Any, bump: float) -> Any:
             stable_rank=m.stable_rank,
             rank_used=m.rank_used,
         )
-    rebuilt = _core.make_adapter_weights(
+    rebuilt = _testing.make_adapter_weights(
         w.path,
         w.config,
         mods,
@@ -185,7 +186,7 @@ def changed(inputs: Any, bump: float) -> Any:
         tensor_bytes=w.tensor_bytes,
         nonfinite_total=w.nonfinite_total,
     )
-    return _core.make_weights_input("/store/v0000/", weights=rebuilt)
+    return _testing.make_weights_input("/store/v0000/", weights=rebuilt)
 
 
 def rebuilt(inputs: Any, modules: list[Any], *, shuffle: random.Random | None = None) -> Any:
@@ -196,7 +197,7 @@ def rebuilt(inputs: Any, modules: list[Any], *, shuffle: random.Random | None = 
     if shuffle is not None:
         shuffle.shuffle(others)
         shuffle.shuffle(layers)
-    again = _core.make_adapter_weights(
+    again = _testing.make_adapter_weights(
         w.path,
         w.config,
         modules,
@@ -205,7 +206,7 @@ def rebuilt(inputs: Any, modules: list[Any], *, shuffle: random.Random | None = 
         tensor_bytes=w.tensor_bytes,
         nonfinite_total=w.nonfinite_total,
     )
-    return _core.make_weights_input(inputs.adapter, weights=again)
+    return _testing.make_weights_input(inputs.adapter, weights=again)
 
 
 def module_like(m: Any, **changes: Any) -> Any:
@@ -222,11 +223,11 @@ def module_like(m: Any, **changes: Any) -> Any:
         "magnitude_nonfinite": m.magnitude_nonfinite,
     }
     fields.update(changes)
-    return _core.make_lora_module_stats(m.name, **fields)
+    return _testing.make_lora_module_stats(m.name, **fields)
 
 
 def healthy_module(name: str, delta: float, *, layer: int = 0) -> Any:
-    return _core.make_lora_module_stats(
+    return _testing.make_lora_module_stats(
         name,
         layer=layer,
         rank=8,
@@ -243,11 +244,11 @@ def adapter_of(deltas: list[float], *, nonfinite_total: int = 0, config: bool = 
         healthy_module(f"model.layers.{i}.self_attn.q_proj", d, layer=i)
         for i, d in enumerate(deltas)
     ]
-    summary = _core.make_config_summary("/a/adapter_config.json", 8, 16.0) if config else None
-    w = _core.make_adapter_weights(
+    summary = _testing.make_config_summary("/a/adapter_config.json", 8, 16.0) if config else None
+    w = _testing.make_adapter_weights(
         "/a/adapter_model.safetensors", summary, mods, [], [], nonfinite_total=nonfinite_total
     )
-    return _core.make_weights_input("/a", weights=w)
+    return _testing.make_weights_input("/a", weights=w)
 
 
 ROBUST = resolve(WeightsOptions, None, "robust", {})
@@ -326,11 +327,13 @@ def test_scaling_every_dw_by_a_power_of_two_changes_no_verdict(
 def test_a_nonfinite_weight_fails(inputs: Any, options: WeightsOptions, bad: int) -> None:
     assume(inputs.weights is not None and inputs.weights.config is not None)
     w = inputs.weights
-    poisoned = _core.make_adapter_weights(
+    poisoned = _testing.make_adapter_weights(
         w.path, w.config, list(w.modules), list(w.other_tensors), list(w.layers),
         nonfinite_total=bad,
     )  # fmt: skip
-    result = well_formed(judge_weights(_core.make_weights_input("/a", weights=poisoned), options))
+    result = well_formed(
+        judge_weights(_testing.make_weights_input("/a", weights=poisoned), options)
+    )
     assert result.verdict.value == "fail"
     assert result.message.startswith("nonfinite_weights:")
 
@@ -431,12 +434,12 @@ def test_no_config_is_an_error_and_no_factors_a_skip() -> None:
 def test_nan_norms_are_left_out_of_the_median_and_ranked_last(norms: list[float]) -> None:
     """NaN has one policy: no part in the median, last in the energy ranking."""
     mods = [
-        _core.make_lora_module_stats(f"m{i}", delta_fro=n, stable_rank=n, rank_used=i % 5)
+        _testing.make_lora_module_stats(f"m{i}", delta_fro=n, stable_rank=n, rank_used=i % 5)
         for i, n in enumerate(norms)
     ]
-    config = _core.make_config_summary("/a/adapter_config.json", 8, 16.0)
-    w = _core.make_adapter_weights("/a/adapter_model.safetensors", config, mods, [], [])
-    result = well_formed(judge_weights(_core.make_weights_input("/a", weights=w), ROBUST))
+    config = _testing.make_config_summary("/a/adapter_config.json", 8, 16.0)
+    w = _testing.make_adapter_weights("/a/adapter_model.safetensors", config, mods, [], [])
+    result = well_formed(judge_weights(_testing.make_weights_input("/a", weights=w), ROBUST))
     if not mods:
         return
     finite = sorted(n for n in norms if not math.isnan(n))
@@ -459,14 +462,14 @@ def full_inputs(draw: st.DrawFn) -> Any:
     state = draw(st.sampled_from(["weights"] * 6 + ["note", "error", "error-path"]))
     adapter = draw(paths)
     if state == "note":
-        return _core.make_full_weights_input(adapter, note=draw(names))
+        return _testing.make_full_weights_input(adapter, note=draw(names))
     if state != "weights":
         path = draw(paths) if state == "error-path" else None
-        return _core.make_full_weights_input(adapter, error=draw(names), error_path=path)
+        return _testing.make_full_weights_input(adapter, error=draw(names), error_path=path)
     tensors = draw(
         st.lists(
             st.builds(
-                _core.make_tensor_stats, names, nonfinite=st.sampled_from([0, 0, 0, 1, 2**40])
+                _testing.make_tensor_stats, names, nonfinite=st.sampled_from([0, 0, 0, 1, 2**40])
             ),
             max_size=12,
         )
@@ -474,7 +477,7 @@ def full_inputs(draw: st.DrawFn) -> Any:
     layers = draw(
         st.lists(
             st.builds(
-                _core.make_layer_weights,
+                _testing.make_layer_weights,
                 st.integers(0, 30),
                 norm=floats,
                 nonfinite=st.sampled_from([0, 0, 3]),
@@ -482,7 +485,7 @@ def full_inputs(draw: st.DrawFn) -> Any:
             max_size=10,
         )
     )
-    w = _core.make_full_weights(
+    w = _testing.make_full_weights(
         draw(paths),
         draw(st.lists(paths, max_size=3)),
         tensors,
@@ -493,7 +496,7 @@ def full_inputs(draw: st.DrawFn) -> Any:
         tensor_bytes=draw(counts),
         nonfinite_total=sum(t.nonfinite for t in tensors) if draw(st.booleans()) else 0,
     )
-    return _core.make_full_weights_input(adapter, model_file=draw(st.none() | paths), weights=w)
+    return _testing.make_full_weights_input(adapter, model_file=draw(st.none() | paths), weights=w)
 
 
 @SETTINGS
@@ -524,7 +527,7 @@ def test_full_weights_verdicts(inputs: Any, rules: str, max_listed: int | None, 
     tensors, layers = list(w.tensors), list(w.layers)
     shuffle.shuffle(tensors)
     shuffle.shuffle(layers)
-    again = _core.make_full_weights(
+    again = _testing.make_full_weights(
         w.path,
         list(w.files),
         tensors,
@@ -536,7 +539,9 @@ def test_full_weights_verdicts(inputs: Any, rules: str, max_listed: int | None, 
         nonfinite_total=w.nonfinite_total,
     )
     moved = judge_full_weights(
-        _core.make_full_weights_input(inputs.adapter, model_file=inputs.model_file, weights=again),
+        _testing.make_full_weights_input(
+            inputs.adapter, model_file=inputs.model_file, weights=again
+        ),
         options,
     )
     assert moved.verdict == result.verdict
