@@ -11,7 +11,7 @@ use crate::analysis::numerics::extremes;
 use crate::io::excerpt::excerpt;
 use crate::io::path_text;
 use crate::store::probe_inputs::FullWeightsInput;
-use crate::verdicts::pyfmt::general;
+use crate::verdicts::number_text::general;
 use crate::verdicts::{error_text, Evidence, Judged, Value, Verdict};
 
 pub const KIND: &str = "full_weights";

@@ -7,7 +7,7 @@
 //! scan and a single probe cannot disagree. Each rule has one
 //! implementation, here; the shared numerics are `analysis::numerics`, and
 //! paths become text through `io::path_text`. Messages are written with
-//! [`pyfmt`]. The tests hold the verdicts to what they must do
+//! [`number_text`]. The tests hold the verdicts to what they must do
 //! (`tests/test_*_kernel.py`), not to a second implementation.
 //!
 //! Room order: above `store` (whose gathered inputs they read), below
@@ -18,7 +18,7 @@ pub mod evidence;
 pub mod full_weights;
 pub mod ghost;
 pub mod layer_lift;
-pub mod pyfmt;
+pub mod number_text;
 pub mod weights;
 
 pub use evidence::{Evidence, Value};

@@ -16,7 +16,7 @@ use crate::analysis::numerics::{count_median, fsum, median, CountMedian};
 use crate::io::excerpt::excerpt;
 use crate::io::path_text;
 use crate::store::probe_inputs::WeightsInput;
-use crate::verdicts::pyfmt::{general, percent};
+use crate::verdicts::number_text::{general, percent};
 use crate::verdicts::{
     error_text, findings_value, worst, Evidence, Finding, Judged, Value, Verdict,
 };

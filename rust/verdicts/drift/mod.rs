@@ -7,7 +7,7 @@
 //! MAD spike count. This is their one implementation (unit tests per rule
 //! in `tests.rs`; `tests/test_drift_kernel.py` holds the verdicts to their
 //! properties: logging cadence, scale, NaN and climbs). Numbers in messages
-//! are spelled by [`pyfmt`].
+//! are spelled by [`number_text`].
 
 mod robust;
 mod side;
@@ -19,7 +19,7 @@ use crate::formats::logs::loss_log::LossCurve;
 use crate::io::path_text;
 use crate::store::probe_inputs::{DriftInput, LogsStatus};
 use crate::verdicts::evidence::Evidence;
-use crate::verdicts::{error_text, pyfmt, Judged, Value, Verdict};
+use crate::verdicts::{error_text, number_text, Judged, Value, Verdict};
 
 pub const KIND: &str = "training_drift";
 
@@ -127,7 +127,7 @@ pub fn judge_drift(input: &DriftInput, o: &DriftOptions) -> Judged {
     if num_steps < o.min_steps {
         let span = step_span(&curve.steps);
         let over = if span > num_steps as i128 {
-            format!(" over {} steps", pyfmt::thousands(span))
+            format!(" over {} steps", number_text::thousands(span))
         } else {
             String::new()
         };
@@ -203,18 +203,18 @@ fn span_text(steps: &[i64]) -> String {
     let s = if n != 1 { "s" } else { "" };
     let span = step_span(steps);
     if span == n as i128 {
-        return format!("over {} step{s}", pyfmt::count(n));
+        return format!("over {} step{s}", number_text::count(n));
     }
     format!(
         "over {} steps ({} logged record{s})",
-        pyfmt::thousands(span),
-        pyfmt::count(n)
+        number_text::thousands(span),
+        number_text::count(n)
     )
 }
 
 /// The change from head to tail with its sign: `+0.5%` is a rise.
 fn change_text(head: f64, tail: f64) -> String {
-    pyfmt::signed_percent((tail - head) / head.abs(), 1)
+    number_text::signed_percent((tail - head) / head.abs(), 1)
 }
 
 /// Python's `max(a, b)`: `a` unless `b > a` (so a NaN `b` loses, a NaN `a` stays).

@@ -11,7 +11,7 @@ use super::{
 use crate::analysis::robust_curve::{self, RobustCurve, RobustParams};
 use crate::formats::logs::loss_log::LossCurve;
 use crate::verdicts::evidence::Evidence;
-use crate::verdicts::{findings_value, pyfmt, worst, Finding, Judged, Value, Verdict};
+use crate::verdicts::{findings_value, number_text, worst, Finding, Judged, Value, Verdict};
 
 /// A final loss that is not finite, or more than this share of non-finite
 /// steps, makes non-finite losses a FAIL rather than a WARN.
@@ -179,7 +179,7 @@ pub(super) fn judge(curve: &LossCurve, o: &DriftOptions) -> Result<Judged, Strin
             format!(
                 "{} NaN/inf losses ({} of records{}) at steps {}",
                 nonfinite_steps.len(),
-                pyfmt::percent(share, 1),
+                number_text::percent(share, 1),
                 if last_bad {
                     ", the last one included"
                 } else {
@@ -201,8 +201,8 @@ pub(super) fn judge(curve: &LossCurve, o: &DriftOptions) -> Result<Judged, Strin
             "objective {} -> {} {span}; not a positive loss (it goes negative or starts at or \
              near 0: an RL, KL or log-ratio objective?), so only NaN/inf and the side series are \
              judged, not its trend or spikes",
-            pyfmt::general(first, 4),
-            pyfmt::general(last, 4)
+            number_text::general(first, 4),
+            number_text::general(last, 4)
         );
         let mut extra = Evidence::new();
         extra.put("objective", "not_positive");
@@ -263,12 +263,12 @@ fn judge_trend(
             .take(6)
             .map(|s| {
                 let size = if a.relative {
-                    format!("+{} over trend", pyfmt::percent(s.relative_rise, 0))
+                    format!("+{} over trend", number_text::percent(s.relative_rise, 0))
                 } else {
-                    format!("+{}", pyfmt::general(s.rise, 3))
+                    format!("+{}", number_text::general(s.rise, 3))
                 };
                 let scales = match s.z {
-                    Some(z) => format!(", {} noise scales)", pyfmt::fixed(z, 0)),
+                    Some(z) => format!(", {} noise scales)", number_text::fixed(z, 0)),
                     None => ", noise-free curve)".to_string(),
                 };
                 format!("step {} ({size}{scales}", s.peak_step)
@@ -287,8 +287,8 @@ fn judge_trend(
                  {num_steps} records): {}{more}",
                 spikes.len(),
                 if spikes.len() != 1 { "s" } else { "" },
-                pyfmt::fixed(a.spike_threshold, 1),
-                pyfmt::percent(o.spike_false_alarm, 0),
+                number_text::fixed(a.spike_threshold, 1),
+                number_text::percent(o.spike_false_alarm, 0),
                 parts.join("; ")
             ),
         ));
@@ -309,14 +309,14 @@ fn judge_trend(
             3.0 * a.noise / head
         },
     );
-    let g4 = |x: f64| pyfmt::general(x, 4);
+    let g4 = |x: f64| number_text::general(x, 4);
     if rise > py_max(0.05, level_noise) {
         findings.push(Finding::new(
             Verdict::Fail,
             "diverged",
             format!(
                 "loss ended {} above where it started ({} -> {} {span}; best {} at step {best_step})",
-                pyfmt::percent(rise, 0),
+                number_text::percent(rise, 0),
                 g4(head),
                 g4(tail),
                 g4(best)
@@ -329,7 +329,7 @@ fn judge_trend(
             format!(
                 "the loss trend climbed {} above where it started ({} -> {} at step {}) before \
                  ending at {}",
-                pyfmt::percent(peak_rise, 0),
+                number_text::percent(peak_rise, 0),
                 g4(head),
                 g4(peak),
                 step(a.peak_index),
@@ -348,10 +348,10 @@ fn judge_trend(
             format!(
                 "loss climbed back from its best by {} of its starting level ({} at step \
                  {best_step} -> {} at the end), more than {}",
-                pyfmt::percent(regression, 0),
+                number_text::percent(regression, 0),
                 g4(best),
                 g4(tail),
-                pyfmt::percent(o.max_regression, 0)
+                number_text::percent(o.max_regression, 0)
             ),
         ));
     } else if drop < o.min_relative_drop && thirds_drop_bound(losses, a.noise) < o.min_relative_drop
@@ -364,15 +364,15 @@ fn judge_trend(
                 "loss did not fall: {change} {span} ({} -> {}), less than the {} fall required",
                 g4(head),
                 g4(tail),
-                pyfmt::percent(o.min_relative_drop, 0)
+                number_text::percent(o.min_relative_drop, 0)
             ),
         ));
     }
 
     let noise_text = if a.relative {
-        pyfmt::percent(a.noise, 1)
+        number_text::percent(a.noise, 1)
     } else {
-        pyfmt::general(a.noise, 3)
+        number_text::general(a.noise, 3)
     };
     let spike_note = if judge_spikes {
         "no spikes".to_string()

@@ -3,7 +3,7 @@
 //! for most of the run) and the eval loss (non-finite, rising while the
 //! training loss falls).
 
-use super::{pyfmt, steps_text, upper_median, CURVE_SAMPLE_CAP};
+use super::{number_text, steps_text, upper_median, CURVE_SAMPLE_CAP};
 use crate::analysis::series;
 use crate::formats::logs::loss_log::LossCurve;
 use crate::verdicts::evidence::Evidence;
@@ -55,7 +55,7 @@ pub(super) fn side_findings(curve: &LossCurve, max_eval_rise: f64) -> (Vec<Findi
                 format!(
                     "{} NaN/inf gradient norms ({} of records{}) at steps {}",
                     bad.len(),
-                    pyfmt::percent(share, 1),
+                    number_text::percent(share, 1),
                     if last_bad {
                         ", the last one included"
                     } else {
@@ -152,9 +152,9 @@ fn eval_rise(
             format!(
                 "eval loss rose {} from its best ({} at step {best_step} -> {} at step \
                  {last_step}) while the training loss fell: overfitting",
-                pyfmt::percent(rise, 0),
-                pyfmt::general(best, 4),
-                pyfmt::general(last, 4)
+                number_text::percent(rise, 0),
+                number_text::general(best, 4),
+                number_text::general(last, 4)
             ),
         ));
     }

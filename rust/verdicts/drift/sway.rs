@@ -8,7 +8,7 @@ use super::{curve_sampled, need, py_max, py_min, DriftOptions, KIND};
 use crate::analysis::metrics;
 use crate::formats::logs::loss_log::LossCurve;
 use crate::verdicts::evidence::Evidence;
-use crate::verdicts::{pyfmt, Judged, Value, Verdict};
+use crate::verdicts::{number_text, Judged, Value, Verdict};
 
 pub(super) fn judge(curve: &LossCurve, o: &DriftOptions) -> Result<Judged, String> {
     let rules = o.rules.as_str();
@@ -34,15 +34,15 @@ pub(super) fn judge(curve: &LossCurve, o: &DriftOptions) -> Result<Judged, Strin
     if matches!(smooth.partial_cmp(&smooth_gte), None | Some(Ordering::Less)) {
         shortfalls.push(format!(
             "smoothness {} is below {}",
-            pyfmt::fixed(smooth, 2),
-            pyfmt::repr(smooth_gte)
+            number_text::fixed(smooth, 2),
+            number_text::repr(smooth_gte)
         ));
     }
     if matches!(conv.partial_cmp(&conv_lte), None | Some(Ordering::Greater)) {
         shortfalls.push(format!(
             "convergence_ratio {} is above {}",
-            pyfmt::fixed(conv, 2),
-            pyfmt::repr(conv_lte)
+            number_text::fixed(conv, 2),
+            number_text::repr(conv_lte)
         ));
     }
     if events > events_lte {
@@ -52,9 +52,9 @@ pub(super) fn judge(curve: &LossCurve, o: &DriftOptions) -> Result<Judged, Strin
     }
     let summary = format!(
         "smoothness={}, convergence_ratio={}, instability_events={events}, final_loss={}",
-        pyfmt::fixed(smooth, 2),
-        pyfmt::fixed(conv, 2),
-        pyfmt::fixed(m.final_loss, 3)
+        number_text::fixed(smooth, 2),
+        number_text::fixed(conv, 2),
+        number_text::fixed(m.final_loss, 3)
     );
     let (verdict, score, message) = if shortfalls.is_empty() {
         (Verdict::Pass, py_min(1.0, py_max(0.0, smooth)), summary)

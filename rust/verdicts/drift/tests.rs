@@ -255,7 +255,7 @@ fn text_helpers_spell_as_python() {
         "1, 2, 3, 4, 5, 6 and 2 more"
     );
     assert_eq!(step_span(&[i64::MIN, i64::MAX]), 1i128 << 64);
-    assert_eq!(pyfmt::thousands(1i128 << 64), "18,446,744,073,709,551,616");
+    assert_eq!(number_text::thousands(1i128 << 64), "18,446,744,073,709,551,616");
     assert_eq!(path_text::display(Path::new("/a//b/./c/")), "/a/b/c");
     assert_eq!(path_text::display(Path::new("//net/x")), "//net/x");
     assert_eq!(path_text::display(Path::new("///x")), "/x");

@@ -14,7 +14,7 @@ use crate::verdicts::ghost::{finite_or_none, values_by_id, GhostOptions, KIND};
 use crate::verdicts::layer_lift::{
     layer_lifts, slot_name, LayerLift, FIRST_LAYER, PEERS, SET_ASIDE,
 };
-use crate::verdicts::pyfmt::{fixed, g, general, percent};
+use crate::verdicts::number_text::{fixed, g, general, percent};
 use crate::verdicts::{findings_value, worst, Evidence, Finding, Judged, Value, Verdict};
 
 /// The robust rule set's thresholds, defaults filled in.

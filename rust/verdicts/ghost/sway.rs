@@ -6,7 +6,7 @@ use crate::analysis::numerics::mean;
 use crate::store::probe_inputs::GhostInput;
 use crate::store::torch_state::TrainingState;
 use crate::verdicts::ghost::{finite_or_none, GhostOptions, KIND};
-use crate::verdicts::pyfmt::{fixed, percent};
+use crate::verdicts::number_text::{fixed, percent};
 use crate::verdicts::{Evidence, Judged, Value, Verdict};
 
 pub(super) fn ratio(o: &GhostOptions) -> f64 {
