@@ -11,7 +11,7 @@ use crate::analysis::numerics::extremes;
 use crate::io::excerpt::excerpt;
 use crate::io::path_text;
 use crate::store::probe_inputs::FullWeightsInput;
-use crate::verdicts::number_text::general;
+use crate::verdicts::number_text::significant;
 use crate::verdicts::{error_text, Evidence, Judged, Value, Verdict};
 
 pub const KIND: &str = "full_weights";
@@ -143,8 +143,8 @@ pub fn judge_full_weights(input: &FullWeightsInput, o: &FullWeightsOptions) -> J
         None => format!(", layer norms NaN over {} layers", w.layers.len()),
         Some((lo, hi)) => format!(
             ", layer norms {}-{} over {} layers",
-            general(lo, 4),
-            general(hi, 4),
+            significant(lo, 4),
+            significant(hi, 4),
             w.layers.len()
         ),
     };
@@ -152,7 +152,7 @@ pub fn judge_full_weights(input: &FullWeightsInput, o: &FullWeightsOptions) -> J
         "{} tensors in {} file(s), all finite; ||W|| {}{spread}",
         w.tensors.len(),
         w.files.len(),
-        general(w.total_norm, 4)
+        significant(w.total_norm, 4)
     );
     Judged::bare(KIND, Verdict::Pass, message)
         .with_score(1.0)

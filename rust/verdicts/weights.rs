@@ -16,7 +16,7 @@ use crate::analysis::numerics::{count_median, fsum, median, CountMedian};
 use crate::io::excerpt::excerpt;
 use crate::io::path_text;
 use crate::store::probe_inputs::WeightsInput;
-use crate::verdicts::number_text::{general, percent};
+use crate::verdicts::number_text::{percent, significant};
 use crate::verdicts::{
     error_text, findings_value, worst, Evidence, Finding, Judged, Value, Verdict,
 };
@@ -315,7 +315,7 @@ pub fn judge_weights(
     let summary = format!(
         "{} LoRA modules in {layers} layers, ||dW|| {}, rank used {}-{} of {}",
         modules.len(),
-        general(total_delta_fro, 4),
+        significant(total_delta_fro, 4),
         or_none(used_min),
         or_none(used_max),
         config.r

@@ -217,39 +217,10 @@ fn change_text(head: f64, tail: f64) -> String {
     number_text::signed_percent((tail - head) / head.abs(), 1)
 }
 
-/// Python's `max(a, b)`: `a` unless `b > a` (so a NaN `b` loses, a NaN `a` stays).
-fn py_max(a: f64, b: f64) -> f64 {
-    if b > a {
-        b
-    } else {
-        a
-    }
-}
-
-/// Python's `min(a, b)`: `a` unless `b < a`.
-fn py_min(a: f64, b: f64) -> f64 {
-    if b < a {
-        b
-    } else {
-        a
-    }
-}
-
-/// Python's `x ** 0.5` for a count: C `pow` (as CPython calls it), not
-/// `sqrt`, which the compiler would otherwise substitute.
-fn pow_half(x: usize) -> f64 {
-    (x as f64).powf(std::hint::black_box(0.5))
-}
-
-/// `sorted(values)[len(values) // 2]` of finite values (None when empty).
+/// `sorted(values)[len(values) // 2]`: the upper median of finite values
+/// (None when empty).
 fn upper_median(values: &[f64]) -> Option<f64> {
     let mut sorted = values.to_vec();
-    sorted.sort_by(py_order);
+    sorted.sort_by(f64::total_cmp);
     sorted.get(sorted.len() / 2).copied()
-}
-
-/// Finite floats ordered as Python's `<` orders them (`-0.0 == 0.0`, so a
-/// stable sort keeps their order, as Python's does).
-fn py_order(a: &f64, b: &f64) -> std::cmp::Ordering {
-    a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal)
 }

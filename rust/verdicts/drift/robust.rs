@@ -5,8 +5,8 @@
 
 use super::side::side_findings;
 use super::{
-    change_text, curve_sampled, int_value, need, pow_half, py_max, py_min, sample_indices,
-    span_text, step_span, steps_text, upper_median, DriftOptions, KIND,
+    change_text, curve_sampled, int_value, need, sample_indices, span_text, step_span, steps_text,
+    upper_median, DriftOptions, KIND,
 };
 use crate::analysis::robust_curve::{self, RobustCurve, RobustParams};
 use crate::formats::logs::loss_log::LossCurve;
@@ -201,8 +201,8 @@ pub(super) fn judge(curve: &LossCurve, o: &DriftOptions) -> Result<Judged, Strin
             "objective {} -> {} {span}; not a positive loss (it goes negative or starts at or \
              near 0: an RL, KL or log-ratio objective?), so only NaN/inf and the side series are \
              judged, not its trend or spikes",
-            number_text::general(first, 4),
-            number_text::general(last, 4)
+            number_text::significant(first, 4),
+            number_text::significant(last, 4)
         );
         let mut extra = Evidence::new();
         extra.put("objective", "not_positive");
@@ -237,8 +237,8 @@ fn judge_trend(
     let drop = a.relative_drop();
     let regression = a.relative_regression();
     // How far apart two level estimates may be by noise alone (3 standard errors).
-    let level_noise =
-        3.0 * a.noise * (if a.relative { 1.0 } else { 1.0 / head }) / pow_half(a.level_points);
+    let level_noise = 3.0 * a.noise * (if a.relative { 1.0 } else { 1.0 / head })
+        / (a.level_points as f64).sqrt();
 
     let judge_spikes = num_steps >= o.min_spike_records;
     let events = if judge_spikes {
@@ -265,7 +265,7 @@ fn judge_trend(
                 let size = if a.relative {
                     format!("+{} over trend", number_text::percent(s.relative_rise, 0))
                 } else {
-                    format!("+{}", number_text::general(s.rise, 3))
+                    format!("+{}", number_text::significant(s.rise, 3))
                 };
                 let scales = match s.z {
                     Some(z) => format!(", {} noise scales)", number_text::fixed(z, 0)),
@@ -301,16 +301,15 @@ fn judge_trend(
     // does not climb far above where it began, even when it ends lower.
     let peak = a.peak_level;
     let peak_rise = (peak - head) / head;
-    let unstable_limit = py_max(
-        UNSTABLE_RISE,
-        if a.relative {
-            3.0 * a.noise
-        } else {
-            3.0 * a.noise / head
-        },
-    );
-    let g4 = |x: f64| number_text::general(x, 4);
-    if rise > py_max(0.05, level_noise) {
+    // NaN policy of these limits: f64::max ignores a NaN operand, so a
+    // NaN noise estimate leaves the fixed floor as the limit.
+    let unstable_limit = UNSTABLE_RISE.max(if a.relative {
+        3.0 * a.noise
+    } else {
+        3.0 * a.noise / head
+    });
+    let g4 = |x: f64| number_text::significant(x, 4);
+    if rise > level_noise.max(0.05) {
         findings.push(Finding::new(
             Verdict::Fail,
             "diverged",
@@ -337,10 +336,8 @@ fn judge_trend(
             ),
         ));
     } else if regression
-        > py_max(
-            o.max_regression,
-            regression_noise(a, num_steps, head, o.trend_window),
-        )
+        > o.max_regression
+            .max(regression_noise(a, num_steps, head, o.trend_window))
     {
         findings.push(Finding::new(
             Verdict::Warn,
@@ -372,7 +369,7 @@ fn judge_trend(
     let noise_text = if a.relative {
         number_text::percent(a.noise, 1)
     } else {
-        number_text::general(a.noise, 3)
+        number_text::significant(a.noise, 3)
     };
     let spike_note = if judge_spikes {
         "no spikes".to_string()
@@ -390,7 +387,7 @@ fn judge_trend(
     if findings.is_empty() && finish.side.is_empty() {
         summary.push_str(&format!("; {spike_note}, no NaN/inf losses"));
     }
-    let score = 0.6 + 0.4 * py_min(1.0, py_max(0.0, drop) / 0.5);
+    let score = 0.6 + 0.4 * (drop.max(0.0) / 0.5).min(1.0);
 
     let mut e = Evidence::new();
     e.put("head_loss", head);
@@ -463,7 +460,7 @@ fn is_positive_loss(losses: &[f64]) -> bool {
     let Some(start) = upper_median(head) else {
         return false;
     };
-    let largest = finite.iter().copied().fold(f64::NEG_INFINITY, py_max);
+    let largest = finite.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let near_zero = start < NEAR_ZERO_START && start < NEAR_ZERO_START * largest;
     start > 0.0 && !near_zero
 }
@@ -480,8 +477,8 @@ fn regression_noise(a: &RobustCurve, n: usize, head: f64, window: usize) -> f64 
     let best_scale = if a.relative { a.best_level.abs() } else { 1.0 };
     let w = window.max(1);
     let windows = (n / w).max(2);
-    let end = 3.0 * per_point * tail_scale / pow_half(a.level_points);
-    let low = per_point * best_scale / pow_half(w) * (2.0 * (windows as f64).ln()).sqrt();
+    let end = 3.0 * per_point * tail_scale / (a.level_points as f64).sqrt();
+    let low = per_point * best_scale / (w as f64).sqrt() * (2.0 * (windows as f64).ln()).sqrt();
     (end + low) / head
 }
 
@@ -502,5 +499,5 @@ fn thirds_drop_bound(losses: &[f64], noise: f64) -> f64 {
     if first.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
         return f64::INFINITY; // nothing to measure a fall against
     }
-    (first - last) / first + 3.0 * 1.2533 * noise / pow_half(third)
+    (first - last) / first + 3.0 * 1.2533 * noise / (third as f64).sqrt()
 }

@@ -153,8 +153,8 @@ fn eval_rise(
                 "eval loss rose {} from its best ({} at step {best_step} -> {} at step \
                  {last_step}) while the training loss fell: overfitting",
                 number_text::percent(rise, 0),
-                number_text::general(best, 4),
-                number_text::general(last, 4)
+                number_text::significant(best, 4),
+                number_text::significant(last, 4)
             ),
         ));
     }
@@ -181,7 +181,7 @@ fn level_at(steps: &[i64], losses: &[f64], step: i64) -> f64 {
         .filter(|(_, v)| v.is_finite())
         .map(|(&s, &v)| ((i128::from(s) - i128::from(step)).abs(), v))
         .collect();
-    near.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| super::py_order(&a.1, &b.1)));
+    near.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.total_cmp(&b.1)));
     let vals: Vec<f64> = near.iter().take(3).map(|p| p.1).collect();
     upper_median(&vals).unwrap_or(f64::NAN)
 }

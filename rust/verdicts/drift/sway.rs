@@ -4,7 +4,7 @@
 
 use std::cmp::Ordering;
 
-use super::{curve_sampled, need, py_max, py_min, DriftOptions, KIND};
+use super::{curve_sampled, need, DriftOptions, KIND};
 use crate::analysis::metrics;
 use crate::formats::logs::loss_log::LossCurve;
 use crate::verdicts::evidence::Evidence;
@@ -35,14 +35,14 @@ pub(super) fn judge(curve: &LossCurve, o: &DriftOptions) -> Result<Judged, Strin
         shortfalls.push(format!(
             "smoothness {} is below {}",
             number_text::fixed(smooth, 2),
-            number_text::repr(smooth_gte)
+            number_text::setting(smooth_gte)
         ));
     }
     if matches!(conv.partial_cmp(&conv_lte), None | Some(Ordering::Greater)) {
         shortfalls.push(format!(
             "convergence_ratio {} is above {}",
             number_text::fixed(conv, 2),
-            number_text::repr(conv_lte)
+            number_text::setting(conv_lte)
         ));
     }
     if events > events_lte {
@@ -57,14 +57,10 @@ pub(super) fn judge(curve: &LossCurve, o: &DriftOptions) -> Result<Judged, Strin
         number_text::fixed(m.final_loss, 3)
     );
     let (verdict, score, message) = if shortfalls.is_empty() {
-        (Verdict::Pass, py_min(1.0, py_max(0.0, smooth)), summary)
+        (Verdict::Pass, unit_score(smooth), summary)
     } else {
         let message = format!("{summary}; {}", shortfalls.join("; "));
-        (
-            Verdict::Warn,
-            py_min(1.0, py_max(0.0, smooth * 0.5)),
-            message,
-        )
+        (Verdict::Warn, unit_score(smooth * 0.5), message)
     };
 
     let mut thresholds = Evidence::new();
@@ -91,4 +87,14 @@ pub(super) fn judge(curve: &LossCurve, o: &DriftOptions) -> Result<Judged, Strin
         .with_score(score)
         .with_raw(smooth)
         .with_evidence(e))
+}
+
+/// `x` held to `[0, 1]`; a NaN `x` (a curve with no smoothness to speak
+/// of) scores 0, as the seeds' `min(1, max(0, x))` scores it.
+fn unit_score(x: f64) -> f64 {
+    if x.is_nan() {
+        0.0
+    } else {
+        x.clamp(0.0, 1.0)
+    }
 }

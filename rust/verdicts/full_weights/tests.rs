@@ -71,7 +71,7 @@ fn finite_model_passes_with_layer_norms() {
     assert_eq!(j.score, Some(1.0));
     assert_eq!(
         j.message,
-        "2 tensors in 1 file(s), all finite; ||W|| 1.235e+04, layer norms 0.25-inf over 3 layers"
+        "2 tensors in 1 file(s), all finite; ||W|| 1.235e4, layer norms 0.25-inf over 3 layers"
     );
     assert_eq!(
         j.evidence.get("model_file"),

@@ -14,7 +14,7 @@ use crate::verdicts::ghost::{finite_or_none, values_by_id, GhostOptions, KIND};
 use crate::verdicts::layer_lift::{
     layer_lifts, slot_name, LayerLift, FIRST_LAYER, PEERS, SET_ASIDE,
 };
-use crate::verdicts::number_text::{fixed, g, general, percent};
+use crate::verdicts::number_text::{fixed, percent, setting, significant};
 use crate::verdicts::{findings_value, worst, Evidence, Finding, Judged, Value, Verdict};
 
 /// The robust rule set's thresholds, defaults filled in.
@@ -191,7 +191,7 @@ fn per_layer_verdict(
                         format!(
                             "layer {} {}x {}",
                             x.layer,
-                            general(x.ratio, 3),
+                            significant(x.ratio, 3),
                             excerpt(&x.tensor)
                         )
                     })
@@ -204,7 +204,7 @@ fn per_layer_verdict(
                          those of the same tensors in the other layers (exploding gradients \
                          there): {}",
                         outliers.len(),
-                        g(limits.outlier_ratio),
+                        setting(limits.outlier_ratio),
                         parts.join("; ")
                     ),
                 ));
@@ -220,7 +220,7 @@ fn per_layer_verdict(
                             "layer {} +{} decades ({}x) in {}/{} tensors",
                             x.layer,
                             fixed(x.decades, 2),
-                            general(pow10(x.decades), 3),
+                            significant(pow10(x.decades), 3),
                             limits.lifted_count(x),
                             x.tensors
                         )
@@ -236,9 +236,9 @@ fn per_layer_verdict(
                          their tensors (exploding gradients there, a precursor of \
                          instability): {}",
                         exploding.len(),
-                        g(limits.lift_decades),
-                        general(pow10(limits.lift_decades), 3),
-                        g(limits.first_lift_decades),
+                        setting(limits.lift_decades),
+                        significant(pow10(limits.lift_decades), 3),
+                        setting(limits.first_lift_decades),
                         percent(limits.lift_share, 0),
                         parts.join("; ")
                     ),
@@ -351,8 +351,8 @@ fn per_layer_verdict(
              exploding ({}x its nearest layers)",
             a.params.len(),
             a.layer_indices.len(),
-            g(limits.outlier_ratio),
-            general(pow10(limits.lift_decades), 3)
+            setting(limits.outlier_ratio),
+            significant(pow10(limits.lift_decades), 3)
         ),
         _ => String::new(),
     };
@@ -451,7 +451,7 @@ fn layer_comparison(
                 outliers.push(Outlier {
                     layer,
                     ratio: score,
-                    tensor: format!("(top: {tensor} {}x)", general(*ratio, 3)),
+                    tensor: format!("(top: {tensor} {}x)", significant(*ratio, 3)),
                 });
             }
         }

@@ -188,7 +188,7 @@ fn robust_per_layer_findings_and_pass() {
     assert!(j.message.contains("exploding_layers: 1 of 5 layers"));
     assert!(j
         .message
-        .contains("layer 3 +4.00 decades (1e+04x) in 2/2 tensors"));
+        .contains("layer 3 +4.00 decades (1e4x) in 2/2 tensors"));
     assert!(j
         .message
         .contains("dead_tensors: 1 tensors got no gradient (exp_avg_sq exactly zero) while the same tensor in other layers did: layer 4 mlp.proj1.lora_A"));
