@@ -1,12 +1,12 @@
 //! The LoRA factors themselves, decoded to f64, for kernels that need more
 //! than the per-module Gram matrices (comparing two adapters' updates).
 //!
-//! Why a second reader beside [`super::read_adapter_weights`]: the health
-//! statistics stream each factor once and keep only r×r Grams, but the
-//! inner product of two different adapters' updates needs both factors of
-//! both (`⟨B₁A₁, B₂A₂⟩_F = tr((B₁ᵀB₂)(A₂A₁ᵀ))`). The module plan (key
-//! names → modules and layers, rank and shape checks, the config's scale)
-//! is the same one, so both readers agree on what a module is.
+//! Why more than [`super::read_adapter_weights`]: the health statistics
+//! stream each factor once and keep only r×r Grams, but the inner product
+//! of two different adapters' updates needs both factors of both
+//! (`⟨B₁A₁, B₂A₂⟩_F = tr((B₁ᵀB₂)(A₂A₁ᵀ))`). All three open the adapter
+//! through [`OpenAdapter`] (key names → modules and layers, rank and shape
+//! checks, the config's scale), so they agree on what a module is.
 //!
 //! Memory: one adapter's factors, `Σ r·(in + out)` f64 values; callers that
 //! walk many adapters hold a bounded number at once.
@@ -14,12 +14,10 @@
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
-use super::locate;
-use super::plan::{plan, ModulePlan};
+use super::plan::{ModulePlan, OpenAdapter};
 use crate::error::{Area, Error, Result};
-use crate::formats::adapter_config::AdapterConfig;
 use crate::formats::tensor_data::{
-    decode, FloatTensor, Moments, SafetensorsData, TensorReader, DEFAULT_CHUNK_ELEMS,
+    decode, FloatTensor, Moments, TensorReader, DEFAULT_CHUNK_ELEMS,
 };
 
 /// One LoRA module's factors: `ΔW = scale · B · A`.
@@ -69,14 +67,12 @@ pub const MAX_FACTOR_VALUES: u64 = 1 << 28;
 /// or its `.safetensors` file), checked as [`super::read_adapter_weights`]
 /// checks them.
 pub fn read_adapter_factors(path: &Path) -> Result<AdapterFactors> {
-    let (weights_path, config_path) = locate(path)?;
-    let config = match AdapterConfig::read(&config_path) {
-        Ok(c) => Some(c),
-        Err(e) if e.area == Area::Missing => None,
-        Err(e) => return Err(e),
-    };
-    let data = SafetensorsData::open(&weights_path)?;
-    let plan = plan(&data, config.as_ref())?;
+    let OpenAdapter {
+        weights_path,
+        config,
+        data,
+        plan,
+    } = OpenAdapter::open(path)?;
     let values: u64 = plan
         .modules
         .iter()
@@ -109,13 +105,14 @@ pub fn read_adapter_factors(path: &Path) -> Result<AdapterFactors> {
 fn module_factors(reader: &mut TensorReader, m: &ModulePlan) -> Result<ModuleFactors> {
     let (a, nonfinite_a) = read_values(reader, &m.a)?;
     let (b, nonfinite_b) = read_values(reader, &m.b)?;
+    let info = m.info();
     Ok(ModuleFactors {
-        name: m.name.clone(),
-        layer: m.layer,
-        rank: m.rank as usize,
-        in_features: m.in_features as usize,
-        out_features: m.out_features as usize,
-        scale: m.scale.unwrap_or(1.0),
+        name: info.name,
+        layer: info.layer,
+        rank: info.rank,
+        in_features: info.in_features,
+        out_features: info.out_features,
+        scale: info.scale,
         a,
         b,
         nonfinite: nonfinite_a + nonfinite_b,
@@ -148,6 +145,20 @@ pub struct ModuleInfo {
     pub out_features: usize,
     /// The config's scale; 1 without a config.
     pub scale: f64,
+}
+
+impl ModulePlan {
+    /// The module's shape and scale (1 without a config).
+    fn info(&self) -> ModuleInfo {
+        ModuleInfo {
+            name: self.name.clone(),
+            layer: self.layer,
+            rank: self.rank as usize,
+            in_features: self.in_features as usize,
+            out_features: self.out_features as usize,
+            scale: self.scale.unwrap_or(1.0),
+        }
+    }
 }
 
 /// One module's factors, streamed in bounded blocks through a reader whose
@@ -190,24 +201,12 @@ pub fn stream_adapter_factors(
     chunk_elems: usize,
     mut visit: impl FnMut(&ModuleInfo, &mut FactorStream<'_, '_>) -> Result<()>,
 ) -> Result<bool> {
-    let (weights_path, config_path) = locate(path)?;
-    let config = match AdapterConfig::read(&config_path) {
-        Ok(c) => Some(c),
-        Err(e) if e.area == Area::Missing => None,
-        Err(e) => return Err(e),
-    };
-    let data = SafetensorsData::open(&weights_path)?;
-    let plan = plan(&data, config.as_ref())?;
+    let OpenAdapter {
+        config, data, plan, ..
+    } = OpenAdapter::open(path)?;
     let mut reader = data.reader(chunk_elems);
     for m in &plan.modules {
-        let info = ModuleInfo {
-            name: m.name.clone(),
-            layer: m.layer,
-            rank: m.rank as usize,
-            in_features: m.in_features as usize,
-            out_features: m.out_features as usize,
-            scale: m.scale.unwrap_or(1.0),
-        };
+        let info = m.info();
         let mut stream = FactorStream {
             reader: &mut reader,
             a: &m.a,

@@ -59,9 +59,7 @@ use rayon::prelude::*;
 use crate::analysis::layers::ADAPTER_WEIGHTS;
 use crate::error::{Area, Error, Result};
 use crate::formats::adapter_config::{AdapterConfig, TargetModules, CONFIG_FILE};
-use crate::formats::tensor_data::{
-    FloatTensor, SafetensorsData, TensorReader, DEFAULT_CHUNK_ELEMS, MAX_GRAM_DIM,
-};
+use crate::formats::tensor_data::{FloatTensor, TensorReader, DEFAULT_CHUNK_ELEMS, MAX_GRAM_DIM};
 
 mod factors;
 mod plan;
@@ -73,7 +71,7 @@ pub use factors::{
     read_adapter_factors, stream_adapter_factors, AdapterFactors, FactorStream, ModuleFactors,
     ModuleInfo, MAX_FACTOR_VALUES,
 };
-use plan::plan;
+use plan::OpenAdapter;
 pub use stats::product_spectrum;
 use stats::{layer_energy, module_order, reduce_module};
 
@@ -227,14 +225,12 @@ pub(crate) fn read_adapter_weights_chunked(
     chunk_elems: usize,
     parallel_min_bytes: u64,
 ) -> Result<AdapterWeights> {
-    let (weights_path, config_path) = locate(path)?;
-    let config = match AdapterConfig::read(&config_path) {
-        Ok(c) => Some(c),
-        Err(e) if e.area == Area::Missing => None,
-        Err(e) => return Err(e),
-    };
-    let data = SafetensorsData::open(&weights_path)?;
-    let plan = plan(&data, config.as_ref())?;
+    let OpenAdapter {
+        weights_path,
+        config,
+        data,
+        plan,
+    } = OpenAdapter::open(path)?;
 
     let tensor_bytes: u64 = data
         .header()

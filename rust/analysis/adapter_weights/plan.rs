@@ -3,9 +3,9 @@
 //! config's `target_modules` checked against what the file holds.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use super::{KEY_PREFIX, MAX_RANK};
+use super::{locate, KEY_PREFIX, MAX_RANK};
 use crate::analysis::attribution::layer_number;
 use crate::error::{Area, Error, Result};
 use crate::formats::adapter_config::{AdapterConfig, TargetModules};
@@ -77,6 +77,38 @@ pub(super) struct ModulePlan {
 pub(super) struct Plan {
     pub(super) modules: Vec<ModulePlan>,
     pub(super) others: Vec<FloatTensor>,
+}
+
+/// One adapter opened for reading: where its weights are, its config (None
+/// when no `adapter_config.json` sits beside them), the mapped tensor data
+/// and the module plan. The one way in for every reader of an adapter's
+/// safetensors (the health statistics, the factors a comparison needs, the
+/// streamed factors of `similar`), so they agree on what a module is.
+pub(super) struct OpenAdapter {
+    pub(super) weights_path: PathBuf,
+    pub(super) config: Option<AdapterConfig>,
+    pub(super) data: SafetensorsData,
+    pub(super) plan: Plan,
+}
+
+impl OpenAdapter {
+    /// Open the adapter at `path`: a directory or its `.safetensors` file.
+    pub(super) fn open(path: &Path) -> Result<Self> {
+        let (weights_path, config_path) = locate(path)?;
+        let config = match AdapterConfig::read(&config_path) {
+            Ok(c) => Some(c),
+            Err(e) if e.area == Area::Missing => None,
+            Err(e) => return Err(e),
+        };
+        let data = SafetensorsData::open(&weights_path)?;
+        let plan = plan(&data, config.as_ref())?;
+        Ok(Self {
+            weights_path,
+            config,
+            data,
+            plan,
+        })
+    }
 }
 
 pub(super) fn plan(data: &SafetensorsData, config: Option<&AdapterConfig>) -> Result<Plan> {
