@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from adapterprobe import _core
+import adapterprobe._core as _core
 from adapterprobe.probes.options import ProbeOptions
 from adapterprobe.records import ScanRecord
 

@@ -83,7 +83,7 @@ def stage(url: str) -> tuple[Path, list[tuple[str, str]]]:
     first read), registered until :func:`release`: (directory, problems)."""
     import tempfile
 
-    from adapterprobe import _core
+    import adapterprobe._core as _core
 
     staged = Path(tempfile.mkdtemp(prefix="adapterprobe-remote-")).resolve()
     try:
@@ -108,7 +108,7 @@ def register(alias: Alias) -> None:
 
 def release(aliases: Iterable[Alias]) -> None:
     """Forget ``aliases``; remove their staging directories."""
-    from adapterprobe import _core
+    import adapterprobe._core as _core
 
     gone = list(aliases)
     with _LOCK:
@@ -191,7 +191,7 @@ def rename_problems(problems: list[tuple[str, str]]) -> list[tuple[str, str]]:
 def fetched_per_store(stores: Iterable[str]) -> dict[str, tuple[int, int]]:
     """(bytes, requests) fetched for each remote store named in ``stores``
     (URLs as records show them): the files read under it so far."""
-    from adapterprobe import _core
+    import adapterprobe._core as _core
 
     files: list[tuple[str, int, int]] = []
     for a in active():
@@ -233,7 +233,7 @@ def resolve_roots(
     ``file://`` roots turned into paths, hub caches expanded into their
     snapshots; an unsupported scheme is a UsageError. Plain paths pass
     through untouched (a local scan does no more than this check)."""
-    from adapterprobe import hf_cache
+    import adapterprobe.hf_cache as hf_cache
 
     local: list[str | os.PathLike[str]] = []
     problems: list[tuple[str, str]] = []
@@ -278,7 +278,7 @@ def confinement_of(root: str | os.PathLike[str]) -> Path:
     """The directory a scan of ``root`` stays inside: the root itself, or for
     a Hugging Face hub snapshot (``<cache>/models--org--name/snapshots/<rev>``,
     whose files are links into ``<cache>/.../blobs/``) the whole cache."""
-    from adapterprobe import hf_cache
+    import adapterprobe.hf_cache as hf_cache
 
     path = Path(root)
     repo = path.parent.parent

@@ -14,7 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from adapterprobe import _core, remote
+import adapterprobe._core as _core
+import adapterprobe.remote as remote
 from adapterprobe.errors import UsageError
 from adapterprobe.judge import judge_batch
 from adapterprobe.probes import DEFAULT_PROBES, resolve_options

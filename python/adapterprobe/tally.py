@@ -19,7 +19,7 @@ FAIL_ON = ("warn", "fail", "never")
 #: Exit codes: 0 ok, 1 verdicts at or past --fail-on, 2 usage, 3 nothing found.
 EXIT_OK, EXIT_VERDICTS, EXIT_USAGE, EXIT_NOTHING_FOUND = 0, 1, 2, 3
 
-__all__ = ["FAIL_ON", "RecordLike", "Tally", "rollup"]
+__all__ = ["FAIL_ON", "RecordLike", "ReportedRecord", "Tally", "rollup"]
 
 
 class RecordLike(Protocol):
@@ -31,6 +31,19 @@ class RecordLike(Protocol):
     def layout(self) -> str: ...
     @property
     def verdict(self) -> Verdict: ...
+
+
+class ReportedRecord(RecordLike, Protocol):
+    """What the CI writers (annotations, JUnit) read of a record as well:
+    they take records by their fields, so they need not import the records
+    module, which renders through them."""
+
+    @property
+    def adapter(self) -> str | None: ...
+    @property
+    def probe(self) -> str: ...
+    @property
+    def message(self) -> str: ...
 
 
 def rollup(verdicts: Iterable[Verdict | str]) -> Verdict | None:

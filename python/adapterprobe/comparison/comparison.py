@@ -23,7 +23,7 @@ import os
 from itertools import combinations
 from typing import Any
 
-from adapterprobe import _core
+import adapterprobe._core as _core
 from adapterprobe._json import json_safe
 from adapterprobe.comparison.sources import (
     Side,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from adapterprobe import _core
+import adapterprobe._core as _core
 
 
 def similar(

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from adapterprobe import _core
+import adapterprobe._core as _core
 from adapterprobe.errors import AdapterProbeError, MissingFileError
 
 ADAPTER_FILE = "adapter_model.safetensors"

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adapterprobe import _core
+import adapterprobe._core as _core
 from adapterprobe.probes.options import ProbeOptions, Rule, option, resolve
 from adapterprobe.probes.result import ProbeResult, Verdict
 

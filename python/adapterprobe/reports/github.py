@@ -19,7 +19,7 @@ from typing import IO
 
 from adapterprobe.escape import annotation_message, annotation_property
 from adapterprobe.probes.result import Verdict
-from adapterprobe.records import ScanRecord
+from adapterprobe.tally import ReportedRecord
 
 LEVELS = {Verdict.ERROR: "error", Verdict.FAIL: "error", Verdict.WARN: "warning"}
 
@@ -38,7 +38,7 @@ SOURCES = {
 }
 
 
-def source_file(record: ScanRecord) -> str:
+def source_file(record: ReportedRecord) -> str:
     """The file (or directory) a record's verdict came from."""
     place = record.adapter or record.store
     for name in SOURCES.get(record.probe, ()):
@@ -57,7 +57,7 @@ def _workspace_relative(path: str) -> str:
     return path if rel.startswith("..") else rel
 
 
-def annotation(record: ScanRecord) -> str | None:
+def annotation(record: ReportedRecord) -> str | None:
     """The workflow command for one record (None for pass and skip)."""
     level = LEVELS.get(record.verdict)
     if level is None:
@@ -70,7 +70,7 @@ def annotation(record: ScanRecord) -> str | None:
     return f"::{level} {props}::{annotation_message(message)}\n"
 
 
-def write_annotations(out: IO[str], records: Iterable[ScanRecord]) -> int:
+def write_annotations(out: IO[str], records: Iterable[ReportedRecord]) -> int:
     """Write the annotations of `records`; returns how many."""
     n = 0
     for r in records:

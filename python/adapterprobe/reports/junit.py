@@ -24,7 +24,7 @@ from typing import IO
 from adapterprobe._fs import atomic_output
 from adapterprobe.escape import xml_text as x
 from adapterprobe.probes.result import Verdict
-from adapterprobe.records import ScanRecord
+from adapterprobe.tally import ReportedRecord
 
 
 class JUnitWriter:
@@ -42,14 +42,14 @@ class JUnitWriter:
         self._suite = dict.fromkeys(self.totals, 0)
         self._stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
 
-    def add(self, records: Iterable[ScanRecord]) -> None:
+    def add(self, records: Iterable[ReportedRecord]) -> None:
         for r in records:
             if r.store != self._store:
                 self._close_suite()
                 self._store = r.store
             self._cases.append(self._case(r))
 
-    def _case(self, r: ScanRecord) -> str:
+    def _case(self, r: ReportedRecord) -> str:
         name = r.probe if r.adapter is None else f"{r.probe} [{_below(r.adapter, r.store)}]"
         head = f'<testcase classname="{x(r.store)}" name="{x(name)}" time="0"'
         self._suite["tests"] += 1
