@@ -217,7 +217,7 @@ def test_report_from_python(tmp_path, demo_store):
 def test_table_wrap_is_textwraps(text, width):
     import textwrap
 
-    from adapterprobe.cli.table import wrap
+    from adapterprobe.reports.table import wrap
 
     expected = textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False) or [""]
     assert wrap(text, width) == expected
@@ -245,7 +245,7 @@ _part = st.sampled_from(["a", "b", ".data", "..", ".", "store-1", "v0001", ""])
     absolute=st.booleans(),
 )
 def test_table_short_path_is_relpaths(base, rest, absolute):
-    from adapterprobe.cli.table import short_path
+    from adapterprobe.reports.table import short_path
 
     lead = "/" if absolute else ""
     b = lead + "/".join(base)

@@ -280,7 +280,7 @@ def test_checkpoints_are_listed_in_numeric_order(runs):
     assert [r.evidence["global_step"] for r in probes["gradient_ghost"]] == [40, 80, 120]
     rows = [r for r in report.to_csv().splitlines()[1:] if "gradient_ghost" in r]
     assert [next(w for w in want if f"/{w}," in row) for row in rows] == want
-    from adapterprobe.cli.table import TableStream
+    from adapterprobe.reports.table import TableStream
 
     out = io.StringIO()
     table = TableStream(out, width=200, colour=False)

@@ -445,7 +445,7 @@ class ScanReport(Sequence[ScanRecord]):
 
     def __str__(self) -> str:
         """The table ``adapterprobe scan`` prints (80 columns, no colour)."""
-        from adapterprobe.cli.table import TableStream
+        from adapterprobe.reports.table import TableStream
 
         out = io.StringIO()
         table = TableStream(out, 80, False)

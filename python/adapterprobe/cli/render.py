@@ -6,7 +6,7 @@ The human table is the default wherever stdout goes, a terminal or a CI log
 ``GITHUB_ACTIONS=true`` the table comes with ``::error``/``::warning``
 annotations and a Markdown summary appended to ``$GITHUB_STEP_SUMMARY``.
 Every format streams: JSON, JSON Lines and CSV as batches arrive, the table
-and Markdown through bounded summaries (:mod:`adapterprobe.cli.table`,
+and Markdown through bounded summaries (:mod:`adapterprobe.reports.table`,
 :mod:`adapterprobe.reports.markdown`), so memory does not grow with the
 records. ``-o FILE`` writes atomically; ``--junit FILE`` adds a JUnit XML
 report. Colour only on a terminal (``NO_COLOR`` turns it off,
@@ -217,7 +217,7 @@ class Output:
             junit = JUnitWriter(self.junit, self.fail_on)
         table = summary = None
         if fmt in ("table", "github"):
-            from adapterprobe.cli.table import TableStream
+            from adapterprobe.reports.table import TableStream
 
             to_file = self.path is not None
             table = TableStream(

@@ -49,7 +49,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from adapterprobe.cli.scan import default_roots, scan_settings
-    from adapterprobe.cli.table import summary_text
+    from adapterprobe.reports.table import summary_text
     from adapterprobe.escape import terminal
     from adapterprobe.probes import DEFAULT_PROBES
     from adapterprobe.records import ScanRecord, Tally
