@@ -120,7 +120,7 @@ pub fn layer_lifts(
         .into_iter()
         .map(|(layer, mut lifts)| {
             let values: Vec<f64> = lifts.iter().map(|&(_, d)| d).collect();
-            // Highest first, stable: Python's sort on the negated lift.
+            // Highest first; equal lifts keep their order (a stable sort).
             lifts.sort_by(|a, b| b.1.total_cmp(&a.1));
             LayerLift {
                 layer,

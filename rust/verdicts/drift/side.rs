@@ -130,7 +130,7 @@ fn eval_rise(
     findings: &mut Vec<Finding>,
     evidence: &mut Evidence,
 ) {
-    // Python's min(key=...): the first of equal minima.
+    // Ties: the first of equal minima wins.
     let Some(&(best_step, best)) = finite
         .iter()
         .reduce(|acc, p| if p.1 < acc.1 { p } else { acc })

@@ -53,7 +53,7 @@ impl Limits {
     }
 }
 
-/// Python's `10**x`, where an overflow (an `OverflowError` there) is inf.
+/// `10^x`; past f64's range it is inf.
 fn pow10(x: f64) -> f64 {
     10f64.powf(x)
 }
@@ -438,7 +438,7 @@ fn layer_comparison(
         let score = median(rs.iter().map(|(r, _)| *r)).unwrap_or(f64::NAN);
         scores.push((layer, score));
         if score > outlier_ratio {
-            // Python's max over (ratio, tensor) tuples: the first of the largest.
+            // The largest ratio (ties: the largest tensor name, then the first).
             let mut top: Option<&(f64, String)> = None;
             for item in rs {
                 let larger =

@@ -96,7 +96,7 @@ pub(super) fn judge(input: &GhostInput, state: &TrainingState, o: &GhostOptions)
             .map(|(layer, v)| (*layer, mean(v)))
             .collect();
         if let Some(&(_, first)) = layer_means.first() {
-            // Python's min(): the first of the smallest.
+            // Ties: the first of the smallest wins.
             baseline = layer_means
                 .iter()
                 .fold(first, |m, &(_, v)| if v < m { v } else { m });
