@@ -49,11 +49,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from adapterprobe.cli.scan import default_roots, scan_settings
-    from adapterprobe.reports.table import summary_text
     from adapterprobe.escape import terminal
     from adapterprobe.probes import DEFAULT_PROBES
     from adapterprobe.records import ScanRecord, Tally
     from adapterprobe.reports.html import write_streamed_html
+    from adapterprobe.reports.table import summary_text
 
     if args.from_scan:
         from adapterprobe.comparison.baseline import report_from_saved
