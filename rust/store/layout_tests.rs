@@ -266,3 +266,28 @@ fn hostile_dlm_pointers_are_refused() {
         assert_eq!(t.broken.len(), 1, "{bad}");
     }
 }
+
+#[test]
+fn a_trainer_checkpoint_without_its_adapter_weights_is_a_skip_not_an_error() {
+    use crate::store::probe_inputs::weights_input;
+    let tmp = tempfile::tempdir().unwrap();
+    let ckpt = tmp.path().join("run/checkpoint-300");
+    std::fs::create_dir_all(&ckpt).unwrap();
+    std::fs::write(
+        ckpt.join("adapter_config.json"),
+        r#"{"peft_type": "LORA", "r": 8}"#,
+    )
+    .unwrap();
+    std::fs::write(ckpt.join("trainer_state.json"), r#"{"log_history": []}"#).unwrap();
+    let input = weights_input(&ckpt);
+    assert!(input.error.is_none(), "{:?}", input.error);
+    let note = input.note.unwrap();
+    assert!(
+        note.contains("no adapter weights (adapter_model.safetensors)"),
+        "{note}"
+    );
+    // A weights file that is there and broken is still an error.
+    std::fs::write(ckpt.join("adapter_model.safetensors"), b"garbage").unwrap();
+    let input = weights_input(&ckpt);
+    assert!(input.note.is_none() && input.error.is_some());
+}

@@ -79,6 +79,13 @@ impl DriftInput {
                 self.status = LogsStatus::Curve;
                 self.curve = Some(c);
             }
+            // Logs that are fine but hold no loss series (event files of
+            // histograms or text only, a metrics.csv of accuracies): there
+            // is nothing to judge, and the message says what is there.
+            Err(e) if loss_log::is_no_loss_series(&e) => {
+                self.status = LogsStatus::NoFiles;
+                self.note = Some(format!("{}: {}", e.path.display(), e.message));
+            }
             Err(e) => {
                 self.status = LogsStatus::Failed;
                 self.error = Some(e);
@@ -530,11 +537,32 @@ pub fn weights_input_for(adapter: &Path, layout: &str) -> WeightsInput {
         input.note = Some(note);
         return input;
     }
+    if layout != layout::DLM && weights_not_kept(adapter) {
+        input.note = Some(format!(
+            "{} holds adapter_config.json but no adapter weights ({}): they were not saved \
+             here or not copied with the run; nothing to judge",
+            adapter.display(),
+            layers::ADAPTER_WEIGHTS
+        ));
+        return input;
+    }
     match adapter_weights::read_adapter_weights(adapter) {
         Ok(w) => input.weights = Some(w),
         Err(e) => input.error = Some(e),
     }
     input
+}
+
+/// Whether a trainer's checkpoint directory kept its adapter's config but
+/// no weights file at all (a run pushed without its large files): nothing
+/// to judge, unlike a weights file that is there and unreadable.
+fn weights_not_kept(version: &Path) -> bool {
+    version.is_dir()
+        && version
+            .join(crate::formats::adapter_config::CONFIG_FILE)
+            .is_file()
+        && !version.join(layers::ADAPTER_WEIGHTS).exists()
+        && !version.join(PICKLED_ADAPTER).exists()
 }
 
 /// Why a full or log-only checkpoint has no adapter to judge.

@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Area, Error, Result};
 use crate::formats::logs::json_line::{float_to_step, python_float, python_int};
+use crate::formats::logs::series_names;
 use crate::io::files::open_regular;
 use crate::io::lfs;
 
@@ -32,6 +33,16 @@ pub const DEFAULT_LOSS_COLUMNS: [&str; 4] = ["train_loss", "train_loss_step", "l
 
 /// Longest row accepted (Lightning's rows are a few hundred bytes).
 pub const MAX_ROW_BYTES: usize = 1 << 20;
+
+/// The start of the message of a read that found no loss column (see
+/// [`is_missing_loss_column`]).
+const NO_LOSS_COLUMN: &str = "has no loss column";
+
+/// Whether `e` says the CSV holds no loss column (the file is fine; it
+/// logs other things).
+pub fn is_missing_loss_column(e: &Error) -> bool {
+    e.area == Area::LogFormat && e.message.starts_with(NO_LOSS_COLUMN)
+}
 
 /// The points of one column of a `metrics.csv`.
 // `skip_from_py_object`: a result is only handed to Python, never taken
@@ -260,6 +271,24 @@ fn parse_step(text: &str) -> Option<i64> {
 }
 
 /// The `(step, value)` of a row whose `column` cell is not empty.
+/// A cell's number (Python's `float()` spellings: `nan`, `inf`, `1e-3`).
+fn parse_value(value_cell: &[u8], column: &str, line: usize) -> std::result::Result<f64, String> {
+    std::str::from_utf8(value_cell)
+        .ok()
+        .and_then(python_float)
+        .ok_or_else(|| {
+            let shown: String = String::from_utf8_lossy(value_cell)
+                .chars()
+                .take(40)
+                .collect();
+            format!(
+                "line {line}: {} value {} is not a number",
+                crate::io::excerpt::excerpt(column),
+                crate::io::excerpt::quoted(&shown)
+            )
+        })
+}
+
 fn parse_point(
     step_cell: &[u8],
     value_cell: &[u8],
@@ -272,16 +301,7 @@ fn parse_point(
             .take(40)
             .collect::<String>()
     };
-    let value = std::str::from_utf8(value_cell)
-        .ok()
-        .and_then(python_float)
-        .ok_or_else(|| {
-            format!(
-                "line {line}: {} value {} is not a number",
-                crate::io::excerpt::excerpt(column),
-                crate::io::excerpt::quoted(&show(value_cell))
-            )
-        })?;
+    let value = parse_value(value_cell, column, line)?;
     if step_cell.is_empty() {
         return Err(format!("line {line}: a {column} value without a step"));
     }
@@ -320,15 +340,17 @@ fn series_from<R: Read>(
         .collect::<std::result::Result<Vec<String>, String>>()?;
     // A repeated name means its last cell, as in csv.DictReader.
     let find = |name: &str| columns.iter().rposition(|c| c == name);
-    let step_index = find("step").ok_or_else(|| {
-        Failure::Header(
-            format!(
-                "has no step column (columns: {}); not a Lightning metrics.csv",
-                listed(&columns)
-            ),
+    // Without a step column (a hand-written logger) rows are read in order,
+    // the row number standing for the step; a Git LFS pointer is no CSV.
+    let step_index = find("step");
+    if step_index.is_none()
+        && lfs::may_begin_pointer(columns.first().map_or(&b""[..], |c| c.as_bytes()))
+    {
+        return Err(Failure::Header(
+            format!("has no step column (columns: {})", listed(&columns)),
             columns.first().cloned().unwrap_or_default(),
-        )
-    })?;
+        ));
+    }
     let (column, value_index) = match column {
         Some(name) => (
             name.to_string(),
@@ -340,10 +362,14 @@ fn series_from<R: Read>(
         None => DEFAULT_LOSS_COLUMNS
             .iter()
             .find_map(|name| find(name).map(|i| (name.to_string(), i)))
+            .or_else(|| {
+                let (name, _) = series_names::choose_loss(columns.iter().map(String::as_str))?;
+                find(name).map(|i| (name.to_string(), i))
+            })
             .ok_or_else(|| {
                 format!(
-                    "has none of the loss columns {}; columns: {}; name the column to read",
-                    DEFAULT_LOSS_COLUMNS.join(", "),
+                    "{NO_LOSS_COLUMN} (none named as a training or held-out loss); columns: {}; \
+                     name the column to read",
                     listed(&columns)
                 )
             })?,
@@ -358,8 +384,16 @@ fn series_from<R: Read>(
         let point = if value_cell.is_empty() {
             Ok(None)
         } else {
-            let step_cell = rows.cell(step_index).unwrap_or_default();
-            parse_point(step_cell, value_cell, &column, row.line).map(Some)
+            match step_index {
+                Some(i) => {
+                    let step_cell = rows.cell(i).unwrap_or_default();
+                    parse_point(step_cell, value_cell, &column, row.line).map(Some)
+                }
+                None => {
+                    let step = i64::try_from(points.len()).unwrap_or(i64::MAX);
+                    parse_value(value_cell, &column, row.line).map(|v| Some((step, v)))
+                }
+            }
         };
         let malformed = row.open_quote || rows.cells.len() < columns.len() || point.is_err();
         if !row.terminated && malformed {
@@ -507,12 +541,21 @@ mod tests {
             "{e}"
         );
         let e = parse(b"step,acc\n1,2\n", None).unwrap_err();
-        assert!(
-            e.contains("none of the loss columns train_loss, train_loss_step, loss, train/loss"),
-            "{e}"
+        assert!(e.contains("has no loss column"), "{e}");
+        // Without a step column, rows in order; blank cells keep no number.
+        let series = parse(b"epoch,loss,acc\n1,2,0\n2,,1\n3,1.5,1\n", None).unwrap();
+        assert_eq!(series.points, vec![(0, 2.0), (1, 1.5)]);
+        // A loss by its meaning when no default column is there; a held-out
+        // loss when it is the only loss.
+        assert_eq!(
+            points("step,train/nll_loss,val/rmse_loss\n1,0.5,0.1\n", None),
+            vec![(1, 0.5)]
         );
-        let e = parse(b"epoch,loss\n1,2\n", None).unwrap_err();
-        assert!(e.contains("no step column"), "{e}");
+        let dev = parse(b"dev_auroc,dev_loss,epoch,step\n0.5,1.48,0,9\n", None).unwrap();
+        assert_eq!(
+            (dev.column.as_str(), dev.points),
+            ("dev_loss", vec![(9, 1.48)])
+        );
         let e = parse(b"", None).unwrap_err();
         assert!(e.contains("is empty"), "{e}");
         let e = parse(b"\n\r\n", None).unwrap_err();

@@ -3,10 +3,12 @@
 //! One module per format (dlm's JSON lines, HF `trainer_state.json`,
 //! TensorBoard event files, Lightning/CSV `metrics.csv`) and [`loss_log`],
 //! which finds a run's logs, picks the reader and merges what it reads
-//! into one deduplicated series.
+//! into one deduplicated series. [`series_names`] tells from a name
+//! whether a series is the training loss, a held-out loss or neither.
 
 pub mod csv_log;
 pub mod json_line;
 pub mod loss_log;
+pub mod series_names;
 pub mod tfevents;
 pub mod trainer_state;

@@ -15,7 +15,7 @@ mod sway;
 #[cfg(test)]
 mod tests;
 
-use crate::formats::logs::loss_log::LossCurve;
+use crate::formats::logs::loss_log::{self, LossCurve};
 use crate::io::path_text;
 use crate::store::probe_inputs::{DriftInput, LogsStatus};
 use crate::verdicts::evidence::Evidence;
@@ -140,12 +140,34 @@ pub fn judge_drift(input: &DriftInput, o: &DriftOptions) -> Judged {
         );
         return Judged::bare(KIND, Verdict::Skip, message).with_evidence(evidence);
     }
-    let judged = if o.rules == "sway" {
-        sway::judge(curve, o)
-    } else {
-        robust::judge(curve, o)
-    };
-    judged.unwrap_or_else(|e| Judged::bare(KIND, Verdict::Error, e))
+    if o.rules == "sway" {
+        // The seeds' record, exactly: no series naming.
+        return sway::judge(curve, o).unwrap_or_else(|e| Judged::bare(KIND, Verdict::Error, e));
+    }
+    let mut judged =
+        robust::judge(curve, o).unwrap_or_else(|e| Judged::bare(KIND, Verdict::Error, e));
+    name_the_series(&mut judged, curve);
+    judged
+}
+
+/// Put the series judged in the evidence (`series`, with the log format as
+/// `log_source`), and where it is a held-out loss, because the run logged
+/// no training loss, say so first in the message.
+fn name_the_series(judged: &mut Judged, curve: &LossCurve) {
+    if curve.series.is_empty() {
+        return;
+    }
+    judged.evidence.put("series", curve.series.as_str());
+    if !curve.source.is_empty() {
+        judged.evidence.put("log_source", curve.source.as_str());
+    }
+    if loss_log::is_held_out(&curve.series) {
+        judged.message = format!(
+            "judged on the held-out loss {} (no training loss is logged): {}",
+            crate::io::excerpt::quoted(&curve.series),
+            judged.message
+        );
+    }
 }
 
 /// An option the rule set needs, or why it is missing (the Python options

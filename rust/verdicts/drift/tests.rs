@@ -267,3 +267,34 @@ fn text_helpers_spell_as_python() {
     assert_eq!(sample_indices(5, 2), vec![0, 3, 4]);
     assert_eq!(upper_median(&[3.0, 1.0]), Some(3.0));
 }
+
+#[test]
+fn the_series_judged_is_named_and_a_held_out_one_said_first() {
+    let mut train = curve(&decaying(60));
+    train.series = "train/nll_loss".into();
+    train.source = "csv".into();
+    let j = judge_drift(&input(train), &robust());
+    assert_eq!(
+        j.evidence.get("series"),
+        Some(&Value::from("train/nll_loss"))
+    );
+    assert_eq!(j.evidence.get("log_source"), Some(&Value::from("csv")));
+    assert!(j.message.starts_with("loss "), "{}", j.message);
+
+    let mut dev = curve(&decaying(60));
+    dev.series = "dev_loss".into();
+    let j = judge_drift(&input(dev), &robust());
+    assert_eq!(j.verdict, Verdict::Pass, "{}", j.message);
+    assert!(
+        j.message.starts_with(
+            "judged on the held-out loss \"dev_loss\" (no training loss is logged): loss "
+        ),
+        "{}",
+        j.message
+    );
+    // The seeds' rules keep the seeds' record.
+    let mut dev = curve(&decaying(60));
+    dev.series = "dev_loss".into();
+    let j = judge_drift(&input(dev), &sway());
+    assert!(j.evidence.get("series").is_none() && j.message.starts_with("smoothness"));
+}

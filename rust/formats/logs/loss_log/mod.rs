@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Area, Error, Result};
 use crate::formats::logs::json_line::{classify_step, LineKind, StepExtras};
-use crate::formats::logs::{csv_log, tfevents, trainer_state};
+use crate::formats::logs::{csv_log, series_names, tfevents, trainer_state};
 use crate::io::files::open_regular;
 use crate::io::lfs;
 use crate::io::walk::files_under;
@@ -167,6 +167,17 @@ fn pick<'a>(available: &'a [String], names: &[&str]) -> Option<&'a str> {
             .map(String::as_str),
         None => available.iter().find(|a| *a == name).map(String::as_str),
     })
+}
+
+/// Whether `e` says the logs are readable but hold no loss series under
+/// any name (TensorBoard events or a metrics.csv of other metrics).
+pub fn is_no_loss_series(e: &Error) -> bool {
+    tfevents::is_missing_loss_tags(e) || csv_log::is_missing_loss_column(e)
+}
+
+/// Whether a series name says it is a loss on held-out data.
+pub fn is_held_out(name: &str) -> bool {
+    series_names::role(name) == series_names::Role::HeldOutLoss
 }
 
 /// Points sorted by step, the last one read for each step kept.
@@ -868,9 +879,16 @@ pub fn read_hf_run_curve(run: &Path) -> Result<LossCurve> {
         files.push(path);
         sources.push(LogSource::TrainerState.name());
     }
+    let mut series_name = "loss".to_string();
     if !events.is_empty() {
         match tfevents::read_scalar_series_and(&events, None, &SideSeries::is_side_name) {
+            // A held-out loss found by its name is no addition to the
+            // training loss of the trainer state.
+            Ok((series, _)) if !files.is_empty() && is_held_out(&series.tag) => {}
             Ok((series, kept)) => {
+                if files.is_empty() {
+                    series_name.clone_from(&series.tag);
+                }
                 side.fill_from_events(kept);
                 points.extend(series.points);
                 files.extend(series.files);
@@ -888,7 +906,7 @@ pub fn read_hf_run_curve(run: &Path) -> Result<LossCurve> {
     }
     Ok(LossCurve {
         source: sources.join("+"),
-        series: "loss".to_string(),
+        series: series_name,
         torn_files: torn,
         side,
         ..assemble(points, files)

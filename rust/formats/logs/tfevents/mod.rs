@@ -24,6 +24,7 @@ use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Area, Error, Result};
+use crate::formats::logs::series_names;
 use crate::io::files::open_regular;
 use crate::io::lfs;
 use crate::io::walk::files_under;
@@ -137,6 +138,14 @@ pub fn read_scalar_series_and(
     }
     let chosen = collector.points.iter().position(|p| !p.is_empty());
     let Some(index) = chosen else {
+        // None of the usual names: the loss by its meaning, in a second pass.
+        let by_meaning = tag
+            .is_none()
+            .then(|| series_names::choose_loss(collector.tags.iter().map(String::as_str)))
+            .flatten();
+        if let Some((name, _)) = by_meaning {
+            return read_scalar_series_and(files, Some(name), also);
+        }
         return Err(missing_tag_error(files, tag, &collector.tags));
     };
     let series = ScalarSeries {
@@ -201,7 +210,8 @@ fn missing_tag_error(files: &[PathBuf], tag: Option<&str>, tags: &BTreeSet<Strin
             format!("no scalar tagged {tag} in {where_}; scalar tags present: {present}")
         }
         None => format!(
-            "{NO_LOSS_TAGS} {} in {where_}; scalar tags present: {present}; name the tag to read",
+            "{NO_LOSS_TAGS} {} (nor any tag named as a loss) in {where_}; scalar tags present: \
+             {present}; name the tag to read",
             DEFAULT_LOSS_TAGS.join(", ")
         ),
     };

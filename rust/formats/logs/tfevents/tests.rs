@@ -575,3 +575,36 @@ fn memory_follows_the_largest_record() {
     assert_eq!(read_file(&path, &mut collector).unwrap(), Ending::Complete);
     assert_eq!(collector.points[0].len(), 2000);
 }
+
+#[test]
+fn a_loss_tag_outside_the_defaults_is_read_by_its_meaning() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut bytes = Vec::new();
+    for (step, loss) in [(1, 2.0f32), (2, 1.5), (3, 1.0)] {
+        bytes.extend(frame(&simple_event(step, "Loss/train", loss)));
+        bytes.extend(frame(&simple_event(step, "Loss/val", loss + 0.5)));
+        bytes.extend(frame(&simple_event(step, "train/loss_scale", 65536.0)));
+    }
+    let path = write(tmp.path(), "events.out.tfevents.1.host", &bytes);
+    let series = read_one(&path, None).unwrap();
+    assert_eq!(series.tag, "Loss/train");
+    assert_eq!(series.points, vec![(1, 2.0), (2, 1.5), (3, 1.0)]);
+
+    // Only a held-out loss: that one.
+    let mut bytes = Vec::new();
+    for step in 1..4 {
+        bytes.extend(frame(&simple_event(step, "Loss/val", 1.0)));
+        bytes.extend(frame(&simple_event(step, "accuracy", 0.5)));
+    }
+    let path = write(tmp.path(), "events.out.tfevents.2.host", &bytes);
+    assert_eq!(read_one(&path, None).unwrap().tag, "Loss/val");
+
+    // No loss at all: the error names the tags there.
+    let bytes = frame(&simple_event(1, "accuracy", 0.5));
+    let path = write(tmp.path(), "events.out.tfevents.3.host", &bytes);
+    let e = read_one(&path, None).unwrap_err();
+    assert!(
+        is_missing_loss_tags(&e) && e.message.contains("accuracy"),
+        "{e}"
+    );
+}
