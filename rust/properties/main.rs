@@ -50,4 +50,5 @@ fn write_temp(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> PathBuf {
 mod json_line;
 mod pickle;
 mod safetensors_header;
+mod trainer_log;
 mod zip_archive;

@@ -462,6 +462,7 @@ fn has_event_files(dir: &Path) -> bool {
 /// there; its `runs/<date>/` events are then found as a TensorBoard store.
 pub fn is_hf_output(dir: &Path) -> bool {
     present(&dir.join(TRAINER_STATE))
+        || present(&dir.join(crate::formats::logs::trainer_log::TRAINER_LOG))
         || dir.join(TRAINING_ARGS).is_file()
         || !hf_checkpoints(dir).is_empty()
 }

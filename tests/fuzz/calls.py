@@ -95,6 +95,11 @@ def trainer_state(case: Path) -> None:
     _each(lambda: _curve(path), lambda: _curve(path, tag="eval_loss"))
 
 
+def trainer_log(case: Path) -> None:
+    path = case / "trainer_log.jsonl"
+    _each(lambda: _curve(path), lambda: _curve(path, tag="eval_loss"), lambda: _curve(case))
+
+
 def tfevents(case: Path) -> None:
     path = case / EVENTS_NAME
     _each(lambda: _curve(path), lambda: _curve(path, tag="train/learning_rate"))

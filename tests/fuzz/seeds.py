@@ -189,6 +189,22 @@ def _trainer_state(out: Path, run: Any, seeds: dict[str, list[str]]) -> None:
     seeds["trainer_state"] = ["hf/trainer_state.json"]
 
 
+def _trainer_log(out: Path, run: Any, seeds: dict[str, list[str]]) -> None:
+    """LLaMA-Factory's trainer_log.jsonl, one json.dumps line a logging step
+    as its LogCallback writes them (and an evaluation line every other step)."""
+    lines = []
+    total = len(run.records)
+    for rec in run.records:
+        common = {"current_steps": rec["step"], "total_steps": total, "epoch": rec["step"] / total}
+        lines.append({**common, "loss": rec["loss"], "lr": rec["lr"], "percentage": 50.0})
+        if rec["step"] % 2 == 0:
+            lines.append({**common, "eval_loss": rec["loss"] * 1.1})
+    path = out / "llamafactory" / "trainer_log.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    seeds["trainer_log"] = ["llamafactory/trainer_log.jsonl"]
+
+
 def _tensorboard(out: Path, run: Any, seeds: dict[str, list[str]]) -> None:
     """An event file from torch's SummaryWriter: scalars old and new style, plus non-scalars."""
     import torch
@@ -283,6 +299,7 @@ def build(out: Path) -> dict[str, list[str]]:
             _sharded_model(out, seeds)
         with contextlib.suppress(ImportError):
             _trainer_state(out, run, seeds)
+        _trainer_log(out, run, seeds)
         with contextlib.suppress(ImportError):
             _tensorboard(out, run, seeds)
         with contextlib.suppress(ImportError):

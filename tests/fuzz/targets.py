@@ -119,6 +119,13 @@ TARGETS: dict[str, Target] = {
             "trainer_state",
             ("generic", "json"),
         ),
+        Target(
+            "trainer_log",
+            f"{CALLS}:trainer_log",
+            "trainer_log.jsonl",
+            "trainer_log",
+            ("generic", "jsonl"),
+        ),
         Target("tfevents", f"{CALLS}:tfevents", EVENTS_NAME, "tfevents", ("generic", "tfevents")),
         Target("csv", f"{CALLS}:csv", "metrics.csv", "csv", ("generic", "csv")),
         Target(

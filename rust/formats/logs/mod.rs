@@ -11,4 +11,5 @@ pub mod json_line;
 pub mod loss_log;
 pub mod series_names;
 pub mod tfevents;
+pub mod trainer_log;
 pub mod trainer_state;

@@ -104,7 +104,7 @@ pub fn parse_trainer_state(text: &str) -> std::result::Result<TrainerState, Stri
 }
 
 /// Why parsing stopped: the text is not JSON, or it is JSON of the wrong shape.
-enum Fail {
+pub(crate) enum Fail {
     Syntax,
     Bad(String),
 }
@@ -115,7 +115,7 @@ impl From<()> for Fail {
     }
 }
 
-type Parsed<T> = std::result::Result<T, Fail>;
+pub(crate) type Parsed<T> = std::result::Result<T, Fail>;
 
 fn syntax_message(text: &str, s: &Scanner) -> String {
     if s.too_deep {
@@ -144,7 +144,7 @@ fn key<'a>(s: &mut Scanner<'a>) -> Parsed<Cow<'a, str>> {
 
 /// Walk the members of an object whose `{` is next, calling `member` with
 /// each key once the scanner sits on its value.
-fn members<'a>(
+pub(crate) fn members<'a>(
     s: &mut Scanner<'a>,
     mut member: impl FnMut(&mut Scanner<'a>, &str) -> Parsed<()>,
 ) -> Parsed<()> {

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Area, Error, Result};
 use crate::formats::logs::json_line::{classify_step, LineKind, StepExtras};
-use crate::formats::logs::{csv_log, series_names, tfevents, trainer_state};
+use crate::formats::logs::{csv_log, series_names, tfevents, trainer_log, trainer_state};
 use crate::io::files::open_regular;
 use crate::io::lfs;
 use crate::io::walk::files_under;
@@ -167,6 +167,27 @@ fn pick<'a>(available: &'a [String], names: &[&str]) -> Option<&'a str> {
             .map(String::as_str),
         None => available.iter().find(|a| *a == name).map(String::as_str),
     })
+}
+
+/// Whether `path` is LLaMA-Factory's log rather than a trainer state.
+fn state_source(path: &Path) -> LogSource {
+    if path
+        .file_name()
+        .is_some_and(|n| n == trainer_log::TRAINER_LOG)
+    {
+        LogSource::TrainerLog
+    } else {
+        LogSource::TrainerState
+    }
+}
+
+/// The run's state from a `trainer_state.json` or LLaMA-Factory's
+/// `trainer_log.jsonl`, by the file's name.
+pub fn read_run_state(path: &Path) -> Result<trainer_state::TrainerState> {
+    match state_source(path) {
+        LogSource::TrainerLog => trainer_log::read_trainer_log(path),
+        _ => trainer_state::read_trainer_state(path),
+    }
 }
 
 /// Whether `e` says the logs are readable but hold no loss series under
@@ -617,6 +638,8 @@ pub enum LogSource {
     Dlm,
     /// The `log_history` of an HF Trainer `trainer_state.json`.
     TrainerState,
+    /// LLaMA-Factory's `trainer_log.jsonl`.
+    TrainerLog,
     /// TensorBoard `events.out.tfevents.*` files.
     TensorBoard,
     /// A Lightning `CSVLogger` `metrics.csv`.
@@ -629,6 +652,7 @@ impl LogSource {
         match self {
             LogSource::Dlm => "dlm",
             LogSource::TrainerState => "trainer_state",
+            LogSource::TrainerLog => "trainer_log",
             LogSource::TensorBoard => "tensorboard",
             LogSource::Csv => "csv",
         }
@@ -637,7 +661,8 @@ impl LogSource {
 
 /// What `read_curve_from` accepts, for error messages.
 pub const ACCEPTED_SOURCES: &str = "a dlm store, logs directory or .jsonl log; an HF \
-    trainer_state.json (or an output directory holding one, or checkpoint-*/); a TensorBoard \
+    trainer_state.json (or an output directory holding one, or checkpoint-*/); LLaMA-Factory's \
+    trainer_log.jsonl; a TensorBoard \
     events.out.tfevents.* file or a directory holding some; a Lightning metrics.csv";
 
 /// The format at `source` and the files to read, without reading them.
@@ -646,7 +671,8 @@ pub const ACCEPTED_SOURCES: &str = "a dlm store, logs directory or .jsonl log; a
 /// `events.out.tfevents.*`, `*.csv`. A directory is searched in this order,
 /// the first match winning:
 /// 1. dlm logs (`logs/train-*.jsonl`, or `train-*.jsonl` in it);
-/// 2. its own `trainer_state.json` (the final save holds the whole run);
+/// 2. its own `trainer_state.json` (the final save holds the whole run), or
+///    LLaMA-Factory's `trainer_log.jsonl`;
 /// 3. event files up to [`MAX_SEARCH_DEPTH`](crate::io::walk::MAX_SEARCH_DEPTH) levels down (HF's `runs/`
 ///    holds every logged step, also those after the last checkpoint, and a
 ///    resumed run's new `runs/<date>` directory);
@@ -668,6 +694,10 @@ pub fn detect_log_source(source: &Path) -> Result<(LogSource, Vec<PathBuf>)> {
     let state = source.join("trainer_state.json");
     if state.is_file() {
         return Ok((LogSource::TrainerState, vec![state]));
+    }
+    let log = source.join(trainer_log::TRAINER_LOG);
+    if log.is_file() {
+        return Ok((LogSource::TrainerLog, vec![log]));
     }
     let found = files_under(source, Area::LogFormat, |name| {
         tfevents::is_event_file_name(name) || name == "metrics.csv"
@@ -712,7 +742,9 @@ fn file_source(path: &Path) -> Result<LogSource> {
         .and_then(|n| n.to_str())
         .unwrap_or_default()
         .to_ascii_lowercase();
-    if name.ends_with(".jsonl") {
+    if name == trainer_log::TRAINER_LOG {
+        Ok(LogSource::TrainerLog)
+    } else if name.ends_with(".jsonl") {
         Ok(LogSource::Dlm)
     } else if name.ends_with(".json") {
         Ok(LogSource::TrainerState)
@@ -786,7 +818,7 @@ pub fn read_curve_from(source: &Path, tag: Option<&str>) -> Result<LossCurve> {
             // `train_logs_in` lists them in name order, the reading order.
             read_loss_curve(&files)
         }
-        LogSource::TrainerState => {
+        LogSource::TrainerState | LogSource::TrainerLog => {
             let path = files.first().map_or(source, PathBuf::as_path);
             let eval = match tag {
                 None | Some("loss" | "train/loss") => false,
@@ -794,13 +826,17 @@ pub fn read_curve_from(source: &Path, tag: Option<&str>) -> Result<LossCurve> {
                 Some(other) => {
                     return Err(unknown_series(
                         path,
-                        "trainer_state.json",
+                        if kind == LogSource::TrainerLog {
+                            trainer_log::TRAINER_LOG
+                        } else {
+                            "trainer_state.json"
+                        },
                         other,
                         "\"loss\" and \"eval_loss\"",
                     ))
                 }
             };
-            let state = trainer_state::read_trainer_state(path)?;
+            let state = read_run_state(path)?;
             let side = SideSeries::of_trainer_state(&state);
             let curve = if eval {
                 read("eval_loss", state.eval_points, files, vec![])
@@ -836,14 +872,19 @@ pub fn read_curve_from(source: &Path, tag: Option<&str>) -> Result<LossCurve> {
 /// (the output dir's own, else the highest checkpoint's) and the TensorBoard
 /// event files under `runs/`; None when it has neither.
 pub fn hf_run_sources(run: &Path) -> Option<(Option<PathBuf>, Vec<PathBuf>)> {
-    let own = run.join("trainer_state.json");
     // Anything but a directory there is read (a FIFO or device is then
     // refused by the reader, with an error naming it, not passed over).
-    let state = if std::fs::metadata(&own).is_ok_and(|m| !m.is_dir()) {
-        Some(own)
-    } else {
-        newest_checkpoint_state(run).ok().flatten()
-    };
+    let present = |p: &PathBuf| std::fs::metadata(p).is_ok_and(|m| !m.is_dir());
+    // The run's own state; else LLaMA-Factory's log, which holds every
+    // logged step, also those after the last checkpoint; else the newest
+    // checkpoint's state.
+    let state = [
+        run.join("trainer_state.json"),
+        run.join(trainer_log::TRAINER_LOG),
+    ]
+    .into_iter()
+    .find(present)
+    .or_else(|| newest_checkpoint_state(run).ok().flatten());
     let runs = run.join("runs");
     let events = if runs.is_dir() {
         tfevents::event_files(&runs).unwrap_or_default()
@@ -873,11 +914,11 @@ pub fn read_hf_run_curve(run: &Path) -> Result<LossCurve> {
     let mut sources = vec![];
     let mut side = SideSeries::default();
     if let Some(path) = state {
-        let state = trainer_state::read_trainer_state(&path)?;
+        let state = read_run_state(&path)?;
         side = SideSeries::of_trainer_state(&state);
         points.extend(state.train_points);
+        sources.push(state_source(&path).name());
         files.push(path);
-        sources.push(LogSource::TrainerState.name());
     }
     let mut series_name = "loss".to_string();
     if !events.is_empty() {
