@@ -29,7 +29,7 @@ def write_log(out: Path, losses: list[float], *, old: bool = False, every: int =
             "lr" if not old else "learning_rate": 1e-4 * (1 - step / total),
             "epoch": round(step / total * 3, 2),
             "percentage": round(step / total * 100, 2),
-            "elapsed_time": "0:00:%02d" % (i % 60),
+            "elapsed_time": f"0:00:{i % 60:02d}",
             "remaining_time": "0:00:10",
         }
         if old:
