@@ -78,6 +78,8 @@ pub const HF_TRAINER: &str = "hf-trainer";
 pub const LIGHTNING: &str = "lightning";
 pub const PEFT: &str = "peft";
 pub const TENSORBOARD: &str = "tensorboard";
+/// A run of MLflow's file store: `mlruns/<experiment id>/<run id>/`.
+pub const MLFLOW: &str = "mlflow";
 
 /// What a checkpoint holds, in records' `checkpoint_kind`.
 pub const ADAPTER: &str = "adapter";
@@ -566,7 +568,8 @@ pub fn tensorboard_target(dir: &Path) -> Target {
 }
 
 /// The target a directory is, when it is one of the layouts (checked in
-/// this order: dlm, HF Trainer, Lightning, bare PEFT, TensorBoard); None to
+/// this order: dlm, HF Trainer, Lightning, bare PEFT, an MLflow run,
+/// TensorBoard); None to
 /// look deeper.
 pub fn classify(dir: &Path, all: bool) -> Option<Target> {
     if is_dlm_store(dir) {
@@ -577,6 +580,8 @@ pub fn classify(dir: &Path, all: bool) -> Option<Target> {
         Some(lightning_target(dir, all))
     } else if is_bare_peft(dir) {
         Some(peft_target(dir))
+    } else if crate::formats::logs::mlflow_files::is_run_dir(dir) {
+        Some(Target::new(dir, MLFLOW).kind_set())
     } else if is_tensorboard_dir(dir) {
         Some(tensorboard_target(dir))
     } else {

@@ -172,7 +172,7 @@ pub fn drift_input_for(store: &Path, layout: &str) -> DriftInput {
                 Some(_) => input.read(loss_log::read_hf_run_curve(store)),
             }
         }
-        LIGHTNING | TENSORBOARD => {
+        LIGHTNING | TENSORBOARD | layout::MLFLOW => {
             let input = DriftInput::new(store, layout, store.to_path_buf());
             match loss_log::detect_log_source(store) {
                 Err(e) if e.area == Area::LogFormat || e.area == Area::Missing => input.none(

@@ -16,7 +16,9 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Area, Error, Result};
 use crate::formats::logs::json_line::{classify_step, LineKind, StepExtras};
-use crate::formats::logs::{csv_log, series_names, tfevents, trainer_log, trainer_state};
+use crate::formats::logs::{
+    csv_log, mlflow_files, series_names, tfevents, trainer_log, trainer_state,
+};
 use crate::io::files::open_regular;
 use crate::io::lfs;
 use crate::io::walk::files_under;
@@ -120,6 +122,16 @@ impl SideSeries {
         });
     }
 
+    /// Fill the series still empty from named series (`names`), reading
+    /// the one picked for each with `read`.
+    pub fn fill_from_names(
+        &mut self,
+        names: &[String],
+        mut read: impl FnMut(&str) -> Option<Vec<(i64, f64)>>,
+    ) {
+        self.fill(|wanted| Some(by_step(read(pick(names, wanted)?)?)));
+    }
+
     /// Fill each empty series with what `read` finds under its known names.
     fn fill(&mut self, mut read: impl FnMut(&[&str]) -> Option<Vec<(i64, f64)>>) {
         for (series, names) in [
@@ -193,7 +205,9 @@ pub fn read_run_state(path: &Path) -> Result<trainer_state::TrainerState> {
 /// Whether `e` says the logs are readable but hold no loss series under
 /// any name (TensorBoard events or a metrics.csv of other metrics).
 pub fn is_no_loss_series(e: &Error) -> bool {
-    tfevents::is_missing_loss_tags(e) || csv_log::is_missing_loss_column(e)
+    tfevents::is_missing_loss_tags(e)
+        || csv_log::is_missing_loss_column(e)
+        || mlflow_files::is_missing_loss_metric(e)
 }
 
 /// Whether a series name says it is a loss on held-out data.
@@ -640,6 +654,8 @@ pub enum LogSource {
     TrainerState,
     /// LLaMA-Factory's `trainer_log.jsonl`.
     TrainerLog,
+    /// A run of MLflow's file store (`mlruns/<experiment>/<run>/`).
+    Mlflow,
     /// TensorBoard `events.out.tfevents.*` files.
     TensorBoard,
     /// A Lightning `CSVLogger` `metrics.csv`.
@@ -653,6 +669,7 @@ impl LogSource {
             LogSource::Dlm => "dlm",
             LogSource::TrainerState => "trainer_state",
             LogSource::TrainerLog => "trainer_log",
+            LogSource::Mlflow => "mlflow",
             LogSource::TensorBoard => "tensorboard",
             LogSource::Csv => "csv",
         }
@@ -662,7 +679,7 @@ impl LogSource {
 /// What `read_curve_from` accepts, for error messages.
 pub const ACCEPTED_SOURCES: &str = "a dlm store, logs directory or .jsonl log; an HF \
     trainer_state.json (or an output directory holding one, or checkpoint-*/); LLaMA-Factory's \
-    trainer_log.jsonl; a TensorBoard \
+    trainer_log.jsonl; an MLflow run directory (mlruns/<experiment>/<run>/); a TensorBoard \
     events.out.tfevents.* file or a directory holding some; a Lightning metrics.csv";
 
 /// The format at `source` and the files to read, without reading them.
@@ -698,6 +715,9 @@ pub fn detect_log_source(source: &Path) -> Result<(LogSource, Vec<PathBuf>)> {
     let log = source.join(trainer_log::TRAINER_LOG);
     if log.is_file() {
         return Ok((LogSource::TrainerLog, vec![log]));
+    }
+    if mlflow_files::is_run_dir(source) {
+        return Ok((LogSource::Mlflow, vec![source.to_path_buf()]));
     }
     let found = files_under(source, Area::LogFormat, |name| {
         tfevents::is_event_file_name(name) || name == "metrics.csv"
@@ -845,6 +865,7 @@ pub fn read_curve_from(source: &Path, tag: Option<&str>) -> Result<LossCurve> {
             };
             curve.map(|c| LossCurve { side, ..c })
         }
+        LogSource::Mlflow => mlflow_files::read_run_curve(source, tag),
         LogSource::TensorBoard => {
             let (series, kept) =
                 tfevents::read_scalar_series_and(&files, tag, &SideSeries::is_side_name)?;
