@@ -116,7 +116,8 @@ pub struct PatternEntry<T> {
 #[derive(Debug, Clone)]
 pub struct AdapterConfig {
     pub path: PathBuf,
-    /// As written (None when absent); always "LORA" when present.
+    /// As written (None when absent). Another method than "LORA" (IA3,
+    /// prompt tuning, ...) leaves every LoRA field at zero or empty.
     pub peft_type: Option<String>,
     pub r: u64,
     pub lora_alpha: f64,
@@ -140,6 +141,30 @@ pub struct ModuleScale {
 }
 
 impl AdapterConfig {
+    /// The config of a PEFT method other than LoRA: its type and nothing
+    /// LoRA-specific.
+    fn other_method(path: &Path, peft_type: &str) -> AdapterConfig {
+        AdapterConfig {
+            path: path.to_path_buf(),
+            peft_type: Some(peft_type.to_string()),
+            r: 0,
+            lora_alpha: 0.0,
+            use_rslora: false,
+            use_dora: false,
+            fan_in_fan_out: false,
+            target_modules: None,
+            modules_to_save: Vec::new(),
+            base_model_name_or_path: None,
+            rank_pattern: Vec::new(),
+            alpha_pattern: Vec::new(),
+        }
+    }
+
+    /// Whether the adapter is a LoRA one (`peft_type` "LORA" or absent).
+    pub fn is_lora(&self) -> bool {
+        self.peft_type.as_deref().is_none_or(|t| t == "LORA")
+    }
+
     /// Read and check the config file at `path`.
     pub fn read(path: &Path) -> Result<AdapterConfig> {
         let file = open_regular(path, Area::Weights)?;
@@ -494,13 +519,10 @@ fn patterns<T>(
 impl RawConfig {
     fn check(self, path: &Path) -> Checked<AdapterConfig> {
         let peft_type = optional_string(&self.peft_type, "peft_type")?;
-        if let Some(t) = &peft_type {
-            if t != "LORA" {
-                return Err(format!(
-                    "peft_type is {t:?}: only LoRA adapters (\"LORA\") are read; other PEFT \
-                     methods do not apply ΔW = scale·B·A"
-                ));
-            }
+        if let Some(t) = peft_type.as_ref().filter(|t| *t != "LORA") {
+            // Another PEFT method (IA3, prompt tuning, ...): no ΔW = B·A to
+            // plan, so none of LoRA's fields is read.
+            return Ok(AdapterConfig::other_method(path, t));
         }
         let r = match &self.r {
             None => DEFAULT_R,
@@ -714,12 +736,24 @@ mod tests {
     }
 
     #[test]
+    fn other_peft_methods_read_as_such() {
+        for (text, lora) in [
+            (r#"{"peft_type": "IA3", "r": "not read"}"#, false),
+            (r#"{"peft_type": "PROMPT_TUNING"}"#, false),
+            (r#"{"peft_type": "LORA"}"#, true),
+            ("{}", true),
+        ] {
+            let c = parse(text).unwrap();
+            assert_eq!(c.is_lora(), lora, "{text}");
+        }
+    }
+
+    #[test]
     fn bad_configs_name_the_field() {
         let cases = [
             ("not json", "not a valid JSON object"),
             ("[1, 2]", "not a valid JSON object"),
             (r#"{"r": 8} trailing"#, "not a valid JSON object"),
-            (r#"{"peft_type": "ADALORA"}"#, "peft_type is \"ADALORA\""),
             (r#"{"peft_type": 3}"#, "\"peft_type\" must be a string"),
             (r#"{"r": "8"}"#, "field \"r\" must be a positive integer"),
             (r#"{"r": 0}"#, "field \"r\" must be a positive integer"),

@@ -88,6 +88,63 @@ fn base_evidence(o: &WeightsOptions, w: &AdapterWeights) -> Evidence {
     base
 }
 
+/// An adapter of another PEFT method (IA3, prompt tuning, LoHa, ...): it
+/// has no ΔW = B·A, so what is judged is what breaks any adapter. Non-finite
+/// values FAILed above; here, tensors that are all zeros: every one of them
+/// (IA3 vectors of zeros silence the activations they scale; zero prompt
+/// embeddings carry nothing) FAILs, some of them WARN.
+fn judge_other_method(w: &AdapterWeights, method: &str, mut evidence: Evidence) -> Judged {
+    let tensors = &w.other_tensors;
+    let zero: Vec<&str> = tensors
+        .iter()
+        .filter(|t| t.numel > 0 && t.norm == 0.0)
+        .map(|t| t.name.as_str())
+        .collect();
+    evidence.put("peft_type", method);
+    evidence.put("zero_tensors", zero.clone());
+    let n = tensors.len();
+    let (verdict, score, message) = if n == 0 {
+        (
+            Verdict::Skip,
+            None,
+            format!("{method} adapter with no tensors: nothing to judge"),
+        )
+    } else if zero.len() == n {
+        (
+            Verdict::Fail,
+            Some(0.0),
+            format!(
+                "zero_weights: all {n} tensors of this {method} adapter are zeros: it silences \
+                 or carries nothing"
+            ),
+        )
+    } else if !zero.is_empty() {
+        (
+            Verdict::Warn,
+            Some(0.5),
+            format!(
+                "zero_tensors: {} of {n} tensors of this {method} adapter are all zeros ({})",
+                zero.len(),
+                names_text(&zero)
+            ),
+        )
+    } else {
+        (
+            Verdict::Pass,
+            Some(1.0),
+            format!(
+                "{method} adapter: {n} tensors, all finite and none all zeros (the dW rules are \
+                 LoRA's; a {method} adapter is judged on these two)"
+            ),
+        )
+    };
+    let judged = Judged::bare(KIND, verdict, message).with_evidence(evidence);
+    match score {
+        Some(s) => judged.with_score(s),
+        None => judged,
+    }
+}
+
 /// A note the gatherer left (SKIP), or what stops any judgement (ERROR).
 fn unjudgeable(input: &WeightsInput) -> Option<Judged> {
     if let Some(note) = &input.note {
@@ -150,6 +207,9 @@ pub fn judge_weights(
         return Judged::bare(KIND, Verdict::Fail, message)
             .with_score(0.0)
             .with_evidence(evidence);
+    }
+    if let Some(method) = config.peft_type.as_deref().filter(|t| *t != "LORA") {
+        return judge_other_method(w, method, base);
     }
     if modules.is_empty() {
         let message = format!(

@@ -72,7 +72,7 @@ pub fn read_adapter_factors(path: &Path) -> Result<AdapterFactors> {
         config,
         data,
         plan,
-    } = OpenAdapter::open(path)?;
+    } = OpenAdapter::open_lora(path)?;
     let values: u64 = plan
         .modules
         .iter()
@@ -203,7 +203,7 @@ pub fn stream_adapter_factors(
 ) -> Result<bool> {
     let OpenAdapter {
         config, data, plan, ..
-    } = OpenAdapter::open(path)?;
+    } = OpenAdapter::open_lora(path)?;
     let mut reader = data.reader(chunk_elems);
     for m in &plan.modules {
         let info = m.info();

@@ -92,6 +92,24 @@ pub(super) struct OpenAdapter {
 }
 
 impl OpenAdapter {
+    /// [`OpenAdapter::open`] for readers of LoRA factors: another PEFT
+    /// method has no `B·A` to read, and is an error here.
+    pub(super) fn open_lora(path: &Path) -> Result<Self> {
+        let open = Self::open(path)?;
+        match &open.config {
+            Some(c) if !c.is_lora() => Err(Error::new(
+                Area::Weights,
+                &c.path,
+                format!(
+                    "peft_type is {:?}: only LoRA adapters (\"LORA\") have factors to compare; \
+                     other PEFT methods do not apply ΔW = scale·B·A",
+                    c.peft_type.as_deref().unwrap_or_default()
+                ),
+            )),
+            _ => Ok(open),
+        }
+    }
+
     /// Open the adapter at `path`: a directory or its `.safetensors` file.
     pub(super) fn open(path: &Path) -> Result<Self> {
         let (weights_path, config_path) = locate(path)?;
@@ -101,7 +119,19 @@ impl OpenAdapter {
             Err(e) => return Err(e),
         };
         let data = SafetensorsData::open(&weights_path)?;
-        let plan = plan(&data, config.as_ref())?;
+        let plan = match &config {
+            // Another PEFT method: every tensor is judged as a plain tensor.
+            Some(c) if !c.is_lora() => Plan {
+                modules: Vec::new(),
+                others: data
+                    .header()
+                    .tensors
+                    .iter()
+                    .map(|info| data.float_tensor(info))
+                    .collect::<Result<_>>()?,
+            },
+            _ => plan(&data, config.as_ref())?,
+        };
         Ok(Self {
             weights_path,
             config,

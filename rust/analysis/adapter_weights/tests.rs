@@ -433,12 +433,19 @@ fn a_config_that_is_not_json_or_disagrees_with_the_weights_is_refused() {
     c["target_modules"] = Value::from(r".*\.(q|k|v|o)_proj");
     write_config(&c);
     assert!(read_adapter_weights(dir.path()).is_ok());
+    // Another PEFT method: no LoRA modules, every tensor read as a plain
+    // one (its finiteness and size judged), and no factors to compare.
     c["peft_type"] = Value::from("LOHA");
     write_config(&c);
-    assert!(read_adapter_weights(dir.path())
-        .unwrap_err()
-        .message
-        .contains("LOHA"));
+    let w = read_adapter_weights(dir.path()).unwrap();
+    assert!(
+        w.modules.is_empty() && w.other_tensors.len() == 19,
+        "{}",
+        w.other_tensors.len()
+    );
+    assert_eq!(w.config.unwrap().peft_type.as_deref(), Some("LOHA"));
+    let e = read_adapter_factors(dir.path()).unwrap_err();
+    assert!(e.message.contains("LOHA"), "{e}");
 }
 
 // ---- hostile weights, made by mutating a real file ----

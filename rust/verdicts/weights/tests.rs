@@ -322,3 +322,45 @@ fn rank_used_median_is_a_count_or_between_two() {
     assert_eq!(used.get("median"), Some(&Value::Float(4.0)));
     assert_eq!(used.get("min"), Some(&Value::from(1_u64)));
 }
+
+fn other_method(norms: &[f64], nonfinite: u64) -> AdapterWeights {
+    let mut w = weights(&[]);
+    let mut c = config();
+    c.peft_type = Some("IA3".into());
+    w.config = Some(c);
+    w.other_tensors = norms
+        .iter()
+        .enumerate()
+        .map(|(i, &norm)| TensorStats {
+            name: format!("base_model.model.h.{i}.attn.ia3_l"),
+            dtype: "F32".into(),
+            shape: vec![96],
+            numel: 96,
+            norm,
+            max_abs: norm,
+            nonfinite: if i == 0 { nonfinite } else { 0 },
+        })
+        .collect();
+    w.nonfinite_total = nonfinite;
+    w
+}
+
+#[test]
+fn another_peft_method_is_judged_on_finiteness_and_zeros() {
+    let judge = |w| judge_weights(&input(Some(w)), None, &options());
+    let j = judge(other_method(&[9.8, 9.8], 0));
+    assert_eq!((j.verdict, j.score), (Verdict::Pass, Some(1.0)), "{}", j.message);
+    assert!(j.message.starts_with("IA3 adapter: 2 tensors"), "{}", j.message);
+    assert_eq!(j.evidence.get("peft_type"), Some(&Value::from("IA3")));
+    let j = judge(other_method(&[9.8, 0.0], 0));
+    assert_eq!(j.verdict, Verdict::Warn, "{}", j.message);
+    assert!(j.message.contains("1 of 2 tensors") && j.message.contains("h.1.attn.ia3_l"));
+    let j = judge(other_method(&[0.0, 0.0], 0));
+    assert_eq!(j.verdict, Verdict::Fail, "{}", j.message);
+    assert!(j.message.starts_with("zero_weights"));
+    let j = judge(other_method(&[f64::NAN, 1.0], 3));
+    assert_eq!(j.verdict, Verdict::Fail);
+    assert!(j.message.starts_with("nonfinite_weights"), "{}", j.message);
+    let j = judge(other_method(&[], 0));
+    assert_eq!(j.verdict, Verdict::Skip);
+}
