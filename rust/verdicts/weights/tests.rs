@@ -349,8 +349,17 @@ fn other_method(norms: &[f64], nonfinite: u64) -> AdapterWeights {
 fn another_peft_method_is_judged_on_finiteness_and_zeros() {
     let judge = |w| judge_weights(&input(Some(w)), None, &options());
     let j = judge(other_method(&[9.8, 9.8], 0));
-    assert_eq!((j.verdict, j.score), (Verdict::Pass, Some(1.0)), "{}", j.message);
-    assert!(j.message.starts_with("IA3 adapter: 2 tensors"), "{}", j.message);
+    assert_eq!(
+        (j.verdict, j.score),
+        (Verdict::Pass, Some(1.0)),
+        "{}",
+        j.message
+    );
+    assert!(
+        j.message.starts_with("IA3 adapter: 2 tensors"),
+        "{}",
+        j.message
+    );
     assert_eq!(j.evidence.get("peft_type"), Some(&Value::from("IA3")));
     let j = judge(other_method(&[9.8, 0.0], 0));
     assert_eq!(j.verdict, Verdict::Warn, "{}", j.message);
