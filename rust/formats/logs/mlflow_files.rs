@@ -18,7 +18,7 @@ use crate::formats::logs::json_line::{python_float, python_int};
 use crate::formats::logs::loss_log::{self, LossCurve, SideSeries};
 use crate::formats::logs::series_names;
 use crate::io::confine;
-use crate::io::files::open_regular;
+use crate::io::files::{open_regular, read_small};
 
 /// A run's metadata file.
 pub const META: &str = "meta.yaml";
@@ -176,21 +176,7 @@ pub fn is_missing_loss_metric(e: &Error) -> bool {
 /// deduplicated; NaN and infinities kept). Lines that do not read are
 /// passed over (a torn last line of a run still logging).
 pub fn read_metric(path: &Path) -> Result<Vec<(i64, f64)>> {
-    let file = open_regular(path, Area::LogFormat)?;
-    let mut bytes = Vec::new();
-    file.take(MAX_METRIC_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| Error::io(Area::LogFormat, path, &e))?;
-    if bytes.len() as u64 > MAX_METRIC_BYTES {
-        return Err(Error::new(
-            Area::LogFormat,
-            path,
-            format!(
-                "is larger than {} MiB; not an MLflow metric file",
-                MAX_METRIC_BYTES >> 20
-            ),
-        ));
-    }
+    let bytes = read_small(path, Area::LogFormat, MAX_METRIC_BYTES)?;
     Ok(parse_metric(&String::from_utf8_lossy(&bytes)))
 }
 

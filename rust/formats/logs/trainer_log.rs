@@ -11,13 +11,12 @@
 //! a JSON object (a torn last line of a run still writing, a stray print)
 //! is passed over; a file with no line at all that reads is an error.
 
-use std::io::Read;
 use std::path::Path;
 
 use crate::error::{Area, Error, Result};
 use crate::formats::logs::json_line::{to_loss, to_step, Scalar, Scanner};
 use crate::formats::logs::trainer_state::{members, TrainerState};
-use crate::io::files::open_regular;
+use crate::io::files::read_small;
 use crate::io::lfs;
 
 /// The file's name in a LLaMA-Factory output directory.
@@ -32,17 +31,7 @@ const MAX_LINE_BYTES: usize = 1 << 20;
 /// Read the `trainer_log.jsonl` at `path`.
 pub fn read_trainer_log(path: &Path) -> Result<TrainerState> {
     let err = |msg: String| Error::new(Area::LogFormat, path, msg);
-    let file = open_regular(path, Area::LogFormat)?;
-    let mut bytes = Vec::new();
-    file.take(MAX_TRAINER_LOG_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| Error::io(Area::LogFormat, path, &e))?;
-    if bytes.len() as u64 > MAX_TRAINER_LOG_BYTES {
-        return Err(err(format!(
-            "is larger than {} MiB; a trainer_log.jsonl is never that big",
-            MAX_TRAINER_LOG_BYTES >> 20
-        )));
-    }
+    let bytes = read_small(path, Area::LogFormat, MAX_TRAINER_LOG_BYTES)?;
     let (mut state, read_lines) = parse_trainer_log(&bytes);
     if read_lines == 0 && bytes.iter().any(|b| !b.is_ascii_whitespace()) {
         return Err(
