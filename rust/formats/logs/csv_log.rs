@@ -359,13 +359,8 @@ fn series_from<R: Read>(
                 format!("has no column {name}; columns: {}", listed(&columns))
             })?,
         ),
-        None => DEFAULT_LOSS_COLUMNS
-            .iter()
-            .find_map(|name| find(name).map(|i| (name.to_string(), i)))
-            .or_else(|| {
-                let (name, _) = series_names::choose_loss(columns.iter().map(String::as_str))?;
-                find(name).map(|i| (name.to_string(), i))
-            })
+        None => series_names::loss_among(&DEFAULT_LOSS_COLUMNS, columns.iter().map(String::as_str))
+            .and_then(|name| find(name).map(|i| (name.to_string(), i)))
             .ok_or_else(|| {
                 format!(
                     "{NO_LOSS_COLUMN} (none named as a training or held-out loss); columns: {}; \

@@ -117,13 +117,8 @@ pub fn read_run_curve(run: &Path, key: Option<&str>) -> Result<LossCurve> {
                     ),
                 )
             })?,
-        None => DEFAULT_LOSS_KEYS
-            .iter()
-            .find(|name| keys.iter().any(|k| k == *name))
-            .map(|name| name.to_string())
-            .or_else(|| {
-                series_names::choose_loss(keys.iter().map(String::as_str)).map(|c| c.0.to_string())
-            })
+        None => series_names::loss_among(&DEFAULT_LOSS_KEYS, keys.iter().map(String::as_str))
+            .map(str::to_string)
             .ok_or_else(|| {
                 Error::new(
                     Area::LogFormat,

@@ -127,6 +127,18 @@ pub fn choose_loss<'a>(
         .or_else(|| plainest(names, Role::HeldOutLoss).map(|n| (n, true)))
 }
 
+/// The loss among `names` as a reader picks it: the first of its `usual`
+/// names present, else [`choose_loss`]'s (training loss, else held-out).
+pub fn loss_among<'a>(
+    usual: &[&str],
+    names: impl IntoIterator<Item = &'a str> + Clone,
+) -> Option<&'a str> {
+    usual
+        .iter()
+        .find_map(|u| names.clone().into_iter().find(|n| n == u))
+        .or_else(|| choose_loss(names).map(|(name, _)| name))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,6 +227,18 @@ mod tests {
         );
         assert_eq!(pick(&["epoch", "step", "accuracy"]), None);
         assert_eq!(pick(&[]), None);
+        // A reader's usual names come first, in its order.
+        let names = ["train/nll_loss", "loss", "train_loss"];
+        assert_eq!(
+            loss_among(&["train_loss", "loss"], names),
+            Some("train_loss")
+        );
+        assert_eq!(loss_among(&["train/loss"], names), Some("loss"));
+        assert_eq!(
+            loss_among(&["train/loss"], ["val_loss", "train/nll_loss"]),
+            Some("train/nll_loss")
+        );
+        assert_eq!(loss_among(&["train/loss"], ["accuracy"]), None);
     }
 
     proptest::proptest! {
