@@ -533,17 +533,8 @@ pub fn weights_input_for(adapter: &Path, layout: &str) -> WeightsInput {
         ));
         return input;
     }
-    if let Some(note) = no_adapter_note(adapter, &input.checkpoint_kind) {
+    if let Some(note) = no_adapter_note(adapter, &input.checkpoint_kind, layout) {
         input.note = Some(note);
-        return input;
-    }
-    if layout != layout::DLM && weights_not_kept(adapter) {
-        input.note = Some(format!(
-            "{} holds adapter_config.json but no adapter weights ({}): they were not saved \
-             here or not copied with the run; nothing to judge",
-            adapter.display(),
-            layers::ADAPTER_WEIGHTS
-        ));
         return input;
     }
     match adapter_weights::read_adapter_weights(adapter) {
@@ -565,8 +556,9 @@ fn weights_not_kept(version: &Path) -> bool {
         && !version.join(PICKLED_ADAPTER).exists()
 }
 
-/// Why a full or log-only checkpoint has no adapter to judge.
-fn no_adapter_note(version: &Path, kind: &str) -> Option<String> {
+/// Why a version has no adapter to judge: a full or log-only checkpoint, a
+/// pickled adapter, or a trainer's checkpoint that kept no weights.
+fn no_adapter_note(version: &Path, kind: &str, layout: &str) -> Option<String> {
     match kind {
         FULL => {
             let file = model_files::locate(version).map_or_else(String::new, |f| f.name());
@@ -584,6 +576,12 @@ fn no_adapter_note(version: &Path, kind: &str) -> Option<String> {
                  (unpickling runs code); save it with safetensors to have it checked"
             ))
         }
+        _ if layout != layout::DLM && weights_not_kept(version) => Some(format!(
+            "{} holds adapter_config.json but no adapter weights ({}): they were not saved here \
+             or not copied with the run; nothing to judge",
+            version.display(),
+            layers::ADAPTER_WEIGHTS
+        )),
         _ => None,
     }
 }
