@@ -14,3 +14,4 @@ pub mod series_names;
 pub mod tfevents;
 pub mod trainer_log;
 pub mod trainer_state;
+pub mod wandb_run;
