@@ -51,4 +51,5 @@ mod json_line;
 mod pickle;
 mod safetensors_header;
 mod trainer_log;
+mod wandb_log;
 mod zip_archive;
