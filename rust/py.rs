@@ -315,6 +315,17 @@ impl LossCurve {
     fn learning_rate(&self) -> Vec<(i64, f64)> {
         self.side.learning_rate.clone()
     }
+    /// `(step, mean reward)` pairs of an RL objective, by step.
+    #[getter]
+    fn reward(&self) -> Vec<(i64, f64)> {
+        self.side.reward.clone()
+    }
+    /// How the tracker that kept the log names the run (W&B `project/name
+    /// (id)`, MLflow `experiment/run name (id)`); empty for plain log files.
+    #[getter]
+    fn run(&self) -> &str {
+        &self.run
+    }
     /// Drift metrics of this curve, with `spike_steps` and `nonfinite_steps`
     /// as step numbers (see `curve_metrics`).
     #[pyo3(signature = (*, rolling_window=Size(10), spike_sigma=3.0), text_signature = "($self, *, rolling_window=10, spike_sigma=3.0)")]
@@ -371,6 +382,7 @@ impl LossCurve {
             ("eval_loss", &self.side.eval_loss),
             ("grad_norm", &self.side.grad_norm),
             ("learning_rate", &self.side.learning_rate),
+            ("reward", &self.side.reward),
         ] {
             if points.is_empty() {
                 continue;

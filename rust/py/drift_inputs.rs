@@ -32,6 +32,7 @@ fn loss_curve_from_records(
             eval_loss: loss_log::by_step(eval_loss),
             grad_norm: loss_log::by_step(grad_norm),
             learning_rate: loss_log::by_step(learning_rate),
+            ..SideSeries::default()
         },
         ..loss_log::assemble(records, files)
     }

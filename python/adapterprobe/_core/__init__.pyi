@@ -152,6 +152,13 @@ class LossCurve:
     @property
     def learning_rate(self) -> list[tuple[int, float]]:
         """(step, learning rate) pairs, by step."""
+    @property
+    def reward(self) -> list[tuple[int, float]]:
+        """(step, mean reward) pairs of an RL objective, by step."""
+    @property
+    def run(self) -> str:
+        """The tracker's name of the run (W&B project/name (id), MLflow
+        experiment/run name (id)); empty for plain log files."""
     def metrics(self, *, rolling_window: int = 10, spike_sigma: float = 3.0) -> dict[str, Any]:
         """Drift metrics; spike_steps/nonfinite_steps are step numbers."""
     def robust(
@@ -173,7 +180,8 @@ class LossCurve:
 
 def read_loss_curve(source: _Path | Sequence[_Path], *, tag: str | None = None) -> LossCurve:
     """A loss curve from dlm JSONL, HF trainer_state.json (or an HF output dir),
-    TensorBoard events or CSV; a list of paths is read as dlm JSONL files."""
+    LLaMA-Factory's trainer_log.jsonl, an MLflow or W&B run, TensorBoard events
+    or CSV; a list of paths is read as dlm JSONL files."""
 
 def curve_metrics(
     losses: _Floats,

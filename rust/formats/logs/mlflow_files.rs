@@ -50,6 +50,18 @@ pub fn meta_field(dir: &Path, key: &str) -> Option<String> {
     })
 }
 
+/// How a person finds the run: `experiment/run name (run id)`, from the
+/// run's and its experiment's `meta.yaml` (parts left out where missing).
+pub fn run_label(run: &Path) -> String {
+    let id = meta_field(run, "run_id").unwrap_or_default();
+    let name = meta_field(run, "run_name").unwrap_or_default();
+    let experiment = run
+        .parent()
+        .and_then(|e| meta_field(e, "name"))
+        .unwrap_or_default();
+    loss_log::run_label(&experiment, &name, &id)
+}
+
 /// The run's metric keys and their files, sorted by key.
 pub fn metric_files(run: &Path) -> Result<Vec<(String, PathBuf)>> {
     let root = run.join("metrics");
@@ -154,6 +166,7 @@ pub fn read_run_curve(run: &Path, key: Option<&str>) -> Result<LossCurve> {
         source: "mlflow".to_string(),
         series: chosen,
         side,
+        run: run_label(run),
         ..loss_log::assemble(points, vec![path])
     })
 }

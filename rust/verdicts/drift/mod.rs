@@ -161,6 +161,9 @@ fn name_the_series(judged: &mut Judged, curve: &LossCurve) {
     if !curve.source.is_empty() {
         judged.evidence.put("log_source", curve.source.as_str());
     }
+    if !curve.run.is_empty() {
+        judged.evidence.put("run", curve.run.as_str());
+    }
     if loss_log::is_held_out(&curve.series) {
         judged.message = format!(
             "judged on the held-out loss {} (no training loss is logged): {}",

@@ -230,6 +230,7 @@ fn robust_side_series_findings() {
             .map(|s| (s, if s == 39 { f64::NAN } else { 1.0 }))
             .collect(),
         learning_rate: (0..40).map(|s| (s, 0.0)).collect(),
+        reward: vec![],
     };
     let j = judge_drift(&input(c), &robust());
     assert_eq!(j.verdict, Verdict::Fail);

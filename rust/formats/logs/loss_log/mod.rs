@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Area, Error, Result};
 use crate::formats::logs::json_line::{classify_step, LineKind, StepExtras};
 use crate::formats::logs::{
-    csv_log, mlflow_files, series_names, tfevents, trainer_log, trainer_state,
+    csv_log, mlflow_files, series_names, tfevents, trainer_log, trainer_state, wandb_run,
 };
 use crate::io::files::open_regular;
 use crate::io::lfs;
@@ -56,6 +56,9 @@ pub struct LossCurve {
     /// Series logged beside the loss (see [`SideSeries`]); empty where the
     /// logs carry none.
     pub side: SideSeries,
+    /// How the tracker that kept the log names the run (W&B `project/name
+    /// (id)`, MLflow `experiment/run name (id)`); empty for plain files.
+    pub run: String,
 }
 
 /// What a run logs beside its training loss, each series `(step, value)`
@@ -69,12 +72,18 @@ pub struct SideSeries {
     pub grad_norm: Vec<(i64, f64)>,
     /// The scheduler's learning rate (`learning_rate`, `lr`, `lr-AdamW`, ...).
     pub learning_rate: Vec<(i64, f64)>,
+    /// The mean reward of an RL objective (`reward`, `train/reward`,
+    /// `rewards/mean`, ...).
+    pub reward: Vec<(i64, f64)>,
 }
 
 impl SideSeries {
     /// Whether no side series was found.
     pub fn is_empty(&self) -> bool {
-        self.eval_loss.is_empty() && self.grad_norm.is_empty() && self.learning_rate.is_empty()
+        self.eval_loss.is_empty()
+            && self.grad_norm.is_empty()
+            && self.learning_rate.is_empty()
+            && self.reward.is_empty()
     }
 
     /// The side series of a trainer state's `log_history`.
@@ -83,6 +92,7 @@ impl SideSeries {
             eval_loss: by_step(state.eval_points.clone()),
             grad_norm: by_step(state.grad_norm_points.clone()),
             learning_rate: by_step(state.learning_rate_points.clone()),
+            reward: vec![],
         }
     }
 
@@ -93,6 +103,7 @@ impl SideSeries {
             &EVAL_LOSS_NAMES[..],
             &GRAD_NORM_NAMES[..],
             &LEARNING_RATE_NAMES[..],
+            &REWARD_NAMES[..],
         ];
         lists
             .iter()
@@ -138,6 +149,7 @@ impl SideSeries {
             (&mut self.eval_loss, &EVAL_LOSS_NAMES[..]),
             (&mut self.grad_norm, &GRAD_NORM_NAMES[..]),
             (&mut self.learning_rate, &LEARNING_RATE_NAMES[..]),
+            (&mut self.reward, &REWARD_NAMES[..]),
         ] {
             if series.is_empty() {
                 *series = read(names).unwrap_or_default();
@@ -168,6 +180,18 @@ pub const GRAD_NORM_NAMES: [&str; 4] = [
 /// Names of the learning rate: HF, and Lightning's `LearningRateMonitor`
 /// (`lr-<Optimizer>`, matched by prefix after the exact names).
 pub const LEARNING_RATE_NAMES: [&str; 4] = ["learning_rate", "train/learning_rate", "lr", "lr-"];
+/// Names of an RL objective's mean reward: TRL's (GRPO, RLOO, PPO, online
+/// DPO), LLaMA-Factory's and common hand-written loggers'.
+pub const REWARD_NAMES: [&str; 8] = [
+    "reward",
+    "train/reward",
+    "rewards/mean",
+    "train/rewards/mean",
+    "objective/scores",
+    "env/reward_mean",
+    "reward_mean",
+    "mean_reward",
+];
 
 /// The first of `names` present in `available` (a name ending in `-` is a
 /// prefix, matched against the available names in their order).
@@ -208,6 +232,23 @@ pub fn is_no_loss_series(e: &Error) -> bool {
     tfevents::is_missing_loss_tags(e)
         || csv_log::is_missing_loss_column(e)
         || mlflow_files::is_missing_loss_metric(e)
+        || wandb_run::is_missing_loss_series(e)
+}
+
+/// How a tracker's run is shown so a person can find it: `group/name
+/// (id)` (W&B's project, MLflow's experiment), each part left out where
+/// empty, the id alone when the run has no name.
+pub fn run_label(group: &str, name: &str, id: &str) -> String {
+    let mut out = String::new();
+    if !group.is_empty() {
+        out.push_str(group);
+        out.push('/');
+    }
+    out.push_str(if name.is_empty() { id } else { name });
+    if !name.is_empty() && !id.is_empty() {
+        out.push_str(&format!(" ({id})"));
+    }
+    out
 }
 
 /// Whether a series name says it is a loss on held-out data.
@@ -444,6 +485,7 @@ impl StepsWithExtras {
             eval_loss: pick(|e| e.val_loss),
             grad_norm: pick(|e| e.grad_norm),
             learning_rate: pick(|e| e.lr),
+            reward: vec![],
         }
     }
 }
@@ -617,6 +659,7 @@ pub fn assemble(mut records: Vec<(i64, f64)>, files: Vec<PathBuf>) -> LossCurve 
         });
     }
     LossCurve {
+        run: String::new(),
         steps,
         losses,
         num_files: files.len(),
@@ -656,6 +699,8 @@ pub enum LogSource {
     TrainerLog,
     /// A run of MLflow's file store (`mlruns/<experiment>/<run>/`).
     Mlflow,
+    /// A W&B run directory's `run-<id>.wandb` log.
+    Wandb,
     /// TensorBoard `events.out.tfevents.*` files.
     TensorBoard,
     /// A Lightning `CSVLogger` `metrics.csv`.
@@ -670,6 +715,7 @@ impl LogSource {
             LogSource::TrainerState => "trainer_state",
             LogSource::TrainerLog => "trainer_log",
             LogSource::Mlflow => "mlflow",
+            LogSource::Wandb => "wandb",
             LogSource::TensorBoard => "tensorboard",
             LogSource::Csv => "csv",
         }
@@ -679,7 +725,8 @@ impl LogSource {
 /// What `read_curve_from` accepts, for error messages.
 pub const ACCEPTED_SOURCES: &str = "a dlm store, logs directory or .jsonl log; an HF \
     trainer_state.json (or an output directory holding one, or checkpoint-*/); LLaMA-Factory's \
-    trainer_log.jsonl; an MLflow run directory (mlruns/<experiment>/<run>/); a TensorBoard \
+    trainer_log.jsonl; an MLflow run directory (mlruns/<experiment>/<run>/); a W&B run directory \
+    (wandb/run-*/ or offline-run-*/, or its run-<id>.wandb); a TensorBoard \
     events.out.tfevents.* file or a directory holding some; a Lightning metrics.csv";
 
 /// The format at `source` and the files to read, without reading them.
@@ -718,6 +765,9 @@ pub fn detect_log_source(source: &Path) -> Result<(LogSource, Vec<PathBuf>)> {
     }
     if mlflow_files::is_run_dir(source) {
         return Ok((LogSource::Mlflow, vec![source.to_path_buf()]));
+    }
+    if let Some(log) = wandb_run::run_log(source) {
+        return Ok((LogSource::Wandb, vec![log]));
     }
     let found = files_under(source, Area::LogFormat, |name| {
         tfevents::is_event_file_name(name) || name == "metrics.csv"
@@ -766,6 +816,8 @@ fn file_source(path: &Path) -> Result<LogSource> {
         Ok(LogSource::TrainerLog)
     } else if name.ends_with(".jsonl") {
         Ok(LogSource::Dlm)
+    } else if name.ends_with(".wandb") {
+        Ok(LogSource::Wandb)
     } else if name.ends_with(".json") {
         Ok(LogSource::TrainerState)
     } else if tfevents::is_event_file_name(&name) {
@@ -866,6 +918,10 @@ pub fn read_curve_from(source: &Path, tag: Option<&str>) -> Result<LossCurve> {
             curve.map(|c| LossCurve { side, ..c })
         }
         LogSource::Mlflow => mlflow_files::read_run_curve(source, tag),
+        LogSource::Wandb => {
+            let log = files.first().map_or(source, PathBuf::as_path);
+            wandb_run::read_run_curve(log, tag)
+        }
         LogSource::TensorBoard => {
             let (series, kept) =
                 tfevents::read_scalar_series_and(&files, tag, &SideSeries::is_side_name)?;
