@@ -80,6 +80,14 @@ pub const PEFT: &str = "peft";
 pub const TENSORBOARD: &str = "tensorboard";
 /// A run of MLflow's file store: `mlruns/<experiment id>/<run id>/`.
 pub const MLFLOW: &str = "mlflow";
+/// A W&B run directory: `wandb/run-<date>-<id>/` (or `offline-run-...`).
+pub const WANDB: &str = "wandb";
+/// The link W&B keeps in `wandb/` to its newest run: the run itself is
+/// found under its own name.
+pub const WANDB_LATEST_RUN: &str = "latest-run";
+/// Where trackers keep runs inside a training output directory: W&B's
+/// folder and MLflow's file store.
+pub const TRACKER_FOLDERS: [&str; 2] = ["wandb", "mlruns"];
 
 /// What a checkpoint holds, in records' `checkpoint_kind`.
 pub const ADAPTER: &str = "adapter";
@@ -291,8 +299,11 @@ fn natural_cmp(a: &str, b: &str) -> Ordering {
 
 // ---- dlm ----
 
+/// A dlm store: `adapter/` or `logs/`. A W&B run directory also has a
+/// `logs/` folder (the SDK's debug logs): it is no dlm store.
 pub fn is_dlm_store(dir: &Path) -> bool {
-    dir.join("adapter").is_dir() || dir.join("logs").is_dir()
+    dir.join("adapter").is_dir()
+        || (dir.join("logs").is_dir() && !crate::formats::logs::wandb_run::is_run_dir(dir))
 }
 
 fn is_adapter_root(dir: &Path) -> bool {
@@ -556,6 +567,37 @@ pub fn peft_target(dir: &Path) -> Target {
     target.kind_set()
 }
 
+// ---- tracker runs inside a training output dir ----
+
+/// The tracker runs a training output dir keeps inside it (W&B's
+/// `wandb/run-*/`, MLflow's `mlruns/<experiment>/<run>/`), oldest first:
+/// W&B's by the date in their names (`run-` and `offline-run-` alike),
+/// MLflow's by path. `latest-run` is not listed twice.
+pub fn tracker_runs(dir: &Path) -> Vec<PathBuf> {
+    let mut wandb: Vec<(String, PathBuf)> = entries(&dir.join("wandb"))
+        .into_iter()
+        .filter(|(name, p)| {
+            name != WANDB_LATEST_RUN && p.is_dir() && crate::formats::logs::wandb_run::is_run_dir(p)
+        })
+        .map(|(name, p)| {
+            let date = name.trim_start_matches("offline-").to_string();
+            (date, p)
+        })
+        .collect();
+    wandb.sort();
+    let mut out: Vec<PathBuf> = wandb.into_iter().map(|(_, p)| p).collect();
+    let mut mlflow: Vec<PathBuf> = entries(&dir.join("mlruns"))
+        .into_iter()
+        .filter(|(name, p)| !name.starts_with('.') && p.is_dir())
+        .flat_map(|(_, experiment)| entries(&experiment))
+        .map(|(_, run)| run)
+        .filter(|run| run.is_dir() && crate::formats::logs::mlflow_files::is_run_dir(run))
+        .collect();
+    mlflow.sort();
+    out.extend(mlflow);
+    out
+}
+
 // ---- TensorBoard only ----
 
 /// A folder of TensorBoard event files: a run that left only its logs.
@@ -568,9 +610,8 @@ pub fn tensorboard_target(dir: &Path) -> Target {
 }
 
 /// The target a directory is, when it is one of the layouts (checked in
-/// this order: dlm, HF Trainer, Lightning, bare PEFT, an MLflow run,
-/// TensorBoard); None to
-/// look deeper.
+/// this order: dlm, HF Trainer, Lightning, bare PEFT, an MLflow run, a W&B
+/// run, TensorBoard); None to look deeper.
 pub fn classify(dir: &Path, all: bool) -> Option<Target> {
     if is_dlm_store(dir) {
         Some(dlm_target(dir, all))
@@ -582,6 +623,8 @@ pub fn classify(dir: &Path, all: bool) -> Option<Target> {
         Some(peft_target(dir))
     } else if crate::formats::logs::mlflow_files::is_run_dir(dir) {
         Some(Target::new(dir, MLFLOW).kind_set())
+    } else if crate::formats::logs::wandb_run::is_run_dir(dir) {
+        Some(Target::new(dir, WANDB).kind_set())
     } else if is_tensorboard_dir(dir) {
         Some(tensorboard_target(dir))
     } else {
@@ -653,6 +696,9 @@ fn unclaimed_reason(layout: &str, name: &str, path: &Path, target: &Target) -> O
             })
         }
         HF_TRAINER if name == "runs" => None,
+        // The run's tracker log: part of this store (read when the run left
+        // no trainer state or events), not a store of its own.
+        HF_TRAINER | LIGHTNING if TRACKER_FOLDERS.contains(&name) => None,
         HF_TRAINER if is_bare_peft(path) => Some(
             "an adapter of the run's final save: the run's checkpoints are probed instead"
                 .to_string(),

@@ -161,21 +161,34 @@ pub fn drift_input_for(store: &Path, layout: &str) -> DriftInput {
         HF_TRAINER => {
             let input = DriftInput::new(store, layout, store.to_path_buf());
             match loss_log::hf_run_sources(store) {
-                None => input.none(
-                    LogsStatus::NoFiles,
-                    format!(
+                None => match tracker_run(store) {
+                    Some(run) => input.read(loss_log::read_curve_from(&run, None)),
+                    None => input.none(
+                        LogsStatus::NoFiles,
+                        format!(
                         "no {TRAINER_STATE} (in the output dir or a checkpoint) and no TensorBoard \
                          events under runs/ in {}",
                         store.display()
                     ),
-                ),
+                    ),
+                },
                 Some(_) => input.read(loss_log::read_hf_run_curve(store)),
             }
         }
-        LIGHTNING | TENSORBOARD | layout::MLFLOW => {
+        LIGHTNING | TENSORBOARD | layout::MLFLOW | layout::WANDB => {
             let input = DriftInput::new(store, layout, store.to_path_buf());
             match loss_log::detect_log_source(store) {
-                Err(e) if e.area == Area::LogFormat || e.area == Area::Missing => input.none(
+                Err(e) if e.area == Area::LogFormat => match tracker_run(store) {
+                    Some(run) => input.read(loss_log::read_curve_from(&run, None)),
+                    None => input.none(
+                        LogsStatus::NoFiles,
+                        format!(
+                            "no metrics.csv or TensorBoard events in {}",
+                            store.display()
+                        ),
+                    ),
+                },
+                Err(e) if e.area == Area::Missing => input.none(
                     LogsStatus::NoFiles,
                     format!(
                         "no metrics.csv or TensorBoard events in {}",
@@ -194,6 +207,12 @@ pub fn drift_input_for(store: &Path, layout: &str) -> DriftInput {
         ),
         _ => dlm_drift_input(store),
     }
+}
+
+/// The newest tracker run kept inside a training output dir, read when the
+/// run left no log of its own (see `layout::tracker_runs`).
+fn tracker_run(store: &Path) -> Option<PathBuf> {
+    layout::tracker_runs(store).pop()
 }
 
 fn dlm_drift_input(store: &Path) -> DriftInput {

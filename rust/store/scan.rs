@@ -172,6 +172,10 @@ impl Walk {
             let is_link = entry.file_type().is_ok_and(|t| t.is_symlink());
             if hidden {
                 self.skip(&path, || "hidden directory: not searched".into());
+            } else if is_link && entry.file_name() == layout::WANDB_LATEST_RUN {
+                self.skip(&path, || {
+                    "W&B's link to its newest run: the run is scanned under its own name".into()
+                });
             } else if is_link && confine::leads_outside(&path) {
                 self.refused(&path, layout::OUTSIDE_ROOT, confine::OUTSIDE.to_string());
             } else {
