@@ -100,6 +100,11 @@ def trainer_log(case: Path) -> None:
     _each(lambda: _curve(path), lambda: _curve(path, tag="eval_loss"), lambda: _curve(case))
 
 
+def wandb_log(case: Path) -> None:
+    path = case / "run-seed.wandb"
+    _each(lambda: _curve(path), lambda: _curve(path, tag="eval/loss"), lambda: _curve(case))
+
+
 def tfevents(case: Path) -> None:
     path = case / EVENTS_NAME
     _each(lambda: _curve(path), lambda: _curve(path, tag="train/learning_rate"))

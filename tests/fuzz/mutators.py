@@ -22,6 +22,7 @@ import random
 import struct
 import warnings
 import zipfile
+import zlib
 from collections.abc import Callable
 
 from . import torchpickle
@@ -435,6 +436,102 @@ TFEVENTS: dict[str, Mutator] = {"tf_edit": tf_edit}
 
 
 # ---------------------------------------------------------------------------
+# W&B run logs (run-<id>.wandb): LevelDB-style 32 KiB blocks of CRC-32
+# checked chunks, each record a protobuf
+
+WANDB_HEADER = b":W&B\xe1\xbe\x00"
+WANDB_BLOCK = 32 * 1024
+
+
+def wandb_records(data: bytes) -> list[bytes]:
+    """The whole records of a run log (checksums not checked)."""
+    out, at, pending = [], len(WANDB_HEADER), b""
+    while at + 7 <= len(data):
+        left = WANDB_BLOCK - at % WANDB_BLOCK
+        if left < 7:
+            at += left
+            continue
+        length, kind = struct.unpack_from("<HB", data, at + 4)
+        chunk = data[at + 7 : at + 7 + length]
+        at += 7 + length
+        if kind == 0:
+            at += WANDB_BLOCK - at % WANDB_BLOCK if at % WANDB_BLOCK else 0
+        elif kind == 1:
+            out.append(chunk)
+        elif kind == 2:
+            pending = chunk
+        elif kind in (3, 4):
+            pending += chunk
+            if kind == 4:
+                out.append(pending)
+    return out
+
+
+def wandb_frame(records: list[bytes], *, kinds: dict[int, int] | None = None) -> bytes:
+    """Records framed as the SDK writes them; `kinds` overrides the chunk
+    type of chunk number N (to write pieces out of order)."""
+    out = bytearray(WANDB_HEADER)
+    chunk_no = 0
+    for record in records:
+        rest, first = record, True
+        while True:
+            left = WANDB_BLOCK - len(out) % WANDB_BLOCK
+            if left < 7:
+                out += bytes(left)
+                continue
+            take = min(len(rest), left - 7)
+            end = take == len(rest)
+            kind = {(True, True): 1, (True, False): 2, (False, True): 4, (False, False): 3}[
+                (first, end)
+            ]
+            kind = (kinds or {}).get(chunk_no, kind)
+            piece = rest[:take]
+            out += struct.pack("<IHB", zlib.crc32(bytes([kind]) + piece), take, kind) + piece
+            rest, first, chunk_no = rest[take:], False, chunk_no + 1
+            if end:
+                break
+    return bytes(out)
+
+
+def wandb_edit(data: bytes, rng: random.Random) -> bytes:
+    """Record-level edits with checksums fixed, so they reach the protobuf
+    reader: payload edits, out-of-order pieces, huge rows, torn tails."""
+    records = wandb_records(data)
+    if not records:
+        return data
+    i = rng.randrange(len(records))
+    op = rng.choice((0, 0, 0, 1, 2, 3, 4, 5))
+    kinds = None
+    if op == 0:
+        records[i] = proto_edit(records[i], rng)
+    elif op == 1:  # a record spanning blocks, its pieces' types scrambled
+        records.insert(i, records[i] * (WANDB_BLOCK // max(len(records[i]), 1) + 2))
+        kinds = {rng.randrange(len(records) + 4): rng.choice((0, 1, 2, 3, 4, 5, 255))}
+    elif op == 2:
+        records.insert(i, records[rng.randrange(len(records))])
+    elif op == 3:
+        del records[i]
+    elif op == 4:  # a history row of many keys, or one key logged many times
+        row = b"".join(
+            b"\x0a" + _varint(len(item)) + item
+            for item in (
+                b"\x12" + _varint(len(k)) + k + b"\x82\x01\x03" + b"1.5"
+                for k in (b"k%d" % n for n in range(rng.choice((10, 5000))))
+            )
+        )
+        records.insert(i, b"\x12" + _varint(len(row)) + row)
+    else:
+        records[i] = bit_flip(records[i], rng)
+    out = wandb_frame(records, kinds=kinds)
+    if rng.random() < 0.1:  # torn at the end
+        out = out[: len(out) - rng.randrange(1, 16)]
+    return out
+
+
+WANDB: dict[str, Mutator] = {"wandb_edit": wandb_edit}
+
+
+# ---------------------------------------------------------------------------
 # zip archives (torch.save, Lightning .ckpt) and the pickle inside
 
 EOCD_SIG = b"PK\x05\x06"
@@ -731,5 +828,6 @@ FAMILIES: dict[str, dict[str, Mutator]] = {
     "safetensors": SAFETENSORS,
     "csv": CSV,
     "tfevents": TFEVENTS,
+    "wandb": WANDB,
     "zip": ZIP,
 }

@@ -205,6 +205,33 @@ def _trainer_log(out: Path, run: Any, seeds: dict[str, list[str]]) -> None:
     seeds["trainer_log"] = ["llamafactory/trainer_log.jsonl"]
 
 
+def _wandb(out: Path, run: Any, seeds: dict[str, list[str]]) -> None:
+    """A run log written by the real wandb SDK, offline: HF-style train and
+    eval rows keyed by train/global_step."""
+    import wandb
+
+    os.environ.setdefault("WANDB_SILENT", "true")
+    logged = wandb.init(
+        project="fuzz-seed",
+        name="seed",
+        mode="offline",
+        dir=str(out),
+        settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
+        reinit="create_new",
+    )
+    for rec in run.records:
+        row = {"train/loss": rec["loss"], "train/learning_rate": rec["lr"]}
+        logged.log({**row, "train/global_step": rec["step"]})
+        if rec["step"] % 2 == 0:
+            logged.log({"eval/loss": rec["loss"] * 1.1, "train/global_step": rec["step"]})
+    logged.finish()
+    (log,) = Path(logged.dir).parent.glob("run-*.wandb")
+    dest = out / "wandb_log" / "run-seed.wandb"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(log, dest)
+    seeds["wandb_log"] = ["wandb_log/run-seed.wandb"]
+
+
 def _tensorboard(out: Path, run: Any, seeds: dict[str, list[str]]) -> None:
     """An event file from torch's SummaryWriter: scalars old and new style, plus non-scalars."""
     import torch
@@ -302,6 +329,8 @@ def build(out: Path) -> dict[str, list[str]]:
         _trainer_log(out, run, seeds)
         with contextlib.suppress(ImportError):
             _tensorboard(out, run, seeds)
+        with contextlib.suppress(ImportError):
+            _wandb(out, run, seeds)
         with contextlib.suppress(ImportError):
             _lightning(out, seeds)
     (out / MANIFEST).write_text(json.dumps(seeds, indent=1, sort_keys=True), encoding="utf-8")

@@ -127,6 +127,9 @@ TARGETS: dict[str, Target] = {
             ("generic", "jsonl"),
         ),
         Target("tfevents", f"{CALLS}:tfevents", EVENTS_NAME, "tfevents", ("generic", "tfevents")),
+        Target(
+            "wandb_log", f"{CALLS}:wandb_log", "run-seed.wandb", "wandb_log", ("generic", "wandb")
+        ),
         Target("csv", f"{CALLS}:csv", "metrics.csv", "csv", ("generic", "csv")),
         Target(
             "optimizer_pt",
