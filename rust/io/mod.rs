@@ -16,6 +16,7 @@ pub mod json_text;
 pub mod lfs;
 pub mod path_text;
 pub mod sidecar;
+pub mod sqlite;
 pub mod staged;
 pub mod walk;
 pub mod zip_archive;

@@ -1,0 +1,225 @@
+//! SQLite files opened for reading only, the way an untrusted file must be:
+//! checked to be a regular file inside the scanned root that starts with
+//! SQLite's header, opened `immutable` (no lock, no journal, no `-wal` or
+//! `-shm` file created: the input is never changed), with the defensive
+//! setting on, small limits on strings and SQL, and a step budget on every
+//! query so a crafted file cannot make one run for ever.
+//!
+//! `immutable` also means a database left mid-write in WAL mode is read as
+//! its main file holds it, without the newest pages still in `-wal`.
+
+use std::path::Path;
+
+use rusqlite::{Connection, OpenFlags};
+
+use crate::error::{Area, Error, Result};
+use crate::io::files::open_regular;
+
+/// The first 16 bytes of every SQLite 3 database.
+pub const MAGIC: &[u8; 16] = b"SQLite format 3\0";
+/// Largest database opened.
+pub const MAX_DB_BYTES: u64 = 64 << 30;
+/// Virtual-machine steps a connection's queries may take (checked every
+/// 1,000 steps): reading a million-point metric takes a few tens of
+/// millions.
+const MAX_QUERY_STEPS: u64 = 1_000_000_000;
+/// Longest string or blob SQLite will hold for us.
+const MAX_VALUE_BYTES: i32 = 1 << 20;
+
+/// A read-only connection to an untrusted SQLite file.
+pub struct Db {
+    conn: Connection,
+    path: std::path::PathBuf,
+}
+
+/// Whether the file at `path` starts like an SQLite 3 database (reads 16
+/// bytes of a regular file; anything else is no).
+pub fn is_sqlite(path: &Path) -> bool {
+    use std::io::Read;
+    let Ok(mut file) = open_regular(path, Area::LogFormat) else {
+        return false;
+    };
+    let mut head = [0u8; 16];
+    file.read_exact(&mut head).is_ok() && &head == MAGIC
+}
+
+impl Db {
+    /// Open `path` (see the module doc for what is checked and set).
+    pub fn open(path: &Path, area: Area) -> Result<Db> {
+        let err = |m: String| Error::new(area, path, m);
+        let file = open_regular(path, area)?;
+        let len = file
+            .metadata()
+            .map_err(|e| Error::io(area, path, &e))?
+            .len();
+        if len > MAX_DB_BYTES {
+            return Err(err(format!(
+                "is {len} bytes, more than the {MAX_DB_BYTES} an SQLite store is read up to"
+            )));
+        }
+        if !is_sqlite(path) {
+            return Err(
+                crate::io::lfs::pointer_error_in(area, path).unwrap_or_else(|| {
+                    err("is not an SQLite database (no \"SQLite format 3\" header)".into())
+                }),
+            );
+        }
+        let mut uri = url::Url::from_file_path(path)
+            .map_err(|()| err("cannot be named as a file URI".into()))?;
+        uri.set_query(Some("immutable=1"));
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
+            | OpenFlags::SQLITE_OPEN_URI
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = Connection::open_with_flags(uri.as_str(), flags)
+            .map_err(|e| err(format!("cannot be opened as SQLite: {e}")))?;
+        let set = |e: rusqlite::Error| err(format!("cannot be opened safely: {e}"));
+        conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true)
+            .map_err(set)?;
+        conn.set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_TRUSTED_SCHEMA,
+            false,
+        )
+        .map_err(set)?;
+        use rusqlite::limits::Limit;
+        for (limit, value) in [
+            (Limit::SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES),
+            (Limit::SQLITE_LIMIT_SQL_LENGTH, 1 << 16),
+            (Limit::SQLITE_LIMIT_ATTACHED, 0),
+        ] {
+            conn.set_limit(limit, value).map_err(set)?;
+        }
+        let db = Db {
+            conn,
+            path: path.to_path_buf(),
+        };
+        db.limit_steps(MAX_QUERY_STEPS);
+        Ok(db)
+    }
+
+    /// Stop any query after about `steps` virtual-machine steps (counted
+    /// over the connection's life from now).
+    pub fn limit_steps(&self, steps: u64) {
+        let mut taken = 0u64;
+        self.conn.progress_handler(
+            1000,
+            Some(move || {
+                taken += 1000;
+                taken > steps
+            }),
+        );
+    }
+
+    /// The rows of `sql` with `params`, each mapped by `row`, at most
+    /// `max_rows` of them (more is an error naming the cap).
+    pub fn rows<T>(
+        &self,
+        sql: &str,
+        params: &[&dyn rusqlite::ToSql],
+        max_rows: usize,
+        mut row: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+    ) -> Result<Vec<T>> {
+        let err = |e: rusqlite::Error| {
+            Error::new(
+                Area::LogFormat,
+                &self.path,
+                format!("could not be read as the expected SQLite tables: {e}"),
+            )
+        };
+        let mut statement = self.conn.prepare(sql).map_err(err)?;
+        let mut rows = statement.query(params).map_err(err)?;
+        let mut out = vec![];
+        while let Some(r) = rows.next().map_err(err)? {
+            if out.len() >= max_rows {
+                return Err(Error::new(
+                    Area::LogFormat,
+                    &self.path,
+                    format!("holds more than {max_rows} rows where this reader reads at most that"),
+                ));
+            }
+            out.push(row(r).map_err(err)?);
+        }
+        Ok(out)
+    }
+
+    /// Whether the database has a table called `name`.
+    pub fn has_table(&self, name: &str) -> bool {
+        self.rows(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1",
+            &[&name],
+            1,
+            |_| Ok(()),
+        )
+        .is_ok_and(|r| !r.is_empty())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn make_db(path: &Path) {
+        let conn = Connection::open(path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE t (k TEXT, v REAL); INSERT INTO t VALUES ('a', 1.5), ('b', 2.5);",
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn reads_rows_and_leaves_the_file_as_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.db");
+        make_db(&path);
+        let before = std::fs::read(&path).unwrap();
+        let db = Db::open(&path, Area::LogFormat).unwrap();
+        assert!(db.has_table("t") && !db.has_table("nope"));
+        let rows = db
+            .rows("SELECT k, v FROM t ORDER BY k", &[], 10, |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, f64>(1)?))
+            })
+            .unwrap();
+        assert_eq!(rows, vec![("a".into(), 1.5), ("b".into(), 2.5)]);
+        let e = db.rows("SELECT k FROM t", &[], 1, |_| Ok(())).unwrap_err();
+        assert!(e.message.contains("more than 1 rows"), "{}", e.message);
+        drop(db);
+        assert_eq!(std::fs::read(&path).unwrap(), before);
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(names.len(), 1, "no journal, -wal or -shm file was made");
+    }
+
+    #[test]
+    fn what_is_no_database_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.db");
+        std::fs::write(&path, b"hello").unwrap();
+        let e = Db::open(&path, Area::LogFormat).err().unwrap();
+        assert!(
+            e.message.contains("not an SQLite database"),
+            "{}",
+            e.message
+        );
+        // A valid header over garbage opens, and its queries fail cleanly.
+        let mut bytes = MAGIC.to_vec();
+        bytes.extend(std::iter::repeat_n(0xa5u8, 8192));
+        std::fs::write(&path, &bytes).unwrap();
+        if let Ok(db) = Db::open(&path, Area::LogFormat) {
+            assert!(!db.has_table("t"));
+            assert!(db.rows("SELECT * FROM t", &[], 10, |_| Ok(())).is_err());
+        }
+        assert!(!is_sqlite(dir.path()));
+    }
+
+    #[test]
+    fn a_runaway_query_is_stopped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.db");
+        make_db(&path);
+        let db = Db::open(&path, Area::LogFormat).unwrap();
+        db.limit_steps(1_000_000);
+        // A recursive query that never ends on its own.
+        let sql = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) \
+                   SELECT count(*) FROM c";
+        let e = db.rows(sql, &[], 1, |_| Ok(())).unwrap_err();
+        assert!(e.message.contains("interrupt"), "{}", e.message);
+    }
+}
