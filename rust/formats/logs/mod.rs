@@ -9,6 +9,7 @@
 pub mod csv_log;
 pub mod json_line;
 pub mod loss_log;
+pub mod mlflow_db;
 pub mod mlflow_files;
 pub mod series_names;
 pub mod tfevents;

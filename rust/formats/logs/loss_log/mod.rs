@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Area, Error, Result};
 use crate::formats::logs::json_line::{classify_step, LineKind, StepExtras};
 use crate::formats::logs::{
-    csv_log, mlflow_files, series_names, tfevents, trainer_log, trainer_state, wandb_run,
+    csv_log, mlflow_db, mlflow_files, series_names, tfevents, trainer_log, trainer_state, wandb_run,
 };
 use crate::io::files::open_regular;
 use crate::io::lfs;
@@ -232,6 +232,7 @@ pub fn is_no_loss_series(e: &Error) -> bool {
     tfevents::is_missing_loss_tags(e)
         || csv_log::is_missing_loss_column(e)
         || mlflow_files::is_missing_loss_metric(e)
+        || mlflow_db::is_missing_loss_metric(e)
         || wandb_run::is_missing_loss_series(e)
 }
 
@@ -725,7 +726,8 @@ impl LogSource {
 /// What `read_curve_from` accepts, for error messages.
 pub const ACCEPTED_SOURCES: &str = "a dlm store, logs directory or .jsonl log; an HF \
     trainer_state.json (or an output directory holding one, or checkpoint-*/); LLaMA-Factory's \
-    trainer_log.jsonl; an MLflow run directory (mlruns/<experiment>/<run>/); a W&B run directory \
+    trainer_log.jsonl; an MLflow run directory (mlruns/<experiment>/<run>/), an MLflow SQLite store \
+    (mlflow.db, or one run of it: mlflow.db/<experiment id>/<run id>); a W&B run directory \
     (wandb/run-*/ or offline-run-*/, or its run-<id>.wandb); a TensorBoard \
     events.out.tfevents.* file or a directory holding some; a Lightning metrics.csv";
 
@@ -743,6 +745,9 @@ pub const ACCEPTED_SOURCES: &str = "a dlm store, logs directory or .jsonl log; a
 /// 4. the `trainer_state.json` of the highest `checkpoint-<step>/`;
 /// 5. a single `metrics.csv` up to `MAX_SEARCH_DEPTH` levels down.
 pub fn detect_log_source(source: &Path) -> Result<(LogSource, Vec<PathBuf>)> {
+    if let Some((db, _)) = mlflow_db::split_run_path(source) {
+        return Ok((LogSource::Mlflow, vec![db]));
+    }
     let meta = std::fs::metadata(source).map_err(|e| Error::io(Area::LogFormat, source, &e))?;
     if !meta.is_dir() {
         return file_source(source).map(|kind| (kind, vec![source.to_path_buf()]));
@@ -818,6 +823,8 @@ fn file_source(path: &Path) -> Result<LogSource> {
         Ok(LogSource::Dlm)
     } else if name.ends_with(".wandb") {
         Ok(LogSource::Wandb)
+    } else if crate::io::sqlite::is_sqlite(path) {
+        Ok(LogSource::Mlflow)
     } else if name.ends_with(".json") {
         Ok(LogSource::TrainerState)
     } else if tfevents::is_event_file_name(&name) {
@@ -830,6 +837,36 @@ fn file_source(path: &Path) -> Result<LogSource> {
             path,
             format!("unknown log format; expected {ACCEPTED_SOURCES}"),
         ))
+    }
+}
+
+/// The curve of the only run of the MLflow SQLite store at `db`; a store
+/// of several runs is an error naming their paths, to pick one.
+fn one_run_of_db(db: &Path, tag: Option<&str>) -> Result<LossCurve> {
+    let runs = mlflow_db::runs(db)?;
+    match runs.as_slice() {
+        [one] => mlflow_db::read_run_curve(db, &one.run_id, tag),
+        [] => Err(Error::new(
+            Area::LogFormat,
+            db,
+            "the MLflow store holds no run that is not deleted",
+        )),
+        several => Err(Error::new(
+            Area::Usage,
+            db,
+            format!(
+                "the MLflow store holds {} runs; name one by its path: {}",
+                several.len(),
+                crate::io::excerpt::listed(
+                    several
+                        .iter()
+                        .map(|r| mlflow_db::run_path(db, r).display().to_string())
+                        .collect::<Vec<_>>()
+                        .iter()
+                        .map(String::as_str)
+                )
+            ),
+        )),
     }
 }
 
@@ -917,7 +954,11 @@ pub fn read_curve_from(source: &Path, tag: Option<&str>) -> Result<LossCurve> {
             };
             curve.map(|c| LossCurve { side, ..c })
         }
-        LogSource::Mlflow => mlflow_files::read_run_curve(source, tag),
+        LogSource::Mlflow => match mlflow_db::split_run_path(source) {
+            Some((db, run_id)) => mlflow_db::read_run_curve(&db, &run_id, tag),
+            None if !source.is_dir() => one_run_of_db(source, tag),
+            None => mlflow_files::read_run_curve(source, tag),
+        },
         LogSource::Wandb => {
             let log = files.first().map_or(source, PathBuf::as_path);
             wandb_run::read_run_curve(log, tag)
