@@ -92,3 +92,108 @@ def test_the_reader_does_not_import_mlflow(file_store, tmp_path):
         [sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ)
     )
     assert out.stdout.split() == ["pass", "20"], out.stderr
+
+
+# -- MLflow 3's default store: one SQLite file, mlflow.db ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def sqlite_store(tmp_path_factory):
+    """A project directory whose mlflow.db the real client wrote: four
+    runs in two experiments, and a deleted one (creating the schema runs
+    MLflow's migrations once, some seconds)."""
+    project = tmp_path_factory.mktemp("project")
+    db = project / "mlflow.db"
+    mlflow.set_tracking_uri(f"sqlite:///{db}")
+    ids = {}
+    try:
+        mlflow.set_experiment("lora-sft")
+        ids["healthy"] = log_run("baseline", [2.0 * math.exp(-i / 12) + 0.4 for i in range(50)])
+        diverged = [1.0 + 0.08 * i for i in range(50)]
+        ids["diverged"] = log_run("lr-too-high", diverged, key="Loss/train")
+        ids["deleted"] = log_run("deleted", [1.0] * 5)
+        mlflow.delete_run(ids["deleted"])
+        mlflow.set_experiment("dpo")
+        nan = [2.0 * math.exp(-i / 12) + 0.4 for i in range(30)] + [float("nan")] * 3
+        ids["nan"] = log_run("nan", nan, key="train_loss")
+        with mlflow.start_run(run_name="metrics-only") as run:
+            for step in range(5):
+                mlflow.log_metric("accuracy", 0.5 + step / 10, step=step)
+            ids["no-loss"] = run.info.run_id
+        experiments = {e.name: e.experiment_id for e in mlflow.search_experiments()}
+    finally:
+        mlflow.set_tracking_uri(None)
+    return db, ids, experiments
+
+
+def db_run_path(db: Path, experiments: dict[str, str], experiment: str, run_id: str) -> Path:
+    return db / str(experiments[experiment]) / run_id
+
+
+def test_each_run_of_an_sqlite_store_is_a_store_named_by_its_experiment(sqlite_store):
+    db, ids, experiments = sqlite_store
+    before = db.read_bytes()
+    for root in (db.parent, db):
+        report = ap.scan(root, probes=["training_drift"])
+        by_store = {Path(r.store): r for r in report}
+        where = {
+            "healthy": db_run_path(db, experiments, "lora-sft", ids["healthy"]),
+            "diverged": db_run_path(db, experiments, "lora-sft", ids["diverged"]),
+            "nan": db_run_path(db, experiments, "dpo", ids["nan"]),
+            "no-loss": db_run_path(db, experiments, "dpo", ids["no-loss"]),
+        }
+        assert set(by_store) == set(where.values()), "the deleted run is not a store"
+        healthy = by_store[where["healthy"]]
+        assert healthy.layout == "mlflow" and healthy.checkpoint_kind == "logs"
+        assert healthy.verdict.value == "pass", healthy.message
+        assert healthy.evidence["run"] == f"lora-sft/baseline ({ids['healthy']})"
+        assert healthy.evidence["series"] == "train/loss"
+        assert by_store[where["diverged"]].verdict.value == "fail"
+        assert by_store[where["diverged"]].evidence["series"] == "Loss/train"
+        assert by_store[where["nan"]].verdict.value == "fail"
+        assert by_store[where["no-loss"]].verdict.value == "skip"
+    # Read immutable: the file is as it was, and no journal was left beside it.
+    assert db.read_bytes() == before
+    assert sorted(p.name for p in db.parent.iterdir() if p.name.startswith("mlflow.db")) == [
+        "mlflow.db"
+    ]
+
+
+def test_the_sqlite_reader_agrees_with_mlflows_client(sqlite_store):
+    from mlflow.tracking import MlflowClient
+
+    db, ids, experiments = sqlite_store
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    for which, experiment, key in [
+        ("healthy", "lora-sft", "train/loss"),
+        ("nan", "dpo", "train_loss"),
+    ]:
+        curve = ap.read_loss_curve(db_run_path(db, experiments, experiment, ids[which]))
+        assert curve.series == key and curve.source == "mlflow"
+        history = {m.step: m.value for m in client.get_metric_history(ids[which], key)}
+        assert list(curve.steps) == sorted(history)
+        for step, loss in zip(curve.steps, curve.losses, strict=True):
+            want = history[step]
+            assert loss == want or (math.isinf(loss) and math.isnan(want))
+        lr = {m.step: m.value for m in client.get_metric_history(ids[which], "learning_rate")}
+        assert dict(curve.learning_rate) == lr
+
+
+def test_a_store_of_several_runs_names_them_to_pick_one(sqlite_store):
+    db, _, _ = sqlite_store
+    with pytest.raises(ap.UsageError, match="holds 4 runs; name one by its path") as info:
+        ap.read_loss_curve(db)
+    assert "mlflow.db/" in str(info.value)
+
+
+def test_a_damaged_sqlite_store_is_an_error_record(tmp_path, sqlite_store):
+    db, _, _ = sqlite_store
+    data = bytearray(db.read_bytes())
+    for at in range(4096, len(data), 4096):  # every page after the header's
+        data[at + 100 : at + 400] = b"\xa5" * 300
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "mlflow.db").write_bytes(bytes(data))
+    report = ap.scan(project, probes=["training_drift"])
+    assert report.records, "the damaged store is reported, not passed over"
+    assert {r.verdict.value for r in report} <= {"error", "skip"}, [r.message for r in report]

@@ -70,9 +70,17 @@ def flat_roots(roots: Sequence[Any]) -> list[str | Path]:
     return out
 
 
+def _is_sqlite(path: Path) -> bool:
+    try:
+        with path.open("rb") as f:
+            return f.read(16) == b"SQLite format 3\x00"
+    except OSError:
+        return False
+
+
 def check_roots(roots: Sequence[str | os.PathLike[str]]) -> list[Path]:
     """The roots with ``~`` expanded; UsageError for one that does not exist,
-    is not a directory, or cannot be listed."""
+    is not a directory (or an SQLite file: MLflow's store), or cannot be listed."""
     roots = flat_roots(roots)
     if not roots:
         raise UsageError("scan needs at least one root directory")
@@ -81,10 +89,13 @@ def check_roots(roots: Sequence[str | os.PathLike[str]]) -> list[Path]:
         path = Path(root).expanduser()
         if not path.exists():
             raise UsageError("no such file or directory", path=path)
+        if path.is_file() and _is_sqlite(path):
+            checked.append(path)  # an MLflow store (mlflow.db): each run is a store
+            continue
         if not path.is_dir():
             raise UsageError(
-                "is not a directory; give a store, an adapter or checkpoint directory, or a "
-                "directory holding them",
+                "is not a directory; give a store, an adapter or checkpoint directory, a "
+                "directory holding them, or an MLflow mlflow.db",
                 path=path,
             )
         try:

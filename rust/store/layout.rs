@@ -598,6 +598,33 @@ pub fn tracker_runs(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
+// ---- MLflow's SQLite store ----
+
+/// One target per run of the MLflow SQLite store `db` (see
+/// `formats::logs::mlflow_db`: each is named by a path below the file); a
+/// store whose runs cannot be listed is one target, the file.
+pub fn mlflow_db_targets(db: &Path) -> Vec<Target> {
+    use crate::formats::logs::mlflow_db;
+    match mlflow_db::runs(db) {
+        Ok(runs) => runs
+            .iter()
+            .map(|run| Target::new(&mlflow_db::run_path(db, run), MLFLOW).kind_set())
+            .collect(),
+        // The file as the one store: its log read fails again, with this
+        // reason, in an error record.
+        Err(_) => vec![Target::new(db, MLFLOW).kind_set()],
+    }
+}
+
+/// The MLflow SQLite store in `dir` (an SQLite file called `mlflow.db`),
+/// when it holds one. Its tables are not checked here: a damaged store is
+/// found, and its target says why it cannot be read.
+pub fn mlflow_db_in(dir: &Path) -> Option<PathBuf> {
+    let db = dir.join(crate::formats::logs::mlflow_db::DB_NAME);
+    (fs::metadata(&db).is_ok_and(|m| m.is_file()) && crate::io::sqlite::is_sqlite(&db))
+        .then_some(db)
+}
+
 // ---- TensorBoard only ----
 
 /// A folder of TensorBoard event files: a run that left only its logs.

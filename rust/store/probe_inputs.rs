@@ -113,6 +113,10 @@ impl DriftInput {
 /// checkpoint given alone (judged by its own `trainer_state.json`); None
 /// when the runs below it must be found first (`scan::drift_input`).
 pub fn direct_drift_input(store: &Path) -> Option<DriftInput> {
+    // One run of an MLflow SQLite store, named by its path below the file.
+    if crate::formats::logs::mlflow_db::split_run_path(store).is_some() {
+        return Some(drift_input_for(store, layout::MLFLOW));
+    }
     if let Some(t) = layout::classify(store, false) {
         return Some(drift_input_for(store, &t.layout));
     }

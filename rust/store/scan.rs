@@ -135,6 +135,14 @@ impl Walk {
         if !self.seen.lock().map(|mut s| s.insert(id)).unwrap_or(false) {
             return; // reached twice through links: probe it once
         }
+        let db = layout::mlflow_db_in(dir);
+        if let Some(db) = &db {
+            // The store's runs are stores of their own, whatever else the
+            // directory is.
+            for target in layout::mlflow_db_targets(db) {
+                self.found(target);
+            }
+        }
         if let Some(target) = layout::classify(dir, self.all) {
             if self.explain {
                 for (path, why) in layout::unclaimed(&target) {
@@ -183,7 +191,10 @@ impl Walk {
             }
         }
         if subdirs.is_empty() {
-            return self.skip(dir, || layout::why_not_a_store(dir));
+            if db.is_none() {
+                self.skip(dir, || layout::why_not_a_store(dir));
+            }
+            return;
         }
         let mut chain = ancestors.to_vec();
         chain.push(id);
@@ -258,6 +269,17 @@ pub fn discover_within(
             .unwrap_or(root);
         if !root.exists() {
             walk.problem(root, "does not exist".into());
+        } else if !root.is_dir() && crate::formats::logs::mlflow_db::is_mlflow_db(root) {
+            let root_dir = root.parent().unwrap_or(root);
+            let confined: Root = match (follow_symlinks, confine::root_of(root_dir)) {
+                (false, Ok(real)) => Some(real),
+                _ => None,
+            };
+            confine::within(confined, || {
+                for target in layout::mlflow_db_targets(root) {
+                    walk.found(target);
+                }
+            });
         } else if !root.is_dir() {
             walk.problem(root, "is not a directory".into());
         } else {
