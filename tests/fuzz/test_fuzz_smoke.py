@@ -33,7 +33,15 @@ def test_readers_survive_a_short_fuzz(tmp_path: Path) -> None:
     stats = fuzz(list(TARGETS.values()), seeds, seconds=seconds, seed=seed, out=out, timeout=20)
     assert sum(s.cases for s in stats.values()) > 0
     # The newer readers are in every CI run, not only the oldest ones.
-    for name in ("tfevents", "trainer_state", "trainer_log", "csv", "optimizer_pt", "ckpt"):
+    for name in (
+        "tfevents",
+        "trainer_state",
+        "trainer_log",
+        "csv",
+        "optimizer_pt",
+        "ckpt",
+        "adapter_bin",
+    ):
         assert name in stats and stats[name].cases > 0, (name, sorted(stats))
     bugs = {name: s.bugs for name, s in stats.items() if s.bugs}
     details = [
