@@ -72,6 +72,7 @@ pub use factors::{
     read_adapter_factors, stream_adapter_factors, AdapterFactors, FactorStream, ModuleFactors,
     ModuleInfo, MAX_FACTOR_VALUES,
 };
+pub use plan::is_frozen_original;
 use plan::OpenAdapter;
 pub use stats::product_spectrum;
 use stats::{layer_energy, module_order, reduce_module};

@@ -52,6 +52,15 @@ pub(super) fn classify(key: &str) -> Option<(&str, Role, Option<ModuleKind>)> {
     })
 }
 
+/// Whether `key` is PEFT's frozen copy of a `modules_to_save` module
+/// (`<module>.original_module.<param>`). `PeftModel.state_dict()` holds it
+/// beside the trained copy (`<module>.modules_to_save.<adapter>.<param>`),
+/// and so does a save that keeps it; it is the base model's weight as it
+/// was, not something the adapter trained, so no rule may judge it as one.
+pub fn is_frozen_original(key: &str) -> bool {
+    key.starts_with("original_module.") || key.contains(".original_module.")
+}
+
 /// Tensors of one module as found in the header.
 #[derive(Default)]
 pub(super) struct Found<'h> {
