@@ -100,6 +100,12 @@ def test_a_trained_adapter_is_judged_alike_in_both_formats(tmp_path):
     result = ap.compare(pickled, safe).to_dict()
     assert result["pair_error"] is None
     assert result["similarity"] == pytest.approx(1.0)
+    # similar() finds both under their root and pairs them.
+    found = ap.similar(tmp_path)
+    assert found["adapters"] == 2 and found["skipped"] == []
+    ((pair),) = found["pairs"]
+    assert {Path(pair["a"]).name, Path(pair["b"]).name} == {"bin", "safetensors"}
+    assert pair["similarity"] == pytest.approx(1.0)
 
 
 def test_a_dead_adapter_fails_as_bin_like_its_twin(tmp_path):
