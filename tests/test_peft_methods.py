@@ -84,3 +84,60 @@ def test_lora_comparison_says_it_cannot_compare_another_method(tmp_path):
     result = ap.compare(a, a).to_dict()
     assert result["similarity"] is None
     assert 'peft_type is "IA3"' in result["pair_error"]
+
+
+def test_a_frozen_original_module_saved_beside_its_trained_copy_is_not_judged(tmp_path):
+    """IA3 on a sequence classifier: PEFT wraps the head in modules_to_save, and
+    the whole PeftModel.state_dict() keeps the frozen original (whose bias the
+    base model initialised to zeros) beside the trained copy. Saved with it,
+    the adapter is judged as PEFT's own save is: the original is the base
+    model's, not a dead adapter tensor."""
+    bert = transformers.BertConfig(
+        vocab_size=64,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=32,
+        num_labels=3,
+    )
+    torch.manual_seed(0)
+    config = peft.IA3Config(
+        task_type="SEQ_CLS",
+        target_modules=["query", "value", "output.dense"],
+        feedforward_modules=["output.dense"],
+    )
+    model = peft.get_peft_model(transformers.BertForSequenceClassification(bert), config)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        ids = torch.randint(0, 64, (4, 8), generator=gen)
+        labels = torch.randint(0, 3, (4,), generator=gen)
+        model(input_ids=ids, labels=labels).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    own = tmp_path / "save_pretrained"
+    model.save_pretrained(own)
+
+    # The adapter's own tensors under PEFT's saved names, plus the head's
+    # frozen original and trained copy as PeftModel.state_dict() names them.
+    kept = tmp_path / "state_dict"
+    kept.mkdir()
+    (kept / "adapter_config.json").write_bytes((own / "adapter_config.json").read_bytes())
+    state = {}
+    for key, value in model.state_dict().items():
+        if ".ia3_l." in key or "modules_to_save" in key or "original_module" in key:
+            state[key.replace(".ia3_l.default", ".ia3_l")] = value.detach().clone().contiguous()
+    frozen = "base_model.model.classifier.original_module.bias"
+    assert frozen in state and not state[frozen].any()
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    safetensors_torch.save_file(state, str(kept / "adapter_model.safetensors"))
+
+    for adapter in (own, kept):
+        record = weights_record(adapter)
+        assert record.verdict.value == "pass", (adapter.name, record.message)
+        assert record.evidence["zero_tensors"] == []
+    assert weights_record(kept).evidence["frozen_originals"] == [
+        frozen,
+        "base_model.model.classifier.original_module.weight",
+    ]

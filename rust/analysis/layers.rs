@@ -10,9 +10,12 @@ use std::path::{Path, PathBuf};
 
 use crate::analysis::attribution::split_layer_key;
 use crate::error::{Area, Error, Result};
-use crate::formats::safetensors_header::read_header;
+use crate::formats::torch_state_dict::read_tensor_header;
 
 pub const ADAPTER_WEIGHTS: &str = "adapter_model.safetensors";
+/// PEFT's `save_pretrained(safe_serialization=False)`: the same state dict,
+/// written by `torch.save` (read by `formats::torch_state_dict`).
+pub const PICKLED_ADAPTER_WEIGHTS: &str = "adapter_model.bin";
 
 /// Layer attribution of optimizer param ids (see `group_layers`).
 #[cfg_attr(
@@ -47,13 +50,19 @@ pub fn layer_index(key: &str) -> Option<std::result::Result<u64, ()>> {
     None
 }
 
-/// Where the adapter weights are: a `.safetensors` path as is, or a dir's
-/// `adapter_model.safetensors`.
+/// Where the adapter weights are: a weights file as is, or a dir's
+/// `adapter_model.safetensors`, or its `adapter_model.bin` when only that
+/// one is there (the safetensors path when neither is, for messages).
 pub fn adapter_weights_path(adapter: &Path) -> PathBuf {
-    if adapter.is_dir() {
-        adapter.join(ADAPTER_WEIGHTS)
+    if !adapter.is_dir() {
+        return adapter.to_path_buf();
+    }
+    let safetensors = adapter.join(ADAPTER_WEIGHTS);
+    let pickled = adapter.join(PICKLED_ADAPTER_WEIGHTS);
+    if !safetensors.exists() && pickled.is_file() {
+        pickled
     } else {
-        adapter.to_path_buf()
+        safetensors
     }
 }
 
@@ -162,7 +171,7 @@ pub fn group_layers(adapter: &Path, num_params: Option<u64>) -> Result<LayerGrou
     group_layers_by(adapter, num_params, LayerKeys::Sway)
 }
 
-/// Group the keys of an adapter dir or `.safetensors` file by layer, under `rule`.
+/// Group the keys of an adapter dir or weights file by layer, under `rule`.
 pub fn group_layers_by(
     adapter: &Path,
     num_params: Option<u64>,
@@ -176,7 +185,7 @@ pub fn group_layers_by(
             "adapter weights not found; layer indices cannot be recovered",
         ));
     }
-    let header = read_header(&weights)?;
+    let header = read_tensor_header(&weights)?;
     group_keys_by(
         header.tensors.iter().map(|t| t.name.as_str()),
         num_params,

@@ -16,3 +16,4 @@ pub mod safetensors_index;
 pub mod tensor_data;
 pub mod tensor_view;
 pub mod torch_save;
+pub mod torch_state_dict;

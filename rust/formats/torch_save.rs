@@ -42,6 +42,12 @@ impl WorkBudget {
         }
     }
 
+    /// A budget of `elements` (tests use small ones).
+    #[cfg(test)]
+    pub(crate) fn of_elements(elements: u64) -> WorkBudget {
+        WorkBudget { left: elements }
+    }
+
     /// Take `elements` from the budget; false when it is spent.
     pub fn charge(&mut self, elements: u64) -> bool {
         match self.left.checked_sub(elements) {

@@ -191,8 +191,10 @@ impl Archive {
         Ok(archive)
     }
 
-    /// Byte offset of an entry's data, after its local header.
-    fn data_offset(&self, name: &str, e: &Entry) -> Result<u64> {
+    /// Byte offset in the file of an entry's data, after its local header;
+    /// an error for a compressed or encrypted entry or one that runs past
+    /// the end of the file.
+    pub fn data_offset(&self, name: &str, e: &Entry) -> Result<u64> {
         if e.flags & 1 != 0 {
             return Err(self.err(format!("zip entry {name} is encrypted")));
         }

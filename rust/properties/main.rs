@@ -50,6 +50,7 @@ fn write_temp(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> PathBuf {
 mod json_line;
 mod pickle;
 mod safetensors_header;
+mod torch_state_dict;
 mod trainer_log;
 mod wandb_log;
 mod zip_archive;

@@ -53,7 +53,7 @@ fn entries() -> impl Strategy<Value = Vec<(String, Vec<u8>)>> {
 
 /// An edit of a zip: overwrite bytes at a position with a boundary value, or truncate.
 #[derive(Debug, Clone)]
-enum ZipEdit {
+pub(crate) enum ZipEdit {
     Put {
         at: prop::sample::Index,
         value: u32,
@@ -63,7 +63,7 @@ enum ZipEdit {
     Append(Vec<u8>),
 }
 
-fn zip_edit() -> impl Strategy<Value = ZipEdit> {
+pub(crate) fn zip_edit() -> impl Strategy<Value = ZipEdit> {
     prop_oneof![
         6 => (
             any::<prop::sample::Index>(),
@@ -76,7 +76,7 @@ fn zip_edit() -> impl Strategy<Value = ZipEdit> {
     ]
 }
 
-fn apply(mut data: Vec<u8>, edits: &[ZipEdit]) -> Vec<u8> {
+pub(crate) fn apply(mut data: Vec<u8>, edits: &[ZipEdit]) -> Vec<u8> {
     for e in edits {
         match e {
             ZipEdit::Put { at, value, width } if !data.is_empty() => {

@@ -12,7 +12,7 @@ use crate::analysis::layers::{self, LayerGrouping};
 use crate::error::{Area, Error, Result};
 use crate::formats::logs::loss_log::{self, LossCurve};
 use crate::formats::logs::trainer_state;
-use crate::formats::safetensors_header::read_header;
+use crate::formats::torch_state_dict::read_tensor_header;
 use crate::store::layout::{
     self, checkpoint_kind, Target, FULL, HF_TRAINER, LIGHTNING, LOGS, PEFT, PICKLED_ADAPTER,
     TENSORBOARD, TRAINER_STATE,
@@ -460,8 +460,9 @@ fn state_of(adapter: &Path, layout: &str, opt: &OptimizerState) -> TrainingState
     }
 }
 
-/// The adapter's keys (from the safetensors header beside the state): the
-/// seed's layer grouping and the exact attribution.
+/// The adapter's keys (from the safetensors header beside the state, or
+/// the pickle of an `adapter_model.bin`): the seed's layer grouping and the
+/// exact attribution.
 fn attach_adapter(
     input: &mut GhostInput,
     adapter: &Path,
@@ -469,15 +470,8 @@ fn attach_adapter(
     groups: &[Vec<i64>],
 ) {
     let weights = layers::adapter_weights_path(adapter);
-    if !weights.exists() && adapter.join(PICKLED_ADAPTER).is_file() {
-        // Real files, read by no one here: the per-layer check is not done.
-        let why = format!("the adapter is saved as {PICKLED_ADAPTER} (pickled: its tensor names are not read), so ids cannot be tied to layers");
-        input.grouping_error = Some(Error::new(Area::LayerGrouping, adapter, why.clone()));
-        input.attribution_error = Some(why);
-        return;
-    }
     let header = if weights.exists() {
-        read_header(&weights)
+        read_tensor_header(&weights)
     } else {
         Err(Error::new(
             Area::Missing,
@@ -579,8 +573,8 @@ fn weights_not_kept(version: &Path) -> bool {
         && !version.join(PICKLED_ADAPTER).exists()
 }
 
-/// Why a version has no adapter to judge: a full or log-only checkpoint, a
-/// pickled adapter, or a trainer's checkpoint that kept no weights.
+/// Why a version has no adapter to judge: a full or log-only checkpoint, or
+/// a trainer's checkpoint that kept no weights.
 fn no_adapter_note(version: &Path, kind: &str, layout: &str) -> Option<String> {
     match kind {
         FULL => {
@@ -591,14 +585,6 @@ fn no_adapter_note(version: &Path, kind: &str, layout: &str) -> Option<String> {
             ))
         }
         LOGS => Some("log-only checkpoint: no weights".to_string()),
-        _ if !version.join(layers::ADAPTER_WEIGHTS).exists()
-            && version.join(PICKLED_ADAPTER).is_file() =>
-        {
-            Some(format!(
-                "the adapter is saved as {PICKLED_ADAPTER}: pickled torch weights are not read \
-                 (unpickling runs code); save it with safetensors to have it checked"
-            ))
-        }
         _ if layout != layout::DLM && weights_not_kept(version) => Some(format!(
             "{} holds adapter_config.json but no adapter weights ({}): they were not saved here \
              or not copied with the run; nothing to judge",

@@ -40,7 +40,7 @@ use rayon::prelude::*;
 use crate::analysis::adapter_weights::{
     read_adapter_factors, stream_adapter_factors, AdapterFactors, ModuleFactors,
 };
-use crate::analysis::layers::ADAPTER_WEIGHTS;
+use crate::analysis::layers::{ADAPTER_WEIGHTS, PICKLED_ADAPTER_WEIGHTS};
 use crate::analysis::update_similarity::compare_adapters;
 use crate::error::{Area, Error, Result};
 use crate::io::walk::files_under;
@@ -249,16 +249,18 @@ fn sketch_adapter(path: &Path, side: usize, chunk: usize) -> std::result::Result
     })
 }
 
-/// Adapter directories under `root` (those holding `adapter_model.safetensors`,
-/// up to the walk's depth), sorted.
+/// Adapter directories under `root` (those holding `adapter_model.safetensors`
+/// or `adapter_model.bin`, up to the walk's depth), sorted.
 pub fn find_adapters(root: &Path) -> Result<Vec<PathBuf>> {
     if !root.is_dir() {
         return Err(Error::new(Area::Missing, root, "is not a directory"));
     }
-    let mut dirs: Vec<PathBuf> = files_under(root, Area::Missing, |n| n == ADAPTER_WEIGHTS)?
-        .into_iter()
-        .filter_map(|f| f.parent().map(Path::to_path_buf))
-        .collect();
+    let mut dirs: Vec<PathBuf> = files_under(root, Area::Missing, |n| {
+        n == ADAPTER_WEIGHTS || n == PICKLED_ADAPTER_WEIGHTS
+    })?
+    .into_iter()
+    .filter_map(|f| f.parent().map(Path::to_path_buf))
+    .collect();
     dirs.sort();
     dirs.dedup();
     Ok(dirs)

@@ -11,7 +11,9 @@
 #[cfg(test)]
 mod tests;
 
-use crate::analysis::adapter_weights::{AdapterWeights, LoraModuleStats};
+use crate::analysis::adapter_weights::{
+    is_frozen_original, AdapterWeights, LoraModuleStats, TensorStats,
+};
 use crate::analysis::numerics::{count_median, fsum, median, CountMedian};
 use crate::io::excerpt::excerpt;
 use crate::io::path_text;
@@ -93,8 +95,17 @@ fn base_evidence(o: &WeightsOptions, w: &AdapterWeights) -> Evidence {
 /// values FAILed above; here, tensors that are all zeros: every one of them
 /// (IA3 vectors of zeros silence the activations they scale; zero prompt
 /// embeddings carry nothing) FAILs, some of them WARN.
+///
+/// PEFT's frozen copies of `modules_to_save` modules (`original_module`,
+/// kept by a save of the whole `PeftModel.state_dict()`) are the base
+/// model's weights, not the adapter's: they are left out (and named in the
+/// evidence), so a base bias initialised to zeros is not taken for a dead
+/// adapter tensor.
 fn judge_other_method(w: &AdapterWeights, method: &str, mut evidence: Evidence) -> Judged {
-    let tensors = &w.other_tensors;
+    let (frozen, tensors): (Vec<&TensorStats>, Vec<&TensorStats>) = w
+        .other_tensors
+        .iter()
+        .partition(|t| is_frozen_original(&t.name));
     let zero: Vec<&str> = tensors
         .iter()
         .filter(|t| t.numel > 0 && t.norm == 0.0)
@@ -102,6 +113,8 @@ fn judge_other_method(w: &AdapterWeights, method: &str, mut evidence: Evidence) 
         .collect();
     evidence.put("peft_type", method);
     evidence.put("zero_tensors", zero.clone());
+    let frozen: Vec<&str> = frozen.iter().map(|t| t.name.as_str()).collect();
+    evidence.put("frozen_originals", frozen);
     let n = tensors.len();
     let (verdict, score, message) = if n == 0 {
         (

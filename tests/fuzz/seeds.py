@@ -139,6 +139,13 @@ def _dlm(out: Path, seeds: dict[str, list[str]]) -> Any:
     weights = load_file(str(out / rel / "adapter_model.safetensors"))
     save_file({k: v.to(torch.bfloat16) for k, v in weights.items()}, str(half))
     seeds["safetensors"].append(str(half.relative_to(out)))
+
+    # The same state dict as PEFT's save_pretrained(safe_serialization=False)
+    # writes it: torch.save of the tensors, read as adapter_model.bin.
+    pickled = out / "pickled" / "adapter_model.bin"
+    pickled.parent.mkdir()
+    torch.save(weights, pickled)
+    seeds["adapter_bin"] = [str(pickled.relative_to(out))]
     return run
 
 

@@ -83,6 +83,14 @@ TARGETS: dict[str, Target] = {
             companions=(("adapter_config.json", "adapter_config"),),
         ),
         Target(
+            "adapter_bin",
+            f"{CALLS}:adapter_weights",
+            "adapter_model.bin",
+            "adapter_bin",
+            ("generic", "zip"),
+            companions=(("adapter_config.json", "adapter_config"),),
+        ),
+        Target(
             "adapter_config",
             f"{CALLS}:adapter_weights",
             "adapter_config.json",

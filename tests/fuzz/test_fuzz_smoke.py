@@ -41,6 +41,7 @@ def test_readers_survive_a_short_fuzz(tmp_path: Path) -> None:
         "csv",
         "optimizer_pt",
         "ckpt",
+        "adapter_bin",
     ):
         assert name in stats and stats[name].cases > 0, (name, sorted(stats))
     bugs = {name: s.bugs for name, s in stats.items() if s.bugs}

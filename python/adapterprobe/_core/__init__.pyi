@@ -722,7 +722,7 @@ def compare_adapter_updates(a: _Path, b: _Path, *, angles: bool = True) -> dict[
     (energy-weighted), principal angles, modules left out; NaN as None."""
 
 def find_adapters(root: _Path) -> list[Path]:
-    """Adapter directories (holding adapter_model.safetensors) under `root`."""
+    """Adapter directories (holding adapter_model.safetensors or .bin) under `root`."""
 
 @final
 class SimilarPair:

@@ -1,7 +1,7 @@
 """What is being compared: a path resolved to an adapter and a loss curve.
 
 A path may be a bare adapter (a directory holding ``adapter_model.safetensors``
-or that file), an HF Trainer output directory or checkpoint (adapter plus
+or ``adapter_model.bin``, or that file), an HF Trainer output directory or checkpoint (adapter plus
 ``trainer_state.json`` / TensorBoard events), or any store the scan knows
 (dlm, Lightning, ...), whose newest adapter version and logs are used. Each
 side carries what could not be read as a note instead of failing the whole
@@ -21,6 +21,8 @@ import adapterprobe._core as _core
 from adapterprobe.errors import AdapterProbeError, MissingFileError
 
 ADAPTER_FILE = "adapter_model.safetensors"
+#: The same state dict written by torch.save (save_pretrained(safe_serialization=False)).
+PICKLED_ADAPTER_FILE = "adapter_model.bin"
 CURVE_POINTS = 400  # points kept per curve for charts
 
 
@@ -37,7 +39,9 @@ class Side:
 
 
 def _holds_adapter(path: Path) -> bool:
-    return (path.is_file() and path.suffix == ".safetensors") or (path / ADAPTER_FILE).is_file()
+    if path.is_file():
+        return path.suffix == ".safetensors" or path.name == PICKLED_ADAPTER_FILE
+    return (path / ADAPTER_FILE).is_file() or (path / PICKLED_ADAPTER_FILE).is_file()
 
 
 def _try_curve(source: Path, side: Side) -> None:

@@ -2,8 +2,9 @@
 
 The most common broken LoRA adapter shows in no log: ``lora_B`` never moved
 from its zero init (so the adapter changes nothing), or a bad step left NaN
-or inf in the weights. This probe reads ``adapter_model.safetensors`` and
-``adapter_config.json`` in Rust (bounded memory, GIL released) and computes
+or inf in the weights. This probe reads ``adapter_model.safetensors`` (or
+``adapter_model.bin``, through the allow-listed pickle reader that never runs
+the pickle) and ``adapter_config.json`` in Rust (bounded memory, GIL released) and computes
 per LoRA module ``||A||``, ``||B||`` and ``||dW||_F`` with ``dW = s * B @ A``
 (through the r x r Gram matrices, never forming the product), the singular
 values of dW, and non-finite counts. Verdicts, worst first:
@@ -82,7 +83,7 @@ def adapter_weights(
     name: str = KIND,
 ) -> ProbeResult:
     """Judge the weights of one adapter: a PEFT adapter directory (or its
-    ``adapter_model.safetensors``), e.g. a dlm version dir, an HF
+    ``adapter_model.safetensors`` or ``adapter_model.bin``), e.g. a dlm version dir, an HF
     ``checkpoint-N/`` or a bare ``save_pretrained`` output.
 
     Thresholds left as None take their default (see :class:`WeightsOptions`).

@@ -1,5 +1,6 @@
 //! Weight-space health of a PEFT LoRA adapter, from `adapter_model.safetensors`
-//! and `adapter_config.json` alone.
+//! (or the same state dict pickled by `torch.save` as `adapter_model.bin`,
+//! read without running the pickle) and `adapter_config.json` alone.
 //!
 //! Why: the commonest broken adapter never shows in a training log — `lora_B`
 //! never left its zero init (so `ΔW = 0` and the adapter is the base model),
@@ -56,7 +57,7 @@ use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
-use crate::analysis::layers::ADAPTER_WEIGHTS;
+use crate::analysis::layers::{adapter_weights_path, ADAPTER_WEIGHTS, PICKLED_ADAPTER_WEIGHTS};
 use crate::error::{Area, Error, Result};
 use crate::formats::adapter_config::{AdapterConfig, TargetModules, CONFIG_FILE};
 use crate::formats::tensor_data::{FloatTensor, TensorReader, DEFAULT_CHUNK_ELEMS, MAX_GRAM_DIM};
@@ -71,6 +72,7 @@ pub use factors::{
     read_adapter_factors, stream_adapter_factors, AdapterFactors, FactorStream, ModuleFactors,
     ModuleInfo, MAX_FACTOR_VALUES,
 };
+pub use plan::is_frozen_original;
 use plan::OpenAdapter;
 pub use stats::product_spectrum;
 use stats::{layer_energy, module_order, reduce_module};
@@ -211,8 +213,9 @@ pub struct AdapterWeights {
 const PARALLEL_MIN_BYTES: u64 = 4 << 20;
 
 /// Read and check the adapter at `path`: an adapter directory (holding
-/// `adapter_model.safetensors` and, normally, `adapter_config.json`) or the
-/// `.safetensors` file itself (the config is looked up beside it).
+/// `adapter_model.safetensors` or `adapter_model.bin` and, normally,
+/// `adapter_config.json`) or the weights file itself (the config is looked
+/// up beside it; a `.bin`, `.pt` or `.pth` file is read as `torch.save`).
 pub fn read_adapter_weights(path: &Path) -> Result<AdapterWeights> {
     read_adapter_weights_chunked(path, DEFAULT_CHUNK_ELEMS, PARALLEL_MIN_BYTES)
 }
@@ -297,22 +300,18 @@ pub(crate) fn read_adapter_weights_chunked(
     })
 }
 
-/// (weights file, config file) for a directory or a weights file.
+/// (weights file, config file) for a directory or a weights file. A
+/// directory's weights are `adapter_model.safetensors`, or
+/// `adapter_model.bin` when only that one is there.
 fn locate(path: &Path) -> Result<(PathBuf, PathBuf)> {
     if path.is_dir() {
-        let weights = path.join(ADAPTER_WEIGHTS);
+        let weights = adapter_weights_path(path);
         if !weights.exists() {
-            let pickled = path.join("adapter_model.bin").exists();
             return Err(Error::new(
                 Area::Missing,
                 path,
                 format!(
-                    "no {ADAPTER_WEIGHTS} in this adapter directory{}",
-                    if pickled {
-                        " (adapter_model.bin is pickled torch weights, which are not read)"
-                    } else {
-                        ""
-                    }
+                    "no {ADAPTER_WEIGHTS} (or {PICKLED_ADAPTER_WEIGHTS}) in this adapter directory"
                 ),
             ));
         }

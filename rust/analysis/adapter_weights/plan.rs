@@ -11,6 +11,7 @@ use crate::error::{Area, Error, Result};
 use crate::formats::adapter_config::{AdapterConfig, TargetModules};
 use crate::formats::safetensors_header::TensorInfo;
 use crate::formats::tensor_data::{FloatTensor, SafetensorsData};
+use crate::formats::torch_state_dict::open_tensor_file;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Role {
@@ -51,6 +52,15 @@ pub(super) fn classify(key: &str) -> Option<(&str, Role, Option<ModuleKind>)> {
     })
 }
 
+/// Whether `key` is PEFT's frozen copy of a `modules_to_save` module
+/// (`<module>.original_module.<param>`). `PeftModel.state_dict()` holds it
+/// beside the trained copy (`<module>.modules_to_save.<adapter>.<param>`),
+/// and so does a save that keeps it; it is the base model's weight as it
+/// was, not something the adapter trained, so no rule may judge it as one.
+pub fn is_frozen_original(key: &str) -> bool {
+    key.starts_with("original_module.") || key.contains(".original_module.")
+}
+
 /// Tensors of one module as found in the header.
 #[derive(Default)]
 pub(super) struct Found<'h> {
@@ -82,8 +92,11 @@ pub(super) struct Plan {
 /// One adapter opened for reading: where its weights are, its config (None
 /// when no `adapter_config.json` sits beside them), the mapped tensor data
 /// and the module plan. The one way in for every reader of an adapter's
-/// safetensors (the health statistics, the factors a comparison needs, the
+/// weights (the health statistics, the factors a comparison needs, the
 /// streamed factors of `similar`), so they agree on what a module is.
+/// `adapter_model.bin` (a `torch.save` state dict) is opened as tensor
+/// spans of its file (`formats::torch_state_dict`) and read by the same
+/// streaming reader as safetensors, so both formats are judged alike.
 pub(super) struct OpenAdapter {
     pub(super) weights_path: PathBuf,
     pub(super) config: Option<AdapterConfig>,
@@ -110,7 +123,7 @@ impl OpenAdapter {
         }
     }
 
-    /// Open the adapter at `path`: a directory or its `.safetensors` file.
+    /// Open the adapter at `path`: a directory or its weights file.
     pub(super) fn open(path: &Path) -> Result<Self> {
         let (weights_path, config_path) = locate(path)?;
         let config = match AdapterConfig::read(&config_path) {
@@ -118,7 +131,7 @@ impl OpenAdapter {
             Err(e) if e.area == Area::Missing => None,
             Err(e) => return Err(e),
         };
-        let data = SafetensorsData::open(&weights_path)?;
+        let data = open_tensor_file(&weights_path)?;
         let plan = match &config {
             // Another PEFT method: every tensor is judged as a plain tensor.
             Some(c) if !c.is_lora() => Plan {

@@ -383,11 +383,11 @@ fn missing_weights_are_a_missing_error() {
     let e = read_adapter_weights(dir.path()).unwrap_err();
     assert_eq!(e.area, Area::Missing);
     assert!(e.message.contains(ADAPTER_WEIGHTS), "{e}");
+    // A directory with only adapter_model.bin reads that file.
     std::fs::write(dir.path().join("adapter_model.bin"), b"x").unwrap();
-    assert!(read_adapter_weights(dir.path())
-        .unwrap_err()
-        .message
-        .contains("pickled"));
+    let e = read_adapter_weights(dir.path()).unwrap_err();
+    assert_eq!(e.area, Area::Weights);
+    assert!(e.path.ends_with("adapter_model.bin"), "{e}");
     let e = read_adapter_weights(&dir.path().join("nope.safetensors")).unwrap_err();
     assert_eq!(e.area, Area::Missing);
 }
@@ -640,4 +640,49 @@ fn a_huge_claim_is_refused_or_streamed_without_allocating_it() {
         .unwrap();
     assert_eq!((head.numel, head.norm, head.nonfinite), (1 << 23, 0.0, 0));
     assert_eq!(got.tensor_bytes, end + (16u64 << 20));
+}
+
+/// The adapter fixtures again, as `torch.save` wrote the same state dicts
+/// (`rust/testdata/make_bin_fixtures.py`): every report and every factor
+/// must be what the safetensors twin gives, but for the file read.
+#[test]
+fn pickled_twins_report_exactly_as_safetensors() {
+    let twins = Path::new(env!("CARGO_MANIFEST_DIR")).join("rust/testdata/weights_bin");
+    let mut seen = 0;
+    for dir in all_fixtures() {
+        let twin = twins.join(dir.file_name().unwrap());
+        let from_bin = read_adapter_weights(&twin).unwrap();
+        let mut from_st = read_adapter_weights(&dir).unwrap();
+        assert_eq!(from_bin.path, twin.join("adapter_model.bin"));
+        from_st.path = from_bin.path.clone();
+        if let (Some(st), Some(bin)) = (&mut from_st.config, &from_bin.config) {
+            st.path = bin.path.clone();
+        }
+        // Debug text, so that NaN statistics compare equal to NaN.
+        assert_eq!(
+            format!("{from_bin:?}"),
+            format!("{from_st:?}"),
+            "{}",
+            dir.display()
+        );
+        // Through a small chunk and the parallel route too.
+        let chunked = read_adapter_weights_chunked(&twin, 3, 0).unwrap();
+        assert_eq!(chunked.modules.len(), from_bin.modules.len());
+        for (a, b) in chunked.modules.iter().zip(&from_bin.modules) {
+            assert_eq!(
+                (&a.name, a.nonfinite_a, a.nonfinite_b),
+                (&b.name, b.nonfinite_a, b.nonfinite_b)
+            );
+        }
+        match (read_adapter_factors(&twin), read_adapter_factors(&dir)) {
+            (Ok(bin), Ok(mut st)) => {
+                st.path = bin.path.clone();
+                assert_eq!(format!("{bin:?}"), format!("{st:?}"), "{}", dir.display());
+            }
+            (Err(bin), Err(st)) => assert_eq!(bin.message, st.message),
+            (bin, st) => panic!("{}: {:?} vs {:?}", dir.display(), bin.err(), st.err()),
+        }
+        seen += 1;
+    }
+    assert_eq!(seen, 6);
 }

@@ -8,8 +8,9 @@
 //! the fly. Nothing is allocated from a size in the file before that size
 //! has been checked against the file's length and against a cap.
 //!
-//! [`SafetensorsData`] opens and checks a file; a [`TensorReader`] (one per
-//! thread) streams its tensors, reusing its buffers. Besides sums of squares
+//! [`SafetensorsData`] opens and checks a file (or takes the tensor spans
+//! of a `torch.save` state dict, [`SafetensorsData::from_spans`]); a
+//! [`TensorReader`] (one per thread) streams its tensors, reusing its buffers. Besides sums of squares
 //! ([`Moments`]) it gives the two Gram matrices a LoRA factor pair needs
 //! without forming the factor product: `X·Xᵀ` of a short wide matrix, read
 //! in column blocks ([`TensorReader::for_each_column_block`]), and `Xᵀ·X` of
@@ -327,6 +328,33 @@ impl SafetensorsData {
         data.data_start = data_start;
         data.check_no_overlap()?;
         Ok(data)
+    }
+
+    /// Tensors of another container that lie as runs of bytes in one file
+    /// (a `torch.save` state dict: `formats::torch_state_dict`), read like a
+    /// safetensors file whose data section is the whole file: `tensors`'
+    /// `data_offsets` are absolute file offsets, checked against the file's
+    /// length when each tensor is taken ([`SafetensorsData::float_tensor`]).
+    /// Spans may overlap (tensors sharing a storage): the caller has bounded
+    /// the total.
+    pub fn from_spans(path: &Path, tensors: Vec<TensorInfo>) -> Result<SafetensorsData> {
+        let file = open_ranged(path, Area::Weights)?;
+        let file_len = file
+            .metadata()
+            .map_err(|e| Error::io(Area::Weights, path, &e))?
+            .len();
+        Ok(SafetensorsData {
+            path: path.to_path_buf(),
+            file,
+            header: Header {
+                tensors,
+                metadata: None,
+                data_len: file_len,
+            },
+            data_start: 0,
+            #[cfg(not(unix))]
+            lock: std::sync::Mutex::new(()),
+        })
     }
 
     pub fn path(&self) -> &Path {

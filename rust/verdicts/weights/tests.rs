@@ -373,3 +373,45 @@ fn another_peft_method_is_judged_on_finiteness_and_zeros() {
     let j = judge(other_method(&[], 0));
     assert_eq!(j.verdict, Verdict::Skip);
 }
+
+/// PEFT's frozen `original_module` copy of a `modules_to_save` head (saved
+/// with the whole `PeftModel.state_dict()`) keeps the base model's zero
+/// bias: it is not a dead adapter tensor.
+#[test]
+fn a_frozen_original_module_is_not_judged_as_the_adapter() {
+    let mut w = other_method(&[9.8, 9.8], 0);
+    let head = |name: &str, norm: f64| TensorStats {
+        name: format!("base_model.model.classifier.{name}.bias"),
+        dtype: "F32".into(),
+        shape: vec![3],
+        numel: 3,
+        norm,
+        max_abs: norm,
+        nonfinite: 0,
+    };
+    w.other_tensors.push(head("original_module", 0.0));
+    w.other_tensors.push(head("modules_to_save.default", 0.03));
+    let j = judge_weights(&input(Some(w.clone())), None, &options());
+    assert_eq!(j.verdict, Verdict::Pass, "{}", j.message);
+    assert!(
+        j.message.starts_with("IA3 adapter: 3 tensors"),
+        "{}",
+        j.message
+    );
+    assert_eq!(
+        j.evidence.get("frozen_originals"),
+        Some(&Value::from(vec![
+            "base_model.model.classifier.original_module.bias"
+        ]))
+    );
+    // The trained copy is still judged: zeros there are a finding.
+    w.other_tensors.last_mut().unwrap().norm = 0.0;
+    let j = judge_weights(&input(Some(w)), None, &options());
+    assert_eq!(j.verdict, Verdict::Warn, "{}", j.message);
+    assert!(
+        j.message.contains("modules_to_save.default.bias"),
+        "{}",
+        j.message
+    );
+    assert!(!j.message.contains("original_module"), "{}", j.message);
+}
