@@ -103,9 +103,16 @@ pub fn run_log(dir: &Path) -> Option<PathBuf> {
         .max()
 }
 
-/// Whether `dir` is a W&B run directory (it holds a `run-<id>.wandb`).
+/// Whether `dir` is a W&B run directory: named as W&B names them
+/// (`run-...`, `offline-run-...`) or holding the SDK's `files/` folder, and
+/// holding a `run-<id>.wandb`. The name and folder are looked at first so
+/// that the walk lists no other directory for this.
 pub fn is_run_dir(dir: &Path) -> bool {
-    run_log(dir).is_some()
+    let named = dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("run-") || n.starts_with("offline-run-"));
+    (named || dir.join("files").is_dir()) && run_log(dir).is_some()
 }
 
 /// Read the run log at `path`.

@@ -239,7 +239,17 @@ fn files_that_are_no_run_log_are_refused() {
     }
     std::fs::write(&path, frame(&[history(&[("loss", "1")], Some(1))])).unwrap();
     assert_eq!(read_run(&path).unwrap().series["loss"], vec![(1, 1.0)]);
+    assert!(
+        !is_run_dir(dir.path()),
+        "neither named as W&B names runs nor holding files/"
+    );
+    std::fs::create_dir(dir.path().join("files")).unwrap();
     assert!(is_run_dir(dir.path()));
+    let named = dir.path().join("offline-run-20260101_000000-abc");
+    std::fs::create_dir(&named).unwrap();
+    assert!(!is_run_dir(&named), "no run log in it");
+    std::fs::copy(&path, named.join("run-abc.wandb")).unwrap();
+    assert!(is_run_dir(&named));
     assert!(!is_run_dir(&dir.path().join("missing")));
 }
 
