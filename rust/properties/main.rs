@@ -48,6 +48,7 @@ fn write_temp(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> PathBuf {
 }
 
 mod json_line;
+mod mlflow_db;
 mod pickle;
 mod safetensors_header;
 mod torch_state_dict;
