@@ -105,6 +105,17 @@ def wandb_log(case: Path) -> None:
     _each(lambda: _curve(path), lambda: _curve(path, tag="eval/loss"), lambda: _curve(case))
 
 
+def mlflow_db(case: Path) -> None:
+    path = case / "mlflow.db"
+
+    def scan() -> Any:
+        report = ap.scan(case, workers=1)
+        report.to_json()
+        return report
+
+    _each(lambda: _curve(path), lambda: _curve(path, tag="eval_loss"), scan)
+
+
 def tfevents(case: Path) -> None:
     path = case / EVENTS_NAME
     _each(lambda: _curve(path), lambda: _curve(path, tag="train/learning_rate"))

@@ -239,6 +239,27 @@ def _wandb(out: Path, run: Any, seeds: dict[str, list[str]]) -> None:
     seeds["wandb_log"] = ["wandb_log/run-seed.wandb"]
 
 
+def _mlflow_db(out: Path, run: Any, seeds: dict[str, list[str]]) -> None:
+    """An MLflow SQLite store (mlflow.db) written by the real client: one
+    run with a loss, an eval loss and a learning rate."""
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    dest = out / "mlflow_db" / "mlflow.db"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    client = MlflowClient(tracking_uri=f"sqlite:///{dest}")
+    experiment = client.create_experiment("fuzz-seed")
+    logged = client.create_run(experiment, run_name="seed")
+    metrics = []
+    for rec in run.records:
+        metrics.append(Metric("train_loss", rec["loss"], 0, rec["step"]))
+        metrics.append(Metric("learning_rate", rec["lr"], 0, rec["step"]))
+        if rec["step"] % 2 == 0:
+            metrics.append(Metric("eval_loss", rec["loss"] * 1.1, 0, rec["step"]))
+    client.log_batch(logged.info.run_id, metrics=metrics)
+    seeds["mlflow_db"] = ["mlflow_db/mlflow.db"]
+
+
 def _tensorboard(out: Path, run: Any, seeds: dict[str, list[str]]) -> None:
     """An event file from torch's SummaryWriter: scalars old and new style, plus non-scalars."""
     import torch
@@ -338,6 +359,8 @@ def build(out: Path) -> dict[str, list[str]]:
             _tensorboard(out, run, seeds)
         with contextlib.suppress(ImportError):
             _wandb(out, run, seeds)
+        with contextlib.suppress(ImportError):
+            _mlflow_db(out, run, seeds)
         with contextlib.suppress(ImportError):
             _lightning(out, seeds)
     (out / MANIFEST).write_text(json.dumps(seeds, indent=1, sort_keys=True), encoding="utf-8")

@@ -138,6 +138,7 @@ TARGETS: dict[str, Target] = {
         Target(
             "wandb_log", f"{CALLS}:wandb_log", "run-seed.wandb", "wandb_log", ("generic", "wandb")
         ),
+        Target("mlflow_db", f"{CALLS}:mlflow_db", "mlflow.db", "mlflow_db", ("generic",)),
         Target("csv", f"{CALLS}:csv", "metrics.csv", "csv", ("generic", "csv")),
         Target(
             "optimizer_pt",

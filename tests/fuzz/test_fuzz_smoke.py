@@ -38,6 +38,7 @@ def test_readers_survive_a_short_fuzz(tmp_path: Path) -> None:
         "trainer_state",
         "trainer_log",
         "wandb_log",
+        "mlflow_db",
         "csv",
         "optimizer_pt",
         "ckpt",
