@@ -76,7 +76,7 @@ class ScanRecord:
     full_weights).
 
     ``layout`` says what kind of store it is (``dlm``, ``hf-trainer``,
-    ``lightning``, ``peft``, ``tensorboard``, ``mlflow``); ``checkpoint_kind`` what the
+    ``lightning``, ``peft``, ``tensorboard``, ``mlflow``, ``wandb``); ``checkpoint_kind`` what the
     version holds: ``"adapter"`` (a LoRA adapter), ``"full"`` (a whole
     model: a full fine-tune's ``model.safetensors``, a Lightning ``.ckpt``)
     or ``"logs"`` (no weights: only ``trainer_state.json``, or a run that
