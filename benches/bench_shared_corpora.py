@@ -9,7 +9,9 @@ the seeds' rules, in the same run) and each corpus it prints:
 
 1. stores found (any record) of those labelled, and the records per probe;
 2. ``not found``: labelled stores no record names;
-3. ``errors on valid files``: stores not labelled n/a with an ``error`` record;
+3. ``errors on valid files``: stores not labelled n/a with an ``error`` record
+   about a file that is there (an error naming a Git LFS pointer, a file a
+   clone left in LFS, is counted apart as ``errors on LFS pointers``);
 4. false alarms: healthy stores with any warn, fail or error record;
 5. misses: faulty stores with no warn or fail record;
 6. n/a stores (Git LFS pointers, nothing to judge) that got a ``pass``;
@@ -53,9 +55,16 @@ class Store:
     def not_found(self) -> bool:
         return not self.records
 
+    def errors(self, *, lfs: bool) -> list[str]:
+        return [m for _, v, m in self.records if v == "error" and ("Git LFS pointer" in m) == lfs]
+
     @property
     def error_on_valid(self) -> bool:
-        return self.label != "n/a" and "error" in self.verdicts()
+        return self.label != "n/a" and bool(self.errors(lfs=False))
+
+    @property
+    def error_on_lfs(self) -> bool:
+        return self.label != "n/a" and bool(self.errors(lfs=True))
 
     @property
     def false_alarm(self) -> bool:
@@ -107,6 +116,7 @@ def judged(corpus: Path, rules: str) -> tuple[list[Store], float, Counter[str]]:
 COUNTS = {
     "not found": lambda s: s.not_found,
     "errors on valid files": lambda s: s.error_on_valid,
+    "errors on LFS pointers": lambda s: s.error_on_lfs,
     "false alarms": lambda s: s.false_alarm,
     "misses": lambda s: s.missed,
     "n/a passed": lambda s: s.na_passed,
@@ -114,6 +124,7 @@ COUNTS = {
 OUT_OF = {
     "not found": lambda s: True,
     "errors on valid files": lambda s: s.label != "n/a",
+    "errors on LFS pointers": lambda s: s.label != "n/a",
     "false alarms": lambda s: s.label == "healthy",
     "misses": lambda s: s.label == "faulty",
     "n/a passed": lambda s: s.label == "n/a",

@@ -19,7 +19,8 @@ best of `--repeat`, per store kind:
   the log's records, split from their 32 KiB blocks in Python, keeping the
   same three series.
 
-Prints both times and the ratio reference/ours for each.
+Prints, per kind, the stores a scan finds, its records per probe and its
+error records; then both times and the ratio reference/ours.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import os
 import struct
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -138,6 +140,19 @@ def best(fn: Callable[[], None], repeat: int) -> float:
     return min(times)
 
 
+def found(kind: str, root: Path, expected: int) -> None:
+    """Scan `root` as a user would: stores found, records per probe, errors."""
+    report = ap.scan(root)
+    stores = {r.store for r in report}
+    per_probe = Counter(r.probe for r in report)
+    errors = sum(r.verdict.value == "error" for r in report)
+    print(
+        f"{kind}: {len(stores)}/{expected} stores found; records: "
+        + ", ".join(f"{n} {p}" for p, n in sorted(per_probe.items()))
+        + f"; error records {errors}"
+    )
+
+
 def report(kind: str, runs: int, points: int, ours: float, ref: float, ref_name: str) -> None:
     print(
         f"{kind}, {runs} runs x {points} steps x 3 series: ours {ours:.4f} s, "
@@ -159,6 +174,7 @@ def bench_mlflow(tmp: Path, args: argparse.Namespace) -> None:
         else:
             paths = [p for p in (tmp / "mlruns").glob("*/*") if p.name in ids]
         assert len(paths) == args.runs, (kind, len(paths))
+        found(kind, tmp / ("mlflow.db" if uri.startswith("sqlite") else "mlruns"), args.runs)
         client = mlflow.MlflowClient(tracking_uri=uri)
 
         def ours(paths: list[Path] = paths) -> None:
@@ -183,6 +199,7 @@ def bench_mlflow(tmp: Path, args: argparse.Namespace) -> None:
 
 def bench_wandb(tmp: Path, args: argparse.Namespace) -> None:
     run_dirs = write_wandb(tmp, args.runs, args.points)
+    found("W&B offline runs", tmp, args.runs)
 
     def ours() -> None:
         for path in run_dirs:

@@ -55,7 +55,14 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     # HF's callback: train/* rows and eval/* rows keyed by train/global_step.
     rows: list[dict[str, float]] = []
     for i, loss in enumerate(decaying(60)):
-        rows.append({"train/loss": loss, "train/learning_rate": 1e-4, "train/grad_norm": 1.2})
+        rows.append(
+            {
+                "train/loss": loss,
+                "train/learning_rate": 1e-4,
+                "train/grad_norm": 1.2,
+                "train/reward": 1.0 - loss / 3,
+            }
+        )
         if i % 10 == 9:
             rows.append({"eval/loss": loss * 1.1})
     hf = []
@@ -102,6 +109,7 @@ def test_side_series_are_read_at_the_trainers_step(runs):
     # Eval rows are W&B steps of their own but share the optimizer step.
     assert [s for s, _ in curve.eval_loss] == list(range(100, 610, 100))
     assert len(curve.grad_norm) == 60 and len(curve.learning_rate) == 60
+    assert len(curve.reward) == 60 and curve.reward[0] == (10, pytest.approx(1.0 - 2.4 / 3))
     other = ap.read_loss_curve(runs["healthy"], tag="eval/loss")
     assert other.series == "eval/loss" and len(other) == 6
     with pytest.raises(ap.UsageError, match="train/loss"):

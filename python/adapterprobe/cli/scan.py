@@ -15,6 +15,7 @@ examples:
   adapterprobe scan                          the bundled demo store
   adapterprobe scan /data/adapters           every store below /data/adapters
   adapterprobe scan out/ --format json       an HF Trainer output dir, as JSON records
+  adapterprobe scan wandb/ mlflow.db         every W&B run and every MLflow run
   adapterprobe scan /data --fail-on warn     exit 1 on any warning (for CI)
   adapterprobe scan /data -q                 only the problems and the summary
   adapterprobe scan /data --json -o scan.json   JSON records, written atomically
@@ -29,13 +30,17 @@ examples:
 what is scanned:
   Every store below the roots, found by what it has: dlm stores (adapter/ and
   logs/), HF Trainer / TRL / axolotl output dirs (checkpoint-N/, last-checkpoint/,
-  trainer_state.json, runs/), Lightning runs (*.ckpt, metrics.csv), bare PEFT
-  adapter dirs (adapter_config.json + adapter_model.safetensors) and folders of
-  TensorBoard events. Each store gets a training_drift record (its loss curve);
-  each version (the newest, or all with --all-versions) an adapter_weights record
-  (its LoRA weights) and a gradient_ghost record (its optimizer state). Records
-  say what a version holds in checkpoint_kind: adapter, full (a full fine-tune:
-  adapter_weights SKIPs it; --probes ...,full_weights checks its weights) or logs.
+  trainer_state.json, runs/; LLaMA-Factory's trainer_log.jsonl), Lightning runs
+  (*.ckpt, metrics.csv), bare PEFT adapter dirs (adapter_config.json +
+  adapter_model.safetensors or .bin), folders of TensorBoard events, and tracker
+  runs: each W&B run (wandb/run-*/, offline-run-*/) and each MLflow run (mlruns/,
+  or a run of mlflow.db; give the file itself as a root too) is a store, read
+  without importing the tracker. Each store gets a training_drift record (its
+  loss curve); each version (the newest, or all with --all-versions) an
+  adapter_weights record (its LoRA weights) and a gradient_ghost record (its
+  optimizer state). Records say what a version holds in checkpoint_kind:
+  adapter, full (a full fine-tune: adapter_weights SKIPs it; --probes
+  ...,full_weights checks its weights) or logs.
 
 verdicts and score:
   pass/warn/fail/skip/error per record; --rules robust (default) raises no alarm
