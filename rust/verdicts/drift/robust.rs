@@ -22,6 +22,24 @@ pub const UNSTABLE_RISE: f64 = 0.25;
 /// A series whose start is below this, and below this share of its largest
 /// value, starts at zero rather than at a loss (a KL-regularised RL objective).
 pub const NEAR_ZERO_START: f64 = 1e-3;
+/// A loss trend that fell less than this share of where it started barely
+/// moved: the first condition of `at_chance` and `not_learning`. Healthy
+/// fine-tunes in the shared corpora fall more (the least: 3.7% on a
+/// 12-record run with no eval, 4.7% with an eval that fell 10%), so the
+/// second condition of each rule is what tells a stuck run.
+pub const BARELY_MOVED: f64 = 0.10;
+/// A loss level this close to ln(k) (relative) sits at chance for k classes.
+pub const CHANCE_TOLERANCE: f64 = 0.01;
+/// The class counts whose chance level is judged: ln 2 .. ln 10 lie at least
+/// 5% apart, so a level within 1% names one k; above 10 the levels crowd
+/// and any flat loss would sit near some ln(k).
+pub const CHANCE_CLASSES: std::ops::RangeInclusive<u32> = 2..=10;
+/// An eval loss whose best stays within this share of its first value did
+/// not fall: flat.
+pub const FLAT_EVAL: f64 = 0.02;
+/// Fewest records and eval points `at_chance` and `not_learning` judge.
+const STUCK_MIN_RECORDS: usize = 10;
+const STUCK_MIN_EVALS: usize = 3;
 /// Points of the robust analysis's noise blocks (its default).
 const SCALE_BLOCK: usize = 64;
 
@@ -366,6 +384,16 @@ fn judge_trend(
         ));
     }
 
+    // A trend judged diverged, unstable or regressed says more than
+    // "stuck"; a stuck run says why it made no progress.
+    let trend_rules = ["diverged", "unstable", "regressed"];
+    if !findings.iter().any(|f| trend_rules.contains(&f.rule)) {
+        if let Some(stuck) = stuck_finding(curve, a, num_steps) {
+            findings.retain(|f| f.rule != "no_progress");
+            findings.push(stuck);
+        }
+    }
+
     let noise_text = if a.relative {
         number_text::percent(a.noise, 1)
     } else {
@@ -418,6 +446,76 @@ fn judge_trend(
         .collect();
     e.put("trend_sampled", Value::List(trend_sampled));
     finish.answer(findings, &summary, score, Some(drop), e)
+}
+
+/// A run that never learned: its loss trend barely moved (`BARELY_MOVED`)
+/// and either sits at the chance level ln(k) of a k-class task without
+/// ever getting below it (`at_chance`: a classifier that predicts the
+/// prior, or a model that collapsed to it), or its held-out loss stayed
+/// flat (`not_learning`: the training loss wanders while nothing
+/// generalises). Both WARN: a stuck run is not broken data, and a person
+/// should look (a flat loss can be intended, e.g. a probe run); neither is
+/// judged on fewer than `STUCK_MIN_RECORDS` records.
+fn stuck_finding(curve: &LossCurve, a: &RobustCurve, num_steps: usize) -> Option<Finding> {
+    let (head, tail, best) = (a.head_level, a.tail_level, a.best_level);
+    let drop = a.relative_drop();
+    // A NaN drop (no level to measure from) is no evidence of a stuck run.
+    let barely_moved = drop < BARELY_MOVED;
+    if num_steps < STUCK_MIN_RECORDS || !barely_moved {
+        return None;
+    }
+    let g4 = |x: f64| number_text::significant(x, 4);
+    if let Some(k) = chance_classes(tail, best) {
+        return Some(Finding::new(
+            Verdict::Warn,
+            "at_chance",
+            format!(
+                "the loss sits at ln({k}) = {}, the chance level of {k} classes ({} -> {},                  never below {}): the model predicts no better than the class prior",
+                g4(f64::from(k).ln()),
+                g4(head),
+                g4(tail),
+                g4(best)
+            ),
+        ));
+    }
+    let evals: Vec<f64> = curve
+        .side
+        .eval_loss
+        .iter()
+        .map(|&(_, v)| v)
+        .filter(|v| v.is_finite())
+        .collect();
+    let first = *evals.first()?;
+    let lowest = evals.iter().copied().fold(f64::INFINITY, f64::min);
+    let eval_fall = (first - lowest) / first;
+    if evals.len() >= STUCK_MIN_EVALS && first > 0.0 && eval_fall < FLAT_EVAL {
+        return Some(Finding::new(
+            Verdict::Warn,
+            "not_learning",
+            format!(
+                "the training loss barely moved ({} -> {}, {}) and the eval loss stayed flat                  ({} at first, best {}: {} lower over {} evaluations)",
+                g4(head),
+                g4(tail),
+                change_text(head, tail),
+                g4(first),
+                g4(lowest),
+                number_text::percent(eval_fall, 1),
+                evals.len()
+            ),
+        ));
+    }
+    None
+}
+
+/// The k of `CHANCE_CLASSES` whose chance level ln(k) the loss sits at:
+/// its end level within `CHANCE_TOLERANCE` of ln(k), and its best level
+/// never clearly below it (3 tolerances).
+fn chance_classes(tail: f64, best: f64) -> Option<u32> {
+    CHANCE_CLASSES.into_iter().find(|&k| {
+        let chance = f64::from(k).ln();
+        (tail - chance).abs() <= CHANCE_TOLERANCE * chance
+            && best >= chance * (1.0 - 3.0 * CHANCE_TOLERANCE)
+    })
 }
 
 /// One spike event as the evidence lists it.

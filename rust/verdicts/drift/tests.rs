@@ -299,3 +299,86 @@ fn the_series_judged_is_named_and_a_held_out_one_said_first() {
     let j = judge_drift(&input(dev), &sway());
     assert!(j.evidence.get("series").is_none() && j.message.starts_with("smoothness"));
 }
+
+/// A noisy flat series around `level` (a fixed pseudo-random pattern of
+/// +-`jitter`), `n` records.
+fn flat(level: f64, jitter: f64, n: usize) -> Vec<f64> {
+    (0..n)
+        .map(|i| level * (1.0 + jitter * (((i * 7919) % 13) as f64 / 6.0 - 1.0)))
+        .collect()
+}
+
+#[test]
+fn a_loss_stuck_at_a_chance_level_warns_at_chance() {
+    // A 3-class classifier predicting the prior: ln 3 throughout.
+    for k in [2u32, 3, 10] {
+        let c = curve(&flat(f64::from(k).ln(), 0.005, 60));
+        let j = judge_drift(&input(c), &robust());
+        assert_eq!(j.verdict, Verdict::Warn, "k={k}: {}", j.message);
+        assert_eq!(rules(&j), ["at_chance"], "k={k}");
+        assert!(j.message.contains(&format!("ln({k})")), "{}", j.message);
+    }
+    // A collapse to ln 2 after a short fall (0.74 -> 0.693, then flat).
+    let mut losses: Vec<f64> = (0..10).map(|i| 0.74 - 0.0047 * f64::from(i)).collect();
+    losses.extend(flat(std::f64::consts::LN_2, 0.002, 190));
+    let j = judge_drift(&input(curve(&losses)), &robust());
+    assert_eq!(rules(&j), ["at_chance"], "{}", j.message);
+}
+
+#[test]
+fn near_a_chance_level_but_learning_is_no_alarm() {
+    // Falls from ln 2 well below it: a classifier that learned.
+    let losses: Vec<f64> = (0..80)
+        .map(|i| 0.3 + (std::f64::consts::LN_2 - 0.3) * 0.95f64.powi(i))
+        .collect();
+    let j = judge_drift(&input(curve(&losses)), &robust());
+    assert_eq!(j.verdict, Verdict::Pass, "{}", j.message);
+    // Flat, but 3% away from every ln(k) of k <= 10 (between ln 3 and ln 4).
+    let j = judge_drift(&input(curve(&flat(1.25, 0.005, 60))), &robust());
+    assert!(
+        !rules(&j).contains(&"at_chance".to_string()),
+        "{}",
+        j.message
+    );
+    // Too few records to call it stuck.
+    let j = judge_drift(&input(curve(&flat(3f64.ln(), 0.005, 9))), &robust());
+    assert!(
+        !rules(&j).contains(&"at_chance".to_string()),
+        "{}",
+        j.message
+    );
+}
+
+#[test]
+fn a_barely_moving_loss_with_a_flat_eval_is_not_learning() {
+    // A regression loss ~950 that wanders 5% while the eval holds at 681.
+    let losses: Vec<f64> = flat(950.0, 0.02, 25)
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v - 2.0 * i as f64)
+        .collect();
+    let mut c = curve(&losses);
+    c.side.eval_loss = (0..5).map(|i| (i * 5, 681.6 - 0.1 * i as f64)).collect();
+    let j = judge_drift(&input(c.clone()), &robust());
+    assert_eq!(j.verdict, Verdict::Warn, "{}", j.message);
+    assert_eq!(rules(&j), ["not_learning"]);
+    // The same training loss with an eval that fell 10%: learning.
+    c.side.eval_loss = (0..5)
+        .map(|i| (i * 5, 681.6 * (1.0 - 0.025 * i as f64)))
+        .collect();
+    let j = judge_drift(&input(c.clone()), &robust());
+    assert!(
+        !rules(&j).contains(&"not_learning".to_string()),
+        "{}",
+        j.message
+    );
+    // A training loss that fell 30% with a flat eval: memorising, not stuck.
+    let mut fell = curve(&decaying(25).iter().map(|v| v + 2.0).collect::<Vec<_>>());
+    fell.side.eval_loss = (0..5).map(|i| (i * 5, 2.5)).collect();
+    let j = judge_drift(&input(fell), &robust());
+    assert!(
+        !rules(&j).contains(&"not_learning".to_string()),
+        "{}",
+        j.message
+    );
+}
