@@ -11,6 +11,8 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 import adapterprobe as ap
 
 
@@ -124,3 +126,31 @@ def test_event_files_without_a_loss_are_a_skip_that_says_what_is_there(tmp_path)
     record = drift_of(metrics)
     assert record.verdict.value == "skip", record.message
     assert "accuracy" in record.message
+
+
+def test_a_grpo_reward_of_zero_throughout_fails(tmp_path):
+    """TRL logs the mean reward beside GRPO's policy loss, which sits near 0
+    by construction: a reward that never left 0 is the fault, judged from
+    the trainer_state.json the real TrainerState writes."""
+    transformers = pytest.importorskip("transformers")
+
+    def run(name, rewards):
+        history = [
+            {"step": s, "loss": (-1) ** s * 1e-4, "reward": r, "learning_rate": 1e-6}
+            for s, r in enumerate(rewards, 1)
+        ]
+        out = tmp_path / name
+        out.mkdir()
+        state = transformers.TrainerState(
+            global_step=len(rewards), max_steps=len(rewards), log_history=history
+        )
+        state.save_to_json(str(out / "trainer_state.json"))
+        return ap.training_drift(out)
+
+    dead = run("dead", [0.0] * 30)
+    assert dead.verdict.value == "fail", dead.message
+    assert "zero_reward" in dead.message
+    mixed = run("mixed", [0.0, 0.125, 0.375, 0.0, 0.5] * 6)
+    assert mixed.verdict.value == "pass", mixed.message
+    curve = ap.read_loss_curve(tmp_path / "mixed")
+    assert [r for _, r in curve.reward][:3] == [0.0, 0.125, 0.375]

@@ -54,6 +54,9 @@ pub struct TrainerState {
     pub grad_norm_points: Vec<(i64, f64)>,
     /// `(step, learning_rate)` of the training entries that carry one.
     pub learning_rate_points: Vec<(i64, f64)>,
+    /// `(step, reward)` of the entries that carry TRL's mean `reward` (GRPO,
+    /// RLOO, online DPO), non-finite kept.
+    pub reward_points: Vec<(i64, f64)>,
 }
 
 /// Read the `trainer_state.json` at `path`.
@@ -270,6 +273,7 @@ fn log_history(s: &mut Scanner, state: &mut TrainerState) -> Parsed<()> {
     state.eval_points.clear();
     state.grad_norm_points.clear();
     state.learning_rate_points.clear();
+    state.reward_points.clear();
     s.eat(b'[')?;
     s.ws();
     if s.peek() == Some(b']') {
@@ -292,9 +296,10 @@ fn log_entry(s: &mut Scanner, index: usize, state: &mut TrainerState) -> Parsed<
         return Err(Fail::Bad(format!("log_history[{index}] is not an object")));
     }
     let (mut step, mut loss, mut eval_loss) = (None, None, None);
-    let (mut grad_norm, mut learning_rate) = (None, None);
+    let (mut grad_norm, mut learning_rate, mut reward) = (None, None, None);
     members(s, |s, name| {
         match name {
+            "reward" => reward = Some(s.scalar()?),
             "step" => step = Some(s.scalar()?),
             "loss" => loss = Some(s.scalar()?),
             "eval_loss" => eval_loss = Some(s.scalar()?),
@@ -321,6 +326,11 @@ fn log_entry(s: &mut Scanner, index: usize, state: &mut TrainerState) -> Parsed<
         if let Some(v) = learning_rate.as_ref().and_then(to_loss) {
             state.learning_rate_points.push((step, v));
         }
+    }
+    if let Some(v) = reward.as_ref().and_then(to_loss) {
+        state
+            .reward_points
+            .push((integer(&step, &what("step"))?, v));
     }
     if let Some(eval_loss) = eval_loss {
         state.eval_points.push((
@@ -386,6 +396,22 @@ mod tests {
 
     fn parse_err(text: &str) -> String {
         parse_trainer_state(text).unwrap_err()
+    }
+
+    #[test]
+    fn trls_reward_is_read_beside_the_loss() {
+        // GRPO's entries: loss near 0, the mean reward, and its parts.
+        let text = r#"{"global_step": 3, "log_history": [
+            {"step": 1, "loss": 0.0, "reward": 0.25, "rewards/format/mean": 1.0},
+            {"step": 2, "loss": 0.0001, "reward": NaN},
+            {"step": 3, "loss": 0.0, "reward": null},
+            {"step": 3, "eval_loss": 1.0}
+        ]}"#;
+        let state = parse_trainer_state(text).unwrap();
+        assert_eq!(state.reward_points.len(), 2, "{:?}", state.reward_points);
+        assert_eq!(state.reward_points[0], (1, 0.25));
+        assert!(state.reward_points[1].1.is_nan());
+        assert_eq!(state.train_points.len(), 3);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The robust rules on what the logs carry beside the loss: the gradient
 //! norm (NaN masking, non-finite and zero norms), the learning rate (zero
-//! for most of the run) and the eval loss (non-finite, rising while the
-//! training loss falls).
+//! for most of the run), an RL objective's reward (exactly 0 throughout)
+//! and the eval loss (non-finite, rising while the training loss falls).
 
 use super::{number_text, steps_text, upper_median, CURVE_SAMPLE_CAP};
 use crate::analysis::series;
@@ -17,6 +17,8 @@ pub const NONFINITE_GRAD_SHARE: f64 = 0.05;
 pub const ZERO_SHARE: f64 = 0.5;
 /// Eval points needed before the eval loss is judged.
 pub const MIN_EVAL_POINTS: usize = 3;
+/// Reward points needed before a reward of exactly 0 throughout is judged.
+pub const MIN_REWARD_POINTS: usize = 5;
 
 /// Findings and evidence from the side series of `curve`.
 pub(super) fn side_findings(curve: &LossCurve, max_eval_rise: f64) -> (Vec<Finding>, Evidence) {
@@ -89,6 +91,26 @@ pub(super) fn side_findings(curve: &LossCurve, max_eval_rise: f64) -> (Vec<Findi
                 format!(
                     "the learning rate is 0 at {} of {} logged records",
                     s.zeros, s.len
+                ),
+            ));
+        }
+    }
+
+    let rewards = &curve.side.reward;
+    if !rewards.is_empty() {
+        let s = series::summarize(rewards, CURVE_SAMPLE_CAP);
+        evidence.put("reward_sampled", points(&s.sampled));
+        // Exactly 0 at every logged step: no completion ever earned a
+        // reward (a reward function that never fires, an answer parser
+        // that never matches), so the policy gradient had nothing to
+        // follow. A real reward of mixed outcomes is 0 only sometimes.
+        if s.len >= MIN_REWARD_POINTS && s.zeros == s.len {
+            findings.push(Finding::new(
+                Verdict::Fail,
+                "zero_reward",
+                format!(
+                    "the reward is exactly 0 at all {} logged steps: no completion ever earned                      a reward, so the policy had nothing to learn from (a reward function that                      never fires, or an answer that never parses?)",
+                    s.len
                 ),
             ));
         }

@@ -382,3 +382,25 @@ fn a_barely_moving_loss_with_a_flat_eval_is_not_learning() {
         j.message
     );
 }
+
+#[test]
+fn a_reward_of_exactly_zero_throughout_fails() {
+    // GRPO's policy loss sits near 0 by construction: only the side series
+    // are judged, and a reward that never left 0 is the fault.
+    let policy: Vec<f64> = (0..40).map(|i| 1e-4 * f64::from(i % 5) - 2e-4).collect();
+    let mut c = curve(&policy);
+    c.side.reward = (0..40).map(|s| (s, 0.0)).collect();
+    let j = judge_drift(&input(c.clone()), &robust());
+    assert_eq!(j.verdict, Verdict::Fail, "{}", j.message);
+    assert_eq!(rules(&j), ["zero_reward"]);
+    // Rewards of mixed outcomes are 0 only sometimes: no finding.
+    c.side.reward = (0..40)
+        .map(|s| (s, if s % 3 == 0 { 0.0 } else { 0.5 }))
+        .collect();
+    let j = judge_drift(&input(c.clone()), &robust());
+    assert!(rules(&j).is_empty(), "{}", j.message);
+    // Too few points to tell.
+    c.side.reward = (0..4).map(|s| (s, 0.0)).collect();
+    let j = judge_drift(&input(c), &robust());
+    assert!(rules(&j).is_empty(), "{}", j.message);
+}

@@ -92,7 +92,7 @@ impl SideSeries {
             eval_loss: by_step(state.eval_points.clone()),
             grad_norm: by_step(state.grad_norm_points.clone()),
             learning_rate: by_step(state.learning_rate_points.clone()),
-            reward: vec![],
+            reward: by_step(state.reward_points.clone()),
         }
     }
 
