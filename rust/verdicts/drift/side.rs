@@ -17,6 +17,9 @@ pub const NONFINITE_GRAD_SHARE: f64 = 0.05;
 pub const ZERO_SHARE: f64 = 0.5;
 /// Eval points needed before the eval loss is judged.
 pub const MIN_EVAL_POINTS: usize = 3;
+/// Eval points from which the eval's levels are medians of three (see
+/// `eval_levels`).
+pub const SMOOTH_EVAL_POINTS: usize = 7;
 /// Reward points needed before a reward of exactly 0 throughout is judged.
 pub const MIN_REWARD_POINTS: usize = 5;
 
@@ -152,14 +155,15 @@ fn eval_rise(
     findings: &mut Vec<Finding>,
     evidence: &mut Evidence,
 ) {
+    let levels = eval_levels(finite);
     // Ties: the first of equal minima wins.
-    let Some(&(best_step, best)) = finite
+    let Some(&(best_step, best)) = levels
         .iter()
         .reduce(|acc, p| if p.1 < acc.1 { p } else { acc })
     else {
         return;
     };
-    let Some(&(last_step, last)) = finite.last() else {
+    let Some(&(last_step, last)) = levels.last() else {
         return;
     };
     let rise = (last - best) / best;
@@ -180,6 +184,25 @@ fn eval_rise(
             ),
         ));
     }
+}
+
+/// The eval loss's levels: with `SMOOTH_EVAL_POINTS` or more points, the
+/// median of each three in a row (at the middle one's step), so that one
+/// evaluation that came out low by chance (a small or noisy eval set) is
+/// not taken for the best the model reached, nor one high last point for
+/// where it ended; with fewer, the points themselves.
+fn eval_levels(finite: &[(i64, f64)]) -> Vec<(i64, f64)> {
+    if finite.len() < SMOOTH_EVAL_POINTS {
+        return finite.to_vec();
+    }
+    finite
+        .windows(3)
+        .filter_map(|w| {
+            let mut v = [w[0].1, w[1].1, w[2].1];
+            v.sort_by(f64::total_cmp);
+            Some((w.get(1)?.0, v[1]))
+        })
+        .collect()
 }
 
 /// The loss logged at `step` (steps are distinct).

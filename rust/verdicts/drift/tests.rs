@@ -404,3 +404,34 @@ fn a_reward_of_exactly_zero_throughout_fails() {
     let j = judge_drift(&input(c), &robust());
     assert!(rules(&j).is_empty(), "{}", j.message);
 }
+
+#[test]
+fn one_low_evaluation_is_not_the_best_an_eval_rise_is_measured_from() {
+    // A noisy, flat eval (~0.28) with one evaluation that came out low.
+    let noisy = [
+        0.314, 0.255, 0.267, 0.232, 0.303, 0.272, 0.254, 0.283, 0.294, 0.294, 0.288,
+    ];
+    let mut c = curve(&decaying(110));
+    c.side.eval_loss = noisy
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| (i as i64 * 10, v))
+        .collect();
+    let j = judge_drift(&input(c.clone()), &robust());
+    assert!(
+        !rules(&j).contains(&"eval_rising".to_string()),
+        "{}",
+        j.message
+    );
+    // An eval that bottoms out and climbs for good is overfitting.
+    let rising = [
+        0.40, 0.33, 0.29, 0.27, 0.28, 0.30, 0.33, 0.36, 0.39, 0.42, 0.45,
+    ];
+    c.side.eval_loss = rising
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| (i as i64 * 10, v))
+        .collect();
+    let j = judge_drift(&input(c), &robust());
+    assert_eq!(rules(&j), ["eval_rising"], "{}", j.message);
+}
