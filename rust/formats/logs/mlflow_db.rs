@@ -18,7 +18,6 @@ use std::path::{Path, PathBuf};
 use crate::error::{Area, Error, Result};
 use crate::formats::logs::loss_log::{self, LossCurve, SideSeries};
 use crate::formats::logs::mlflow_files::DEFAULT_LOSS_KEYS;
-use crate::formats::logs::series_names;
 use crate::io::sqlite::{self, Db};
 
 /// The file's name where MLflow 3 puts it by default.
@@ -76,24 +75,31 @@ fn text(row: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<String> {
     Ok(row.get::<_, Option<String>>(i)?.unwrap_or_default())
 }
 
+/// The columns of a run and its experiment's name, `WHERE` left to add.
+const RUN_COLUMNS: &str = "SELECT r.run_uuid, r.name, r.experiment_id, e.name \
+    FROM runs r LEFT JOIN experiments e ON e.experiment_id = r.experiment_id";
+
+/// A row of [`RUN_COLUMNS`].
+fn run_info(row: &rusqlite::Row<'_>) -> rusqlite::Result<RunInfo> {
+    Ok(RunInfo {
+        run_id: text(row, 0)?,
+        name: text(row, 1)?,
+        experiment_id: row.get::<_, Option<i64>>(2)?.unwrap_or_default(),
+        experiment: text(row, 3)?,
+    })
+}
+
 /// The store's runs that are not deleted, by experiment then start time.
 pub fn runs(path: &Path) -> Result<Vec<RunInfo>> {
     let db = open_store(path)?;
     db.rows(
-        "SELECT r.run_uuid, r.name, r.experiment_id, e.name \
-         FROM runs r LEFT JOIN experiments e ON e.experiment_id = r.experiment_id \
-         WHERE coalesce(r.lifecycle_stage, 'active') != 'deleted' \
-         ORDER BY r.experiment_id, r.start_time, r.run_uuid",
+        &format!(
+            "{RUN_COLUMNS} WHERE coalesce(r.lifecycle_stage, 'active') != 'deleted' \
+             ORDER BY r.experiment_id, r.start_time, r.run_uuid"
+        ),
         &[],
         MAX_RUNS,
-        |row| {
-            Ok(RunInfo {
-                run_id: text(row, 0)?,
-                name: text(row, 1)?,
-                experiment_id: row.get::<_, Option<i64>>(2)?.unwrap_or_default(),
-                experiment: text(row, 3)?,
-            })
-        },
+        run_info,
     )
 }
 
@@ -107,14 +113,6 @@ fn open_store(path: &Path) -> Result<Db> {
         ));
     }
     Ok(db)
-}
-
-/// The start of the message of a run with no loss metric.
-const NO_LOSS_METRIC: &str = "the MLflow run logs no loss metric";
-
-/// Whether `e` says the run logs no loss under any name.
-pub fn is_missing_loss_metric(e: &Error) -> bool {
-    e.area == Area::LogFormat && e.message.starts_with(NO_LOSS_METRIC)
 }
 
 /// The `(step, value)` points of metric `key` of run `run_id`, by step.
@@ -153,18 +151,10 @@ pub fn read_run_curve(path: &Path, run_id: &str, key: Option<&str>) -> Result<Lo
     let db = open_store(path)?;
     let info = db
         .rows(
-            "SELECT r.run_uuid, r.name, r.experiment_id, e.name FROM runs r \
-             LEFT JOIN experiments e ON e.experiment_id = r.experiment_id WHERE r.run_uuid = ?1",
+            &format!("{RUN_COLUMNS} WHERE r.run_uuid = ?1"),
             &[&run_id],
             1,
-            |row| {
-                Ok(RunInfo {
-                    run_id: text(row, 0)?,
-                    name: text(row, 1)?,
-                    experiment_id: row.get::<_, Option<i64>>(2)?.unwrap_or_default(),
-                    experiment: text(row, 3)?,
-                })
-            },
+            run_info,
         )?
         .pop()
         .ok_or_else(|| {
@@ -180,45 +170,14 @@ pub fn read_run_curve(path: &Path, run_id: &str, key: Option<&str>) -> Result<Lo
         MAX_METRICS,
         |row| text(row, 0),
     )?;
-    let listed = || {
-        if keys.is_empty() {
-            "none".to_string()
-        } else {
-            crate::io::excerpt::listed(keys.iter().map(String::as_str))
-        }
-    };
-    let chosen = match key {
-        Some(k) => keys
-            .iter()
-            .find(|have| *have == k)
-            .cloned()
-            .ok_or_else(|| {
-                Error::new(
-                    Area::Usage,
-                    path,
-                    format!(
-                        "the MLflow run {} has no metric {}; it has {}",
-                        info.label(),
-                        crate::io::excerpt::quoted(k),
-                        listed()
-                    ),
-                )
-            })?,
-        None => series_names::loss_among(&DEFAULT_LOSS_KEYS, keys.iter().map(String::as_str))
-            .map(str::to_string)
-            .ok_or_else(|| {
-                Error::new(
-                    Area::LogFormat,
-                    path,
-                    format!(
-                        "{NO_LOSS_METRIC} (none named as a training or held-out loss): run {}; \
-                         metrics: {}",
-                        info.label(),
-                        listed()
-                    ),
-                )
-            })?,
-    };
+    let chosen = loss_log::choose_run_series(
+        &keys,
+        key,
+        &DEFAULT_LOSS_KEYS,
+        path,
+        &format!("the MLflow run {}", info.label()),
+        "",
+    )?;
     let points = read_metric(&db, run_id, &chosen)?;
     let mut side = SideSeries::default();
     side.fill_from_names(&keys, |k| read_metric(&db, run_id, k).ok());
@@ -299,7 +258,7 @@ mod tests {
         assert!(curve.losses[5].is_infinite() && curve.losses[6].is_infinite());
         assert_eq!(curve.side.learning_rate.len(), 5);
         let e = read_run_curve(&path, "r3", None).unwrap_err();
-        assert!(is_missing_loss_metric(&e), "{}", e.message);
+        assert!(loss_log::is_no_loss_series(&e), "{}", e.message);
         let e = read_run_curve(&path, "nope", None).unwrap_err();
         assert_eq!(e.area, Area::Missing);
         let e = read_run_curve(&path, "r1", Some("nope")).unwrap_err();

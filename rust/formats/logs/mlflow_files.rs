@@ -16,7 +16,6 @@ use std::path::{Path, PathBuf};
 use crate::error::{Area, Error, Result};
 use crate::formats::logs::json_line::{python_float, python_int};
 use crate::formats::logs::loss_log::{self, LossCurve, SideSeries};
-use crate::formats::logs::series_names;
 use crate::io::confine;
 use crate::io::files::{open_regular, read_small};
 
@@ -113,39 +112,8 @@ pub const DEFAULT_LOSS_KEYS: [&str; 5] = [
 pub fn read_run_curve(run: &Path, key: Option<&str>) -> Result<LossCurve> {
     let files = metric_files(run)?;
     let keys: Vec<String> = files.iter().map(|(k, _)| k.clone()).collect();
-    let chosen = match key {
-        Some(k) => keys
-            .iter()
-            .find(|have| *have == k)
-            .cloned()
-            .ok_or_else(|| {
-                Error::new(
-                    Area::Usage,
-                    run,
-                    format!(
-                        "the MLflow run has no metric {}; it has {}",
-                        crate::io::excerpt::quoted(k),
-                        crate::io::excerpt::listed(keys.iter().map(String::as_str))
-                    ),
-                )
-            })?,
-        None => series_names::loss_among(&DEFAULT_LOSS_KEYS, keys.iter().map(String::as_str))
-            .map(str::to_string)
-            .ok_or_else(|| {
-                Error::new(
-                    Area::LogFormat,
-                    run,
-                    format!(
-                        "{NO_LOSS_METRIC} (none named as a training or held-out loss); metrics: {}",
-                        if keys.is_empty() {
-                            "none".to_string()
-                        } else {
-                            crate::io::excerpt::listed(keys.iter().map(String::as_str))
-                        }
-                    ),
-                )
-            })?,
-    };
+    let chosen =
+        loss_log::choose_run_series(&keys, key, &DEFAULT_LOSS_KEYS, run, "the MLflow run", "")?;
     let path_of = |k: &str| {
         files
             .iter()
@@ -169,15 +137,6 @@ pub fn read_run_curve(run: &Path, key: Option<&str>) -> Result<LossCurve> {
         run: run_label(run),
         ..loss_log::assemble(points, vec![path])
     })
-}
-
-/// The start of the message of a run with no loss metric (see
-/// [`is_missing_loss_metric`]).
-const NO_LOSS_METRIC: &str = "the MLflow run logs no loss metric";
-
-/// Whether `e` says the run logs no loss under any name.
-pub fn is_missing_loss_metric(e: &Error) -> bool {
-    e.area == Area::LogFormat && e.message.starts_with(NO_LOSS_METRIC)
 }
 
 /// The `(step, value)` points of one metric file, in file order (not

@@ -227,13 +227,65 @@ pub fn read_run_state(path: &Path) -> Result<trainer_state::TrainerState> {
 }
 
 /// Whether `e` says the logs are readable but hold no loss series under
-/// any name (TensorBoard events or a metrics.csv of other metrics).
+/// any name (TensorBoard events, a metrics.csv or a tracker run of other
+/// metrics).
 pub fn is_no_loss_series(e: &Error) -> bool {
     tfevents::is_missing_loss_tags(e)
         || csv_log::is_missing_loss_column(e)
-        || mlflow_files::is_missing_loss_metric(e)
-        || mlflow_db::is_missing_loss_metric(e)
-        || wandb_run::is_missing_loss_series(e)
+        || e.details.iter().any(|(key, _)| *key == NO_LOSS_DETAIL)
+}
+
+/// The error detail that marks a tracker run with no loss series (see
+/// [`is_no_loss_series`]).
+const NO_LOSS_DETAIL: &str = "no_loss_series";
+
+/// The series a tracker run's curve is read from, among the run's `keys`:
+/// `wanted` when given (a usage error listing the run's series when it has
+/// no such one), else the first of the reader's `usual` names present, else
+/// the loss by its meaning (`series_names`). `what` names the run in
+/// messages ("the W&B run"); `detail` adds to the no-loss message.
+pub fn choose_run_series(
+    keys: &[String],
+    wanted: Option<&str>,
+    usual: &[&str],
+    at: &Path,
+    what: &str,
+    detail: &str,
+) -> Result<String> {
+    let listed = || {
+        if keys.is_empty() {
+            "none".to_string()
+        } else {
+            crate::io::excerpt::listed(keys.iter().map(String::as_str))
+        }
+    };
+    match wanted {
+        Some(k) => keys.iter().find(|have| *have == k).cloned().ok_or_else(|| {
+            Error::new(
+                Area::Usage,
+                at,
+                format!(
+                    "{what} has no series {}; it has {}",
+                    crate::io::excerpt::quoted(k),
+                    listed()
+                ),
+            )
+        }),
+        None => series_names::loss_among(usual, keys.iter().map(String::as_str))
+            .map(str::to_string)
+            .ok_or_else(|| {
+                Error::new(
+                    Area::LogFormat,
+                    at,
+                    format!(
+                        "{what} logs no loss series (none named as a training or held-out \
+                         loss{detail}); series: {}",
+                        listed()
+                    ),
+                )
+                .with(NO_LOSS_DETAIL, "true")
+            }),
+    }
 }
 
 /// How a tracker's run is shown so a person can find it: `group/name

@@ -30,7 +30,6 @@ use std::path::{Path, PathBuf};
 use crate::error::{Area, Error, Result};
 use crate::formats::logs::json_line::python_float;
 use crate::formats::logs::loss_log::{self, LossCurve, SideSeries};
-use crate::formats::logs::series_names;
 use crate::io::confine;
 use crate::io::files::open_regular;
 use crate::io::lfs;
@@ -294,15 +293,6 @@ fn add_row(run: &mut WandbRun, points: &mut usize, row: &[u8]) {
     }
 }
 
-/// The start of the message of a run with no loss series (see
-/// [`is_missing_loss_series`]).
-const NO_LOSS_SERIES: &str = "the W&B run logs no loss series";
-
-/// Whether `e` says the run logs no loss under any name.
-pub fn is_missing_loss_series(e: &Error) -> bool {
-    e.area == Area::LogFormat && e.message.starts_with(NO_LOSS_SERIES)
-}
-
 /// The loss curve of the W&B run in `dir` (a run directory, or its
 /// `run-<id>.wandb`): the series `key` (default: the usual loss names,
 /// then the loss by its meaning), with the side series beside it.
@@ -319,44 +309,14 @@ pub fn read_run_curve(dir: &Path, key: Option<&str>) -> Result<LossCurve> {
 /// The curve of a run read from `log`.
 pub fn curve_of(run: &WandbRun, log: &Path, key: Option<&str>) -> Result<LossCurve> {
     let keys: Vec<String> = run.series.keys().cloned().collect();
-    let listed = || {
-        if keys.is_empty() {
-            "none".to_string()
-        } else {
-            crate::io::excerpt::listed(keys.iter().map(String::as_str))
-        }
-    };
-    let chosen = match key {
-        Some(k) => keys
-            .iter()
-            .find(|have| *have == k)
-            .cloned()
-            .ok_or_else(|| {
-                Error::new(
-                    Area::Usage,
-                    log,
-                    format!(
-                        "the W&B run has no series {}; it has {}",
-                        crate::io::excerpt::quoted(k),
-                        listed()
-                    ),
-                )
-            })?,
-        None => series_names::loss_among(&DEFAULT_LOSS_KEYS, keys.iter().map(String::as_str))
-            .map(str::to_string)
-            .ok_or_else(|| {
-                Error::new(
-                    Area::LogFormat,
-                    log,
-                    format!(
-                        "{NO_LOSS_SERIES} (none named as a training or held-out loss; {} history \
-                         rows); series: {}",
-                        run.rows,
-                        listed()
-                    ),
-                )
-            })?,
-    };
+    let chosen = loss_log::choose_run_series(
+        &keys,
+        key,
+        &DEFAULT_LOSS_KEYS,
+        log,
+        "the W&B run",
+        &format!("; {} history rows", run.rows),
+    )?;
     let points = run.series.get(&chosen).cloned().unwrap_or_default();
     let mut side = SideSeries::default();
     side.fill_from_names(&keys, |k| run.series.get(k).cloned());
