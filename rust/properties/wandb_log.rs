@@ -4,27 +4,10 @@
 //! bit flips elsewhere, or a torn tail.
 
 use super::*;
+use adapterprobe_core::formats::logs::wandb_run::wire::{
+    encode_bytes as bytes_field, encode_varint as varint,
+};
 use adapterprobe_core::formats::logs::wandb_run::{framing::frame, parse_run, MAX_KEYS};
-
-fn varint(mut n: u64) -> Vec<u8> {
-    let mut out = vec![];
-    loop {
-        let b = (n & 0x7f) as u8;
-        n >>= 7;
-        if n == 0 {
-            out.push(b);
-            return out;
-        }
-        out.push(b | 0x80);
-    }
-}
-
-fn bytes_field(field: u64, data: &[u8]) -> Vec<u8> {
-    let mut out = varint(field << 3 | 2);
-    out.extend(varint(data.len() as u64));
-    out.extend_from_slice(data);
-    out
-}
 
 /// A history record of one `loss` value at W&B step `step`, padded with a
 /// filler key of `pad` bytes so rows cross block boundaries.

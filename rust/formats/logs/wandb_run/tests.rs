@@ -1,29 +1,10 @@
 use super::framing::{frame, Records, HEADER, MAX_RECORD_BYTES};
+use super::wire::{encode_bytes as bytes_field, encode_varint as varint};
 use super::*;
 
 /// Protobuf encoding for test records (the writer side of `wire`).
 fn key(field: u64, wire: u64) -> Vec<u8> {
     varint(field << 3 | wire)
-}
-
-fn varint(mut n: u64) -> Vec<u8> {
-    let mut out = vec![];
-    loop {
-        let b = (n & 0x7f) as u8;
-        n >>= 7;
-        if n == 0 {
-            out.push(b);
-            return out;
-        }
-        out.push(b | 0x80);
-    }
-}
-
-fn bytes_field(field: u64, data: &[u8]) -> Vec<u8> {
-    let mut out = key(field, 2);
-    out.extend(varint(data.len() as u64));
-    out.extend_from_slice(data);
-    out
 }
 
 fn item_json(name: &str, json: &str) -> Vec<u8> {
@@ -220,7 +201,7 @@ fn the_curve_takes_the_loss_by_its_meaning_and_the_side_series() {
 fn a_run_without_a_loss_says_so() {
     let run = parse(&frame(&[history(&[("accuracy", "0.5")], Some(1))]));
     let e = curve_of(&run, Path::new("run-x.wandb"), None).unwrap_err();
-    assert!(is_missing_loss_series(&e), "{}", e.message);
+    assert!(loss_log::is_no_loss_series(&e), "{}", e.message);
     assert!(e.message.contains("accuracy"));
 }
 

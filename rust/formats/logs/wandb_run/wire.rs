@@ -98,6 +98,28 @@ impl<'a> Fields<'a> {
     }
 }
 
+/// `n` as a varint: the writer's side, for test data and fuzz seeds.
+pub fn encode_varint(mut n: u64) -> Vec<u8> {
+    let mut out = vec![];
+    loop {
+        let b = (n & 0x7f) as u8;
+        n >>= 7;
+        if n == 0 {
+            out.push(b);
+            return out;
+        }
+        out.push(b | 0x80);
+    }
+}
+
+/// Field `field` holding `data`, length-delimited (the writer's side).
+pub fn encode_bytes(field: u64, data: &[u8]) -> Vec<u8> {
+    let mut out = encode_varint(field << 3 | 2);
+    out.extend(encode_varint(data.len() as u64));
+    out.extend_from_slice(data);
+    out
+}
+
 /// A length-delimited field as UTF-8 text (lossy: a name is for showing).
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
