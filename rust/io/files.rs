@@ -36,6 +36,21 @@ fn open_nonblocking(path: &Path) -> std::io::Result<File> {
     File::open(path)
 }
 
+/// Read from `reader` until `buf` is full or the input ends; how many
+/// bytes were read (fewer than `buf` holds only at the end of the input).
+pub fn read_full(reader: &mut impl std::io::Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match reader.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
 /// Open `path` for reading if it is a regular file (symlinks followed while
 /// they stay under the root in force, see `io::confine`).
 /// Reads on a regular file never block, so the non-blocking flag used to

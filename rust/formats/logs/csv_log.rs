@@ -237,15 +237,7 @@ impl<R: BufRead> Rows<R> {
 /// The reader, less a leading UTF-8 byte-order mark.
 fn without_bom<R: Read>(mut reader: R) -> std::io::Result<impl Read> {
     let mut head = [0u8; 3];
-    let mut got = 0;
-    while got < head.len() {
-        match reader.read(&mut head[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
+    let got = crate::io::files::read_full(&mut reader, &mut head)?;
     let start = if head[..got] == [0xef, 0xbb, 0xbf] {
         3
     } else {

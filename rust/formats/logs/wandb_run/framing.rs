@@ -13,6 +13,8 @@
 
 use std::io::Read;
 
+use crate::io::files::read_full;
+
 /// The file's first bytes: ident, magic (little-endian) and version.
 pub const HEADER: [u8; 7] = [b':', b'W', b'&', b'B', 0xe1, 0xbe, 0x00];
 const BLOCK: usize = 32 * 1024;
@@ -77,18 +79,15 @@ impl<R: Read> Records<R> {
 
     /// Read into `block[from..]` as far as the file goes.
     fn fill_from(&mut self, from: usize) {
-        let mut filled = from;
-        while filled < BLOCK {
-            match self.reader.read(&mut self.block[filled..]) {
-                Ok(0) => break,
-                Ok(n) => filled += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    self.io_error = Some(e);
-                    break;
-                }
+        // On an I/O error the caller refuses the whole log, so the bytes
+        // read before it need not be kept.
+        let filled = match read_full(&mut self.reader, &mut self.block[from..]) {
+            Ok(n) => from + n,
+            Err(e) => {
+                self.io_error = Some(e);
+                from
             }
-        }
+        };
         self.filled = filled;
         self.last_block = filled < BLOCK;
     }

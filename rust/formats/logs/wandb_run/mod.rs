@@ -31,7 +31,7 @@ use crate::error::{Area, Error, Result};
 use crate::formats::logs::json_line::python_float;
 use crate::formats::logs::loss_log::{self, LossCurve, SideSeries};
 use crate::io::confine;
-use crate::io::files::open_regular;
+use crate::io::files::{open_regular, read_full};
 use crate::io::lfs;
 use wire::{Fields, Wire};
 
@@ -119,15 +119,8 @@ pub fn read_run(path: &Path) -> Result<WandbRun> {
     let file = open_regular(path, Area::LogFormat)?;
     let mut reader = std::io::BufReader::new(file.take(MAX_RUN_BYTES));
     let mut head = [0u8; 7];
-    let mut got = 0;
-    while got < head.len() {
-        match reader.read(&mut head[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(Error::io(Area::LogFormat, path, &e)),
-        }
-    }
+    let got =
+        read_full(&mut reader, &mut head).map_err(|e| Error::io(Area::LogFormat, path, &e))?;
     let head = &head[..got];
     if head != framing::HEADER {
         if let Some(e) = lfs::pointer_error_at(Area::LogFormat, path, head) {
