@@ -878,6 +878,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<TrainingState>()?;
     m.add_class::<LogsStatus>()?;
     m.add_class::<DriftInput>()?;
+    m.add_class::<crate::formats::model_config::OutputClasses>()?;
     m.add_class::<GhostInput>()?;
     m.add_class::<Target>()?;
     m.add_class::<TargetInputs>()?;

@@ -1,7 +1,7 @@
 //! One module per file format: bytes in, typed values out, no judging.
 //!
 //! What belongs here: parsers of the files a training run leaves behind
-//! (safetensors headers, shard indexes and tensor data, PEFT's `adapter_config.json`, the
+//! (safetensors headers, shard indexes and tensor data, PEFT's `adapter_config.json`, a model's `config.json`, the
 //! allow-listed pickle interpreter and `torch.save` archives, and the
 //! training logs under [`logs`]). A reader checks every size it is given
 //! against the file and a cap, and reports bad input as an `Error`; what a
@@ -10,6 +10,7 @@
 
 pub mod adapter_config;
 pub mod logs;
+pub mod model_config;
 pub mod pickle;
 pub mod safetensors_header;
 pub mod safetensors_index;

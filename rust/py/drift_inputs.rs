@@ -11,18 +11,21 @@ use std::path::PathBuf;
 use pyo3::prelude::*;
 
 use crate::error::{Area, Error};
-use crate::formats::logs::loss_log::{self, LossCurve, SideSeries};
+use crate::formats::logs::loss_log::{self, LossCurve, RunProgress, SideSeries};
 use crate::store::probe_inputs::{DriftInput, LogsStatus};
 
 /// A loss curve from `(step, loss)` records in reading order and the side
 /// series logged beside them.
 #[pyfunction]
-#[pyo3(signature = (records, *, eval_loss=vec![], grad_norm=vec![], learning_rate=vec![], files=vec![], source=String::from("dlm")))]
+#[pyo3(signature = (records, *, eval_loss=vec![], grad_norm=vec![], learning_rate=vec![], reward=vec![], progress=None, files=vec![], source=String::from("dlm")))]
+#[allow(clippy::too_many_arguments)]
 fn loss_curve_from_records(
     records: Vec<(i64, f64)>,
     eval_loss: Vec<(i64, f64)>,
     grad_norm: Vec<(i64, f64)>,
     learning_rate: Vec<(i64, f64)>,
+    reward: Vec<(i64, f64)>,
+    progress: Option<(i64, i64)>,
     files: Vec<PathBuf>,
     source: String,
 ) -> LossCurve {
@@ -32,7 +35,11 @@ fn loss_curve_from_records(
             eval_loss: loss_log::by_step(eval_loss),
             grad_norm: loss_log::by_step(grad_norm),
             learning_rate: loss_log::by_step(learning_rate),
-            ..SideSeries::default()
+            reward: loss_log::by_step(reward),
+            progress: progress.map(|(global_step, max_steps)| RunProgress {
+                global_step,
+                max_steps,
+            }),
         },
         ..loss_log::assemble(records, files)
     }
@@ -73,6 +80,7 @@ fn drift_input_from(
         error: error
             .map(|reason| Error::new(Area::LogFormat, error_path.unwrap_or_default(), reason)),
         note,
+        output_classes: None,
     })
 }
 

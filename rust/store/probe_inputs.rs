@@ -12,6 +12,7 @@ use crate::analysis::layers::{self, LayerGrouping};
 use crate::error::{Area, Error, Result};
 use crate::formats::logs::loss_log::{self, LossCurve};
 use crate::formats::logs::trainer_state;
+use crate::formats::model_config::{self, OutputClasses};
 use crate::formats::torch_state_dict::read_tensor_header;
 use crate::store::layout::{
     self, checkpoint_kind, Target, FULL, HF_TRAINER, LIGHTNING, LOGS, PEFT, PICKLED_ADAPTER,
@@ -56,6 +57,9 @@ pub struct DriftInput {
     pub error: Option<Error>,
     /// Why there is no curve, in words, when the layout explains it.
     pub note: Option<String>,
+    /// What the loss is a cross-entropy over, where the run saved its
+    /// model's `config.json` (see `formats::model_config`).
+    pub output_classes: Option<OutputClasses>,
 }
 
 impl DriftInput {
@@ -69,7 +73,25 @@ impl DriftInput {
             curve: None,
             error: None,
             note: None,
+            output_classes: None,
         }
+    }
+
+    /// The same input with `output_classes` read from the `config.json`
+    /// beside the run's logs: in the store, or in the folder of a log file
+    /// (the checkpoint whose `trainer_state.json` was read).
+    fn with_model_config(mut self) -> DriftInput {
+        let Some(curve) = &self.curve else {
+            return self;
+        };
+        let mut dirs: Vec<&Path> = vec![self.store.as_path()];
+        for dir in curve.files.iter().filter_map(|f| f.parent()) {
+            if !dirs.contains(&dir) {
+                dirs.push(dir);
+            }
+        }
+        self.output_classes = model_config::output_classes_in(dirs);
+        self
     }
 
     fn read(mut self, curve: Result<LossCurve>) -> DriftInput {
@@ -161,6 +183,14 @@ pub fn drift_input_below(store: &Path, runs: &[&Target]) -> DriftInput {
 }
 
 pub fn drift_input_for(store: &Path, layout: &str) -> DriftInput {
+    let input = drift_input_of_layout(store, layout);
+    if layout == layout::DLM {
+        return input; // a dlm store keeps adapter versions, never a model config
+    }
+    input.with_model_config()
+}
+
+fn drift_input_of_layout(store: &Path, layout: &str) -> DriftInput {
     match layout {
         HF_TRAINER => {
             let input = DriftInput::new(store, layout, store.to_path_buf());

@@ -31,6 +31,7 @@ __all__ = [
     "LoraModuleStats",
     "LossCurve",
     "OptimizerState",
+    "OutputClasses",
     "ParamSlot",
     "ParamStat",
     "Problem",
@@ -349,6 +350,19 @@ class DriftInput:
     def error(self) -> AdapterProbeError | None: ...
     @property
     def note(self) -> str | None: ...
+    @property
+    def output_classes(self) -> OutputClasses | None: ...
+
+@final
+class OutputClasses:
+    """What a saved model's loss is a cross-entropy over (its ``config.json``)."""
+
+    @property
+    def count(self) -> int: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def path(self) -> Path: ...
 
 @final
 class ParamSlot:

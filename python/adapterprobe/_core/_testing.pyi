@@ -45,11 +45,14 @@ def loss_curve_from_records(
     eval_loss: Sequence[tuple[int, float]] = ...,
     grad_norm: Sequence[tuple[int, float]] = ...,
     learning_rate: Sequence[tuple[int, float]] = ...,
+    reward: Sequence[tuple[int, float]] = ...,
+    progress: tuple[int, int] | None = None,
     files: Sequence[_Path] = ...,
     source: str = ...,
 ) -> LossCurve:
     """A loss curve from ``(step, loss)`` records in reading order, built as
-    the log readers build it, with the side series logged beside it."""
+    the log readers build it, with the side series logged beside it and the
+    run's ``(global_step, max_steps)`` where a trainer state would give it."""
     ...
 
 def drift_input_from(

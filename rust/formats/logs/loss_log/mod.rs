@@ -75,6 +75,16 @@ pub struct SideSeries {
     /// The mean reward of an RL objective (`reward`, `train/reward`,
     /// `rewards/mean`, ...).
     pub reward: Vec<(i64, f64)>,
+    /// How far the run got against its plan, where the log says
+    /// (`trainer_state.json`, LLaMA-Factory's `trainer_log.jsonl`).
+    pub progress: Option<RunProgress>,
+}
+
+/// The optimizer steps a run took and the steps it was set to take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunProgress {
+    pub global_step: i64,
+    pub max_steps: i64,
 }
 
 impl SideSeries {
@@ -93,6 +103,10 @@ impl SideSeries {
             grad_norm: by_step(state.grad_norm_points.clone()),
             learning_rate: by_step(state.learning_rate_points.clone()),
             reward: by_step(state.reward_points.clone()),
+            progress: state.max_steps.map(|max_steps| RunProgress {
+                global_step: state.global_step,
+                max_steps,
+            }),
         }
     }
 
@@ -539,6 +553,7 @@ impl StepsWithExtras {
             grad_norm: pick(|e| e.grad_norm),
             learning_rate: pick(|e| e.lr),
             reward: vec![],
+            progress: None,
         }
     }
 }
