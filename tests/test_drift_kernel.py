@@ -145,6 +145,8 @@ def curves(draw: st.DrawFn) -> Any:
         eval_loss=draw(side_series(curve_steps, "eval")),
         grad_norm=grad_norm,
         learning_rate=draw(side_series(curve_steps, "zeros")),
+        reward=draw(side_series(curve_steps, "zeros")),
+        progress=draw(maybe(st.tuples(st.integers(-5, 200), st.integers(-5, 2000)))),
         files=[f"/runs/r/logs/train-{i:06d}.jsonl" for i in range(draw(st.integers(0, 3)))],
         source=draw(st.sampled_from(["dlm", "trainer_state", "tensorboard", "csv"])),
     )
@@ -247,8 +249,10 @@ def test_every_rule_fires_on_a_curve_made_for_it() -> None:
     """One curve per rule (so each branch is reached for sure, not only
     where Hypothesis happens to go), both rule sets."""
     masked = [*decay(40)[:39], 0.0]
-    spiky = decay(80)
+    spiky = [v + 0.3 for v in decay(80)]  # settles well above zero
     spiky[50] = 3.0
+    jump = [1e8 * 0.6**i + 5.0 for i in range(40)] + [2e6] * 12 + [8.0] * 30
+    peaked = [(s, 0.1 + 0.014 * s if s < 50 else 0.8 - 0.012 * (s - 50)) for s in range(100)]
     cases = [
         (decay(60), {}),
         (decay(60, 30, 1.0), {}),  # regressed
@@ -263,6 +267,12 @@ def test_every_rule_fires_on_a_curve_made_for_it() -> None:
         (decay(40), {"grad_norm": [(s, math.inf if s % 5 == 0 else 1.0) for s in range(40)]}),
         (decay(40), {"learning_rate": [(s, 0.0) for s in range(40)]}),
         (decay(40), {"eval_loss": [(0, 2.0), (10, 1.0), (20, math.nan), (39, 1.5)]}),
+        (decay(40), {"eval_loss": [(0, 2.0), (10, 1.0), (20, 1.3), (39, 1.5)]}),
+        (decay(40), {"progress": (40, 1000)}),  # stopped early
+        ([0.0] * 30, {}),  # degenerate
+        (jump, {}),  # orders of magnitude
+        ([0.0] * 100, {"reward": peaked}),  # reward fell from its peak
+        ([0.0] * 40, {"reward": [(s, 0.0) for s in range(40)]}),  # zero reward
         (decay(8), {}),  # spikes not judged; too short for sway
     ]
     for losses, steps in [([2.0, 1.0], [0, 1]), ([2.0, 1.0], [0, 9]), ([3.0, 2.0, 1.0], [5, 6, 7])]:
@@ -293,6 +303,11 @@ def test_every_rule_fires_on_a_curve_made_for_it() -> None:
         "zero_learning_rate",
         "nonfinite_eval_loss",
         "eval_rising",
+        "stopped_early",
+        "degenerate_loss",
+        "order_jump",
+        "reward_fell",
+        "zero_reward",
         "not_positive",
         "robust:pass",
         "robust:warn",

@@ -96,12 +96,35 @@ def test_a_full_fine_tune_is_scanned_not_errored(runs):
         assert "per-layer check: 27 tensors in 3 layers" in r.message
     (drift,) = probes["training_drift"]
     assert drift.verdict.value == "pass", drift.message
+    # Its config.json names the vocabulary the loss is judged against.
+    vocab = json.loads((run / "config.json").read_text())["vocab_size"]
+    assert (drift.evidence["output_classes"], drift.evidence["output_classes_kind"]) == (
+        vocab,
+        "vocabulary",
+    )
     # The JSON a CI step reads carries the kind too.
     records = json.loads(report.to_json())
     assert {r["checkpoint_kind"] for r in records} == {"full"}
 
 
 @pytest.mark.slow
+def test_a_full_fine_tune_blown_up_by_its_learning_rate_fails(runs, tmp_path):
+    """lr=10 with logging_steps=5: the loss is in the hundreds by the first
+    record. Against ln(vocab) of the saved config.json that is a model far
+    worse than a uniform guess, a FAIL whatever the curve's shape; without
+    the config there is no K to judge by, and the rule stays silent."""
+    run = runs.get("lr10", full=True, steps=30, save_steps=30, lr=10.0, logging_steps=5)
+    drift = ap.training_drift(run)
+    assert drift.verdict.value == "fail", drift.message
+    assert "worse_than_uniform" in {f["rule"] for f in drift.evidence["findings"]}
+    copy = tmp_path / "no-config"
+    shutil.copytree(run / "checkpoint-30", copy / "checkpoint-30")
+    (copy / "checkpoint-30" / "config.json").unlink()
+    bare = ap.training_drift(copy)
+    assert "worse_than_uniform" not in {f["rule"] for f in bare.evidence.get("findings", [])}
+    assert "output_classes" not in bare.evidence
+
+
 def test_full_fine_tune_ids_are_attributed_as_the_trainer_grouped_them(runs):
     ckpt = runs.full() / "checkpoint-40"
     inputs = ap._core.ghost_input(ckpt)

@@ -124,6 +124,7 @@ def train_hf_run(
     grad_scale: Mapping[int, float] | None = None,
     extra_adapters: tuple[str, ...] = (),
     data_seed: int | None = None,
+    logging_steps: int = 1,
 ) -> Path:
     """Fine-tune a tiny model under ``transformers.Trainer``: with PEFT LoRA,
     or, with ``full``, every parameter of the model (no PEFT).
@@ -146,6 +147,8 @@ def train_hf_run(
     ``data_seed``, when given, seeds the base model and the data instead of
     ``seed``, which then seeds only the LoRA init and the batch order: two
     runs of one recipe on the same data and base that differ in their seed.
+    ``logging_steps`` is the Trainer's: each record the mean loss of that
+    many optimizer steps.
     """
     _silence()
     if save not in FULL_SAVES or (save != "safetensors" and not full):
@@ -193,7 +196,7 @@ def train_hf_run(
         learning_rate=lr,
         weight_decay=0.01,
         warmup_steps=min(5, steps // 4),
-        logging_steps=1,
+        logging_steps=logging_steps,
         logging_nan_inf_filter=nan_filter,
         optim=optim,
         report_to=["tensorboard"] if tensorboard else [],

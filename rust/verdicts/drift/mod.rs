@@ -9,11 +9,14 @@
 //! properties: logging cadence, scale, NaN and climbs). Numbers in messages
 //! are spelled by [`number_text`].
 
+mod degenerate;
+mod progress;
 mod robust;
 mod side;
 mod sway;
 #[cfg(test)]
 mod tests;
+mod uniform;
 
 use crate::formats::logs::loss_log::{self, LossCurve};
 use crate::io::path_text;
@@ -124,6 +127,24 @@ pub fn judge_drift(input: &DriftInput, o: &DriftOptions) -> Judged {
         return Judged::bare(KIND, Verdict::Error, "the logs were read but hold no curve");
     };
     let num_steps = curve.steps.len();
+    let stopped = (o.rules != "sway")
+        .then(|| progress::stopped_early(curve))
+        .flatten();
+    if let (Some(finding), true) = (stopped, num_steps < o.min_steps) {
+        // Too short a curve for the trend rules, but the trainer's own
+        // count says why: judged, not skipped.
+        let mut evidence = Evidence::new();
+        evidence.put("rules", o.rules.as_str());
+        evidence.put("num_steps", num_steps);
+        evidence.put("num_log_files", curve.num_files);
+        let message = format!("{}: {}", finding.rule, finding.message);
+        evidence.put("findings", crate::verdicts::findings_value(&[finding]));
+        let mut judged = Judged::bare(KIND, Verdict::Fail, message)
+            .with_score(0.0)
+            .with_evidence(evidence);
+        name_the_series(&mut judged, curve);
+        return judged;
+    }
     if num_steps < o.min_steps {
         let span = step_span(&curve.steps);
         let over = if span > num_steps as i128 {
@@ -144,8 +165,13 @@ pub fn judge_drift(input: &DriftInput, o: &DriftOptions) -> Judged {
         // The seeds' record, exactly: no series naming.
         return sway::judge(curve, o).unwrap_or_else(|e| Judged::bare(KIND, Verdict::Error, e));
     }
+    let classes = input.output_classes.as_ref();
     let mut judged =
-        robust::judge(curve, o).unwrap_or_else(|e| Judged::bare(KIND, Verdict::Error, e));
+        robust::judge(curve, o, classes).unwrap_or_else(|e| Judged::bare(KIND, Verdict::Error, e));
+    if let Some(c) = classes {
+        judged.evidence.put("output_classes", c.count);
+        judged.evidence.put("output_classes_kind", c.kind.as_str());
+    }
     name_the_series(&mut judged, curve);
     judged
 }

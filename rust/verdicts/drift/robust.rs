@@ -3,13 +3,17 @@
 //! rate, non-finite losses, and the side series ([`super::side`]). README's
 //! "How the robust drift rules are built" states each rule.
 
+use super::degenerate::degenerate_finding;
+use super::progress::stopped_early;
 use super::side::side_findings;
+use super::uniform::{uniform_finding, Levels};
 use super::{
     change_text, curve_sampled, int_value, need, sample_indices, span_text, step_span, steps_text,
     upper_median, DriftOptions, KIND,
 };
 use crate::analysis::robust_curve::{self, RobustCurve, RobustParams};
 use crate::formats::logs::loss_log::LossCurve;
+use crate::formats::model_config::OutputClasses;
 use crate::verdicts::evidence::Evidence;
 use crate::verdicts::{findings_value, number_text, worst, Finding, Judged, Value, Verdict};
 
@@ -135,7 +139,11 @@ impl Finish {
     }
 }
 
-pub(super) fn judge(curve: &LossCurve, o: &DriftOptions) -> Result<Judged, String> {
+pub(super) fn judge(
+    curve: &LossCurve,
+    o: &DriftOptions,
+    classes: Option<&OutputClasses>,
+) -> Result<Judged, String> {
     let opts = Opts::of(o)?;
     let params = RobustParams {
         trend_window: opts.trend_window,
@@ -186,7 +194,7 @@ pub(super) fn judge(curve: &LossCurve, o: &DriftOptions) -> Result<Judged, Strin
         ));
     };
 
-    let mut findings: Vec<Finding> = Vec::new();
+    let mut findings: Vec<Finding> = stopped_early(curve).into_iter().collect();
     if let Some(&last) = nonfinite_steps.last() {
         let last_bad = Some(&last) == steps.last();
         let share = nonfinite_steps.len() as f64 / num_steps as f64;
@@ -209,6 +217,18 @@ pub(super) fn judge(curve: &LossCurve, o: &DriftOptions) -> Result<Judged, Strin
     }
 
     let head = a.head_level;
+    if let Some(degenerate) = degenerate_finding(curve, a.relative_drop()) {
+        findings.push(degenerate);
+        let mut extra = Evidence::new();
+        extra.put("objective", "degenerate");
+        extra.put("nonfinite_steps", Value::from(nonfinite_steps));
+        let summary = format!(
+            "loss {} -> {} {span}",
+            number_text::significant(a.head_level, 4),
+            number_text::significant(a.tail_level, 4)
+        );
+        return Ok(finish.answer(findings, &summary, 0.0, None, extra));
+    }
     if !(is_positive_loss(losses) && head > 0.0) {
         let finite: Vec<f64> = losses.iter().copied().filter(|v| v.is_finite()).collect();
         let (first, last) = (
@@ -231,6 +251,7 @@ pub(super) fn judge(curve: &LossCurve, o: &DriftOptions) -> Result<Judged, Strin
         curve,
         &a,
         &opts,
+        classes,
         findings,
         nonfinite_steps,
         &span,
@@ -239,10 +260,12 @@ pub(super) fn judge(curve: &LossCurve, o: &DriftOptions) -> Result<Judged, Strin
 }
 
 /// The trend, spike and noise rules of a positive loss (`a.head_level > 0`).
+#[allow(clippy::too_many_arguments)]
 fn judge_trend(
     curve: &LossCurve,
     a: &RobustCurve,
     o: &Opts,
+    classes: Option<&OutputClasses>,
     mut findings: Vec<Finding>,
     nonfinite_steps: Vec<i64>,
     span: &str,
@@ -264,6 +287,9 @@ fn judge_trend(
     } else {
         &[]
     };
+    let (events, outliers): (Vec<_>, Vec<_>) = events
+        .iter()
+        .partition(|e| !is_batch_outlier(e, &a.trend, head));
     let spikes: Vec<Spike> = events
         .iter()
         .map(|e| Spike {
@@ -384,11 +410,32 @@ fn judge_trend(
         ));
     }
 
+    let climbed = ["diverged", "unstable"];
+    if !findings.iter().any(|f| climbed.contains(&f.rule)) {
+        if let Some(jump) = order_jump(a, steps, o.trend_window) {
+            findings.push(jump);
+        }
+    }
+    if let Some(classes) = classes {
+        let levels = Levels {
+            head,
+            tail,
+            last_eval: curve
+                .side
+                .eval_loss
+                .iter()
+                .rev()
+                .copied()
+                .find(|p| p.1.is_finite()),
+        };
+        findings.extend(uniform_finding(classes, &levels));
+    }
     // A trend judged diverged, unstable or regressed says more than
     // "stuck"; a stuck run says why it made no progress.
-    let trend_rules = ["diverged", "unstable", "regressed"];
+    let trend_rules = ["diverged", "unstable", "regressed", "worse_than_uniform"];
     if !findings.iter().any(|f| trend_rules.contains(&f.rule)) {
-        if let Some(stuck) = stuck_finding(curve, a, num_steps) {
+        let k = classes.map(|c| c.count);
+        if let Some(stuck) = stuck_finding(curve, a, num_steps, k) {
             findings.retain(|f| f.rule != "no_progress");
             findings.push(stuck);
         }
@@ -436,6 +483,10 @@ fn judge_trend(
         "spike_steps",
         Value::from(spikes.iter().map(|s| s.peak_step).collect::<Vec<i64>>()),
     );
+    e.put(
+        "batch_outlier_steps",
+        Value::from(outliers.iter().map(|x| step(x.peak)).collect::<Vec<i64>>()),
+    );
     e.put("nonfinite_steps", Value::from(nonfinite_steps));
     let trend_sampled = sample_indices(num_steps, super::CURVE_SAMPLE_CAP)
         .into_iter()
@@ -456,7 +507,12 @@ fn judge_trend(
 /// generalises). Both WARN: a stuck run is not broken data, and a person
 /// should look (a flat loss can be intended, e.g. a probe run); neither is
 /// judged on fewer than `STUCK_MIN_RECORDS` records.
-fn stuck_finding(curve: &LossCurve, a: &RobustCurve, num_steps: usize) -> Option<Finding> {
+fn stuck_finding(
+    curve: &LossCurve,
+    a: &RobustCurve,
+    num_steps: usize,
+    model_classes: Option<u64>,
+) -> Option<Finding> {
     let (head, tail, best) = (a.head_level, a.tail_level, a.best_level);
     let drop = a.relative_drop();
     // A NaN drop (no level to measure from) is no evidence of a stuck run.
@@ -465,13 +521,14 @@ fn stuck_finding(curve: &LossCurve, a: &RobustCurve, num_steps: usize) -> Option
         return None;
     }
     let g4 = |x: f64| number_text::significant(x, 4);
-    if let Some(k) = chance_classes(tail, best) {
+    if let Some(k) = chance_classes(tail, best, model_classes) {
         return Some(Finding::new(
             Verdict::Warn,
             "at_chance",
             format!(
-                "the loss sits at ln({k}) = {}, the chance level of {k} classes ({} -> {},                  never below {}): the model predicts no better than the class prior",
-                g4(f64::from(k).ln()),
+                "the loss sits at ln({k}) = {}, the chance level of {k} classes ({} -> {}, \
+                 never below {}): the model predicts no better than the class prior",
+                g4((k as f64).ln()),
                 g4(head),
                 g4(tail),
                 g4(best)
@@ -493,7 +550,8 @@ fn stuck_finding(curve: &LossCurve, a: &RobustCurve, num_steps: usize) -> Option
             Verdict::Warn,
             "not_learning",
             format!(
-                "the training loss barely moved ({} -> {}, {}) and the eval loss stayed flat                  ({} at first, best {}: {} lower over {} evaluations)",
+                "the training loss barely moved ({} -> {}, {}) and the eval loss stayed flat \
+                 ({} at first, best {}: {} lower over {} evaluations)",
                 g4(head),
                 g4(tail),
                 change_text(head, tail),
@@ -507,15 +565,109 @@ fn stuck_finding(curve: &LossCurve, a: &RobustCurve, num_steps: usize) -> Option
     None
 }
 
-/// The k of `CHANCE_CLASSES` whose chance level ln(k) the loss sits at:
-/// its end level within `CHANCE_TOLERANCE` of ln(k), and its best level
-/// never clearly below it (3 tolerances).
-fn chance_classes(tail: f64, best: f64) -> Option<u32> {
-    CHANCE_CLASSES.into_iter().find(|&k| {
-        let chance = f64::from(k).ln();
-        (tail - chance).abs() <= CHANCE_TOLERANCE * chance
-            && best >= chance * (1.0 - 3.0 * CHANCE_TOLERANCE)
-    })
+/// The k whose chance level ln(k) the loss sits at: its end level within
+/// `CHANCE_TOLERANCE` of ln(k), and its best level never clearly below it
+/// (3 tolerances). The k tried are `CHANCE_CLASSES` and the output count
+/// of the saved model's `config.json` (its labels or vocabulary), where
+/// there is one.
+fn chance_classes(tail: f64, best: f64, model_classes: Option<u64>) -> Option<u64> {
+    CHANCE_CLASSES
+        .map(u64::from)
+        .chain(model_classes.filter(|&k| k >= 2))
+        .find(|&k| {
+            let chance = (k as f64).ln();
+            (tail - chance).abs() <= CHANCE_TOLERANCE * chance
+                && best >= chance * (1.0 - 3.0 * CHANCE_TOLERANCE)
+        })
+}
+
+/// Decades of the smoothed loss above its lowest point so far that make a
+/// jump. 1000x, not 100x: near zero, a per-batch loss is heavy-tailed (a
+/// classifier at 1e-4 logs 1e-2 whenever a batch holds one hard example),
+/// and a rolling median of such records wanders two decades on healthy
+/// runs of the shared corpora (2.0 and 2.2); a trend 1000x above its low
+/// has most of its records there.
+pub const JUMP_DECADES: f64 = 3.0;
+/// The share of the decades the run had fallen that a jump must climb
+/// back: a loss of 1e-6 bouncing to 1e-4 after falling from 1e2 has not
+/// lost what it learned.
+pub const JUMP_FALL_SHARE: f64 = 0.25;
+
+/// `order_jump`: on a log scale, the smoothed loss climbed `JUMP_DECADES`
+/// or more above the lowest it had reached, and by a `JUMP_FALL_SHARE` of
+/// the decades it fell. A regression loss falling from 1e8 to 5 that jumps
+/// to 2e6 mid-run climbs less than its start on a linear scale, so neither
+/// `unstable` nor `diverged` sees it; in decades it lost most of its
+/// descent. WARN: the run came back, and a person should look at why.
+fn order_jump(a: &RobustCurve, steps: &[i64], window: usize) -> Option<Finding> {
+    if !a.relative || a.trend.is_empty() {
+        return None; // a trend at or below 0 has no log scale
+    }
+    let n = a.trend.len();
+    // Where the trend's window is whole, as for the best level.
+    let h = window / 2;
+    let inner = if n > 2 * h { h..n - h } else { 0..n };
+    let (mut low, mut low_at) = (f64::INFINITY, 0);
+    let mut jump: Option<(f64, usize, usize, f64)> = None; // decades, low at, peak at, low
+    for i in inner {
+        let t = a.trend.get(i).copied().unwrap_or(f64::NAN);
+        if !(t.is_finite() && t > 0.0) {
+            continue;
+        }
+        if t < low {
+            (low, low_at) = (t, i);
+            continue;
+        }
+        let decades = (t / low).log10();
+        if jump.is_none_or(|j| decades > j.0) {
+            jump = Some((decades, low_at, i, low));
+        }
+    }
+    let (decades, low_at, peak_at, low) = jump?;
+    let fell = (a.head_level / low).log10();
+    if !(decades >= JUMP_DECADES && decades >= JUMP_FALL_SHARE * fell) {
+        return None;
+    }
+    let step = |i: usize| steps.get(i).copied().unwrap_or(0);
+    let g3 = |x: f64| number_text::significant(x, 3);
+    Some(Finding::new(
+        Verdict::Warn,
+        "order_jump",
+        format!(
+            "on a log scale the loss trend jumped {} orders of magnitude above its low so far \
+             ({} at step {} -> {} at step {}) before ending at {}",
+            number_text::fixed(decades, 1),
+            g3(low),
+            step(low_at),
+            g3(a.trend.get(peak_at).copied().unwrap_or(f64::NAN)),
+            step(peak_at),
+            g3(a.tail_level)
+        ),
+    ))
+}
+
+/// A trend below this share of the start level has learned nearly every
+/// example: see [`is_batch_outlier`].
+pub const NEAR_ZERO_TREND: f64 = 0.05;
+/// Records an event at a near-zero trend must span to be a spike.
+pub const NEAR_ZERO_SPIKE_RECORDS: usize = 3;
+
+/// Whether a spike event is one hard batch on a near-zero loss rather than
+/// an instability.
+///
+/// Once a classifier fits nearly every example (its trend under
+/// `NEAR_ZERO_TREND` of where it started), a record's loss is the error of
+/// the few examples it still gets wrong, so one batch holding a hard or
+/// mislabelled example sits at 100x the trend and the next is back on it:
+/// heavy-tailed noise, not the run losing what it learned. An instability
+/// at that level keeps the loss up while the optimizer recovers, over
+/// several records; an event of fewer than `NEAR_ZERO_SPIKE_RECORDS` is
+/// an outlier, listed in the evidence (`batch_outlier_steps`) but no
+/// finding. Above the near-zero level every event that stands out counts.
+fn is_batch_outlier(e: &robust_curve::SpikeEvent, trend: &[f64], head: f64) -> bool {
+    let level = trend.get(e.peak).copied().unwrap_or(f64::NAN);
+    let records = e.end.saturating_sub(e.start) + 1;
+    level < NEAR_ZERO_TREND * head && records < NEAR_ZERO_SPIKE_RECORDS
 }
 
 /// One spike event as the evidence lists it.

@@ -22,6 +22,16 @@ pub const MIN_EVAL_POINTS: usize = 3;
 pub const SMOOTH_EVAL_POINTS: usize = 7;
 /// Reward points needed before a reward of exactly 0 throughout is judged.
 pub const MIN_REWARD_POINTS: usize = 5;
+/// Reward points needed before a fall from its peak is judged, and the
+/// blocks they are cut into (each block's median is one level).
+pub const REWARD_FALL_MIN_POINTS: usize = 20;
+pub const REWARD_BLOCKS: usize = 10;
+/// A reward that gave back more than this share of its range of levels
+/// (peak to lowest) by the end fell from its peak...
+pub const REWARD_FALL_SHARE: f64 = 0.5;
+/// ... and by more than this share of the peak's size, so that a flat
+/// reward's wander is not a fall.
+pub const REWARD_FALL_MIN: f64 = 0.1;
 
 /// Findings and evidence from the side series of `curve`.
 pub(super) fn side_findings(curve: &LossCurve, max_eval_rise: f64) -> (Vec<Finding>, Evidence) {
@@ -112,10 +122,14 @@ pub(super) fn side_findings(curve: &LossCurve, max_eval_rise: f64) -> (Vec<Findi
                 Verdict::Fail,
                 "zero_reward",
                 format!(
-                    "the reward is exactly 0 at all {} logged steps: no completion ever earned                      a reward, so the policy had nothing to learn from (a reward function that                      never fires, or an answer that never parses?)",
+                    "the reward is exactly 0 at all {} logged steps: no completion ever earned \
+                     a reward, so the policy had nothing to learn from (a reward function that \
+                     never fires, or an answer that never parses?)",
                     s.len
                 ),
             ));
+        } else if let Some(fell) = reward_fell(rewards) {
+            findings.push(fell);
         }
     }
 
@@ -147,6 +161,68 @@ pub(super) fn side_findings(curve: &LossCurve, max_eval_rise: f64) -> (Vec<Findi
     (findings, evidence)
 }
 
+/// `reward_fell` (WARN): the reward's end level sits far below its peak.
+///
+/// What the failure is: an RL run whose reward rose and then collapsed
+/// (reward hacking that a later penalty undid, a policy that drifted off
+/// its KL anchor, a learning rate too high), or one that only ever fell.
+/// The levels are the medians of `REWARD_BLOCKS` blocks of points, so one
+/// bad batch is no level. A fall is judged when the end level is below the
+/// peak by more than `REWARD_FALL_SHARE` of the levels' range, by more than
+/// `REWARD_FALL_MIN` of the peak's size, and by more than three standard
+/// errors of a difference of two levels (from the points' own noise): a
+/// flat reward whose levels differ only by noise passes at about a 0.1%
+/// rate per comparison, ten comparisons a run.
+fn reward_fell(rewards: &[(i64, f64)]) -> Option<Finding> {
+    let finite: Vec<(i64, f64)> = rewards
+        .iter()
+        .copied()
+        .filter(|p| p.1.is_finite())
+        .collect();
+    if finite.len() < REWARD_FALL_MIN_POINTS {
+        return None;
+    }
+    let block = finite.len() / REWARD_BLOCKS;
+    let levels: Vec<(i64, f64)> = finite
+        .chunks(block)
+        .filter(|c| c.len() == block)
+        .filter_map(|c| {
+            let values: Vec<f64> = c.iter().map(|p| p.1).collect();
+            Some((c.get(c.len() / 2)?.0, upper_median(&values)?))
+        })
+        .collect();
+    let (peak_step, peak) = levels
+        .iter()
+        .copied()
+        .reduce(|a, b| if b.1 > a.1 { b } else { a })?;
+    let lowest = levels.iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
+    let (end_step, end) = *levels.last()?;
+    // The points' noise from successive differences (robust to a trend).
+    let mut diffs: Vec<f64> = finite.windows(2).map(|w| (w[1].1 - w[0].1).abs()).collect();
+    diffs.sort_by(f64::total_cmp);
+    let sigma = diffs.get(diffs.len() / 2).copied().unwrap_or(0.0) / (0.6745 * 2f64.sqrt());
+    let level_sd = 1.2533 * sigma / (block as f64).sqrt();
+    let fall = peak - end;
+    let fell = end_step > peak_step
+        && fall > REWARD_FALL_SHARE * (peak - lowest)
+        && fall > REWARD_FALL_MIN * peak.abs()
+        && fall > 3.0 * 2f64.sqrt() * level_sd;
+    fell.then(|| {
+        let g4 = |x: f64| number_text::significant(x, 4);
+        Finding::new(
+            Verdict::Warn,
+            "reward_fell",
+            format!(
+                "the reward fell from its peak ({} around step {peak_step} -> {} around step \
+                 {end_step}, medians of {block} points): the policy lost what it had learned \
+                 (reward hacking undone, drift from the reference, a learning rate too high?)",
+                g4(peak),
+                g4(end)
+            ),
+        )
+    })
+}
+
 /// The eval loss's best, its end, and whether it rose while training fell.
 fn eval_rise(
     curve: &LossCurve,
@@ -171,7 +247,13 @@ fn eval_rise(
     evidence.put("eval_best_step", best_step);
     evidence.put("eval_final_loss", last);
     let train_fell = train_fell_between(&curve.steps, &curve.losses, best_step, last_step);
-    if rise > max_eval_rise && train_fell {
+    // The rise holds at the last two levels past the best: one evaluation
+    // that came out high by chance is not where the eval loss ended.
+    let held = levels.len() >= 2
+        && levels[..levels.len() - 1]
+            .last()
+            .is_some_and(|&(step, v)| step > best_step && (v - best) / best > max_eval_rise);
+    if rise > max_eval_rise && held && train_fell {
         findings.push(Finding::new(
             Verdict::Warn,
             "eval_rising",

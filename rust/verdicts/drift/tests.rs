@@ -23,6 +23,7 @@ fn input(curve: LossCurve) -> DriftInput {
         curve: Some(curve),
         error: None,
         note: None,
+        output_classes: None,
     }
 }
 
@@ -193,7 +194,9 @@ fn robust_trend_rules_fire() {
         .starts_with("no_progress: loss did not fall: +0.0% over 40 steps (2 -> 2)"));
     assert_eq!(j.score, Some(0.3));
 
-    let mut spiky = decaying(80);
+    // Settling at 0.35, well above a near-zero trend (see
+    // one_hard_batch_on_a_near_zero_loss_is_an_outlier_not_a_spike).
+    let mut spiky: Vec<f64> = decaying(80).iter().map(|v| v + 0.3).collect();
     if let Some(v) = spiky.get_mut(50) {
         *v = 3.0;
     }
@@ -225,12 +228,13 @@ fn robust_side_series_findings() {
         *v = 0.0;
     }
     c.side = SideSeries {
-        eval_loss: vec![(0, 2.0), (10, 1.0), (20, 1.1), (39, 1.5)],
+        eval_loss: vec![(0, 2.0), (10, 1.0), (20, 1.3), (39, 1.5)],
         grad_norm: (0..40)
             .map(|s| (s, if s == 39 { f64::NAN } else { 1.0 }))
             .collect(),
         learning_rate: (0..40).map(|s| (s, 0.0)).collect(),
         reward: vec![],
+        progress: None,
     };
     let j = judge_drift(&input(c), &robust());
     assert_eq!(j.verdict, Verdict::Fail);
@@ -432,6 +436,262 @@ fn one_low_evaluation_is_not_the_best_an_eval_rise_is_measured_from() {
         .enumerate()
         .map(|(i, &v)| (i as i64 * 10, v))
         .collect();
+    let j = judge_drift(&input(c), &robust());
+    assert_eq!(rules(&j), ["eval_rising"], "{}", j.message);
+}
+
+fn with_classes(curve: LossCurve, count: u64, kind: &str) -> DriftInput {
+    DriftInput {
+        output_classes: Some(crate::formats::model_config::OutputClasses {
+            count,
+            kind: kind.into(),
+            path: PathBuf::from("/r/config.json"),
+        }),
+        ..input(curve)
+    }
+}
+
+#[test]
+fn a_run_that_stopped_a_handful_of_steps_in_fails_even_when_short() {
+    use crate::formats::logs::loss_log::RunProgress;
+    let progress = |global_step, max_steps| {
+        Some(RunProgress {
+            global_step,
+            max_steps,
+        })
+    };
+    // One record of a run set for 1,000 steps that stopped at step 6: too
+    // short for every other rule, judged by the trainer's own count.
+    let mut c = curve_at(&[5], &[9.07]);
+    c.side.progress = progress(6, 1000);
+    let j = judge_drift(&input(c.clone()), &robust());
+    assert_eq!(j.verdict, Verdict::Fail, "{}", j.message);
+    assert_eq!(rules(&j), ["stopped_early"]);
+    assert!(j.message.contains("step 6 of the 1,000"), "{}", j.message);
+    // A planned smoke test (6 of 6) and early stopping past half the plan
+    // are no fault; sway keeps the seeds' skip.
+    for (done, planned) in [(6, 6), (30, 50), (60, 1000)] {
+        c.side.progress = progress(done, planned);
+        let j = judge_drift(&input(c.clone()), &robust());
+        assert_eq!(j.verdict, Verdict::Skip, "{done}/{planned}: {}", j.message);
+    }
+    c.side.progress = progress(6, 1000);
+    assert_eq!(judge_drift(&input(c), &sway()).verdict, Verdict::Skip);
+    // With a long enough log the finding joins the others.
+    let mut long = curve(&decaying(40));
+    long.side.progress = progress(40, 5000);
+    let j = judge_drift(&input(long), &robust());
+    assert_eq!(rules(&j), ["stopped_early"], "{}", j.message);
+}
+
+#[test]
+fn a_loss_far_above_the_uniform_guess_fails() {
+    // lr=10 on a GPT-2: the first record is already in the thousands and
+    // "falls" 80% from there.
+    let blown: Vec<f64> = (0..30).map(|i| 3000.0 * 0.95f64.powi(i) + 400.0).collect();
+    let j = judge_drift(&with_classes(curve(&blown), 50257, "vocabulary"), &robust());
+    assert_eq!(j.verdict, Verdict::Fail, "{}", j.message);
+    assert!(rules(&j).contains(&"worse_than_uniform".to_string()));
+    assert!(
+        j.message.contains("50,257-token vocabulary"),
+        "{}",
+        j.message
+    );
+    // Without a config there is no K: a regression loss of 3,000 is fine.
+    let j = judge_drift(&input(curve(&blown)), &robust());
+    assert_eq!(j.verdict, Verdict::Pass, "{}", j.message);
+    // A healthy fine-tune, and one from scratch starting at ln(K) + a bit.
+    let healthy = decaying(40);
+    let j = judge_drift(
+        &with_classes(curve(&healthy), 32000, "vocabulary"),
+        &robust(),
+    );
+    assert_eq!(j.verdict, Verdict::Pass, "{}", j.message);
+    let scratch: Vec<f64> = (0..40).map(|i| 3.0 + 7.9 * 0.9f64.powi(i)).collect();
+    let j = judge_drift(
+        &with_classes(curve(&scratch), 50257, "vocabulary"),
+        &robust(),
+    );
+    assert_eq!(j.verdict, Verdict::Pass, "{}", j.message);
+    // An absurd eval loss on a sane training loss.
+    let mut c = curve(&healthy);
+    c.side.eval_loss = vec![(0, 2.0), (20, 1.5), (39, 900.0)];
+    let j = judge_drift(&with_classes(c, 32000, "vocabulary"), &robust());
+    assert!(
+        rules(&j).contains(&"worse_than_uniform".to_string()),
+        "{}",
+        j.message
+    );
+    assert!(j.message.contains("eval loss at step 39"), "{}", j.message);
+    // Blown up before the first record, then back to a sane level: WARN.
+    let mut back = vec![60.0, 45.0, 30.0];
+    back.extend(decaying(40));
+    let j = judge_drift(&with_classes(curve(&back), 3, "labels"), &robust());
+    assert!(
+        rules(&j).contains(&"blown_up_start".to_string()),
+        "{}",
+        j.message
+    );
+    assert!(j.message.contains("its 3 labels"), "{}", j.message);
+}
+
+#[test]
+fn a_loss_flat_at_ln_of_the_config_classes_is_at_chance() {
+    // 20 labels: ln 20 lies beyond CHANCE_CLASSES, so only the config names it.
+    let c = curve(&flat(20f64.ln(), 0.004, 60));
+    assert_eq!(
+        judge_drift(&input(c.clone()), &robust()).verdict,
+        Verdict::Warn
+    );
+    assert!(!rules(&judge_drift(&input(c.clone()), &robust())).contains(&"at_chance".into()));
+    let j = judge_drift(&with_classes(c, 20, "labels"), &robust());
+    assert_eq!(rules(&j), ["at_chance"], "{}", j.message);
+    assert!(j.message.contains("ln(20)"), "{}", j.message);
+}
+
+#[test]
+fn a_loss_of_zero_from_the_first_record_fails_unless_it_is_rl() {
+    let zeros = curve(&[0.0; 50]);
+    let j = judge_drift(&input(zeros.clone()), &robust());
+    assert_eq!(j.verdict, Verdict::Fail, "{}", j.message);
+    assert_eq!(rules(&j), ["degenerate_loss"]);
+    assert!(j.message.contains("exactly 0 at all 50"), "{}", j.message);
+    let tiny: Vec<f64> = (0..50).map(|i| 1e-6 * (1.0 + f64::from(i % 3))).collect();
+    let j = judge_drift(&input(curve(&tiny)), &robust());
+    assert_eq!(rules(&j), ["degenerate_loss"], "{}", j.message);
+    // A healthy descent logged in a tiny unit is still a descent.
+    let scaled: Vec<f64> = decaying(50).iter().map(|v| v * 1e-6).collect();
+    let j = judge_drift(&input(curve(&scaled)), &robust());
+    assert_eq!(j.verdict, Verdict::Pass, "{}", j.message);
+    // An RL run logs its reward: its policy loss near 0 is by construction.
+    let mut rl = zeros;
+    rl.side.reward = (0..50).map(|s| (s, 0.2 + 0.01 * (s % 4) as f64)).collect();
+    let j = judge_drift(&input(rl), &robust());
+    assert!(
+        !rules(&j).contains(&"degenerate_loss".into()),
+        "{}",
+        j.message
+    );
+    // A memorising run reaches 0 after a real start.
+    let mut memorised = decaying(30);
+    memorised.extend([0.0; 20]);
+    let j = judge_drift(&input(curve(&memorised)), &robust());
+    assert!(
+        !rules(&j).contains(&"degenerate_loss".into()),
+        "{}",
+        j.message
+    );
+}
+
+#[test]
+fn a_jump_of_orders_of_magnitude_is_judged_on_a_log_scale() {
+    // A regression loss from 1e8 to ~5 that sits at 2e6 for a stretch.
+    let mut losses: Vec<f64> = (0..40).map(|i| 1e8 * 0.6f64.powi(i) + 5.0).collect();
+    losses.extend(std::iter::repeat_n(2e6, 12));
+    losses.extend(flat(8.0, 0.05, 30));
+    let j = judge_drift(&input(curve(&losses)), &robust());
+    assert_eq!(j.verdict, Verdict::Warn, "{}", j.message);
+    assert_eq!(rules(&j), ["order_jump"], "{}", j.message);
+    // A near-zero loss whose trend wanders 2.2 decades (heavy-tailed
+    // batches) is no jump.
+    let mut wander: Vec<f64> = (0..40).map(|i| 0.5 * 0.7f64.powi(i) + 1e-4).collect();
+    wander.extend(flat(1.6e-2, 0.05, 12));
+    wander.extend(flat(2e-3, 0.05, 30));
+    let j = judge_drift(&input(curve(&wander)), &robust());
+    assert!(!rules(&j).contains(&"order_jump".into()), "{}", j.message);
+    // The same descent with no jump, and a near-zero loss bouncing 10x.
+    losses.truncate(40);
+    losses.extend(flat(8.0, 0.05, 42));
+    assert_eq!(
+        judge_drift(&input(curve(&losses)), &robust()).verdict,
+        Verdict::Pass
+    );
+    let mut bounce = decaying(60);
+    bounce.extend(flat(0.5, 0.05, 12));
+    let j = judge_drift(&input(curve(&bounce)), &robust());
+    assert!(!rules(&j).contains(&"order_jump".into()), "{}", j.message);
+}
+
+#[test]
+fn a_reward_that_falls_from_its_peak_warns() {
+    let policy: Vec<f64> = (0..100).map(|i| 1e-4 * f64::from(i % 5) - 2e-4).collect();
+    let mut c = curve(&policy);
+    let jitter = |s: i64| 0.02 * ((s * 7919 % 13) as f64 / 6.0 - 1.0);
+    // Rises 0.1 -> 0.8 by step 50, then collapses to 0.2.
+    c.side.reward = (0..100)
+        .map(|s| {
+            let level = if s < 50 {
+                0.1 + 0.014 * s as f64
+            } else {
+                0.8 - 0.012 * (s - 50) as f64
+            };
+            (s, level + jitter(s))
+        })
+        .collect();
+    let j = judge_drift(&input(c.clone()), &robust());
+    assert_eq!(j.verdict, Verdict::Warn, "{}", j.message);
+    assert_eq!(rules(&j), ["reward_fell"]);
+    // A reward that rises and holds, and a noisy flat one: no finding.
+    c.side.reward = (0..100)
+        .map(|s| (s, (0.1 + 0.014 * s as f64).min(0.8) + jitter(s)))
+        .collect();
+    assert!(rules(&judge_drift(&input(c.clone()), &robust())).is_empty());
+    c.side.reward = (0..100).map(|s| (s, 0.5 + 5.0 * jitter(s))).collect();
+    assert!(rules(&judge_drift(&input(c), &robust())).is_empty());
+}
+
+#[test]
+fn one_hard_batch_on_a_near_zero_loss_is_an_outlier_not_a_spike() {
+    // A classifier that fits nearly every example: 0.5 -> ~0.002, one
+    // batch at 100x the trend.
+    let mut losses: Vec<f64> = (0..200)
+        .map(|i| 0.5 * 0.9f64.powi(i) + 0.002 * (1.0 + 0.1 * f64::from(i % 3)))
+        .collect();
+    losses[150] = 0.2;
+    let j = judge_drift(&input(curve(&losses)), &robust());
+    assert_eq!(j.verdict, Verdict::Pass, "{}", j.message);
+    assert_eq!(
+        j.evidence.get("batch_outlier_steps"),
+        Some(&Value::List(vec![Value::Int(150)]))
+    );
+    // The loss held up over three records: the run lost what it learned.
+    losses[151] = 0.15;
+    losses[152] = 0.12;
+    let j = judge_drift(&input(curve(&losses)), &robust());
+    assert_eq!(rules(&j), ["loss_spikes"], "{}", j.message);
+    // Away from zero the same single record is a spike.
+    let mut high: Vec<f64> = (0..200)
+        .map(|i| 1.0 + 2.0 * 0.98f64.powi(i) + 0.01 * f64::from(i % 3))
+        .collect();
+    high[150] = 6.0;
+    let j = judge_drift(&input(curve(&high)), &robust());
+    assert_eq!(rules(&j), ["loss_spikes"], "{}", j.message);
+}
+
+#[test]
+fn one_high_last_evaluation_is_not_where_the_eval_ended() {
+    // Five evaluations falling, the last one 26% above the best (the
+    // near-zero ViT eval of the shared corpora): no sustained rise.
+    let mut c = curve(&decaying(70));
+    c.side.eval_loss = vec![
+        (10, 0.47),
+        (20, 0.077),
+        (30, 0.0675),
+        (40, 0.0674),
+        (50, 0.0431),
+        (60, 0.0544),
+    ];
+    let j = judge_drift(&input(c.clone()), &robust());
+    assert!(!rules(&j).contains(&"eval_rising".into()), "{}", j.message);
+    // Two evaluations past the best, both well above it: overfitting.
+    c.side.eval_loss = vec![
+        (10, 0.47),
+        (20, 0.077),
+        (30, 0.0431),
+        (40, 0.06),
+        (50, 0.065),
+        (60, 0.07),
+    ];
     let j = judge_drift(&input(c), &robust());
     assert_eq!(rules(&j), ["eval_rising"], "{}", j.message);
 }

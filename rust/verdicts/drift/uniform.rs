@@ -1,0 +1,100 @@
+//! `worse_than_uniform` and `blown_up_start`: a cross-entropy judged
+//! against ln(K), the loss of a uniform guess over the K outputs the saved
+//! model's `config.json` names (its vocabulary, or its labels).
+//!
+//! What the failure is: a model that knows nothing, predicting every
+//! output alike, scores exactly ln(K); training only takes the loss down
+//! from there. A mean cross-entropy far above ln(K) takes confidently
+//! wrong logits, which healthy weights never produce: the weights blew up
+//! (a learning rate of 10 sends a 4.9 loss to thousands inside the first
+//! logging window). The curve's shape cannot show this when the blow-up
+//! came before the first record: from 3,000 to 500 reads as an 83% fall.
+//!
+//! - FAIL `worse_than_uniform`: the loss's end level, or the last eval
+//!   loss, above `UNIFORM_MARGIN` x ln(K).
+//! - WARN `blown_up_start`: the start level above `BLOWN_START` x ln(K)
+//!   while the end is sane (it blew up and came back; look at the weights).
+//!
+//! False alarms it is built for: none from a mean per-token cross-entropy,
+//! which is what HF Trainer, TRL, Lightning's recipes and OLMo-core log.
+//! A model at initialisation scores ln(K) plus a small term for its
+//! logits' spread (GPT-2 from scratch: 10.9 against ln 50,257 = 10.8);
+//! a pretrained model's first batch with a broken accumulation scaling
+//! (the Gemma 3 run of the shared corpora: 14.8 against 12.5) stays under
+//! the margins. A loss summed over tokens instead of averaged would read
+//! as blown up: it is not a cross-entropy per prediction, and a loop that
+//! logs one next to a saved `config.json` is the rule's stated blind spot.
+
+use crate::formats::model_config::OutputClasses;
+use crate::verdicts::{number_text, Finding, Verdict};
+
+/// An end level above this many times ln(K) is worse than a uniform guess
+/// by more than any initialisation scores.
+pub const UNIFORM_MARGIN: f64 = 1.5;
+/// A start level above this many times ln(K) blew up before its first record.
+pub const BLOWN_START: f64 = 3.0;
+
+/// The levels of the series judged.
+pub(super) struct Levels {
+    pub head: f64,
+    pub tail: f64,
+    /// The last finite eval loss, if any.
+    pub last_eval: Option<(i64, f64)>,
+}
+
+/// What the output count says of these levels (None: nothing to report).
+pub(super) fn uniform_finding(classes: &OutputClasses, levels: &Levels) -> Option<Finding> {
+    if classes.count < 2 {
+        return None;
+    }
+    let uniform = (classes.count as f64).ln();
+    let over = |x: f64| x / uniform;
+    let g4 = |x: f64| number_text::significant(x, 4);
+    let what = if classes.kind == "labels" {
+        format!("its {} labels", number_text::count(classes.count as usize))
+    } else {
+        format!(
+            "its {}-token vocabulary",
+            number_text::thousands(i128::from(classes.count))
+        )
+    };
+    let reference = format!(
+        "ln({}) = {}, the loss of a uniform guess over {what} (config.json)",
+        number_text::thousands(i128::from(classes.count)),
+        g4(uniform)
+    );
+    let eval_bad = levels
+        .last_eval
+        .filter(|&(_, v)| v.is_finite() && over(v) > UNIFORM_MARGIN);
+    if over(levels.tail) > UNIFORM_MARGIN || eval_bad.is_some() {
+        let (subject, value) = match eval_bad {
+            Some((step, v)) if over(levels.tail) <= UNIFORM_MARGIN => {
+                (format!("the eval loss at step {step} is"), v)
+            }
+            _ => ("the loss ends at".to_string(), levels.tail),
+        };
+        return Some(Finding::new(
+            Verdict::Fail,
+            "worse_than_uniform",
+            format!(
+                "{subject} {}, {}x {reference}: the model is far worse than one that knows \
+                 nothing, so its weights blew up (a learning rate far too high?)",
+                g4(value),
+                number_text::fixed(over(value), 1)
+            ),
+        ));
+    }
+    (over(levels.head) > BLOWN_START).then(|| {
+        Finding::new(
+            Verdict::Warn,
+            "blown_up_start",
+            format!(
+                "the loss starts at {}, {}x {reference}, before it falls to {}: it blew up \
+                 before its first record",
+                g4(levels.head),
+                number_text::fixed(over(levels.head), 1),
+                g4(levels.tail)
+            ),
+        )
+    })
+}
