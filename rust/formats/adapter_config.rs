@@ -130,6 +130,11 @@ pub struct AdapterConfig {
     /// In the file's order (the first matching key wins).
     pub rank_pattern: Vec<PatternEntry<u64>>,
     pub alpha_pattern: Vec<PatternEntry<f64>>,
+    /// How PEFT initialised the factors: `true` (its default: A Kaiming-
+    /// uniform, B zero; also when absent or null), `false`, or the method
+    /// named (`gaussian`, `pissa`, `olora`, `loftq`, ...). A value of
+    /// another type is `unknown` (only the factor-scale rule reads it).
+    pub init_lora_weights: String,
 }
 
 /// A module's rank, alpha and the scale PEFT applies to `B·A`.
@@ -152,6 +157,7 @@ impl AdapterConfig {
             use_rslora: false,
             use_dora: false,
             fan_in_fan_out: false,
+            init_lora_weights: "true".into(),
             target_modules: None,
             modules_to_save: Vec::new(),
             base_model_name_or_path: None,
@@ -296,6 +302,7 @@ struct RawConfig {
     use_rslora: Option<Value>,
     use_dora: Option<Value>,
     fan_in_fan_out: Option<Value>,
+    init_lora_weights: Option<Value>,
     target_modules: Option<Value>,
     modules_to_save: Option<Value>,
     base_model_name_or_path: Option<Value>,
@@ -378,6 +385,7 @@ enum Field {
     UseRslora,
     UseDora,
     FanInFanOut,
+    InitLoraWeights,
     TargetModules,
     ModulesToSave,
     BaseModelNameOrPath,
@@ -409,6 +417,7 @@ impl<'de> Deserialize<'de> for RawConfig {
                         Field::UseRslora => c.use_rslora = Some(map.next_value()?),
                         Field::UseDora => c.use_dora = Some(map.next_value()?),
                         Field::FanInFanOut => c.fan_in_fan_out = Some(map.next_value()?),
+                        Field::InitLoraWeights => c.init_lora_weights = Some(map.next_value()?),
                         Field::TargetModules => c.target_modules = Some(map.next_value()?),
                         Field::ModulesToSave => c.modules_to_save = Some(map.next_value()?),
                         Field::BaseModelNameOrPath => {
@@ -569,6 +578,12 @@ impl RawConfig {
             use_rslora: optional_bool(&self.use_rslora, "use_rslora")?,
             use_dora: optional_bool(&self.use_dora, "use_dora")?,
             fan_in_fan_out: optional_bool(&self.fan_in_fan_out, "fan_in_fan_out")?,
+            init_lora_weights: match &self.init_lora_weights {
+                None | Some(Value::Null) | Some(Value::Bool(true)) => "true".into(),
+                Some(Value::Bool(false)) => "false".into(),
+                Some(Value::String(method)) => method.chars().take(64).collect(),
+                Some(_) => "unknown".into(),
+            },
             target_modules,
             modules_to_save,
             base_model_name_or_path: optional_string(

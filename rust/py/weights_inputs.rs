@@ -109,7 +109,9 @@ fn make_layer_energy(layer: u64, modules: u64, delta_fro_sq: f64) -> LayerEnergy
 #[pyo3(signature = (
     path, r, lora_alpha, *, use_rslora=false, use_dora=false,
     target_modules=Vec::new(), modules_to_save=Vec::new(),
+    init_lora_weights=String::from("true"),
 ))]
+#[allow(clippy::too_many_arguments)]
 fn make_config_summary(
     path: PathBuf,
     r: u64,
@@ -118,6 +120,7 @@ fn make_config_summary(
     use_dora: bool,
     target_modules: Vec<String>,
     modules_to_save: Vec<String>,
+    init_lora_weights: String,
 ) -> ConfigSummary {
     ConfigSummary {
         path,
@@ -133,6 +136,7 @@ fn make_config_summary(
         base_model_name_or_path: None,
         rank_pattern: Vec::new(),
         alpha_pattern: Vec::new(),
+        init_lora_weights,
     }
 }
 

@@ -6,8 +6,10 @@
 //! run the same checks. Worst first: unreadable weights or no config
 //! (ERROR), non-finite values (FAIL), every module's dW zero (FAIL), then
 //! WARN findings (dead modules, dW energy in a few modules, a version
-//! identical to the one before), else PASS.
+//! identical to the one before, A factors far above their initial scale),
+//! else PASS.
 
+mod factor_scale;
 #[cfg(test)]
 mod tests;
 
@@ -319,6 +321,7 @@ pub fn judge_weights(
     }
 
     let mut findings: Vec<Finding> = Vec::new();
+    findings.extend(factor_scale::factor_scale(config, modules, &mut evidence));
     if !dead.is_empty() {
         findings.push(Finding::new(
             Verdict::Warn,

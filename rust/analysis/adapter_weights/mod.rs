@@ -184,6 +184,9 @@ pub struct ConfigSummary {
     /// Pattern keys in the order PEFT tries them.
     pub rank_pattern: Vec<(String, u64)>,
     pub alpha_pattern: Vec<(String, f64)>,
+    /// `true` (PEFT's default init), `false`, the method named
+    /// (`gaussian`, `pissa`, ...), or `unknown`.
+    pub init_lora_weights: String,
 }
 
 /// The whole report of one adapter's weights.
@@ -340,6 +343,7 @@ fn summary(c: &AdapterConfig) -> ConfigSummary {
         target_modules_is_regex: c.target_modules.as_ref().is_some_and(|t| t.is_pattern()),
         modules_to_save: c.modules_to_save.clone(),
         base_model_name_or_path: c.base_model_name_or_path.clone(),
+        init_lora_weights: c.init_lora_weights.clone(),
         rank_pattern: c
             .rank_pattern
             .iter()

@@ -47,6 +47,7 @@ fn config() -> ConfigSummary {
         base_model_name_or_path: None,
         rank_pattern: vec![],
         alpha_pattern: vec![],
+        init_lora_weights: "true".into(),
     }
 }
 
@@ -124,6 +125,8 @@ fn healthy_adapter_passes_with_a_summary() {
             "rank_configured",
             "rank_used",
             "stable_rank_median",
+            "factor_scale_median",
+            "factor_init",
             "findings"
         ]
     );
@@ -414,4 +417,41 @@ fn a_frozen_original_module_is_not_judged_as_the_adapter() {
         j.message
     );
     assert!(!j.message.contains("original_module"), "{}", j.message);
+}
+
+/// An adapter whose every A factor has `ratio` times PEFT's initial norm
+/// (rank 8: sqrt(8/3)), initialised as `init` says.
+fn scaled_a(ratio: f64, init: &str) -> AdapterWeights {
+    let mut w = weights(&[1.0, 2.0, 2.0, 3.0]);
+    for m in &mut w.modules {
+        m.norm_a = ratio * (8.0f64 / 3.0).sqrt();
+    }
+    if let Some(c) = w.config.as_mut() {
+        c.init_lora_weights = init.into();
+    }
+    w
+}
+
+#[test]
+fn a_factors_far_above_their_initial_scale_warn() {
+    let j = judge(scaled_a(46.0, "true"));
+    assert_eq!(j.verdict, Verdict::Warn, "{}", j.message);
+    assert!(j
+        .message
+        .starts_with("factors_blown_up: the LoRA A factors sit 46.0x above"));
+    assert_eq!(
+        j.evidence.get("factor_init"),
+        Some(&Value::Text("true".into()))
+    );
+    // Healthy adapters move A a few times at most.
+    let j = judge(scaled_a(4.0, "true"));
+    assert_eq!(j.verdict, Verdict::Pass, "{}", j.message);
+    // Other inits start A elsewhere: a gaussian init's norm is sqrt(in/r)
+    // (sqrt(64/8) = 2.83, so 46x sqrt(8/3) is 26.6x it), and PiSSA's is
+    // the base weights' scale, which the adapter does not carry.
+    let j = judge(scaled_a(46.0, "gaussian"));
+    assert_eq!(j.verdict, Verdict::Warn, "{}", j.message);
+    let j = judge(scaled_a(46.0, "pissa"));
+    assert_eq!(j.verdict, Verdict::Pass, "{}", j.message);
+    assert!(j.evidence.get("factor_scale_median").is_none());
 }
