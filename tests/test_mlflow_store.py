@@ -159,6 +159,16 @@ def test_each_run_of_an_sqlite_store_is_a_store_named_by_its_experiment(sqlite_s
     ]
 
 
+def test_a_db_named_relative_to_the_working_directory_is_scanned(sqlite_store, monkeypatch):
+    """`adapterprobe scan mlflow.db` from its folder: the file's folder is
+    the working directory, resolved and confined like any root."""
+    db, ids, _ = sqlite_store
+    monkeypatch.chdir(db.parent)
+    records = list(ap.scan("mlflow.db", probes=["training_drift"]))
+    assert "error" not in {r.verdict.value for r in records}, [r.message for r in records]
+    assert len(records) == len(ids) - 1  # the deleted run is no store
+
+
 def test_the_sqlite_reader_agrees_with_mlflows_client(sqlite_store):
     from mlflow.tracking import MlflowClient
 

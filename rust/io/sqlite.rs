@@ -64,7 +64,10 @@ impl Db {
                 }),
             );
         }
-        let mut uri = url::Url::from_file_path(path)
+        // A file URI names an absolute path: a relative one (`mlflow.db`
+        // given from its folder) is taken from the working directory.
+        let absolute = std::path::absolute(path).map_err(|e| Error::io(area, path, &e))?;
+        let mut uri = url::Url::from_file_path(&absolute)
             .map_err(|()| err("cannot be named as a file URI".into()))?;
         uri.set_query(Some("immutable=1"));
         let flags = OpenFlags::SQLITE_OPEN_READ_ONLY

@@ -270,10 +270,19 @@ pub fn discover_within(
         if !root.exists() {
             walk.problem(root, "does not exist".into());
         } else if !root.is_dir() && crate::formats::logs::mlflow_db::is_mlflow_db(root) {
-            let root_dir = root.parent().unwrap_or(root);
+            // Confined to the file's folder, like a directory root: a folder
+            // that cannot be resolved is a problem, never an unconfined read.
+            let root_dir = match root.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => Path::new("."),
+            };
             let confined: Root = match (follow_symlinks, confine::root_of(root_dir)) {
+                (true, _) => None,
                 (false, Ok(real)) => Some(real),
-                _ => None,
+                (false, Err(e)) => {
+                    walk.problem(root, format!("its folder cannot be resolved: {e}"));
+                    continue;
+                }
             };
             confine::within(confined, || {
                 for target in layout::mlflow_db_targets(root) {
