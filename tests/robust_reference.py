@@ -93,6 +93,12 @@ def spike_threshold(n: int, false_alarm: float, floor: float) -> float:
     return max((lo + hi) / 2 / T4_SCALE, floor)
 
 
+def scale_allowance(n: int, block: int) -> float:
+    """1 + one standard error (1.167 / sqrt(m)) of a scale from m = n // blocks points."""
+    blocks = max(n // max(block, 8), 1)
+    return 1.0 + 1.167 / math.sqrt(max(n // blocks, 1))
+
+
 def level_points(n: int) -> int:
     return min(max(n // 20, 3), 10, max(n // 3, 1), n)
 
@@ -146,7 +152,7 @@ def analyse(
     # A climb from the start: looked for past the middle of the head points.
     past_head = max(inner.start, k // 2)
     peak_index = min((i for i in inner if i >= past_head), key=lambda i: (-trend[i], i))
-    threshold = spike_threshold(n, spike_false_alarm, spike_z)
+    threshold = spike_threshold(n, spike_false_alarm, spike_z) * scale_allowance(n, scale_block)
     min_rise = spike_fall_share * max(head - trend[best_index], 0.0)
     spikes: list[list[int]] = []
     for i in range(n):

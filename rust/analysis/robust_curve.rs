@@ -106,6 +106,27 @@ pub fn t4_upper_quantile(p: f64) -> f64 {
 /// percentile |T| / 1.645 (t4's 95th percentile, 2.1318); the second wins.
 const T4_SCALE_IN_OUR_UNITS: f64 = 2.131_846_786_326_649 / 1.644_853_626_951_472_2;
 
+/// Relative standard error of a median-of-|residual| scale from m points
+/// (Gaussian, asymptotic: sqrt(1 / (4 m f(q)^2)) / q at q = 0.6745).
+const SCALE_REL_SE: f64 = 1.167;
+/// Standard errors of the scale estimate allowed for in the spike threshold.
+pub const SCALE_SE_ALLOWANCE: f64 = 1.0;
+
+/// The factor on the spike threshold for a noise scale that is estimated,
+/// not known: each block's scale comes from its m = n / blocks residuals,
+/// and a scale estimated low by chance (one standard error is 22% at 29
+/// records, 15% at 64) makes ordinary batch noise read as a spike. One
+/// standard error of allowance: a 29-record curve's threshold goes from 7.3
+/// to 8.9 noise scales, a long curve's (blocks of 64 to 127 points) rises
+/// 10 to 15%. Two would cost real faults: a learning rate too high whose
+/// one sign is a jump 12.4 noise scales high on 120 records (our labelled
+/// corpus's `lr-too-high-diverge`) would pass.
+pub fn scale_allowance(n: usize, block: usize) -> f64 {
+    let blocks = (n / block.max(8)).max(1);
+    let points = (n / blocks).max(1);
+    1.0 + SCALE_SE_ALLOWANCE * SCALE_REL_SE / (points as f64).sqrt()
+}
+
 /// The spike threshold, in noise scales, for a curve of `n` records: the t4
 /// quantile at which one of `n` records exceeds it with probability
 /// `false_alarm`, in our scale units, and never below `floor`.
@@ -418,7 +439,8 @@ pub fn analyse(losses: &[f64], params: &RobustParams) -> Option<RobustCurve> {
             (peak_index, peak_level) = (i, trend[i]);
         }
     }
-    let threshold = spike_threshold(n, params.spike_false_alarm, params.spike_z);
+    let threshold = spike_threshold(n, params.spike_false_alarm, params.spike_z)
+        * scale_allowance(n, params.scale_block);
     // How far the run fell: a spike smaller than a share of it does not matter.
     let min_rise = params.spike_fall_share * (head_level - best_level).max(0.0);
     let mut spikes: Vec<SpikeEvent> = Vec::new();

@@ -77,6 +77,35 @@ impl DriftInput {
         }
     }
 
+    /// The same input without the run's progress where the trainer state
+    /// read is a checkpoint of a run that went on (a `checkpoint-N` beside
+    /// it with a higher step): it says how far that checkpoint got, not
+    /// where the run stopped. Only looked at when the state is short of
+    /// its plan.
+    fn with_run_end(mut self) -> DriftInput {
+        let Some(curve) = self.curve.as_mut() else {
+            return self;
+        };
+        let Some(p) = curve.side.progress.filter(|p| p.global_step < p.max_steps) else {
+            return self;
+        };
+        let went_on = curve
+            .files
+            .iter()
+            .filter(|f| f.file_name().is_some_and(|n| n == TRAINER_STATE))
+            .filter_map(|f| f.parent())
+            .filter(|dir| {
+                let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                trainer_state::checkpoint_dir_step(name, dir).is_some()
+            })
+            .filter_map(|dir| dir.parent())
+            .any(|run| later_checkpoint(run, p.global_step));
+        if went_on {
+            curve.side.progress = None;
+        }
+        self
+    }
+
     /// The same input with `output_classes` read from the `config.json`
     /// beside the run's logs: in the store, or in the folder of a log file
     /// (the checkpoint whose `trainer_state.json` was read).
@@ -187,7 +216,25 @@ pub fn drift_input_for(store: &Path, layout: &str) -> DriftInput {
     if layout == layout::DLM {
         return input; // a dlm store keeps adapter versions, never a model config
     }
-    input.with_model_config()
+    input.with_model_config().with_run_end()
+}
+
+/// Most entries of a run folder looked through for a later checkpoint.
+const MAX_RUN_ENTRIES: usize = 100_000;
+
+/// Whether `run` holds a `checkpoint-N` folder with N above `step`.
+fn later_checkpoint(run: &Path, step: i64) -> bool {
+    let Ok(entries) = std::fs::read_dir(run) else {
+        return false;
+    };
+    entries.take(MAX_RUN_ENTRIES).flatten().any(|e| {
+        let name = e.file_name();
+        let digits = name.to_str().and_then(|n| n.strip_prefix("checkpoint-"));
+        digits
+            .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|d| d.parse::<i64>().ok())
+            .is_some_and(|n| n > step)
+    })
 }
 
 fn drift_input_of_layout(store: &Path, layout: &str) -> DriftInput {

@@ -76,7 +76,7 @@ class DriftOptions(ProbeOptions):
         Rule(float, low=0, low_open=True, high=0.5),
         "chance that a healthy run (t4-tailed noise) shows a spike; the threshold grows "
         "with the records judged",
-        robust=0.01,
+        robust=0.005,
     )
     spike_z: float = option(
         Rule(float, low=0, low_open=True),

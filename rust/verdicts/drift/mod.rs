@@ -70,7 +70,7 @@ impl DriftOptions {
             assert_instability_events_lte: sway.then_some(0),
             min_spike_records: (!sway).then_some(20),
             trend_window: (!sway).then_some(11),
-            spike_false_alarm: (!sway).then_some(0.01),
+            spike_false_alarm: (!sway).then_some(0.005),
             spike_z: (!sway).then_some(6.0),
             min_spike_rise: (!sway).then_some(0.1),
             spike_fall_share: (!sway).then_some(0.1),

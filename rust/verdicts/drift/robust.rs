@@ -332,7 +332,7 @@ fn judge_trend(
                 spikes.len(),
                 if spikes.len() != 1 { "s" } else { "" },
                 number_text::fixed(a.spike_threshold, 1),
-                number_text::percent(o.spike_false_alarm, 0),
+                rate_text(o.spike_false_alarm),
                 parts.join("; ")
             ),
         ));
@@ -361,6 +361,20 @@ fn judge_trend(
                 "loss ended {} above where it started ({} -> {} {span}; best {} at step {best_step})",
                 number_text::percent(rise, 0),
                 g4(head),
+                g4(tail),
+                g4(best)
+            ),
+        ));
+    } else if let Some((first_step, first, above)) = never_back_to_first(curve, a) {
+        findings.push(Finding::new(
+            Verdict::Fail,
+            "diverged",
+            format!(
+                "loss ended {} above its first record ({} at step {first_step} -> {} {span}) \
+                 and its trend never got back down to it (best {} at step {best_step}): it \
+                 blew up within the first records",
+                number_text::percent(above, 0),
+                g4(first),
                 g4(tail),
                 g4(best)
             ),
@@ -497,6 +511,32 @@ fn judge_trend(
         .collect();
     e.put("trend_sampled", Value::List(trend_sampled));
     finish.answer(findings, &summary, score, Some(drop), e)
+}
+
+/// A run that blew up within its first records, inside the start level's
+/// window, so the start level already sits high: its trend never got back
+/// down to the first record, and it ended more than `UNSTABLE_RISE` (or 3
+/// noise scales) above it. A healthy run falls below its first record, even
+/// one that came out low by chance; a warm-up bump (the second record above
+/// the first) is followed by a fall past both. `(step, first, rise)`.
+fn never_back_to_first(curve: &LossCurve, a: &RobustCurve) -> Option<(i64, f64, f64)> {
+    let (i, &first) = curve
+        .losses
+        .iter()
+        .enumerate()
+        .find(|(_, v)| v.is_finite())?;
+    if first <= 0.0 {
+        return None;
+    }
+    let noise = if a.relative {
+        a.noise
+    } else {
+        a.noise / a.head_level
+    };
+    let above = (a.tail_level - first) / first;
+    let limit = UNSTABLE_RISE.max(3.0 * noise);
+    (a.best_level > first && above > limit)
+        .then(|| (curve.steps.get(i).copied().unwrap_or(0), first, above))
 }
 
 /// A run that never learned: its loss trend barely moved (`BARELY_MOVED`)
@@ -668,6 +708,20 @@ fn is_batch_outlier(e: &robust_curve::SpikeEvent, trend: &[f64], head: f64) -> b
     let level = trend.get(e.peak).copied().unwrap_or(f64::NAN);
     let records = e.end.saturating_sub(e.start) + 1;
     level < NEAR_ZERO_TREND * head && records < NEAR_ZERO_SPIKE_RECORDS
+}
+
+/// A rate as a percentage with as many decimals as it needs, up to 2
+/// (`1%`, `0.5%`, `0.25%`).
+fn rate_text(rate: f64) -> String {
+    let hundredths = (rate * 1e4).round();
+    let decimals = if hundredths % 100.0 == 0.0 {
+        0
+    } else if hundredths % 10.0 == 0.0 {
+        1
+    } else {
+        2
+    };
+    number_text::percent(rate, decimals)
 }
 
 /// One spike event as the evidence lists it.

@@ -695,3 +695,29 @@ fn one_high_last_evaluation_is_not_where_the_eval_ended() {
     let j = judge_drift(&input(c), &robust());
     assert_eq!(rules(&j), ["eval_rising"], "{}", j.message);
 }
+
+#[test]
+fn a_loss_that_blew_up_in_its_first_records_and_never_came_back_fails() {
+    // 2.57 at the first record, 5.25 by the third, then ~3.6 for good: the
+    // start level (a median of the first records) already sits high.
+    let mut losses = vec![2.57, 3.35, 5.25, 4.13, 4.04, 3.93, 3.86, 3.75];
+    losses.extend(flat(3.6, 0.02, 100));
+    let j = judge_drift(&input(curve(&losses)), &robust());
+    assert_eq!(j.verdict, Verdict::Fail, "{}", j.message);
+    assert!(rules(&j).contains(&"diverged".into()), "{}", j.message);
+    assert!(
+        j.message.contains("above its first record"),
+        "{}",
+        j.message
+    );
+    // A warm-up bump that falls past the first record is healthy.
+    let mut warm = vec![2.5, 3.2, 3.0];
+    warm.extend(decaying(60).iter().map(|v| v * 0.6));
+    let j = judge_drift(&input(curve(&warm)), &robust());
+    assert!(!rules(&j).contains(&"diverged".into()), "{}", j.message);
+    // A first record low by chance on a flat noisy run: within the noise.
+    let mut flat_run = vec![3.3];
+    flat_run.extend(flat(3.6, 0.05, 100));
+    let j = judge_drift(&input(curve(&flat_run)), &robust());
+    assert!(!rules(&j).contains(&"diverged".into()), "{}", j.message);
+}
