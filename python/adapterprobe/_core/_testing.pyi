@@ -114,7 +114,7 @@ def make_config_summary(
     use_dora: bool = False,
     target_modules: Sequence[str] = ...,
     modules_to_save: Sequence[str] = ...,
-    init_lora_weights: str = "true",
+    init_lora_weights: str = ...,
 ) -> ConfigSummary: ...
 def make_adapter_weights(
     path: _Path,
