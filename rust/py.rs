@@ -32,6 +32,7 @@ use crate::Result;
 mod compare;
 mod drift_inputs;
 mod ghost_inputs;
+mod guard;
 mod json;
 mod records;
 mod remote;
@@ -319,6 +320,12 @@ impl LossCurve {
     #[getter]
     fn reward(&self) -> Vec<(i64, f64)> {
         self.side.reward.clone()
+    }
+    /// `(global_step, max_steps)` where the log says how far the run got
+    /// against its plan (`trainer_state.json`, LLaMA-Factory's log).
+    #[getter]
+    fn progress(&self) -> Option<(i64, i64)> {
+        self.side.progress.map(|p| (p.global_step, p.max_steps))
     }
     /// How the tracker that kept the log names the run (W&B `project/name
     /// (id)`, MLflow `experiment/run name (id)`); empty for plain log files.
@@ -912,6 +919,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(full_weights_input, m)?)?;
     compare::register(m)?;
     ghost_inputs::register(m)?;
+    guard::register(m)?;
     json::register(m)?;
     records::register(m)?;
     remote::register(m)?;

@@ -14,7 +14,7 @@ use crate::verdicts::weights::{self, WeightsOptions};
 use crate::verdicts::{Evidence, Judged, Value};
 
 /// `(verdict, score, raw, message, evidence)` of a verdict.
-type JudgedTuple<'py> = (
+pub(super) type JudgedTuple<'py> = (
     &'static str,
     Option<f64>,
     Option<f64>,
@@ -62,7 +62,7 @@ pub(super) fn evidence_to_py<'py>(py: Python<'py>, e: &Evidence) -> PyResult<Bou
     Ok(d)
 }
 
-fn judged_tuple<'py>(py: Python<'py>, j: &Judged) -> PyResult<JudgedTuple<'py>> {
+pub(super) fn judged_tuple<'py>(py: Python<'py>, j: &Judged) -> PyResult<JudgedTuple<'py>> {
     Ok((
         j.verdict.as_str(),
         j.score,

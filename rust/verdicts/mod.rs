@@ -17,6 +17,7 @@ pub mod drift;
 pub mod evidence;
 pub mod full_weights;
 pub mod ghost;
+pub mod guard;
 pub mod layer_lift;
 pub mod number_text;
 pub mod weights;

@@ -24,6 +24,7 @@ __all__ = [
     "FullWeights",
     "FullWeightsInput",
     "GhostInput",
+    "Guard",
     "LayerEnergy",
     "LayerGrouping",
     "LayerWeights",
@@ -156,6 +157,10 @@ class LossCurve:
     @property
     def reward(self) -> list[tuple[int, float]]:
         """(step, mean reward) pairs of an RL objective, by step."""
+    @property
+    def progress(self) -> tuple[int, int] | None:
+        """(global_step, max_steps) where the log says how far the run got
+        against its plan (trainer_state.json, LLaMA-Factory's log)."""
     @property
     def run(self) -> str:
         """The tracker's name of the run (W&B project/name (id), MLflow
@@ -352,6 +357,38 @@ class DriftInput:
     def note(self) -> str | None: ...
     @property
     def output_classes(self) -> OutputClasses | None: ...
+
+@final
+class Guard:
+    """The drift rules judged online (``verdicts::guard``); see adapterprobe.Guard."""
+
+    def __new__(
+        cls,
+        options: Any,
+        *,
+        output_classes: int | None = None,
+        output_kind: str | None = None,
+        max_steps: int | None = None,
+    ) -> Guard: ...
+    def observe(
+        self,
+        step: int,
+        loss: float | None = None,
+        grad_norm: float | None = None,
+        learning_rate: float | None = None,
+        eval_loss: float | None = None,
+        reward: float | None = None,
+    ) -> str: ...
+    @property
+    def verdict(self) -> str: ...
+    @property
+    def num_records(self) -> int: ...
+    @property
+    def findings(self) -> list[dict[str, Any]]: ...
+    def result(self) -> tuple[str, float | None, float | None, str, dict[str, Any]]:
+        """Every record seen, judged as a logged run:
+        ``(verdict, score, raw, message, evidence)``."""
+        ...
 
 @final
 class OutputClasses:
