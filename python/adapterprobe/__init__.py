@@ -50,6 +50,7 @@ from adapterprobe.errors import (
     UsageError,
     WeightsError,
 )
+from adapterprobe.guard import Guard
 from adapterprobe.probes import (
     DriftOptions,
     FullWeightsOptions,
@@ -179,6 +180,7 @@ __all__ = [
     "full_weights",
     "gradient_ghost",
     "training_drift",
+    "Guard",
     "scan",
     "ScanRecord",
     "ScanReport",

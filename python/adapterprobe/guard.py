@@ -1,0 +1,152 @@
+"""Judge a run while it trains: the ``training_drift`` rules, one record at a time.
+
+A training loop (or a trainer callback) hands each logged record to
+:meth:`Guard.observe` and gets the verdict so far. The rules are the
+offline ones, run by the same Rust kernel; what changes mid-run is what
+FAIL means. Offline it means "do not ship"; here it means "stop now", so a
+FAIL that later records could undo (a loss above its start that may still
+fall, early zero rewards) is held at WARN until the run ends, and only
+findings nothing can take back (NaN weights, the loss non-finite at its
+last three records, a loss far worse than a uniform guess) are FAIL while
+training. :meth:`Guard.result` judges every record seen as
+``training_drift`` judges the logged run, so after the last record the two
+agree.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import adapterprobe._core as _core
+from adapterprobe.errors import UsageError
+from adapterprobe.probes.drift import KIND, DriftOptions
+from adapterprobe.probes.options import resolve
+from adapterprobe.probes.result import ProbeResult
+
+__all__ = ["Guard"]
+
+
+class Guard:
+    """The drift rules judged online for one run.
+
+    ``rules``: ``"robust"`` only. ``"sway"`` is refused: its thresholds
+    judge a finished curve (a final/initial loss ratio), so mid-run they
+    would call every unfinished run unconverged. ``options``: a
+    :class:`DriftOptions` to judge with (its defaults when None).
+    ``output_classes``: the K the loss is a cross-entropy over (the
+    model's ``config.vocab_size``, or its number of labels with
+    ``output_kind="labels"``), for the rules that compare the loss with
+    ln(K). ``max_steps``: the optimizer steps the run is set for, so that a
+    run that ends early is judged as its trainer state would be.
+
+    ``observe`` costs a few microseconds (amortised: the record is stored
+    in Rust and the rules run on a schedule that grows with the run; see
+    ``benches/bench_guard.py``).
+    """
+
+    def __init__(
+        self,
+        rules: str = "robust",
+        options: DriftOptions | None = None,
+        *,
+        output_classes: int | None = None,
+        output_kind: str = "vocabulary",
+        max_steps: int | None = None,
+    ) -> None:
+        resolved = resolve(DriftOptions, options, rules, {})
+        if resolved.rules != "robust":
+            raise UsageError(
+                "the guard judges with rules='robust' only: rules='sway' judges a finished "
+                "curve (its final/initial ratio), which a run still training is not"
+            )
+        if output_kind not in ("vocabulary", "labels"):
+            raise UsageError(f"output_kind must be 'vocabulary' or 'labels', got {output_kind!r}")
+        self.options = resolved
+        self._core = _core.Guard(
+            resolved, output_classes=output_classes, output_kind=output_kind, max_steps=max_steps
+        )
+        # The hot path: the bound Rust method itself, no Python frame between.
+        self.observe = self._core.observe  # type: ignore[method-assign]
+
+    def observe(
+        self,
+        step: int,
+        loss: float | None = None,
+        grad_norm: float | None = None,
+        learning_rate: float | None = None,
+        eval_loss: float | None = None,
+        reward: float | None = None,
+    ) -> str:
+        """Take one logged record (any of its values may be missing, e.g. an
+        eval log) and return the verdict so far: ``"pass"``, ``"warn"`` or
+        ``"fail"`` (stop now)."""
+        return self._core.observe(step, loss, grad_norm, learning_rate, eval_loss, reward)
+
+    @property
+    def verdict(self) -> str:
+        """The verdict so far (as :meth:`observe` last returned it)."""
+        return self._core.verdict
+
+    @property
+    def findings(self) -> list[dict[str, Any]]:
+        """The findings so far: ``rule``, ``step`` (of the record at which
+        it was first reported), ``verdict`` (online) and ``message``."""
+        return self._core.findings
+
+    @property
+    def num_records(self) -> int:
+        """Loss records taken (distinct steps)."""
+        return self._core.num_records
+
+    def result(self, name: str = KIND) -> ProbeResult:
+        """Every record seen, judged as ``training_drift`` judges a logged
+        run (offline FAIL semantics)."""
+        return ProbeResult.judged(name, KIND, self._core.result())
+
+    @classmethod
+    def replay(
+        cls, store_path: str | Path, rules: str = "robust", options: DriftOptions | None = None
+    ) -> tuple[Guard, list[tuple[int, str]]]:
+        """Replay a logged run record by record, as the guard would have seen
+        it while training: the guard after its last record, and each change
+        of its verdict as ``(step, verdict)``. The run's plan (``max_steps``)
+        and its model's output count come from the store, as
+        ``training_drift`` reads them. Raises :class:`UsageError` when the
+        store holds no loss curve."""
+        inputs = _core.drift_input(Path(store_path).expanduser().resolve())
+        curve = inputs.curve
+        if curve is None:
+            raise UsageError(f"{store_path} holds no loss curve to replay ({inputs.note or ''})")
+        classes = inputs.output_classes
+        progress = curve.progress
+        guard = cls(
+            rules,
+            options,
+            output_classes=classes.count if classes is not None else None,
+            output_kind=classes.kind if classes is not None else "vocabulary",
+            max_steps=progress[1] if progress is not None else None,
+        )
+        columns: dict[int, dict[str, float]] = {}
+        for step, loss in zip(curve.steps.tolist(), curve.losses.tolist(), strict=True):
+            columns.setdefault(step, {})["loss"] = loss if math.isfinite(loss) else math.nan
+        for key, points in (
+            ("grad_norm", curve.grad_norm),
+            ("learning_rate", curve.learning_rate),
+            ("eval_loss", curve.eval_loss),
+            ("reward", curve.reward),
+        ):
+            for step, value in points:
+                columns.setdefault(step, {})[key] = value
+        changes: list[tuple[int, str]] = []
+        seen = "pass"
+        for step in sorted(columns):
+            now = guard.observe(step, **columns[step])
+            if now != seen:
+                changes.append((step, now))
+                seen = now
+        return guard, changes
+
+    def __repr__(self) -> str:
+        return f"Guard({self.verdict}, {self.num_records} records)"

@@ -1,0 +1,91 @@
+"""ap.Guard: the drift rules online, held to the offline verdict.
+
+- replayed record by record on the committed real runs (the dlm corpus and
+  the HF Trainer field corpus), the guard's final ``result()`` is exactly
+  ``training_drift``'s verdict, no healthy run is ever at FAIL mid-run, and
+  every run the offline rules flag is flagged before its last record;
+- what can be undone stays WARN while training; NaN weights stop at once;
+- the contract names (``observe``, ``verdict``, ``findings``, ``result``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+import adapterprobe as ap
+from adapterprobe.errors import UsageError
+
+
+def labelled(root: Path) -> dict[str, str]:
+    labels = json.loads((root / "labels.json").read_text(encoding="utf-8"))
+    return {name: info["label"] for name, info in labels.items()}
+
+
+def replay_all(root: Path) -> list[tuple[str, str, ap.Guard, list[tuple[int, str]]]]:
+    out = []
+    for name, label in labelled(root).items():
+        store = root / name
+        if not store.is_dir():
+            continue
+        try:
+            guard, changes = ap.Guard.replay(store)
+        except UsageError:
+            continue  # no loss curve to replay
+        out.append((name, label, guard, changes))
+    return out
+
+
+@pytest.mark.parametrize("which", ["corpus", "field_root"])
+def test_replayed_runs_keep_the_contract_and_never_stop_a_healthy_run(which, request):
+    fixture = request.getfixturevalue(which)
+    root = fixture[0] if isinstance(fixture, tuple) else fixture
+    runs = replay_all(root)
+    assert len(runs) >= 10
+    for name, label, guard, changes in runs:
+        offline = ap.training_drift(root / name)
+        assert guard.result().verdict == offline.verdict, (name, offline.message)
+        if label == "healthy":
+            assert "fail" not in {v for _, v in changes}, (name, guard.findings)
+        if offline.verdict.value in {"warn", "fail"}:
+            last = max(ap.read_loss_curve(root / name).steps.tolist())
+            first = next((s for s, v in changes if v in {"warn", "fail"}), None)
+            assert first is not None and first <= last, (name, changes)
+
+
+def test_a_climb_is_held_at_warn_and_nan_weights_stop_at_once():
+    guard = ap.Guard()
+    for step in range(1, 61):
+        verdict = guard.observe(step, loss=1.0 + 0.05 * step, grad_norm=1.0)
+    assert verdict == guard.verdict == "warn"
+    assert guard.result().verdict.value == "fail"  # offline: diverged
+    (diverged,) = [f for f in guard.findings if f["rule"] == "diverged"]
+    assert set(diverged) == {"rule", "step", "verdict", "message"}
+    assert diverged["verdict"] == "warn" and diverged["step"] < 60
+    for step in range(61, 64):
+        verdict = guard.observe(step, loss=math.nan, grad_norm=math.nan)
+    assert verdict == "fail", guard.findings
+
+
+def test_a_loss_worse_than_a_uniform_guess_stops_the_run():
+    guard = ap.Guard(output_classes=50257)
+    verdicts = [guard.observe(s, loss=3000.0 * 0.97**s + 400.0) for s in range(1, 40)]
+    assert verdicts[-1] == "fail", guard.findings
+    assert any(f["rule"] == "worse_than_uniform" for f in guard.findings)
+    # Without K the same curve is a falling loss.
+    plain = ap.Guard()
+    assert [plain.observe(s, loss=3000.0 * 0.97**s + 400.0) for s in range(1, 40)][-1] == "pass"
+
+
+def test_sway_is_refused_and_options_are_the_probes():
+    with pytest.raises(UsageError, match="robust"):
+        ap.Guard(rules="sway")
+    with pytest.raises(UsageError):
+        ap.Guard(output_kind="tokens")
+    strict = ap.DriftOptions(rules="robust", max_eval_rise=0.01)
+    guard = ap.Guard(options=strict)
+    assert guard.options.max_eval_rise == 0.01
+    assert repr(guard) == "Guard(pass, 0 records)"
