@@ -89,3 +89,59 @@ def test_sway_is_refused_and_options_are_the_probes():
     guard = ap.Guard(options=strict)
     assert guard.options.max_eval_rise == 0.01
     assert repr(guard) == "Guard(pass, 0 records)"
+
+
+# -- the HF Trainer callback, in the real Trainer -----------------------------------
+
+
+def hf_run(out: Path, lr: float, max_steps: int = 40):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from test_integrations import TokenData
+    from test_monitor import tiny_llama
+
+    from adapterprobe.integrations.transformers import GuardCallback
+
+    torch.manual_seed(0)
+    callback = GuardCallback()
+    trainer = transformers.Trainer(
+        model=tiny_llama(),
+        args=transformers.TrainingArguments(
+            output_dir=str(out),
+            max_steps=max_steps,
+            per_device_train_batch_size=4,
+            logging_steps=1,
+            learning_rate=lr,
+            lr_scheduler_type="constant",
+            save_strategy="no",
+            report_to=[],
+            use_cpu=True,
+            disable_tqdm=True,
+        ),
+        train_dataset=TokenData(64, 8, 64),
+        callbacks=[callback],
+    )
+    trainer.train()
+    return trainer, callback
+
+
+def test_the_trainer_callback_stops_a_blown_up_run_with_a_checkpoint(tmp_path):
+    """lr=10 on a full fine-tune: the loss is far above ln(vocab) within a
+    few steps. The guard stops the run the Trainer's way, a checkpoint is
+    saved at that step, and the verdict is written beside it."""
+    trainer, callback = hf_run(tmp_path / "blown", lr=10.0)
+    stopped = callback.stopped_at
+    assert stopped is not None and stopped < 40, callback.guard.findings
+    assert trainer.state.global_step == stopped
+    assert (tmp_path / "blown" / f"checkpoint-{stopped}").is_dir()
+    written = json.loads((tmp_path / "blown" / "adapterprobe-guard.json").read_text())
+    assert written["verdict"] == "fail" and written["stopped_at"] == stopped
+    assert "worse_than_uniform" in {f["rule"] for f in written["findings"]}
+
+
+def test_the_trainer_callback_lets_a_healthy_run_finish(tmp_path):
+    trainer, callback = hf_run(tmp_path / "healthy", lr=3e-3)
+    assert callback.stopped_at is None, callback.guard.findings
+    assert trainer.state.global_step == 40
+    written = json.loads((tmp_path / "healthy" / "adapterprobe-guard.json").read_text())
+    assert written["stopped_at"] is None and written["verdict"] in {"pass", "warn"}

@@ -15,17 +15,52 @@ agree.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
 
 import adapterprobe._core as _core
+from adapterprobe._fs import atomic_write_text
 from adapterprobe.errors import UsageError
 from adapterprobe.probes.drift import KIND, DriftOptions
 from adapterprobe.probes.options import resolve
 from adapterprobe.probes.result import ProbeResult
 
-__all__ = ["Guard"]
+__all__ = ["GUARD_FILE", "Guard", "output_classes_of"]
+
+#: What a guard callback writes into the run's output directory.
+GUARD_FILE = "adapterprobe-guard.json"
+
+_STOP_LEVELS = {"warn": 1, "fail": 2}
+
+
+def output_classes_of(config: Any) -> tuple[int | None, str]:
+    """``(K, kind)`` for a Hugging Face model config: the labels of a
+    classification head (unless it is a regression or multi-label head),
+    else the vocabulary; ``(None, "vocabulary")`` when it names neither.
+    The same reading the scan makes of a saved ``config.json``."""
+    architectures = [str(a) for a in (getattr(config, "architectures", None) or [])]
+    if any(a.endswith(("Classification", "ForMultipleChoice")) for a in architectures):
+        problem = getattr(config, "problem_type", None)
+        labels = getattr(config, "num_labels", None)
+        if problem in ("regression", "multi_label_classification") or not isinstance(labels, int):
+            return None, "labels"
+        return (labels, "labels") if labels >= 2 else (None, "labels")
+    text = getattr(config, "text_config", None)
+    vocab = getattr(config, "vocab_size", None) or getattr(text, "vocab_size", None)
+    return (vocab, "vocabulary") if isinstance(vocab, int) and vocab >= 2 else (None, "vocabulary")
+
+
+def reached(verdict: str, stop_on: str) -> bool:
+    """Whether ``verdict`` is at or past ``stop_on`` (``"warn"`` or ``"fail"``)."""
+    return _STOP_LEVELS.get(verdict, 0) >= _STOP_LEVELS[stop_on]
+
+
+def check_stop_on(stop_on: str) -> str:
+    if stop_on not in _STOP_LEVELS:
+        raise UsageError(f"stop_on must be 'warn' or 'fail', got {stop_on!r}")
+    return stop_on
 
 
 class Guard:
@@ -147,6 +182,21 @@ class Guard:
                 changes.append((step, now))
                 seen = now
         return guard, changes
+
+    def report(self, stopped_at: int | None = None) -> dict[str, Any]:
+        """What a callback writes: the verdict, the records taken, the step
+        the run was stopped at (None: it was not) and the findings."""
+        return {
+            "verdict": self.verdict,
+            "num_records": self.num_records,
+            "stopped_at": stopped_at,
+            "findings": self.findings,
+        }
+
+    def write(self, directory: str | Path, stopped_at: int | None = None) -> Path:
+        """Write :meth:`report` as JSON to ``directory/GUARD_FILE``, atomically."""
+        text = json.dumps(self.report(stopped_at), indent=2, allow_nan=False)
+        return atomic_write_text(Path(directory) / GUARD_FILE, text + "\n")
 
     def __repr__(self) -> str:
         return f"Guard({self.verdict}, {self.num_records} records)"
