@@ -145,3 +145,67 @@ def test_the_trainer_callback_lets_a_healthy_run_finish(tmp_path):
     assert trainer.state.global_step == 40
     written = json.loads((tmp_path / "healthy" / "adapterprobe-guard.json").read_text())
     assert written["stopped_at"] is None and written["verdict"] in {"pass", "warn"}
+
+
+# -- the Lightning callback, in the real Trainer ------------------------------------
+
+
+def lightning_run(tmp_path: Path, lr: float):
+    L = pytest.importorskip("lightning")
+    torch = pytest.importorskip("torch")
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from adapterprobe.integrations.lightning import GuardCallback
+
+    class Regression(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=lr)
+
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(256, 8, generator=generator)
+    data = TensorDataset(x, x.sum(dim=1, keepdim=True))
+    callback = GuardCallback()
+    trainer = L.Trainer(
+        max_steps=200,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+        callbacks=[callback],
+    )
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # dataloader worker advice
+        trainer.fit(Regression(), DataLoader(data, batch_size=8))
+    return trainer, callback
+
+
+def test_the_lightning_callback_stops_a_run_whose_loss_went_nan(tmp_path):
+    """SGD at lr=50: the loss overflows to inf/NaN within a few steps; three
+    non-finite records in a row and the guard stops the run, with a checkpoint."""
+    trainer, callback = lightning_run(tmp_path, lr=50.0)
+    assert callback.stopped_at is not None and callback.stopped_at < 200, callback.guard.findings
+    assert trainer.global_step < 200
+    assert (tmp_path / f"guard-stop-step{callback.stopped_at}.ckpt").is_file()
+    written = json.loads((tmp_path / "adapterprobe-guard.json").read_text())
+    assert written["verdict"] == "fail" and written["stopped_at"] == callback.stopped_at
+
+
+def test_the_lightning_callback_lets_a_healthy_run_finish(tmp_path):
+    trainer, callback = lightning_run(tmp_path, lr=0.01)
+    assert callback.stopped_at is None, callback.guard.findings
+    assert trainer.global_step == 200
