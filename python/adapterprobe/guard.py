@@ -16,6 +16,7 @@ agree.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from typing import Any
 import adapterprobe._core as _core
 from adapterprobe._fs import atomic_write_text
 from adapterprobe.errors import UsageError
+from adapterprobe.escape import terminal
 from adapterprobe.probes.drift import KIND, DriftOptions
 from adapterprobe.probes.options import resolve
 from adapterprobe.probes.result import ProbeResult
@@ -33,6 +35,8 @@ __all__ = ["GUARD_FILE", "Guard", "output_classes_of"]
 GUARD_FILE = "adapterprobe-guard.json"
 
 _STOP_LEVELS = {"warn": 1, "fail": 2}
+
+log = logging.getLogger("adapterprobe.guard")
 
 
 def output_classes_of(config: Any) -> tuple[int | None, str]:
@@ -200,3 +204,68 @@ class Guard:
 
     def __repr__(self) -> str:
         return f"Guard({self.verdict}, {self.num_records} records)"
+
+
+class GuardCallbackBase:
+    """What every trainer's ``GuardCallback`` shares, whatever the trainer:
+    its settings (checked when it is made, not at train time), the
+    :class:`Guard` of the run in progress (``guard``), the step it stopped
+    the run at (``stopped_at``), what stopping logs, and the verdict file.
+    A trainer's callback feeds records to :meth:`_must_stop` and stops the
+    run its own way when it answers True."""
+
+    def __init__(
+        self,
+        stop_on: str = "fail",
+        save_on_stop: bool = True,
+        rules: str = "robust",
+        options: DriftOptions | None = None,
+    ) -> None:
+        self.stop_on = check_stop_on(stop_on)
+        self.save_on_stop = save_on_stop
+        self.rules = rules
+        self.options = options
+        self.guard: Guard | None = None
+        self.stopped_at: int | None = None
+        Guard(rules, options)  # refuse bad rules or options now, not at train time
+
+    def _start(
+        self,
+        *,
+        output_classes: int | None = None,
+        output_kind: str = "vocabulary",
+        max_steps: int | None = None,
+    ) -> None:
+        """A fresh guard for the run that starts."""
+        self.guard = Guard(
+            self.rules,
+            self.options,
+            output_classes=output_classes,
+            output_kind=output_kind,
+            max_steps=max_steps,
+        )
+        self.stopped_at = None
+
+    def _must_stop(self, step: int, **values: float | None) -> bool:
+        """Observe one record; True (once) when the verdict reaches
+        ``stop_on``, after logging the findings."""
+        if self.guard is None or self.stopped_at is not None:
+            return False
+        verdict = self.guard.observe(step, **values)
+        if not reached(verdict, self.stop_on):
+            return False
+        self.stopped_at = step
+        for finding in self.guard.findings:
+            log.warning(
+                "adapterprobe guard: %s at step %d: %s",
+                terminal(finding["rule"]),
+                finding["step"],
+                terminal(finding["message"]),
+            )
+        log.warning("adapterprobe guard: stopping the run at step %d (verdict %s)", step, verdict)
+        return True
+
+    def _write(self, directory: str | Path, *, main_process: bool) -> None:
+        """The verdict file, from the main process only."""
+        if self.guard is not None and main_process:
+            self.guard.write(directory, stopped_at=self.stopped_at)

@@ -22,17 +22,13 @@ stops the run with ``trainer.should_stop`` when the verdict reaches ``stop_on``.
 
 from __future__ import annotations
 
-import logging
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from adapterprobe.errors import MonitorConfigError, require
-from adapterprobe.escape import terminal
-from adapterprobe.guard import Guard, check_stop_on, reached
+from adapterprobe.guard import GuardCallbackBase
 from adapterprobe.monitor import GAPMonitor
-from adapterprobe.probes.drift import DriftOptions
 
 if TYPE_CHECKING:
     from lightning.pytorch import Callback
@@ -40,8 +36,6 @@ else:
     Callback = require("lightning.pytorch", "lightning").Callback
 
 __all__ = ["GAPCallback", "GuardCallback"]
-
-log = logging.getLogger("adapterprobe.guard")
 
 
 class GAPCallback(Callback):
@@ -111,7 +105,7 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-class GuardCallback(Callback):
+class GuardCallback(GuardCallbackBase, Callback):
     """Judge a Lightning run online and stop it when the verdict reaches
     ``stop_on`` (``"fail"``: only what no later record can undo; ``"warn"``).
 
@@ -124,61 +118,27 @@ class GuardCallback(Callback):
     global rank 0 (also at the end of a run that was not stopped).
     """
 
-    def __init__(
-        self,
-        stop_on: str = "fail",
-        save_on_stop: bool = True,
-        rules: str = "robust",
-        options: DriftOptions | None = None,
-    ) -> None:
-        self.stop_on = check_stop_on(stop_on)
-        self.save_on_stop = save_on_stop
-        self.rules = rules
-        self.options = options
-        self.guard: Guard | None = None
-        self.stopped_at: int | None = None
-        Guard(rules, options)  # refuse bad rules or options now
-
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         max_steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
-        self.guard = Guard(self.rules, self.options, max_steps=max_steps)
-        self.stopped_at = None
+        self._start(max_steps=max_steps)
 
     def _observe(self, trainer: Any, **values: float | None) -> None:
-        if self.guard is None or self.stopped_at is not None:
-            return
         step = int(trainer.global_step)
-        verdict = self.guard.observe(step, **values)
-        if not reached(verdict, self.stop_on):
+        if not self._must_stop(step, **values):
             return
-        self.stopped_at = step
-        for finding in self.guard.findings:
-            log.warning(
-                "adapterprobe guard: %s at step %d: %s",
-                terminal(finding["rule"]),
-                finding["step"],
-                terminal(finding["message"]),
-            )
-        log.warning("adapterprobe guard: stopping the run at step %d (%s)", step, verdict)
         root = Path(trainer.default_root_dir)
         if self.save_on_stop:
             trainer.save_checkpoint(str(root / f"guard-stop-step{step}.ckpt"))
         trainer.should_stop = True
-        if trainer.is_global_zero:
-            self.guard.write(root, stopped_at=step)
+        self._write(root, main_process=trainer.is_global_zero)
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
-        value = _number(loss)
         optimizers = trainer.optimizers
         lr = optimizers[0].param_groups[0]["lr"] if optimizers else None
-        self._observe(
-            trainer,
-            loss=value if value is None or math.isfinite(value) else math.nan,
-            learning_rate=_number(lr),
-        )
+        self._observe(trainer, loss=_number(loss), learning_rate=_number(lr))
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if trainer.sanity_checking:
@@ -188,5 +148,5 @@ class GuardCallback(Callback):
             self._observe(trainer, eval_loss=value)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        if self.guard is not None and self.stopped_at is None and trainer.is_global_zero:
-            self.guard.write(Path(trainer.default_root_dir))
+        if self.stopped_at is None:
+            self._write(Path(trainer.default_root_dir), main_process=trainer.is_global_zero)

@@ -22,14 +22,11 @@ stops the run the Trainer's own way when the verdict reaches ``stop_on``:
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any
 
 from adapterprobe.errors import MonitorConfigError, require
-from adapterprobe.escape import terminal
-from adapterprobe.guard import Guard, check_stop_on, output_classes_of, reached
+from adapterprobe.guard import GuardCallbackBase, output_classes_of
 from adapterprobe.monitor import GAPMonitor
-from adapterprobe.probes.drift import DriftOptions
 
 if TYPE_CHECKING:
     from transformers import TrainerCallback
@@ -37,8 +34,6 @@ else:
     TrainerCallback = require("transformers", "peft").TrainerCallback
 
 __all__ = ["GAPCallback", "GuardCallback"]
-
-log = logging.getLogger("adapterprobe.guard")
 
 
 class GAPCallback(TrainerCallback):
@@ -94,7 +89,7 @@ def _reward(logs: dict[str, Any]) -> float | None:
     return float(sum(parts)) if parts and all(isinstance(v, int | float) for v in parts) else None
 
 
-class GuardCallback(TrainerCallback):
+class GuardCallback(GuardCallbackBase, TrainerCallback):
     """Judge the Trainer's logs online and stop the run when the verdict
     reaches ``stop_on`` (``"fail"``: only what no later record can undo;
     ``"warn"``: anything the rules flag).
@@ -108,41 +103,23 @@ class GuardCallback(TrainerCallback):
     with the run's ``max_steps`` and its model's output count.
     """
 
-    def __init__(
-        self,
-        stop_on: str = "fail",
-        save_on_stop: bool = True,
-        rules: str = "robust",
-        options: DriftOptions | None = None,
-    ) -> None:
-        self.stop_on = check_stop_on(stop_on)
-        self.save_on_stop = save_on_stop
-        self.rules = rules
-        self.options = options
-        self.guard: Guard | None = None
-        self.stopped_at: int | None = None
-        Guard(rules, options)  # refuse bad rules or options now, not at train time
-
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         model = kwargs.get("model")
         classes, kind = output_classes_of(getattr(model, "config", None))
         max_steps = state.max_steps if getattr(state, "max_steps", 0) > 0 else None
-        self.guard = Guard(
-            self.rules, self.options, output_classes=classes, output_kind=kind, max_steps=max_steps
-        )
-        self.stopped_at = None
+        self._start(output_classes=classes, output_kind=kind, max_steps=max_steps)
 
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
     ) -> None:
-        if self.guard is None or not logs or self.stopped_at is not None:
+        if not logs:
             return
 
         def number(key: str) -> float | None:
             value = logs.get(key)
             return float(value) if isinstance(value, int | float) else None
 
-        verdict = self.guard.observe(
+        stop = self._must_stop(
             state.global_step,
             loss=number("loss"),
             grad_norm=number("grad_norm"),
@@ -150,27 +127,13 @@ class GuardCallback(TrainerCallback):
             eval_loss=number("eval_loss"),
             reward=_reward(logs),
         )
-        if not reached(verdict, self.stop_on):
+        if not stop:
             return
-        self.stopped_at = state.global_step
-        for finding in self.guard.findings:
-            log.warning(
-                "adapterprobe guard: %s at step %d: %s",
-                terminal(finding["rule"]),
-                finding["step"],
-                terminal(finding["message"]),
-            )
-        log.warning(
-            "adapterprobe guard: stopping the run at step %d (verdict %s)",
-            state.global_step,
-            verdict,
-        )
         control.should_training_stop = True
         if self.save_on_stop:
             control.should_save = True
-        if state.is_world_process_zero:
-            self.guard.write(args.output_dir, stopped_at=self.stopped_at)
+        self._write(args.output_dir, main_process=state.is_world_process_zero)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.guard is not None and self.stopped_at is None and state.is_world_process_zero:
-            self.guard.write(args.output_dir)
+        if self.stopped_at is None:
+            self._write(args.output_dir, main_process=state.is_world_process_zero)
