@@ -228,12 +228,10 @@ fn later_checkpoint(run: &Path, step: i64) -> bool {
         return false;
     };
     entries.take(MAX_RUN_ENTRIES).flatten().any(|e| {
-        let name = e.file_name();
-        let digits = name.to_str().and_then(|n| n.strip_prefix("checkpoint-"));
-        digits
-            .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
-            .and_then(|d| d.parse::<i64>().ok())
-            .is_some_and(|n| n > step)
+        e.file_name()
+            .to_str()
+            .and_then(trainer_state::numbered_checkpoint_step)
+            .is_some_and(|n| i128::from(n) > i128::from(step))
     })
 }
 

@@ -103,14 +103,6 @@ impl Guard {
         self.max_steps = max_steps;
     }
 
-    fn curve(&self) -> &LossCurve {
-        &self.curve
-    }
-
-    fn curve_mut(&mut self) -> &mut LossCurve {
-        &mut self.curve
-    }
-
     /// `curve` judged as a logged run's: it is lent to a `DriftInput` for
     /// the judgement and taken back.
     fn judge(
@@ -146,7 +138,7 @@ impl Guard {
         eval_loss: Option<f64>,
         reward: Option<f64>,
     ) -> Verdict {
-        let curve = self.curve_mut();
+        let curve = &mut self.curve;
         if let Some(v) = loss {
             let stored = if v.is_finite() { v } else { f64::INFINITY };
             insert_parallel(&mut curve.steps, &mut curve.losses, step, stored);
@@ -175,14 +167,14 @@ impl Guard {
 
     fn judge_now(&mut self, step: i64) {
         let judged = Guard::judge(&self.options, &mut self.curve, &self.classes);
-        let n = self.curve().steps.len();
+        let n = self.curve.steps.len();
         self.judged_at = n;
         self.early_from = n + n / 64;
         if let Some(Value::Float(level)) = judged.evidence.get("tail_loss") {
             self.last_level = *level;
         }
         let trailing_nonfinite = self
-            .curve()
+            .curve
             .losses
             .iter()
             .rev()
@@ -232,7 +224,7 @@ impl Guard {
 
     /// Records taken so far.
     pub fn num_records(&self) -> usize {
-        self.curve().steps.len()
+        self.curve.steps.len()
     }
 
     /// Every record seen, judged as `training_drift` judges a logged run.
@@ -396,7 +388,7 @@ mod tests {
         g.observe(20, Some(2.0), None, None, None, None);
         g.observe(15, Some(2.4), None, None, None, None);
         g.observe(20, Some(1.9), None, None, None, None);
-        let c = g.curve();
+        let c = &g.curve;
         assert_eq!(c.steps, vec![10, 15, 20]);
         assert_eq!(c.losses, vec![3.0, 2.4, 1.9]);
         assert_eq!(c.side.eval_loss, vec![(10, 2.5)]);

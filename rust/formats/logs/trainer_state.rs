@@ -357,6 +357,12 @@ pub fn checkpoint_dir_step(name: &str, dir: &Path) -> Option<u64> {
         let step = state.and_then(|s| u64::try_from(s.global_step).ok());
         return Some(step.unwrap_or(u64::MAX));
     }
+    numbered_checkpoint_step(name)
+}
+
+/// `N` of a folder called `checkpoint-N` (digits only); None for any
+/// other name. Reads nothing, unlike [`checkpoint_dir_step`].
+pub fn numbered_checkpoint_step(name: &str) -> Option<u64> {
     let digits = name.strip_prefix("checkpoint-")?;
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;

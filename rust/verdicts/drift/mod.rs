@@ -127,10 +127,11 @@ pub fn judge_drift(input: &DriftInput, o: &DriftOptions) -> Judged {
         return Judged::bare(KIND, Verdict::Error, "the logs were read but hold no curve");
     };
     let num_steps = curve.steps.len();
-    let stopped = (o.rules != "sway")
+    let short = num_steps < o.min_steps;
+    let stopped = (short && o.rules != "sway")
         .then(|| progress::stopped_early(curve))
         .flatten();
-    if let (Some(finding), true) = (stopped, num_steps < o.min_steps) {
+    if let Some(finding) = stopped {
         // Too short a curve for the trend rules, but the trainer's own
         // count says why: judged, not skipped.
         let mut evidence = Evidence::new();
