@@ -94,7 +94,9 @@ def test_sway_is_refused_and_options_are_the_probes():
 # -- the HF Trainer callback, in the real Trainer -----------------------------------
 
 
-def hf_run(out: Path, lr: float, max_steps: int = 40):
+def hf_run(out: Path, lr: float, max_steps: int = 40, warmup_steps: int = 0):
+    """A tiny Llama trained by the real Trainer; with ``warmup_steps`` the
+    learning rate climbs linearly from 0 to ``lr`` over that many steps."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from test_integrations import TokenData
@@ -112,7 +114,8 @@ def hf_run(out: Path, lr: float, max_steps: int = 40):
             per_device_train_batch_size=4,
             logging_steps=1,
             learning_rate=lr,
-            lr_scheduler_type="constant",
+            lr_scheduler_type="constant_with_warmup" if warmup_steps else "constant",
+            warmup_steps=warmup_steps,
             save_strategy="no",
             report_to=[],
             use_cpu=True,
@@ -137,6 +140,22 @@ def test_the_trainer_callback_stops_a_blown_up_run_with_a_checkpoint(tmp_path):
     written = json.loads((tmp_path / "blown" / "adapterprobe-guard.json").read_text())
     assert written["verdict"] == "fail" and written["stopped_at"] == stopped
     assert "worse_than_uniform" in {f["rule"] for f in written["findings"]}
+
+
+def test_the_trainer_callback_stops_a_run_whose_lr_climbs_until_it_blows_up(tmp_path):
+    """The learning rate climbs from 0 to 10 over the whole run: the loss
+    first falls, then blows up somewhere on the way. The guard stops the run
+    after the blow-up and long before max_steps, with a checkpoint."""
+    trainer, callback = hf_run(tmp_path / "climb", lr=10.0, max_steps=80, warmup_steps=80)
+    stopped = callback.stopped_at
+    assert stopped is not None and stopped < 80, callback.guard.findings
+    assert trainer.state.global_step == stopped
+    assert (tmp_path / "climb" / f"checkpoint-{stopped}").is_dir()
+    history = trainer.state.log_history
+    losses = [r["loss"] for r in history if "loss" in r]
+    assert min(losses[:stopped]) < losses[0]  # it learned before the lr got too high
+    lr_at_stop = [r["learning_rate"] for r in history if "learning_rate" in r][-1]
+    assert lr_at_stop < 10.0
 
 
 def test_the_trainer_callback_lets_a_healthy_run_finish(tmp_path):

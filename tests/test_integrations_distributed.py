@@ -131,3 +131,113 @@ def test_lightning_ddp_writes_each_step_once(tmp_path):
     for gap, step in zip(gaps, steps, strict=True):
         norm = gap["stats"]["gap/summary/grads/l2_norm"]
         assert step["grad_norm"] == pytest.approx(norm, rel=1e-6)
+
+
+# -- the guard under DDP: rank 0 decides, every rank stops at the same step ---------
+
+
+def hf_guard_run(rank: int, world: int, workdir: Path) -> dict[str, Any]:
+    """The lr climbs from 0 to 10 over 80 steps; each rank's guard callback."""
+    from adapterprobe.integrations.transformers import GuardCallback
+    from realruns.tiny import tiny_llama
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+    ids = torch.randint(0, 64, (64, 8), generator=torch.Generator().manual_seed(0))
+    data = [{"input_ids": row, "labels": row} for row in ids]
+    callback = GuardCallback()
+    args = transformers.TrainingArguments(
+        output_dir=str(workdir / "out"),
+        max_steps=80,
+        per_device_train_batch_size=2,
+        logging_steps=1,
+        learning_rate=10.0,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=80,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        ddp_backend="gloo",
+        disable_tqdm=True,
+    )
+    trainer = transformers.Trainer(
+        model=tiny_llama(0, max_positions=32), args=args, train_dataset=data, callbacks=[callback]
+    )
+    trainer.train()
+    return {"stopped_at": callback.stopped_at, "global_step": trainer.state.global_step}
+
+
+def test_hf_guard_under_ddp_stops_every_rank_at_the_same_step(tmp_path):
+    results = run_world(hf_guard_run, tmp_path)
+    stopped = results[0]["stopped_at"]
+    assert stopped is not None and stopped < 80
+    assert results == [{"stopped_at": stopped, "global_step": stopped}] * 2
+    assert (tmp_path / "out" / f"checkpoint-{stopped}").is_dir()
+    written = json.loads((tmp_path / "out" / "adapterprobe-guard.json").read_text())
+    assert written["stopped_at"] == stopped and written["verdict"] == "fail"
+
+
+def lightning_guard_run(rank: int, world: int, workdir: Path) -> dict[str, Any]:
+    """Ranks that disagree: from step 5 on, rank 0's loss carries an
+    infinite term with no gradient (so the weights, which DDP keeps equal,
+    stay finite) and rank 1's does not. Rank 0's guard FAILs; rank 1's
+    alone never would. Without the shared decision rank 0 stops alone and
+    rank 1 waits in its next all-reduce until the harness kills it."""
+    import warnings
+
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from adapterprobe.integrations.lightning import GuardCallback
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+
+    class Regression(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Sequential(
+                torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)
+            )
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.net(x), y)
+            if rank == 0 and self.trainer.global_step >= 5:
+                loss = loss + torch.tensor(float("inf"))
+            return loss
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(256, 8, generator=generator)
+    data = TensorDataset(x, x.sum(dim=1, keepdim=True))
+    callback = GuardCallback()
+    trainer = L.Trainer(
+        max_steps=200,
+        accelerator="cpu",
+        devices=world,
+        strategy="ddp",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(workdir / "lightning"),
+        callbacks=[callback],
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(Regression(), DataLoader(data, batch_size=8))
+    return {"stopped_at": callback.stopped_at, "global_step": int(trainer.global_step)}
+
+
+def test_lightning_guard_under_ddp_stops_every_rank_at_the_same_step(tmp_path):
+    pytest.importorskip("lightning")
+    results = run_world(lightning_guard_run, tmp_path)
+    stopped = results[0]["stopped_at"]
+    assert stopped is not None and 5 <= stopped < 20
+    assert [r["stopped_at"] for r in results] == [stopped, stopped]
+    assert results[0]["global_step"] == results[1]["global_step"]
+    assert (tmp_path / "lightning" / f"guard-stop-step{stopped}.ckpt").is_file()
+    written = json.loads((tmp_path / "lightning" / "adapterprobe-guard.json").read_text())
+    assert written["stopped_at"] == stopped

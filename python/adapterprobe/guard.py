@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -246,13 +247,27 @@ class GuardCallbackBase:
         )
         self.stopped_at = None
 
-    def _must_stop(self, step: int, **values: float | None) -> bool:
+    def _must_stop(
+        self,
+        step: int,
+        share: Callable[[bool], bool] | None = None,
+        **values: float | None,
+    ) -> bool:
         """Observe one record; True (once) when the verdict reaches
-        ``stop_on``, after logging the findings."""
+        ``stop_on``, after logging the findings.
+
+        Under DDP/FSDP each rank may see other values (Lightning's per-rank
+        loss), so a trainer passes ``share``: a collective that hands rank
+        0's decision to every rank. Every rank then stops at the same step,
+        the one rank 0 chose. ``share`` is called on every record, on every
+        rank, until the run is stopped."""
         if self.guard is None or self.stopped_at is not None:
             return False
         verdict = self.guard.observe(step, **values)
-        if not reached(verdict, self.stop_on):
+        stop = reached(verdict, self.stop_on)
+        if share is not None:
+            stop = bool(share(stop))
+        if not stop:
             return False
         self.stopped_at = step
         for finding in self.guard.findings:
@@ -262,7 +277,9 @@ class GuardCallbackBase:
                 finding["step"],
                 terminal(finding["message"]),
             )
-        log.warning("adapterprobe guard: stopping the run at step %d (verdict %s)", step, verdict)
+        log.warning(
+            "adapterprobe guard: stopping the run at step %d (verdict %s)", step, self.guard.verdict
+        )
         return True
 
     def _write(self, directory: str | Path, *, main_process: bool) -> None:

@@ -115,7 +115,10 @@ class GuardCallback(GuardCallbackBase, Callback):
     stopping it logs the findings, saves ``guard-stop-step<N>.ckpt`` in the
     trainer's ``default_root_dir`` (``save_on_stop``), sets
     ``trainer.should_stop`` and writes ``adapterprobe-guard.json`` there from
-    global rank 0 (also at the end of a run that was not stopped).
+    global rank 0 (also at the end of a run that was not stopped). Under DDP
+    each rank's loss is its own batch's: rank 0 decides, and its decision
+    is broadcast at each record (one small collective per step), so every
+    rank stops at the same step.
     """
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -124,7 +127,13 @@ class GuardCallback(GuardCallbackBase, Callback):
 
     def _observe(self, trainer: Any, **values: float | None) -> None:
         step = int(trainer.global_step)
-        if not self._must_stop(step, **values):
+        share = None
+        if trainer.world_size > 1:  # each rank has its own loss: rank 0's decision holds
+
+            def share(stop: bool) -> bool:
+                return bool(trainer.strategy.broadcast(stop, src=0))
+
+        if not self._must_stop(step, share=share, **values):
             return
         root = Path(trainer.default_root_dir)
         if self.save_on_stop:

@@ -22,6 +22,7 @@ stops the run the Trainer's own way when the verdict reaches ``stop_on``:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from adapterprobe.errors import MonitorConfigError, require
@@ -89,6 +90,27 @@ def _reward(logs: dict[str, Any]) -> float | None:
     return float(sum(parts)) if parts and all(isinstance(v, int | float) for v in parts) else None
 
 
+def _rank_zero_decides() -> Callable[[bool], bool] | None:
+    """Under ``torch.distributed`` (world > 1), a collective that gives every
+    rank rank 0's stop decision; None in a single process. The Trainer logs
+    on every rank, so every rank takes part."""
+    import sys
+
+    torch = sys.modules.get("torch")  # the Trainer has imported it; we never do first
+    dist = getattr(torch, "distributed", None)
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    if dist.get_world_size() < 2:
+        return None
+
+    def share(stop: bool) -> bool:
+        box = [stop]
+        dist.broadcast_object_list(box, src=0)
+        return bool(box[0])
+
+    return share
+
+
 class GuardCallback(GuardCallbackBase, TrainerCallback):
     """Judge the Trainer's logs online and stop the run when the verdict
     reaches ``stop_on`` (``"fail"``: only what no later record can undo;
@@ -97,8 +119,9 @@ class GuardCallback(GuardCallbackBase, TrainerCallback):
     On stopping it logs the findings, asks the Trainer to save a checkpoint
     (``save_on_stop``), sets ``control.should_training_stop``, and writes the
     verdict to ``output_dir/adapterprobe-guard.json`` (from the main process;
-    also written at the end of a run that was not stopped). Every rank sees
-    the same logged values, so every rank stops at the same step.
+    also written at the end of a run that was not stopped). Under DDP/FSDP
+    rank 0 decides and broadcasts its decision at each log, so every rank
+    stops at the same step.
     ``guard`` is the :class:`~adapterprobe.Guard`, made at ``on_train_begin``
     with the run's ``max_steps`` and its model's output count.
     """
@@ -121,6 +144,7 @@ class GuardCallback(GuardCallbackBase, TrainerCallback):
 
         stop = self._must_stop(
             state.global_step,
+            share=_rank_zero_decides(),
             loss=number("loss"),
             grad_norm=number("grad_norm"),
             learning_rate=number("learning_rate"),
