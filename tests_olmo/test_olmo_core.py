@@ -8,6 +8,7 @@ from the same seed; both runs' metrics are captured as the trainer logs them.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -54,9 +55,19 @@ def _tokens(root: Path) -> Path:
 
 
 def train(
-    root: Path, gap: Callback, *, rank: int = 0, world: int = 1
+    root: Path,
+    gap: Callback,
+    *,
+    rank: int = 0,
+    world: int = 1,
+    steps: int = STEPS,
+    lr: float = 1e-3,
+    scheduler: Any = None,
+    checkpoints: bool = False,
 ) -> dict[int, dict[str, float]]:
-    """A few steps of the real trainer; with ``world`` 2, FSDP over two gloo ranks."""
+    """A few steps of the real trainer; with ``world`` 2, FSDP over two gloo ranks.
+    ``gap`` is the callback under test; ``checkpoints`` keeps OLMo-core's own
+    checkpointer (saving only at the end of training)."""
     root.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     dataset = NumpyFSLDataset(
@@ -87,7 +98,8 @@ def train(
     module = TransformerTrainModuleConfig(
         rank_microbatch_size=(2 if world == 1 else 1) * SEQ,  # two micro-batches per rank
         max_sequence_length=SEQ,
-        optim=AdamWConfig(lr=1e-3),
+        optim=AdamWConfig(lr=lr),
+        scheduler=scheduler,
         dp_config=dp_config,
     ).build(model, device=torch.device("cpu"))
     capture = Capture()
@@ -95,9 +107,10 @@ def train(
         save_folder=str(root / "save"),
         work_dir=str(root / "work"),
         device="cpu",
-        max_duration=Duration.steps(STEPS),
+        max_duration=Duration.steps(steps),
         metrics_collect_interval=1,
-        no_checkpoints=True,
+        cancel_check_interval=1,
+        no_checkpoints=not checkpoints,
         callbacks={"gap": gap, "capture": capture},
     ).build(module, loader)
     trainer.fit()
@@ -185,3 +198,51 @@ def test_fsdp_statistics_equal_one_process(fsdp, runs):
             if "/activation_grads/" in key:
                 continue  # scaled by the loss's normalisation per rank
             assert ours[step][key] == pytest.approx(want, rel=1e-4, abs=1e-8), (step, key)
+
+
+# -- the guard in the real trainer --------------------------------------------------------
+
+
+@pytest.mark.parametrize("checkpointer", [True, False], ids=["checkpointer", "no-checkpointer"])
+def test_the_guard_cancels_a_run_whose_lr_climbs_until_it_blows_up(tmp_path, checkpointer):
+    """AdamW's lr climbs from 0 to 3 over 60 steps: the loss, at a uniform
+    guess's at first, blows up far above ln(vocab). The guard cancels the run OLMo-core's way
+    long before max_steps, that step is saved (by OLMo-core's checkpointer,
+    or by the guard when the run has none), and the verdict is written to
+    the save folder."""
+    from olmo_core.optim import ConstantWithWarmup
+
+    from adapterprobe.integrations.olmo_core import GuardCallback
+
+    guard = GuardCallback()
+    metrics = train(
+        tmp_path,
+        guard,
+        steps=60,
+        lr=3.0,
+        scheduler=ConstantWithWarmup(warmup=60),
+        checkpoints=checkpointer,
+    )
+    stopped = guard.stopped_at
+    assert stopped is not None and stopped < 60, guard.guard and guard.guard.findings
+    trained = [s for s in sorted(metrics) if "train/CE loss" in metrics[s]]
+    assert max(trained) <= stopped + 1  # canceled at the next step's check
+    losses = [metrics[s]["train/CE loss"] for s in trained if s <= stopped]
+    # random tokens: the start is a uniform guess's loss, the end far above it
+    assert losses[0] < 1.05 * math.log(VOCAB) < 1.5 * math.log(VOCAB) < losses[-1]
+    saved = sorted(p.name for p in (tmp_path / "save").iterdir() if p.name.startswith("step"))
+    assert f"step{max(trained)}" in saved  # (step0 is OLMo-core's own, at the start)
+    written = json.loads((tmp_path / "save" / "adapterprobe-guard.json").read_text())
+    assert written["verdict"] == "fail" and written["stopped_at"] == stopped
+    assert "worse_than_uniform" in {f["rule"] for f in written["findings"]}
+
+
+def test_the_guard_lets_a_healthy_run_finish(tmp_path):
+    from adapterprobe.integrations.olmo_core import GuardCallback
+
+    guard = GuardCallback()
+    metrics = train(tmp_path, guard, steps=20, lr=1e-3)
+    assert guard.stopped_at is None, guard.guard and guard.guard.findings
+    assert max(s for s in metrics if "train/CE loss" in metrics[s]) == 20
+    written = json.loads((tmp_path / "save" / "adapterprobe-guard.json").read_text())
+    assert written["stopped_at"] is None and written["num_records"] == 20

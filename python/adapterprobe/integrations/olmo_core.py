@@ -17,6 +17,12 @@ without a further reduction, and the same on every rank.
 
 The model is ``trainer.train_module.model``. The callback imports ``olmo_core``
 (install ``ai2-olmo-core``); nothing else in adapterprobe does.
+
+``GuardCallback`` judges the metrics the trainer logs with
+:class:`adapterprobe.Guard` and cancels the run OLMo-core's way when the verdict
+reaches ``stop_on``:
+
+    trainer = TrainerConfig(..., callbacks={"guard": GuardCallback()}).build(...)
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from adapterprobe.errors import MonitorConfigError, require
+from adapterprobe.guard import GuardCallbackBase
 from adapterprobe.monitor import KINDS, GAPMonitor, GradientDump
 
 if TYPE_CHECKING:
@@ -32,7 +39,7 @@ if TYPE_CHECKING:
 else:
     Callback = require("olmo_core.train.callbacks", "ai2-olmo-core").Callback
 
-__all__ = ["GAPCallback"]
+__all__ = ["GAPCallback", "GuardCallback"]
 
 # our per-tensor statistics under the seed callback's names
 _SEED_NAMES = {"max_abs": "max", "mean": "mean", "var": "var"}
@@ -132,3 +139,110 @@ class GAPCallback(Callback):
         if self._monitor is not None:
             self._monitor.close()
             self._monitor = None
+
+
+# OLMo-core's metric names (olmo_core.train.common and its train modules)
+_LOSS = "train/CE loss"
+_GRAD_NORM = "optim/total grad norm"
+_LR = "optim/LR (group 0)"
+#: Why the guard canceled a run: the prefix of OLMo-core's cancel reason.
+CANCEL_REASON = "adapterprobe guard"
+
+
+def _eval_loss(metrics: dict[str, float]) -> float | None:
+    """The first evaluator's cross-entropy (``eval/<name>/CE loss``), if logged."""
+    for key in sorted(metrics):
+        if key.startswith("eval/") and key.endswith("/CE loss"):
+            return float(metrics[key])
+    return None
+
+
+class GuardCallback(GuardCallbackBase, Callback):
+    """Judge an OLMo-core run online and cancel it when the verdict reaches
+    ``stop_on`` (``"fail"``: only what no later record can undo; ``"warn"``).
+
+    Each step's logged metrics (``train/CE loss``, ``optim/total grad norm``,
+    ``optim/LR (group 0)`` and an evaluator's ``eval/.../CE loss``) go to the
+    :class:`~adapterprobe.Guard` on global rank 0, which alone decides. On
+    stopping it logs the findings and calls ``trainer.cancel_run``: OLMo-core
+    passes the cancellation to every rank at its next check
+    (``cancel_check_interval`` steps, 25 by default), so every rank stops at
+    the same step. At ``post_train`` of a canceled run a checkpoint is saved
+    when ``save_on_stop`` and no enabled checkpointer will save one, and the
+    verdict goes to ``adapterprobe-guard.json`` in the local ``save_folder``
+    (the ``work_dir`` when that is remote), also for a run not stopped.
+
+    OLMo-core itself raises on a non-finite ``CE loss``; the guard catches
+    what comes before (a loss far worse than a uniform guess) and what OLMo-
+    core does not look at.
+    """
+
+    def __init__(
+        self,
+        stop_on: str = "fail",
+        save_on_stop: bool = True,
+        rules: str = "robust",
+        options: Any = None,
+    ) -> None:
+        GuardCallbackBase.__init__(self, stop_on, save_on_stop, rules, options)
+
+    def pre_train(self) -> None:
+        vocab = getattr(getattr(self.trainer.train_module, "model", None), "vocab_size", None)
+        max_steps = self.trainer.max_steps
+        self._start(
+            output_classes=vocab if isinstance(vocab, int) and vocab >= 2 else None,
+            max_steps=max_steps if isinstance(max_steps, int) and max_steps > 0 else None,
+        )
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        if _rank() != 0:
+            return
+
+        def number(key: str) -> float | None:
+            value = metrics.get(key)
+            return float(value) if isinstance(value, int | float) else None
+
+        stop = self._must_stop(
+            step,
+            loss=number(_LOSS),
+            grad_norm=number(_GRAD_NORM),
+            learning_rate=number(_LR),
+            eval_loss=_eval_loss(metrics),
+        )
+        if stop and self.guard is not None:
+            self.trainer.cancel_run(f"{CANCEL_REASON}: verdict {self.guard.verdict} at step {step}")
+
+    def post_train(self) -> None:
+        trainer = self.trainer
+        canceled = bool(trainer.is_canceled) and str(
+            getattr(trainer, "_cancel_reason", "") or ""
+        ).startswith(CANCEL_REASON)
+        if canceled and self.save_on_stop and not _checkpointer_saves(trainer):
+            trainer.save_checkpoint()  # every rank takes part, as OLMo-core's checkpointer
+        if _rank() == 0:
+            self._write(_local_output(trainer), main_process=True)
+
+
+def _rank() -> int:
+    from olmo_core.distributed.utils import get_rank  # type: ignore[import-not-found, unused-ignore]
+
+    return int(get_rank())
+
+
+def _checkpointer_saves(trainer: Any) -> bool:
+    """Whether an enabled ``CheckpointerCallback`` will save at ``post_train``."""
+    from olmo_core.train.callbacks import (  # type: ignore[import-not-found, unused-ignore]
+        CheckpointerCallback,
+    )
+
+    if getattr(trainer, "no_checkpoints", False):
+        return False
+    return any(
+        isinstance(cb, CheckpointerCallback) and cb.enabled for cb in trainer.callbacks.values()
+    )
+
+
+def _local_output(trainer: Any) -> str:
+    """The run's save folder when it is a local path, else its work dir."""
+    folder = str(trainer.save_folder)
+    return folder if "://" not in folder else str(trainer.work_dir)
