@@ -1,0 +1,302 @@
+//! The GAP monitor's records in a dlm-style JSONL log: the lines
+//! `{"type": "gap", "step": N, "stats": {"gap/summary/...": x, ...}}` that
+//! `adapterprobe.JsonlSink` writes on sampled steps beside the step lines.
+//!
+//! Only what the `gap_monitor` rules read is kept: the summary keys
+//! (`gap/summary/{kind}s/...`: global size and non-finite counts, per-layer
+//! sizes, the top offenders) and inline per-tensor non-finite counts
+//! (`gap/{kind}s/{name}/nonfinite`). Per-tensor side files are not opened.
+//! A line that is not a well-formed gap record is passed over, as the loss
+//! reader passes over lines that are not steps.
+//!
+//! Bounded whatever the log claims: lines longer than `MAX_LINE` are
+//! dropped, a record keeps at most `MAX_KEYS` statistics, and when the
+//! values kept pass `MAX_VALUES` every other sampled step is let go (the
+//! stride doubles), keeping the first step with a non-finite value.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Area, Error, Result};
+use crate::formats::logs::json_line::{to_loss, to_step, unescape, Scalar, Scanner};
+use crate::formats::logs::loss_log::MAX_LINE;
+use crate::io::files::open_regular;
+
+/// Statistics kept from one record (a 7B model's summary has a few thousand).
+pub const MAX_KEYS: usize = 65_536;
+/// Statistics kept over a whole run before sampled steps are thinned.
+pub const MAX_VALUES: usize = 4_000_000;
+/// Bytes read from the files per batch.
+const BATCH: usize = 8 << 20;
+
+/// One sampled step's statistics, `(key, value)` in the record's order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GapRecord {
+    pub step: i64,
+    pub stats: Vec<(String, f64)>,
+}
+
+impl GapRecord {
+    /// Whether any statistic kept says NaN/inf reached some tensor.
+    pub fn has_nonfinite(&self) -> bool {
+        self.stats.iter().any(|(k, v)| {
+            (k.ends_with("/nonfinite") && *v > 0.0)
+                || ((k.ends_with("/l2_norm") || k.ends_with("/rms")) && !v.is_finite())
+        })
+    }
+}
+
+/// The gap records of a run's logs, in step order (the last record of a
+/// step wins, as for step lines), and how they were read.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GapLog {
+    pub records: Vec<GapRecord>,
+    pub files: Vec<PathBuf>,
+    /// Every `thinned`-th sampled step is kept (1: all of them).
+    pub thinned: usize,
+    /// Records whose statistics were cut at `MAX_KEYS`.
+    pub cut_records: usize,
+}
+
+/// Whether a statistic is one the rules read.
+fn wanted(key: &str) -> bool {
+    key.starts_with("gap/summary/") || (key.starts_with("gap/") && key.ends_with("/nonfinite"))
+}
+
+/// A gap record from one line; None for any other line.
+pub fn parse_gap_line(line: &[u8]) -> Option<GapRecord> {
+    memchr::memmem::find(line, b"\"gap\"")?;
+    let text = std::str::from_utf8(line).ok()?;
+    let mut s = Scanner::new(text);
+    s.ws();
+    s.eat(b'{').ok()?;
+    let (mut is_gap, mut step, mut stats) = (false, None, None);
+    s.ws();
+    if s.peek() == Some(b'}') {
+        return None;
+    }
+    loop {
+        s.eat(b'"').ok()?;
+        let (raw, escaped) = s.string_raw().ok()?;
+        let key = if escaped {
+            unescape(raw)
+        } else {
+            std::str::from_utf8(raw).ok()?.to_string()
+        };
+        s.ws();
+        s.eat(b':').ok()?;
+        s.ws();
+        match key.as_str() {
+            "type" => is_gap = matches!(s.scalar().ok()?, Scalar::Str(t) if t == "gap"),
+            "step" => step = to_step(&s.scalar().ok()?),
+            "stats" if s.peek() == Some(b'{') => stats = Some(stats_object(&mut s)?),
+            _ => s.skip_value(1).ok()?,
+        }
+        if s.closes(b'}').ok()? {
+            break;
+        }
+    }
+    s.ws();
+    if s.i != line.len() || !is_gap {
+        return None;
+    }
+    Some(GapRecord {
+        step: step?,
+        stats: stats.unwrap_or_default(),
+    })
+}
+
+/// The wanted numeric entries of the `stats` object (at most `MAX_KEYS`;
+/// the rest are validated and skipped).
+fn stats_object(s: &mut Scanner<'_>) -> Option<Vec<(String, f64)>> {
+    s.eat(b'{').ok()?;
+    s.ws();
+    let mut out = Vec::new();
+    if s.peek() == Some(b'}') {
+        s.i += 1;
+        return Some(out);
+    }
+    loop {
+        s.eat(b'"').ok()?;
+        let (raw, escaped) = s.string_raw().ok()?;
+        s.ws();
+        s.eat(b':').ok()?;
+        s.ws();
+        let key = if escaped {
+            unescape(raw)
+        } else {
+            std::str::from_utf8(raw).ok()?.to_string()
+        };
+        if out.len() < MAX_KEYS && wanted(&key) {
+            if let Some(v) = to_loss(&s.scalar().ok()?) {
+                out.push((key, v));
+            }
+        } else {
+            s.skip_value(2).ok()?;
+        }
+        if s.closes(b'}').ok()? {
+            return Some(out);
+        }
+    }
+}
+
+/// Call `each` on every line of `reader` no longer than `MAX_LINE`; memory
+/// stays within one batch plus one line.
+fn for_each_line(mut reader: impl Read, mut each: impl FnMut(&[u8])) -> std::io::Result<()> {
+    let mut buf: Vec<u8> = Vec::new();
+    let mut discarding = false;
+    loop {
+        let got = (&mut reader).take(BATCH as u64).read_to_end(&mut buf)?;
+        let eof = got < BATCH;
+        let end = if eof {
+            buf.len()
+        } else {
+            memchr::memrchr(b'\n', &buf).map_or(0, |p| p + 1)
+        };
+        let mut start = 0;
+        for newline in memchr::memchr_iter(b'\n', &buf[..end]) {
+            if !discarding {
+                each(&buf[start..newline]);
+            }
+            discarding = false; // the rest of an over-long line ends here
+            start = newline + 1;
+        }
+        if eof && start < end && !discarding {
+            each(&buf[start..end]);
+        }
+        buf.drain(..end);
+        if buf.len() > MAX_LINE {
+            buf.clear();
+            discarding = true;
+        }
+        if eof {
+            return Ok(());
+        }
+    }
+}
+
+/// The gap records of one log file, in file order.
+pub fn read_gap_file(path: &Path) -> Result<Vec<GapRecord>> {
+    let file = open_regular(path, Area::LogFormat)?;
+    let mut out = Vec::new();
+    for_each_line(file, |line| {
+        if let Some(record) = parse_gap_line(line) {
+            out.push(record);
+        }
+    })
+    .map_err(|e| Error::io(Area::LogFormat, path, &e))?;
+    Ok(out)
+}
+
+/// The gap records of a run's logs (in the order given), sorted by step,
+/// the last of each step kept, and thinned to `MAX_VALUES` statistics.
+pub fn read_gap_log(files: &[PathBuf]) -> Result<GapLog> {
+    let mut records = Vec::new();
+    for path in files {
+        records.extend(read_gap_file(path)?);
+    }
+    Ok(assemble(records, files.to_vec()))
+}
+
+/// Sort, keep the last record of each step, and thin (see the module doc).
+pub fn assemble(records: Vec<GapRecord>, files: Vec<PathBuf>) -> GapLog {
+    let cut_records = records.iter().filter(|r| r.stats.len() >= MAX_KEYS).count();
+    let mut indexed: Vec<(usize, GapRecord)> = records.into_iter().enumerate().collect();
+    indexed.sort_by_key(|(i, r)| (r.step, *i));
+    let mut kept: Vec<GapRecord> = Vec::with_capacity(indexed.len());
+    for (_, r) in indexed {
+        match kept.last_mut() {
+            Some(last) if last.step == r.step => *last = r,
+            _ => kept.push(r),
+        }
+    }
+    let mut thinned = 1;
+    let total = |rs: &[GapRecord]| rs.iter().map(|r| r.stats.len()).sum::<usize>();
+    while total(&kept) > MAX_VALUES && kept.len() > 2 {
+        let first_bad = kept.iter().position(GapRecord::has_nonfinite);
+        let last = kept.len() - 1;
+        kept = kept
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| i % 2 == 0 || *i == last || Some(*i) == first_bad)
+            .map(|(_, r)| r)
+            .collect();
+        thinned *= 2;
+    }
+    GapLog {
+        records: kept,
+        files,
+        thinned,
+        cut_records,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_a_sink_line_and_keeps_only_what_the_rules_read() {
+        let line = br#"{"stats": {"gap/summary/grads/l2_norm": 1.5, "gap/summary/grads/layers/model.layers.0/l2_norm": NaN, "gap/params/x/mean": 3, "gap/grads/x.weight/nonfinite": 2}, "step": 10, "timestamp": "t", "type": "gap"}"#;
+        let r = parse_gap_line(line).unwrap();
+        assert_eq!(r.step, 10);
+        let keys: Vec<&str> = r.stats.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "gap/summary/grads/l2_norm",
+                "gap/summary/grads/layers/model.layers.0/l2_norm",
+                "gap/grads/x.weight/nonfinite"
+            ]
+        );
+        assert!(r.stats[1].1.is_nan());
+        assert!(r.has_nonfinite());
+    }
+
+    #[test]
+    fn other_lines_are_passed_over() {
+        for line in [
+            &br#"{"type": "step", "step": 1, "loss": 2.0}"#[..],
+            br#"{"type": "gap", "stats": {}}"#,
+            br#"{"type": "gap", "step": 1, "stats": {} "#,
+            br#"{"type": "gapx", "step": 1, "stats": {}}"#,
+            br#"["gap"]"#,
+            b"\"gap\"",
+            b"",
+        ] {
+            assert_eq!(
+                parse_gap_line(line),
+                None,
+                "{}",
+                String::from_utf8_lossy(line)
+            );
+        }
+    }
+
+    #[test]
+    fn lines_split_across_batches_and_overlong_lines() {
+        let mut text = Vec::new();
+        for step in 0..3 {
+            text.extend(
+                format!("{{\"type\": \"gap\", \"step\": {step}, \"stats\": {{}}}}\n").bytes(),
+            );
+        }
+        let mut seen = 0;
+        for_each_line(&text[..], |line| {
+            seen += usize::from(parse_gap_line(line).is_some())
+        })
+        .unwrap();
+        assert_eq!(seen, 3);
+    }
+
+    #[test]
+    fn last_record_of_a_step_wins_and_thinning_keeps_the_first_bad_step() {
+        let rec = |step, v: f64| GapRecord {
+            step,
+            stats: vec![("gap/summary/grads/l2_norm".into(), v)],
+        };
+        let log = assemble(vec![rec(2, 1.0), rec(1, 1.0), rec(2, 3.0)], vec![]);
+        assert_eq!(log.records, vec![rec(1, 1.0), rec(2, 3.0)]);
+        assert_eq!(log.thinned, 1);
+    }
+}
