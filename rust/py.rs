@@ -816,7 +816,8 @@ fn excerpt(text: &Bound<'_, PyString>) -> String {
 
 /// Gather probe inputs for `targets` in parallel (GIL released), in order.
 #[pyfunction]
-#[pyo3(signature = (targets, *, drift=true, ghost=true, weights=true, full_weights=false, workers=None))]
+#[pyo3(signature = (targets, *, drift=true, ghost=true, weights=true, full_weights=false, gap=true, workers=None))]
+#[allow(clippy::too_many_arguments)]
 fn probe_targets(
     py: Python<'_>,
     targets: Vec<Target>,
@@ -824,6 +825,7 @@ fn probe_targets(
     ghost: bool,
     weights: bool,
     full_weights: bool,
+    gap: bool,
     workers: Option<Size>,
 ) -> Result<Vec<TargetInputs>> {
     let workers = workers.map(|n| count("workers", n)).transpose()?;
@@ -832,6 +834,7 @@ fn probe_targets(
         ghost,
         weights,
         full_weights,
+        gap,
     };
     py.detach(|| scan::pool(workers).map(|p| p.install(|| scan::probe_targets(&targets, wanted))))
 }
@@ -886,6 +889,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<LogsStatus>()?;
     m.add_class::<DriftInput>()?;
     m.add_class::<crate::formats::model_config::OutputClasses>()?;
+    m.add_class::<crate::store::probe_inputs::GuardNote>()?;
     m.add_class::<GhostInput>()?;
     m.add_class::<Target>()?;
     m.add_class::<TargetInputs>()?;

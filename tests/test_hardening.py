@@ -49,7 +49,8 @@ def test_sums_past_the_float_range_do_not_raise(huge_moments_store):
         result = ap.gradient_ghost(version, rules=rules)
         assert result.verdict.value in ("pass", "warn", "fail"), result.message
     report = ap.scan(huge_moments_store, rules="sway")
-    assert {r.probe for r in report} == set(probes.DEFAULT_PROBES)
+    # gap_monitor answers only where the logs hold the GAP monitor's records
+    assert {r.probe for r in report} == set(probes.DEFAULT_PROBES) - {"gap_monitor"}
 
 
 def test_every_judge_answers_inside_the_scan_pass(demo_store):

@@ -23,6 +23,7 @@ from adapterprobe.judge import judge_batch
 from adapterprobe.probes import PROBES, resolve_options
 from adapterprobe.probes.drift import judge_drift
 from adapterprobe.probes.full_weights import judge_full_weights
+from adapterprobe.probes.gap import judge_gap
 from adapterprobe.probes.ghost import judge_ghost
 from adapterprobe.probes.weights import judge_weights
 from adapterprobe.scan import discover
@@ -33,6 +34,7 @@ JUDGES = {
     "gradient_ghost": judge_ghost,
     "adapter_weights": judge_weights,
     "full_weights": judge_full_weights,
+    "gap_monitor": judge_gap,
 }
 ALL_PROBES = tuple(PROBES)
 

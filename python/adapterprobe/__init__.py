@@ -54,12 +54,14 @@ from adapterprobe.guard import Guard
 from adapterprobe.probes import (
     DriftOptions,
     FullWeightsOptions,
+    GapOptions,
     GhostOptions,
     ProbeResult,
     Verdict,
     WeightsOptions,
     adapter_weights,
     full_weights,
+    gap_monitor,
     gradient_ghost,
     training_drift,
 )
@@ -174,10 +176,12 @@ __all__ = [
     # probes and scans
     "DriftOptions",
     "FullWeightsOptions",
+    "GapOptions",
     "GhostOptions",
     "WeightsOptions",
     "adapter_weights",
     "full_weights",
+    "gap_monitor",
     "gradient_ghost",
     "training_drift",
     "Guard",

@@ -14,7 +14,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from adapterprobe.errors import require
+import adapterprobe._core as _core
+from adapterprobe.errors import AdapterProbeError, require
 from adapterprobe.judge import judge_batch
 from adapterprobe.probes import PROBES, resolve_options
 from adapterprobe.probes.options import ProbeOptions
@@ -39,6 +40,16 @@ def batch_size(num_targets: int, cpus: float) -> int:
     return max(1, min(MAX_BATCH, math.ceil(num_targets / tasks)))
 
 
+def _holds_gap_records(target: Any) -> bool:
+    """Whether the store's logs hold GAP monitor records (read again here,
+    on the driver, only for a batch that failed)."""
+    base = target.log_root if target.log_root is not None else target.store
+    try:
+        return _core.gap_input(base) is not None
+    except AdapterProbeError:
+        return False
+
+
 def failed_records(target: Any, probes: Sequence[str], cause: str) -> list[ScanRecord]:
     """The records a store would have produced (in the same order), each an
     error naming `cause`."""
@@ -47,6 +58,8 @@ def failed_records(target: Any, probes: Sequence[str], cause: str) -> list[ScanR
     out = []
     kind = target.checkpoint_kind
     for name in sorted(p for p in probes if PROBES[p].scope == "store"):
+        if name == "gap_monitor" and not _holds_gap_records(target):
+            continue  # a store answers gap_monitor only where its logs hold the monitor's
         if target.with_logs:
             out.append(
                 ScanRecord(store, None, target.layout, name, Verdict.ERROR, None, message, {}, kind)

@@ -81,6 +81,7 @@ fn drift_input_from(
             .map(|reason| Error::new(Area::LogFormat, error_path.unwrap_or_default(), reason)),
         note,
         output_classes: None,
+        guard: None,
     })
 }
 

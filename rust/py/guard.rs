@@ -3,6 +3,8 @@
 //! training loop calls it once per logged record), so it takes plain
 //! optional floats and returns a static string.
 
+use std::collections::HashMap;
+
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
@@ -49,6 +51,13 @@ impl Guard {
         self.inner
             .observe(step, loss, grad_norm, learning_rate, eval_loss, reward)
             .as_str()
+    }
+
+    /// The GAP monitor's statistics of one sampled step; the verdict so far.
+    fn observe_gap(&mut self, step: i64, stats: HashMap<String, f64>) -> &'static str {
+        let mut stats: Vec<(String, f64)> = stats.into_iter().collect();
+        stats.sort_by(|a, b| a.0.cmp(&b.0)); // a stable order for the messages
+        self.inner.observe_gap(step, stats).as_str()
     }
 
     #[getter]

@@ -56,6 +56,7 @@ fn scan_options(options: &Bound<'_, PyDict>) -> PyResult<ScanOptions> {
             "gradient_ghost" => out.ghost = Some(value.extract()?),
             "adapter_weights" => out.weights = Some(value.extract()?),
             "full_weights" => out.full_weights = Some(value.extract()?),
+            "gap_monitor" => out.gap = Some(value.extract()?),
             other => return Err(PyValueError::new_err(format!("unknown probe {other:?}"))),
         }
     }

@@ -6,9 +6,12 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
-use crate::store::probe_inputs::{DriftInput, FullWeightsInput, GhostInput, WeightsInput};
+use crate::store::probe_inputs::{
+    DriftInput, FullWeightsInput, GapInput, GhostInput, WeightsInput,
+};
 use crate::verdicts::drift::{self, DriftOptions};
 use crate::verdicts::full_weights::{self, FullWeightsOptions};
+use crate::verdicts::gap::{self, GapOptions};
 use crate::verdicts::ghost::{self, GhostOptions};
 use crate::verdicts::weights::{self, WeightsOptions};
 use crate::verdicts::{Evidence, Judged, Value};
@@ -115,7 +118,67 @@ fn judge_full_weights<'py>(
     judged_tuple(py, &full_weights::judge_full_weights(&inputs, &options))
 }
 
+#[pymethods]
+impl GapInput {
+    /// The sampled steps whose records were read (after thinning).
+    #[getter]
+    fn steps(&self) -> Vec<i64> {
+        self.log
+            .as_ref()
+            .map(|l| l.records.iter().map(|r| r.step).collect())
+            .unwrap_or_default()
+    }
+
+    /// The log files read.
+    #[getter]
+    fn files(&self) -> Vec<std::path::PathBuf> {
+        self.log
+            .as_ref()
+            .map(|l| l.files.clone())
+            .unwrap_or_default()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("GapInput({} records)", self.steps().len())
+    }
+}
+
+/// gap_monitor's verdict on gathered inputs.
+#[pyfunction]
+fn judge_gap<'py>(
+    py: Python<'py>,
+    inputs: PyRef<'py, GapInput>,
+    options: GapOptions,
+) -> PyResult<JudgedTuple<'py>> {
+    judged_tuple(py, &gap::judge_gap(&inputs, &options))
+}
+
+/// The GAP monitor's records in `<store>/logs/train-*.jsonl` (GIL released),
+/// None when there are none. For the reader's tests and the guard.
+#[pyfunction]
+fn gap_input(py: Python<'_>, store: std::path::PathBuf) -> Option<GapInput> {
+    py.detach(|| crate::store::probe_inputs::gap_input(&store))
+}
+
+/// Every gap record of one log file as `(step, {key: value})`, in file
+/// order, holding only the keys the rules read (GIL released for reading).
+#[pyfunction]
+fn read_gap_records(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+) -> crate::Result<Vec<(i64, std::collections::HashMap<String, f64>)>> {
+    let records = py.detach(|| crate::formats::logs::gap_log::read_gap_file(&path))?;
+    Ok(records
+        .into_iter()
+        .map(|r| (r.step, r.stats.into_iter().collect()))
+        .collect())
+}
+
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<GapInput>()?;
+    m.add_function(wrap_pyfunction!(judge_gap, m)?)?;
+    m.add_function(wrap_pyfunction!(gap_input, m)?)?;
+    m.add_function(wrap_pyfunction!(read_gap_records, m)?)?;
     m.add_function(wrap_pyfunction!(judge_drift, m)?)?;
     m.add_function(wrap_pyfunction!(judge_ghost, m)?)?;
     m.add_function(wrap_pyfunction!(judge_weights, m)?)?;

@@ -1,5 +1,6 @@
 //! One target's records, in the order a report lists them: the store's own
-//! record (`training_drift`) first, then each version's records in the
+//! records first, by probe name (`gap_monitor`, when its logs hold the GAP
+//! monitor's records, then `training_drift`), then each version's records in the
 //! store's version order (checkpoint-40 before checkpoint-120), each
 //! version's probes by name; a directory the walk could not enter is one
 //! `discovery` record instead.
@@ -11,7 +12,7 @@ use std::path::{Path, PathBuf};
 use crate::io::path_text::python_path;
 use crate::records::{Record, ScanOptions};
 use crate::store::probe_inputs::{TargetInputs, WeightsInput};
-use crate::verdicts::{drift, full_weights, ghost, weights, Judged, Verdict};
+use crate::verdicts::{drift, full_weights, gap, ghost, weights, Judged, Verdict};
 
 /// The `probe` of a walk problem's record.
 pub const DISCOVERY: &str = "discovery";
@@ -89,6 +90,16 @@ pub fn records_for(inputs: &TargetInputs, options: &ScanOptions) -> Vec<Record> 
             .collect();
     }
     let mut out = Vec::new();
+    if let (Some(o), Some(given)) = (&options.gap, &inputs.gap) {
+        let judged = gap::judge_gap(given, o);
+        out.push(record(
+            &store,
+            None,
+            inputs,
+            judged,
+            inputs.checkpoint_kind.clone(),
+        ));
+    }
     if let (Some(o), Some(given)) = (&options.drift, &inputs.drift) {
         let judged = drift::judge_drift(given, o);
         out.push(record(

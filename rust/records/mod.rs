@@ -22,6 +22,7 @@ use crate::store::layout::Target;
 use crate::store::probe_inputs::{gather, Wanted};
 use crate::verdicts::drift::DriftOptions;
 use crate::verdicts::full_weights::FullWeightsOptions;
+use crate::verdicts::gap::GapOptions;
 use crate::verdicts::ghost::GhostOptions;
 use crate::verdicts::weights::WeightsOptions;
 use crate::verdicts::Judged;
@@ -33,6 +34,7 @@ pub struct ScanOptions {
     pub ghost: Option<GhostOptions>,
     pub weights: Option<WeightsOptions>,
     pub full_weights: Option<FullWeightsOptions>,
+    pub gap: Option<GapOptions>,
 }
 
 impl ScanOptions {
@@ -43,6 +45,7 @@ impl ScanOptions {
             ghost: self.ghost.is_some(),
             weights: self.weights.is_some(),
             full_weights: self.full_weights.is_some(),
+            gap: self.gap.is_some(),
         }
     }
 }
@@ -105,6 +108,7 @@ fn guarded(t: &Target, options: &ScanOptions, make: impl FnOnce() -> Vec<Record>
                     crate::verdicts::full_weights::KIND,
                 ),
                 (options.ghost.is_some(), crate::verdicts::ghost::KIND),
+                (options.gap.is_some(), crate::verdicts::gap::KIND),
             ];
             kinds
                 .into_iter()

@@ -302,8 +302,13 @@ fn natural_cmp(a: &str, b: &str) -> Ordering {
 /// A dlm store: `adapter/` or `logs/`. A W&B run directory also has a
 /// `logs/` folder (the SDK's debug logs): it is no dlm store.
 pub fn is_dlm_store(dir: &Path) -> bool {
+    // The GAP monitor writes its logs/ into an HF Trainer's output dir
+    // (`JsonlSink.for_store(output_dir, ...)`): that stays an HF run, whose
+    // checkpoint-N/ folders are its versions.
     dir.join("adapter").is_dir()
-        || (dir.join("logs").is_dir() && !crate::formats::logs::wandb_run::is_run_dir(dir))
+        || (dir.join("logs").is_dir()
+            && !crate::formats::logs::wandb_run::is_run_dir(dir)
+            && !is_hf_output(dir))
 }
 
 fn is_adapter_root(dir: &Path) -> bool {
@@ -715,6 +720,7 @@ fn unclaimed_reason(layout: &str, name: &str, path: &Path, target: &Target) -> O
     }
     match layout {
         DLM if name == "adapter" || name == "logs" => None,
+        HF_TRAINER if name == "logs" => None, // the GAP monitor's run logs
         HF_TRAINER if checkpoint_step(name).is_some() || name == LAST_CHECKPOINT => {
             (!holds_checkpoint(path)).then(|| {
                 "checkpoint directory holding nothing a probe reads (no trainer_state.json, \

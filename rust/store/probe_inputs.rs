@@ -60,6 +60,54 @@ pub struct DriftInput {
     /// What the loss is a cross-entropy over, where the run saved its
     /// model's `config.json` (see `formats::model_config`).
     pub output_classes: Option<OutputClasses>,
+    /// What adapterprobe's guard wrote into the run's output
+    /// (`adapterprobe-guard.json`), where it did.
+    pub guard: Option<GuardNote>,
+}
+
+/// The guard's verdict file of a run: its verdict and the step it stopped
+/// the run at (None: it did not).
+#[cfg_attr(
+    feature = "python",
+    pyo3::pyclass(frozen, get_all, skip_from_py_object, module = "adapterprobe._core")
+)]
+#[derive(Debug, Clone, PartialEq)]
+pub struct GuardNote {
+    pub verdict: String,
+    pub stopped_at: Option<i64>,
+}
+
+/// The file a guard callback writes into a run's output directory.
+pub const GUARD_FILE: &str = "adapterprobe-guard.json";
+/// Largest guard file read (one holds a verdict and a few findings).
+const MAX_GUARD_FILE: u64 = 1 << 20;
+
+/// `<dir>/adapterprobe-guard.json`'s verdict and stop step; None when the
+/// file is absent, too large, or not what a guard writes.
+pub fn guard_note(dir: &Path) -> Option<GuardNote> {
+    use std::io::Read;
+    let path = dir.join(GUARD_FILE);
+    let file = crate::io::files::open_regular(&path, Area::LogFormat).ok()?;
+    let mut text = String::new();
+    file.take(MAX_GUARD_FILE + 1)
+        .read_to_string(&mut text)
+        .ok()?;
+    if text.len() as u64 > MAX_GUARD_FILE {
+        return None;
+    }
+    let value: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let verdict = value.get("verdict")?.as_str()?;
+    if !matches!(verdict, "pass" | "warn" | "fail" | "error") {
+        return None;
+    }
+    let stopped_at = match value.get("stopped_at") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(v) => Some(v.as_i64()?),
+    };
+    Some(GuardNote {
+        verdict: verdict.to_string(),
+        stopped_at,
+    })
 }
 
 impl DriftInput {
@@ -74,6 +122,7 @@ impl DriftInput {
             error: None,
             note: None,
             output_classes: None,
+            guard: None,
         }
     }
 
@@ -212,11 +261,23 @@ pub fn drift_input_below(store: &Path, runs: &[&Target]) -> DriftInput {
 }
 
 pub fn drift_input_for(store: &Path, layout: &str) -> DriftInput {
-    let input = drift_input_of_layout(store, layout);
+    let mut input = drift_input_of_layout(store, layout);
+    input.guard = guard_note(store);
     if layout == layout::DLM {
         return input; // a dlm store keeps adapter versions, never a model config
     }
     input.with_model_config().with_run_end()
+}
+
+/// The GAP monitor's run logs in `<run>/logs/` (`train-*.jsonl`), if any.
+fn monitor_logs(run: &Path) -> Option<Vec<PathBuf>> {
+    let logs = run.join("logs");
+    if !logs.is_dir() {
+        return None;
+    }
+    loss_log::train_logs_in(&logs)
+        .ok()
+        .filter(|files| !files.is_empty())
 }
 
 /// Most entries of a run folder looked through for a later checkpoint.
@@ -240,9 +301,11 @@ fn drift_input_of_layout(store: &Path, layout: &str) -> DriftInput {
         HF_TRAINER => {
             let input = DriftInput::new(store, layout, store.to_path_buf());
             match loss_log::hf_run_sources(store) {
-                None => match tracker_run(store) {
-                    Some(run) => input.read(loss_log::read_curve_from(&run, None)),
-                    None => input.none(
+                None => match (tracker_run(store), monitor_logs(store)) {
+                    (Some(run), _) => input.read(loss_log::read_curve_from(&run, None)),
+                    // the step lines the GAP monitor's sink wrote beside its records
+                    (None, Some(files)) => input.read(loss_log::read_loss_curve(&files)),
+                    (None, None) => input.none(
                         LogsStatus::NoFiles,
                         format!(
                         "no {TRAINER_STATE} (in the output dir or a checkpoint) and no TensorBoard \
@@ -762,6 +825,8 @@ pub struct TargetInputs {
     pub ghosts: Vec<GhostInput>,
     pub weights: Vec<WeightsInput>,
     pub full_weights: Vec<FullWeightsInput>,
+    /// The GAP monitor's records in the store's logs (None: there are none).
+    pub gap: Option<GapInput>,
     pub broken: Vec<(PathBuf, String)>,
 }
 
@@ -772,6 +837,39 @@ pub struct Wanted {
     pub ghost: bool,
     pub weights: bool,
     pub full_weights: bool,
+    pub gap: bool,
+}
+
+/// What gap_monitor reads of one store: the gap records of its logs, or
+/// why they could not be read.
+#[cfg_attr(
+    feature = "python",
+    pyo3::pyclass(frozen, skip_from_py_object, module = "adapterprobe._core")
+)]
+#[derive(Debug, Clone, Default)]
+pub struct GapInput {
+    pub log: Option<crate::formats::logs::gap_log::GapLog>,
+    pub error: Option<Error>,
+}
+
+/// The GAP monitor's records in `<base>/logs/train-*.jsonl`; None when that
+/// folder holds none (or cannot be read: `training_drift` reports why).
+pub fn gap_input(base: &Path) -> Option<GapInput> {
+    let logs = base.join("logs");
+    if !logs.is_dir() {
+        return None;
+    }
+    let files = crate::formats::logs::loss_log::train_logs_in(&logs).ok()?;
+    if files.is_empty() {
+        return None;
+    }
+    match crate::formats::logs::gap_log::read_gap_log(&files) {
+        Ok(log) if !log.records.is_empty() => Some(GapInput {
+            log: Some(log),
+            error: None,
+        }),
+        _ => None,
+    }
 }
 
 /// The inputs of one target (its versions read in parallel).
@@ -810,6 +908,11 @@ pub fn gather(t: &Target, wanted: Wanted) -> TargetInputs {
             .par_iter()
             .map(carried(|v: &&PathBuf| full_weights_input_for(v, &t.layout)))
             .collect(),
+        gap: if wanted.gap {
+            gap_input(t.log_root.as_deref().unwrap_or(&t.store))
+        } else {
+            None
+        },
         broken: t.broken.clone(),
     }
 }

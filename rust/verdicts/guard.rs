@@ -30,10 +30,12 @@
 
 use std::path::PathBuf;
 
+use crate::formats::logs::gap_log::{GapLog, GapRecord};
 use crate::formats::logs::loss_log::{LossCurve, RunProgress};
 use crate::formats::model_config::OutputClasses;
 use crate::store::probe_inputs::{DriftInput, LogsStatus};
 use crate::verdicts::drift::{judge_drift, DriftOptions};
+use crate::verdicts::gap::{judge_gap_records, GapInput, GapOptions};
 use crate::verdicts::{Judged, Value, Verdict};
 
 /// Records judged on every observation while the run has at most this many.
@@ -73,7 +75,16 @@ pub struct Guard {
     last_level: f64,
     verdict: Verdict,
     findings: Vec<GuardFinding>,
+    /// The GAP monitor's newest records (at most `GAP_WINDOW`), their rules'
+    /// options and their online findings.
+    gap: Vec<GapRecord>,
+    gap_options: GapOptions,
+    gap_findings: Vec<GuardFinding>,
 }
+
+/// GAP records the guard keeps: enough for every online rule (two in a
+/// row, a layer's recent history, growth over the window).
+pub const GAP_WINDOW: usize = 64;
 
 impl Guard {
     /// A guard judging by `options`; `classes` is what the loss is a
@@ -94,7 +105,59 @@ impl Guard {
             last_level: f64::NAN,
             verdict: Verdict::Pass,
             findings: vec![],
+            gap: vec![],
+            gap_options: GapOptions::defaults("robust"),
+            gap_findings: vec![],
         }
+    }
+
+    /// Take the GAP monitor's statistics of one sampled step (its summary
+    /// keys, as `GAPMonitor.latest` holds them) and return the online
+    /// verdict so far, the loss's and the monitor's together.
+    pub fn observe_gap(&mut self, step: i64, stats: Vec<(String, f64)>) -> Verdict {
+        let stats: Vec<(String, f64)> = stats
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("gap/summary/") || k.ends_with("/nonfinite"))
+            .take(crate::formats::logs::gap_log::MAX_KEYS)
+            .collect();
+        let record = GapRecord { step, stats };
+        match self.gap.iter().position(|r| r.step >= step) {
+            Some(i) if self.gap[i].step == step => self.gap[i] = record,
+            Some(i) => self.gap.insert(i, record),
+            None => self.gap.push(record),
+        }
+        if self.gap.len() > GAP_WINDOW {
+            self.gap.remove(0);
+        }
+        let input = GapInput {
+            log: Some(GapLog {
+                records: std::mem::take(&mut self.gap),
+                files: vec![],
+                thinned: 1,
+                cut_records: 0,
+            }),
+            error: None,
+        };
+        let judged = judge_gap_records(&input, &self.gap_options, true);
+        if let Some(log) = input.log {
+            self.gap = log.records;
+        }
+        let mut current = Vec::new();
+        for (rule, verdict, message) in findings_of(&judged) {
+            let first = self
+                .gap_findings
+                .iter()
+                .find(|f| f.rule == rule)
+                .map_or(step, |f| f.step);
+            current.push(GuardFinding {
+                rule,
+                step: first,
+                verdict,
+                message,
+            });
+        }
+        self.gap_findings = current;
+        self.verdict()
     }
 
     /// The plan the run was set for (`max_steps`), so that a run that
@@ -120,6 +183,7 @@ impl Guard {
             error: None,
             note: None,
             output_classes: classes.clone(),
+            guard: None,
         };
         let judged = judge_drift(&input, options);
         if let Some(back) = input.curve {
@@ -162,7 +226,7 @@ impl Guard {
         if due || (asks && n >= self.early_from) {
             self.judge_now(step);
         }
-        self.verdict
+        self.verdict()
     }
 
     fn judge_now(&mut self, step: i64) {
@@ -212,14 +276,22 @@ impl Guard {
         self.findings = current;
     }
 
-    /// The online verdict so far.
+    /// The online verdict so far (the loss's and the GAP monitor's).
     pub fn verdict(&self) -> Verdict {
-        self.verdict
+        self.gap_findings
+            .iter()
+            .map(|f| f.verdict)
+            .fold(self.verdict, Verdict::max)
     }
 
-    /// The findings of the last judgement, with the step each was first seen.
-    pub fn findings(&self) -> &[GuardFinding] {
-        &self.findings
+    /// The findings of the last judgements (the loss's, then the GAP
+    /// monitor's), with the step each was first seen.
+    pub fn findings(&self) -> Vec<GuardFinding> {
+        self.findings
+            .iter()
+            .chain(&self.gap_findings)
+            .cloned()
+            .collect()
     }
 
     /// Records taken so far.
@@ -354,7 +426,8 @@ mod tests {
         }
         assert_eq!(g.verdict(), Verdict::Warn, "{:?}", g.findings());
         assert_eq!(g.result().verdict, Verdict::Fail);
-        let diverged = g.findings().iter().find(|f| f.rule == "diverged").unwrap();
+        let findings = g.findings();
+        let diverged = findings.iter().find(|f| f.rule == "diverged").unwrap();
         assert_eq!(diverged.verdict, Verdict::Warn);
         assert!(diverged.step < 60, "first seen at {}", diverged.step);
         // Non-finite losses, three in a row: the weights went NaN; stop now.
@@ -408,5 +481,54 @@ mod tests {
         }
         // 128 judgements while short, then one per sixteenth of growth.
         assert!(judged < 128 + 16 * 10, "{judged} judgements");
+    }
+
+    fn gap(grads: f64, params: f64) -> Vec<(String, f64)> {
+        vec![
+            ("gap/summary/grads/l2_norm".into(), grads),
+            (
+                "gap/summary/grads/nonfinite".into(),
+                f64::from(u8::from(!grads.is_finite())),
+            ),
+            ("gap/summary/params/nonfinite".into(), params),
+            ("gap/grads/model.x.weight/mean".into(), 1.0), // not a key the rules read
+        ]
+    }
+
+    #[test]
+    fn monitor_records_one_overflow_warns_two_in_a_row_or_nan_weights_fail() {
+        let mut g = robust();
+        for step in 0..5 {
+            assert_eq!(g.observe_gap(step * 2, gap(1.0, 0.0)), Verdict::Pass);
+        }
+        // an fp16 overflow: the next record may be finite again
+        assert_eq!(g.observe_gap(10, gap(f64::INFINITY, 0.0)), Verdict::Warn);
+        assert_eq!(g.observe_gap(12, gap(1.0, 0.0)), Verdict::Warn);
+        assert_eq!(g.observe_gap(14, gap(f64::INFINITY, 0.0)), Verdict::Warn);
+        assert_eq!(g.observe_gap(16, gap(f64::NAN, 0.0)), Verdict::Fail);
+        let nonfinite: Vec<_> = g
+            .findings()
+            .into_iter()
+            .filter(|f| f.rule == "nonfinite")
+            .collect();
+        assert_eq!(nonfinite[0].step, 10); // first reported at the first overflow
+        let mut g = robust();
+        g.observe_gap(2, gap(1.0, 0.0));
+        assert_eq!(g.observe_gap(4, gap(1.0, 3.0)), Verdict::Fail);
+        // the loss verdict and the monitor's combine
+        assert_eq!(
+            g.observe(4, Some(2.0), None, None, None, None),
+            Verdict::Fail
+        );
+    }
+
+    #[test]
+    fn the_monitors_window_is_bounded() {
+        let mut g = robust();
+        for step in 0..1000 {
+            g.observe_gap(step, gap(1.0, 0.0));
+        }
+        assert_eq!(g.gap.len(), GAP_WINDOW);
+        assert_eq!(g.gap[0].step, 1000 - GAP_WINDOW as i64);
     }
 }

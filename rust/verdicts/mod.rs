@@ -16,6 +16,7 @@
 pub mod drift;
 pub mod evidence;
 pub mod full_weights;
+pub mod gap;
 pub mod ghost;
 pub mod guard;
 pub mod layer_lift;

@@ -23,6 +23,7 @@ SPECS = {
     "full_weights": ("adapter", "full_weights"),
     "gradient_ghost": ("adapter", "ghosts"),
     "training_drift": ("store", "drift"),
+    "gap_monitor": ("store", "gap"),
 }
 WALK_PROBLEMS = {"unreadable": Verdict.ERROR, "outside-root": Verdict.SKIP}
 
@@ -105,6 +106,7 @@ def reference_records(
         ghost="gradient_ghost" in probes,
         weights="adapter_weights" in probes,
         full_weights="full_weights" in probes,
+        gap="gap_monitor" in probes,
         workers=workers,
     )
     return [r for inputs in gathered for r in records_for(inputs, probes, options, judges)]

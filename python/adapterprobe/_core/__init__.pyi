@@ -3,7 +3,7 @@
 Errors raised here are the classes of :mod:`adapterprobe.errors`.
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from os import PathLike
 from pathlib import Path
 from typing import Any, ClassVar, TypeAlias, final
@@ -23,8 +23,10 @@ __all__ = [
     "DriftInput",
     "FullWeights",
     "FullWeightsInput",
+    "GapInput",
     "GhostInput",
     "Guard",
+    "GuardNote",
     "LayerEnergy",
     "LayerGrouping",
     "LayerWeights",
@@ -57,16 +59,19 @@ __all__ = [
     "excerpt",
     "find_adapters",
     "full_weights_input",
+    "gap_input",
     "ghost_input",
     "ghost_input_of",
     "group_layers",
     "json_dumps",
     "judge_drift",
     "judge_full_weights",
+    "judge_gap",
     "judge_ghost",
     "judge_weights",
     "probe_targets",
     "read_adapter_weights",
+    "read_gap_records",
     "read_loss_curve",
     "read_optimizer_state",
     "read_safetensors_header",
@@ -357,6 +362,8 @@ class DriftInput:
     def note(self) -> str | None: ...
     @property
     def output_classes(self) -> OutputClasses | None: ...
+    @property
+    def guard(self) -> GuardNote | None: ...
 
 @final
 class Guard:
@@ -379,6 +386,8 @@ class Guard:
         eval_loss: float | None = None,
         reward: float | None = None,
     ) -> str: ...
+    def observe_gap(self, step: int, stats: Mapping[str, float]) -> str:
+        """The GAP monitor's statistics of one sampled step; the verdict so far."""
     @property
     def verdict(self) -> str: ...
     @property
@@ -501,6 +510,8 @@ class TargetInputs:
     def weights(self) -> list[WeightsInput]: ...
     @property
     def full_weights(self) -> list[FullWeightsInput]: ...
+    @property
+    def gap(self) -> GapInput | None: ...
     @property
     def broken(self) -> list[tuple[Path, str]]: ...
 
@@ -740,6 +751,38 @@ def judge_ghost(
 ) -> tuple[str, float | None, float | None, str, dict[str, Any]]:
     """gradient_ghost's verdict: (verdict, score, raw, message, evidence)."""
 
+@final
+class GuardNote:
+    """A run's ``adapterprobe-guard.json``: the guard's verdict and stop step."""
+
+    @property
+    def verdict(self) -> str: ...
+    @property
+    def stopped_at(self) -> int | None: ...
+
+@final
+class GapInput:
+    """What gap_monitor reads of one store: the GAP monitor's records."""
+
+    @property
+    def steps(self) -> list[int]:
+        """The sampled steps whose records were read (after thinning)."""
+    @property
+    def files(self) -> list[Path]:
+        """The log files read."""
+
+def judge_gap(
+    inputs: GapInput, options: Any
+) -> tuple[str, float | None, float | None, str, dict[str, Any]]:
+    """gap_monitor's verdict: (verdict, score, raw, message, evidence)."""
+
+def gap_input(store: _Path) -> GapInput | None:
+    """The GAP monitor's records in ``<store>/logs/train-*.jsonl``; None when none."""
+
+def read_gap_records(path: _Path) -> list[tuple[int, dict[str, float]]]:
+    """Every gap record of one log file as ``(step, {key: value})``, with the
+    keys the rules read."""
+
 def discover(
     roots: Sequence[_Path],
     *,
@@ -760,6 +803,7 @@ def probe_targets(
     ghost: bool = True,
     weights: bool = True,
     full_weights: bool = False,
+    gap: bool = True,
     workers: int | None = None,
 ) -> list[TargetInputs]: ...
 def json_dumps(value: object) -> str:

@@ -19,6 +19,7 @@ from adapterprobe.probes.full_weights import (
     full_weights,
     judge_full_weights,
 )
+from adapterprobe.probes.gap import GapOptions, gap_monitor, judge_gap
 from adapterprobe.probes.ghost import GhostOptions, gradient_ghost, judge_ghost
 from adapterprobe.probes.options import RULE_SETS, ProbeOptions
 from adapterprobe.probes.result import ProbeResult, Verdict
@@ -44,13 +45,19 @@ PROBES: dict[str, ProbeSpec] = {
         ProbeSpec("adapter_weights", WeightsOptions, judge_weights, "adapter", "weights"),
         ProbeSpec("gradient_ghost", GhostOptions, judge_ghost, "adapter", "ghosts"),
         ProbeSpec("training_drift", DriftOptions, judge_drift, "store", "drift"),
+        ProbeSpec("gap_monitor", GapOptions, judge_gap, "store", "gap"),
         ProbeSpec(
             "full_weights", FullWeightsOptions, judge_full_weights, "adapter", "full_weights"
         ),
     )
 }
 #: The probes a scan runs when none are named.
-DEFAULT_PROBES: tuple[str, ...] = ("adapter_weights", "gradient_ghost", "training_drift")
+DEFAULT_PROBES: tuple[str, ...] = (
+    "adapter_weights",
+    "gradient_ghost",
+    "training_drift",
+    "gap_monitor",
+)
 
 
 def resolve_options(
@@ -108,6 +115,7 @@ __all__ = [
     "RULE_SETS",
     "DriftOptions",
     "FullWeightsOptions",
+    "GapOptions",
     "GhostOptions",
     "ProbeOptions",
     "ProbeResult",
@@ -116,6 +124,7 @@ __all__ = [
     "WeightsOptions",
     "adapter_weights",
     "full_weights",
+    "gap_monitor",
     "gradient_ghost",
     "resolve_options",
     "training_drift",

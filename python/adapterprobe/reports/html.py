@@ -24,6 +24,7 @@ from adapterprobe.reports.probe_charts import (
     DRAWN,
     ghost_chart,
     grad_norm_figure,
+    layer_grad_figure,
     loss_figure,
     weights_chart,
 )
@@ -190,6 +191,10 @@ def _store_body(store: Store, ratio: float, plots: bool) -> str:
             grad = grad_norm_figure(rec, f"s{store.index}-g{j}", store.name)
             if grad:
                 figures.append(grad)
+        for j, rec in enumerate(r for r in store.records if r.probe == "gap_monitor"):
+            fig = layer_grad_figure(rec, f"s{store.index}-l{j}", store.name)
+            if fig:
+                figures.append(fig)
         more, skipped = _adapter_figures(store, ratio, MAX_FIGURES - len(figures))
         figures += more
         if figures:
@@ -387,6 +392,8 @@ stroke-linecap:round}
 .chart .trend{fill:none;stroke:#6b7280;stroke-width:1.4;stroke-dasharray:5 4}
 .chart .eval{fill:none;stroke:#b45309;stroke-width:1.6}.chart .evalpts{fill:#b45309}
 .chart .grad{fill:none;stroke:#4d7c0f;stroke-width:1.5;stroke-linejoin:round}
+.chart .layer{fill:none;stroke:#9ca3af;stroke-width:1;stroke-linejoin:round;opacity:.8}
+.chart .layer.hot{stroke:#b91c1c;stroke-width:2;opacity:1}
 .chart .spike{fill:var(--fail);stroke:#fff;stroke-width:1.5}
 .chart .nan rect{fill:var(--error);opacity:.16}.chart .nan-tick{fill:var(--error)}
 .bars rect{fill:#7c93ab}.bars rect.flag{fill:var(--fail)}

@@ -57,8 +57,10 @@ DRAWN = frozenset(
         "dead_modules",
         "top_modules",
         "thresholds",
+        "layer_grad_norms",
     }
 )
+MAX_LAYER_LINES = 24  # per-layer gradient norm lines drawn (flagged layers first)
 
 
 def _step_list(steps: list[float], limit: int = 10) -> str:
@@ -238,6 +240,58 @@ def grad_norm_figure(rec: Record, uid: str, store_name: str) -> str:
         '<figure class="plot wide"><p class="ptitle" aria-hidden="true">Gradient norm'
         f"{' (log scale)' if log else ''}</p>{''.join(out)}<figcaption>{legend}</figcaption>"
         "</figure>"
+    )
+
+
+def layer_grad_figure(rec: Record, uid: str, store_name: str) -> str:
+    """gap_monitor's per-layer gradient norms over the sampled steps, on a log
+    axis, the layer a rule names drawn in red; empty without two points."""
+    ev = rec.evidence
+    layers = ev.get("layer_grad_norms")
+    if not isinstance(layers, Mapping):
+        return ""
+    hot = {str(ev.get("exploding_layer") or "")} | set(name_list(ev.get("vanishing_layers")))
+    lines: list[tuple[str, list[tuple[float, float]]]] = []
+    for name, series in layers.items():
+        pts = [(x, y) for x, y in xy_pairs(series, allow_null=True) if y is not None and y > 0]
+        if len(pts) >= 2:
+            lines.append((str(name), pts))
+    if not lines:
+        return ""
+    lines.sort(key=lambda item: (item[0] not in hot, natural_key(item[0])))
+    lines = lines[:MAX_LAYER_LINES]
+    xs = [x for _, pts in lines for x, _ in pts]
+    ys = [y for _, pts in lines for _, y in pts]
+    left, top, right, bottom = CURVE_BOX
+    sx = Scale(min(xs), max(xs) if max(xs) > min(xs) else min(xs) + 1, left, right)
+    y_lo, y_hi = min(ys), max(ys)
+    sy = Scale(y_lo, y_hi if y_hi > y_lo else y_lo * 10, bottom, top, log=True)
+    flagged = [name for name, _ in lines if name in hot]
+    desc = (
+        f"gradient norm of {len(lines)} layers from step {num(min(xs))} to {num(max(xs))}, "
+        f"{num(y_lo)} to {num(y_hi)}"
+        + (f"; flagged: {', '.join(clip(n, 40) for n in flagged)}" if flagged else "")
+    )
+    out = [
+        svg_open(uid, CURVE_W, CURVE_H, f"Per-layer gradient norms of {store_name}", desc, "chart")
+    ]
+    out.append(
+        axes(sx, sy, CURVE_BOX, "step", "layer grad norm (log)", sx.ticks(6, True), sy.ticks(5))
+    )
+    for name, pts in reversed(lines):  # flagged layers last: drawn on top
+        cls = "layer hot" if name in hot else "layer"
+        drawn: list[tuple[float, float | None]] = list(pts)
+        path = line_path(downsample(drawn, MAX_POINTS), sx, sy)
+        out.append(f'<path class="{cls}" d="{path}"><title>{esc(name)}</title></path>')
+    out.append("</svg>")
+    legend = '<span class="key k-grad">each layer (hover for its name)</span>' + (
+        f' <span class="key k-nan">flagged: {esc(", ".join(clip(n, 40) for n in flagged))}</span>'
+        if flagged
+        else ""
+    )
+    return (
+        '<figure class="plot wide"><p class="ptitle" aria-hidden="true">Gradient norm per layer '
+        f"(log scale)</p>{''.join(out)}<figcaption>{legend}</figcaption></figure>"
     )
 
 

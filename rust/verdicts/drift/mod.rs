@@ -173,6 +173,16 @@ pub fn judge_drift(input: &DriftInput, o: &DriftOptions) -> Judged {
         judged.evidence.put("output_classes", c.count);
         judged.evidence.put("output_classes_kind", c.kind.as_str());
     }
+    if let Some(g) = &input.guard {
+        judged.evidence.put("guard_verdict", g.verdict.as_str());
+        judged.evidence.put("guard_stopped_at", g.stopped_at);
+        if let Some(step) = g.stopped_at {
+            judged.message = format!(
+                "{}; adapterprobe's guard stopped the run at step {step} (verdict {})",
+                judged.message, g.verdict
+            );
+        }
+    }
     name_the_series(&mut judged, curve);
     judged
 }

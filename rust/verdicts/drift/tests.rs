@@ -24,6 +24,7 @@ fn input(curve: LossCurve) -> DriftInput {
         error: None,
         note: None,
         output_classes: None,
+        guard: None,
     }
 }
 
