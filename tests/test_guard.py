@@ -156,6 +156,26 @@ def test_the_trainer_callback_stops_a_run_whose_lr_climbs_until_it_blows_up(tmp_
     assert min(losses[:stopped]) < losses[0]  # it learned before the lr got too high
     lr_at_stop = [r["learning_rate"] for r in history if "learning_rate" in r][-1]
     assert lr_at_stop < 10.0
+    # the store carries the guard's verdict: a scan of the run reports it
+    (drift,) = [r for r in ap.scan(tmp_path / "climb").records if r.probe == "training_drift"]
+    assert drift.evidence["guard_stopped_at"] == stopped
+    assert drift.evidence["guard_verdict"] == "fail"
+    assert f"guard stopped the run at step {stopped}" in drift.message
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"verdict": "maybe"}', "[1, 2]", '{"verdict": "fail", "stopped_at": "x"}', "\x00" * 10, ""],
+)
+def test_a_guard_file_that_is_not_the_guards_is_passed_over(tmp_path, field_root, text):
+    import shutil
+
+    run = next(p for p in sorted(field_root.iterdir()) if p.is_dir())
+    copy = tmp_path / run.name
+    shutil.copytree(run, copy)
+    (copy / "adapterprobe-guard.json").write_text(text)
+    (drift,) = [r for r in ap.scan(copy).records if r.probe == "training_drift"]
+    assert "guard_verdict" not in drift.evidence
 
 
 def test_the_trainer_callback_lets_a_healthy_run_finish(tmp_path):
@@ -228,3 +248,62 @@ def test_the_lightning_callback_lets_a_healthy_run_finish(tmp_path):
     trainer, callback = lightning_run(tmp_path, lr=0.01)
     assert callback.stopped_at is None, callback.guard.findings
     assert trainer.global_step == 200
+
+
+# -- the guard with the GAP monitor's statistics ------------------------------------
+
+
+def test_the_guard_judges_the_monitors_statistics_and_names_the_nan_weights(tmp_path):
+    """A weight goes NaN after step 10's update. With the monitor the guard
+    stops the run at the next sampled step (12) on the monitor's ``nonfinite``
+    FAIL, which names the layers; without it the loss rules stop it at the
+    same step (``nan_masked``: the Trainer logs the NaN loss as 0.0), with no
+    word of where the NaN is."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from test_integrations import TokenData
+    from test_monitor import tiny_llama
+
+    from adapterprobe import GAPMonitor
+    from adapterprobe.integrations.transformers import GAPCallback, GuardCallback
+
+    class BreakAWeight(transformers.TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step == 10:
+                with torch.no_grad():
+                    next(model.model.layers[1].parameters()).view(-1)[0] = float("nan")
+
+    def run(out: Path, with_monitor: bool):
+        torch.manual_seed(0)
+        model = tiny_llama()
+        monitor = GAPMonitor(model, interval=2)
+        guard = GuardCallback(monitor=monitor if with_monitor else None)
+        trainer = transformers.Trainer(
+            model=model,
+            args=transformers.TrainingArguments(
+                output_dir=str(out),
+                max_steps=30,
+                per_device_train_batch_size=4,
+                logging_steps=1,
+                learning_rate=1e-3,
+                save_strategy="no",
+                report_to=[],
+                use_cpu=True,
+                disable_tqdm=True,
+            ),
+            train_dataset=TokenData(64, 8, 64),
+            callbacks=[GAPCallback(monitor), BreakAWeight(), guard],
+        )
+        trainer.train()
+        monitor.close()
+        return guard
+
+    watched = run(tmp_path / "watched", True)
+    assert watched.stopped_at == 12, watched.guard and watched.guard.findings
+    nonfinite = [f for f in watched.guard.findings if f["rule"] == "nonfinite"]
+    assert nonfinite and nonfinite[0]["verdict"] == "fail" and nonfinite[0]["step"] == 12
+    assert "NaN/inf params at step 12" in nonfinite[0]["message"]
+    assert "layers.1" in nonfinite[0]["message"]
+    blind = run(tmp_path / "blind", False)
+    assert blind.stopped_at == 12
+    assert "nonfinite" not in {f["rule"] for f in blind.guard.findings}

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +124,17 @@ class Guard:
         ``"fail"`` (stop now)."""
         return self._core.observe(step, loss, grad_norm, learning_rate, eval_loss, reward)
 
+    def observe_gap(self, step: int, stats: Mapping[str, float]) -> str:
+        """Take the GAP monitor's statistics of one sampled step (a
+        :class:`~adapterprobe.GAPMonitor`'s ``latest``) and return the
+        verdict so far. ``gap_monitor``'s rules judge its newest 64 records
+        online: NaN/inf in the weights or activations, or in the gradients
+        at two sampled steps in a row, and a layer's gradient norm
+        ``explode_fail_ratio`` (100x) above its recent level and its peers,
+        are FAIL (stop now); one step of non-finite gradients (a loss
+        scaler's overflow) and the other findings are WARN."""
+        return self._core.observe_gap(step, dict(stats))
+
     @property
     def verdict(self) -> str:
         """The verdict so far (as :meth:`observe` last returned it)."""
@@ -213,7 +224,12 @@ class GuardCallbackBase:
     :class:`Guard` of the run in progress (``guard``), the step it stopped
     the run at (``stopped_at``), what stopping logs, and the verdict file.
     A trainer's callback feeds records to :meth:`_must_stop` and stops the
-    run its own way when it answers True."""
+    run its own way when it answers True.
+
+    ``monitor``: a :class:`~adapterprobe.GAPMonitor` (or a GAP callback
+    holding one as ``.monitor``) whose newest statistics the guard judges
+    too, with ``gap_monitor``'s rules (:meth:`Guard.observe_gap`), before
+    each record."""
 
     def __init__(
         self,
@@ -221,13 +237,16 @@ class GuardCallbackBase:
         save_on_stop: bool = True,
         rules: str = "robust",
         options: DriftOptions | None = None,
+        monitor: Any = None,
     ) -> None:
         self.stop_on = check_stop_on(stop_on)
         self.save_on_stop = save_on_stop
         self.rules = rules
         self.options = options
+        self.monitor = monitor
         self.guard: Guard | None = None
         self.stopped_at: int | None = None
+        self._gap_seen: int | None = None
         Guard(rules, options)  # refuse bad rules or options now, not at train time
 
     def _start(
@@ -246,6 +265,7 @@ class GuardCallbackBase:
             max_steps=max_steps,
         )
         self.stopped_at = None
+        self._gap_seen = None
 
     def _must_stop(
         self,
@@ -263,6 +283,13 @@ class GuardCallbackBase:
         rank, until the run is stopped."""
         if self.guard is None or self.stopped_at is not None:
             return False
+        monitor = self.monitor
+        if monitor is not None and not hasattr(monitor, "latest_step"):
+            monitor = getattr(monitor, "monitor", None)  # a GAP callback's monitor
+        latest = None if monitor is None else monitor.latest_step
+        if latest is not None and latest != self._gap_seen:  # a sampled step not judged yet
+            self._gap_seen = latest
+            self.guard.observe_gap(latest, monitor.latest)
         verdict = self.guard.observe(step, **values)
         stop = reached(verdict, self.stop_on)
         if share is not None:

@@ -172,6 +172,9 @@ class GuardCallback(GuardCallbackBase, Callback):
     verdict goes to ``adapterprobe-guard.json`` in the local ``save_folder``
     (the ``work_dir`` when that is remote), also for a run not stopped.
 
+    ``monitor`` may be this trainer's :class:`GAPCallback` (its monitor is
+    built at ``pre_train``): the guard then judges its statistics too.
+
     OLMo-core itself raises on a non-finite ``CE loss``; the guard catches
     what comes before (a loss far worse than a uniform guess) and what OLMo-
     core does not look at.
@@ -183,8 +186,9 @@ class GuardCallback(GuardCallbackBase, Callback):
         save_on_stop: bool = True,
         rules: str = "robust",
         options: Any = None,
+        monitor: Any = None,
     ) -> None:
-        GuardCallbackBase.__init__(self, stop_on, save_on_stop, rules, options)
+        GuardCallbackBase.__init__(self, stop_on, save_on_stop, rules, options, monitor)
 
     def pre_train(self) -> None:
         vocab = getattr(getattr(self.trainer.train_module, "model", None), "vocab_size", None)
