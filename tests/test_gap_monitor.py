@@ -171,10 +171,13 @@ def monitored_run(
     dead: bool = False,
     nan_at: int | None = None,
     lr_growth: float = 1.0,
+    hook_from: int | None = None,
 ) -> Path:
     """SGD on a regression with the monitor writing into ``store/logs``;
     the lr is multiplied by ``lr_growth`` each step; ``nan_at`` writes a NaN
-    into one weight after that step's update (a corrupted update)."""
+    into one weight after that step's update (a corrupted update);
+    ``hook_from`` registers a buggy gradient hook on layer 2 that multiplies
+    its gradient by 1000 from that step on."""
     from adapterprobe import GAPMonitor
     from adapterprobe.sinks import JsonlSink
 
@@ -183,7 +186,12 @@ def monitored_run(
     opt = torch.optim.SGD(net.parameters(), lr=lr)
     monitor = GAPMonitor(net, interval=2, sink=JsonlSink.for_store(store, run_id=1))
     gen = torch.Generator().manual_seed(1)
+    now = {"step": 0}
+    if hook_from is not None:
+        for param in net.layers[2].parameters():
+            param.register_hook(lambda g: g * 1000.0 if now["step"] >= hook_from else g)
     for step in range(1, steps + 1):
+        now["step"] = step
         x = torch.randn(32, 16, generator=gen)
         with monitor.step(step):
             loss = torch.nn.functional.mse_loss(net(x), 2 * x[:, :1])
@@ -227,6 +235,16 @@ def test_a_weight_gone_nan_fails_naming_the_step_and_tensor(tmp_path):
     assert result.evidence["nonfinite_kind"] == "params"
     assert "layers.3" in result.evidence["nonfinite_tensors"]
     assert "step 42" in result.message and "layers.3" in result.message
+
+
+def test_a_buggy_gradient_hook_on_one_layer_is_an_exploding_layer(tmp_path):
+    """From step 50 a hook multiplies layer 2's gradient by 1000 (a loss
+    scale applied to one module): the rule names that layer and the step."""
+    result = ap.gap_monitor(monitored_run(tmp_path / "hook", hook_from=50))
+    assert result.verdict == "fail", result.message
+    assert result.evidence["exploding_layer"] == "layers.2"
+    assert result.evidence["exploding_step"] == 50
+    assert "layers.2" in result.message and "step 50" in result.message
 
 
 def test_a_climbing_lr_that_blows_up_the_activations_warns(tmp_path):

@@ -36,7 +36,8 @@ what is scanned:
   runs: each W&B run (wandb/run-*/, offline-run-*/) and each MLflow run (mlruns/,
   or a run of mlflow.db; give the file itself as a root too) is a store, read
   without importing the tracker. Each store gets a training_drift record (its
-  loss curve); each version (the newest, or all with --all-versions) an
+  loss curve), and a gap_monitor record where its logs/ hold the GAP monitor's
+  records; each version (the newest, or all with --all-versions) an
   adapter_weights record (its LoRA weights) and a gradient_ghost record (its
   optimizer state). Records say what a version holds in checkpoint_kind:
   adapter, full (a full fine-tune: adapter_weights SKIPs it; --probes
@@ -142,7 +143,8 @@ def add_probe_option(p: argparse.ArgumentParser) -> None:
         type=probe_list,
         default=None,
         metavar="P[,P...]",
-        help="probes to run (default: adapter_weights, gradient_ghost, training_drift); "
+        help="probes to run (default: adapter_weights, gradient_ghost, training_drift, "
+        "gap_monitor); "
         "full_weights (every value of a full fine-tune's model.safetensors) only when named",
     )
 
