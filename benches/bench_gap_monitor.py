@@ -188,9 +188,8 @@ def main() -> None:
                 fired = {f["rule"] for f in result.evidence.get("findings", [])}
                 ok = bool(fired & rules) and (verdict is None or result.verdict == verdict)
                 caught += ok
-                print(
-                    f"  {name} seed {seed}: {result.verdict} {sorted(fired)} {'ok' if ok else 'MISSED'}"
-                )
+                mark = "ok" if ok else "MISSED"
+                print(f"  {name} seed {seed}: {result.verdict} {sorted(fired)} {mark}")
         print(f"faults caught: {caught} of {args.seeds * len(FAULTS)}")
 
 
