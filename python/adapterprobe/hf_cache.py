@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path
 
 from adapterprobe.errors import UsageError
@@ -22,6 +23,8 @@ _REPO = re.compile(r"^(models|datasets|spaces)--(.+)$")
 #: Entries looked at below one snapshot while checking its links.
 MAX_SNAPSHOT_ENTRIES = 100_000
 _MAX_REF_BYTES = 256
+#: Ref files read per repo (a repo has a branch or two and some tags).
+_MAX_REFS = 10_000
 
 
 def default_cache() -> Path:
@@ -70,22 +73,46 @@ def repo_id(dirname: str) -> str:
     return name if kind == "models" else f"{kind}/{name}"
 
 
+def _read_ref(path: Path) -> str | None:
+    """A ref file's text, or None unless it is a small regular file. Opened
+    without following a link and without blocking (a FIFO planted there
+    opens at once and is refused by its type), so nothing here can hang."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > _MAX_REF_BYTES:
+            return None
+        data = os.read(fd, _MAX_REF_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data[:_MAX_REF_BYTES].decode("utf-8", errors="replace").strip()
+
+
 def _refs(repo: Path) -> dict[str, list[str]]:
-    """Commit hash → the ref names pointing at it (``main`` first)."""
+    """Commit hash → the ref names pointing at it (``main`` first); at most
+    ``_MAX_REFS`` ref files are read."""
     out: dict[str, list[str]] = {}
     refs = repo / "refs"
     if not refs.is_dir():
         return out
+    seen = 0
     for dirpath, _dirs, files in os.walk(refs):
         for name in files:
+            seen += 1
+            if seen > _MAX_REFS:
+                break
             path = Path(dirpath) / name
-            try:
-                if path.is_symlink() or path.stat().st_size > _MAX_REF_BYTES:
-                    continue
-                commit = path.read_text(encoding="utf-8", errors="replace").strip()
-            except OSError:
-                continue
-            out.setdefault(commit, []).append(path.relative_to(refs).as_posix())
+            commit = _read_ref(path)
+            if commit is not None:
+                out.setdefault(commit, []).append(path.relative_to(refs).as_posix())
+        if seen > _MAX_REFS:
+            break
     for names in out.values():
         names.sort(key=lambda n: (n != "main", n))
     return out
