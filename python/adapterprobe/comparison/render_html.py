@@ -97,12 +97,12 @@ def _layer_bars(data: dict[str, Any]) -> str:
             continue
         acc = by_layer.setdefault(int(m["layer"]), [0.0, 0.0, 0.0])
         acc[0] += m["inner"]
-        acc[1] += m["norm_a"] ** 2
-        acc[2] += m["norm_b"] ** 2
+        acc[1] += m["norm_a"] * m["norm_a"]  # (x ** 2 raises past the float range)
+        acc[2] += m["norm_b"] * m["norm_b"]
     cos = [
         (str(k), v[0] / math.sqrt(v[1] * v[2]))
         for k, v in sorted(by_layer.items())
-        if v[1] > 0 and v[2] > 0
+        if 0 < v[1] < math.inf and 0 < v[2] < math.inf and math.isfinite(v[0])
     ]
     if cos:
         out.append(

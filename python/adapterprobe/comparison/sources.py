@@ -156,7 +156,7 @@ def adapter_summary(path: Path) -> dict[str, Any]:
         }
         for m in w.modules
     ]
-    energy = [m.delta_fro**2 for m in w.modules if m.delta_fro is not None]
+    norms = [m.delta_fro for m in w.modules if m.delta_fro is not None]
     used = [m.rank_used for m in w.modules if m.rank_used is not None]
     return {
         "path": str(w.path),
@@ -164,7 +164,8 @@ def adapter_summary(path: Path) -> dict[str, Any]:
         if w.config is not None
         else max((m.rank for m in w.modules), default=None),
         "rank_used_max": max(used, default=None),
-        "delta_fro": _finite(math.sqrt(sum(energy))) if energy else None,
+        # hypot: a norm near the float range gives inf, not an OverflowError
+        "delta_fro": _finite(math.hypot(*norms)) if norms else None,
         "modules": modules,
         "layers": [
             {"layer": e.layer, "delta_fro": _finite(math.sqrt(e.delta_fro_sq))} for e in w.layers
