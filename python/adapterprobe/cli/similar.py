@@ -52,7 +52,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from adapterprobe.cli import EXIT_NOTHING_FOUND
     from adapterprobe.comparison import similar
-    from adapterprobe.comparison.render import plain_text as safe_text
+    from adapterprobe.escape import terminal as safe_text
 
     found = similar(args.root, threshold=args.threshold, exhaustive=args.exhaustive)
     if args.format == "json":

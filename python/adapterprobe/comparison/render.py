@@ -1,29 +1,17 @@
 """A comparison as a plain-text table or Markdown (the JSON is ``to_dict``).
 
-Names come from scanned files (module names, paths): the Markdown escapes
-the characters that would break a table or inject markup, the table strips
-control characters.
+Names come from scanned files (module names, paths): they go through
+:mod:`adapterprobe.escape` as every scan output's do (``terminal`` for the
+table, ``markdown`` for Markdown), so control characters, escape sequences,
+bidi overrides, zero-width and C1 characters are shown, not obeyed.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]<>()#+!|])")
-
-
-def plain_text(text: Any) -> str:
-    """`text` with control characters (terminal escapes) replaced by '?'."""
-    return _CONTROL.sub("?", str(text))
-
-
-_plain = plain_text
-
-
-def _md(text: Any) -> str:
-    return _MD_SPECIAL.sub(r"\\\1", _plain(text))
+from adapterprobe.escape import markdown as _md
+from adapterprobe.escape import terminal as _plain
 
 
 def _f(value: Any, digits: int = 4) -> str:
