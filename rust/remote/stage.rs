@@ -101,23 +101,105 @@ fn relative_parts<'a>(prefix: &str, key: &'a str) -> std::result::Result<Vec<&'a
     Ok(parts)
 }
 
+/// The listing of a root: its objects sorted by key and the LIST requests
+/// made.
+struct Listing {
+    objects: Vec<ObjectMeta>,
+    requests: u64,
+}
+
+/// Longest a whole listing may take, whatever the server answers
+/// (`ADAPTERPROBE_REMOTE_LIST_TIMEOUT` seconds): a server that answers every
+/// page with a fresh continuation token and no key would list for ever.
+const DEFAULT_LIST_SECONDS: f64 = 900.0;
+
+fn list_deadline() -> Result<std::time::Duration> {
+    let seconds = match std::env::var("ADAPTERPROBE_REMOTE_LIST_TIMEOUT") {
+        Err(_) => DEFAULT_LIST_SECONDS,
+        Ok(text) => match text.trim().parse::<f64>() {
+            Ok(v) if (0.1..=86_400.0).contains(&v) => v,
+            _ => {
+                return Err(connect::usage(
+                    "",
+                    format!(
+                        "ADAPTERPROBE_REMOTE_LIST_TIMEOUT must be a number of seconds between \
+                         0.1 and 86400, got {text:?}"
+                    ),
+                ))
+            }
+        },
+    };
+    Ok(std::time::Duration::from_secs_f64(seconds))
+}
+
 /// Every object under the root's prefix, sorted by key, and the LIST
 /// requests made. One recursive listing, paginated (a thousand keys per
 /// request on S3): listing each directory level on its own would cost a
 /// request per directory (about five per dlm store: 5,000 for 1,000 stores,
 /// against 8 pages here).
-async fn list_all(remote: &Remote) -> Result<(Vec<ObjectMeta>, u64)> {
+///
+/// Bounded whatever the server answers: by `MAX_OBJECTS`, by a key listed
+/// twice (a listing that starts over), and by the time a whole listing may
+/// take. A key that is no valid path (`.`/`..` or empty segments; legal in
+/// S3) stops the listing with an error naming it: the client drops the
+/// whole page it is on, and a scan that silently missed stores would pass
+/// a gate it should not.
+async fn list_all(remote: &Remote) -> Result<Listing> {
     let at = (!remote.prefix.as_ref().is_empty()).then_some(&remote.prefix);
+    let allowed = list_deadline()?;
+    let deadline = tokio::time::Instant::now() + allowed;
     let mut listing = remote.store.list(at);
-    let mut objects = vec![];
-    while let Some(item) = listing.next().await {
-        let meta = item
-            .map_err(|e| connect::usage(&remote.url, format!("cannot list: {}", one_line(&e))))?;
+    let mut objects: Vec<ObjectMeta> = vec![];
+    let mut seen: std::collections::HashSet<String> = Default::default();
+    loop {
+        let item = match tokio::time::timeout_at(deadline, listing.next()).await {
+            Ok(Some(item)) => item,
+            Ok(None) => break,
+            Err(_) => {
+                return Err(connect::usage(
+                    &remote.url,
+                    format!(
+                        "cannot list: the listing took longer than {} s (the server keeps \
+                         answering with more pages; ADAPTERPROBE_REMOTE_LIST_TIMEOUT sets the limit)",
+                        allowed.as_secs_f64()
+                    ),
+                ))
+            }
+        };
+        let meta = match item {
+            Ok(meta) => meta,
+            Err(object_store::Error::InvalidPath { source }) => {
+                // The client refuses the whole page such a key is on, so
+                // going on would silently drop the keys beside it: stop,
+                // saying which key.
+                return Err(connect::usage(
+                    &remote.url,
+                    format!(
+                        "cannot list: the bucket holds an object whose key is no valid path \
+                         ({source}); S3 allows such keys, but they cannot be listed past \
+                         here: point at a prefix without it"
+                    ),
+                ));
+            }
+            Err(e) => {
+                return Err(connect::usage(
+                    &remote.url,
+                    format!("cannot list: {}", one_line(&e)),
+                ))
+            }
+        };
         let depth = meta.location.as_ref().matches('/').count();
         if depth > MAX_DEPTH + remote.prefix.as_ref().matches('/').count() + 1 {
             return Err(connect::usage(
                 &url_of(remote, meta.location.as_ref()),
                 format!("lies deeper than {MAX_DEPTH} levels below the root, not listed"),
+            ));
+        }
+        if !seen.insert(meta.location.as_ref().to_string()) {
+            return Err(connect::usage(
+                &url_of(remote, meta.location.as_ref()),
+                "cannot list: the server listed this key twice (a listing that starts over \
+                 would never end)",
             ));
         }
         objects.push(meta);
@@ -130,7 +212,7 @@ async fn list_all(remote: &Remote) -> Result<(Vec<ObjectMeta>, u64)> {
     }
     let requests = (objects.len() as u64).div_ceil(LIST_PAGE).max(1);
     objects.sort_by(|a, b| a.location.cmp(&b.location));
-    Ok((objects, requests))
+    Ok(Listing { objects, requests })
 }
 
 /// The URL of object `key` of `remote`'s bucket.
@@ -154,7 +236,10 @@ fn url_of(remote: &Remote, key: &str) -> String {
 pub fn stage(url: &str, dir: &Path) -> Result<Summary> {
     let limits = Limits::from_env()?;
     let remote = connect::connect(url, &limits)?;
-    let (objects, list_requests) = connect::block_on(list_all(&remote))??;
+    let Listing {
+        objects,
+        requests: list_requests,
+    } = connect::block_on(list_all(&remote))??;
     if objects.is_empty() {
         return Err(connect::usage(
             url,

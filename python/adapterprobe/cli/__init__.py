@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from adapterprobe.errors import AdapterProbeError, MissingExtraError, MissingFileError, UsageError
+from adapterprobe.escape import terminal
 
 EXIT_OK = 0
 EXIT_UNHEALTHY = 1
@@ -94,10 +95,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_OK
     except (UsageError, MissingFileError, MissingExtraError) as exc:
-        print(f"adapterprobe {args.command}: error: {exc}", file=sys.stderr)
+        # messages quote paths, keys and servers' answers: shown escaped
+        print(f"adapterprobe {args.command}: error: {terminal(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except AdapterProbeError as exc:
-        print(f"adapterprobe {args.command}: error: {exc}", file=sys.stderr)
+        print(f"adapterprobe {args.command}: error: {terminal(exc)}", file=sys.stderr)
         return EXIT_UNHEALTHY
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

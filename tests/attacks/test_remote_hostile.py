@@ -1,0 +1,94 @@
+"""A hostile S3 endpoint (our own server on 127.0.0.1, ``hostile_s3``):
+endless pagination, a listing that starts over, keys no file can be named
+after, and error answers carrying terminal escapes. Each ends in a clear
+usage error within its bound, never a hang, a traceback or a raw escape."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import adapterprobe as ap
+from tests.attacks.hostile_s3 import Behaviour, env, hostile_s3
+
+DEMO = Path(ap.__file__).resolve().parent / "demo_store" / "healthy"
+
+
+def demo_objects() -> dict[str, bytes]:
+    return {
+        "runs/good/" + p.relative_to(DEMO).as_posix(): p.read_bytes()
+        for p in sorted(DEMO.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.fixture
+def aws(monkeypatch):
+    def use(endpoint: str) -> None:
+        for key, value in env(endpoint).items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.setenv("ADAPTERPROBE_REMOTE_TIMEOUT", "5")
+        monkeypatch.setenv("ADAPTERPROBE_REMOTE_RETRIES", "0")
+
+    return use
+
+
+def test_the_server_itself_serves_a_scan(aws):
+    behaviour = Behaviour(objects=demo_objects())
+    with hostile_s3(behaviour) as url:
+        aws(url)
+        report = ap.scan("s3://bkt/runs")
+    assert {r.verdict.value for r in report.records} == {"pass"}
+
+
+def test_endless_pagination_is_bounded_in_time(aws, monkeypatch):
+    behaviour = Behaviour(objects=demo_objects(), endless=True)
+    with hostile_s3(behaviour) as url:
+        aws(url)
+        monkeypatch.setenv("ADAPTERPROBE_REMOTE_LIST_TIMEOUT", "2")
+        start = time.monotonic()
+        with pytest.raises(ap.UsageError, match="took longer than 2 s"):
+            ap.scan("s3://bkt/runs")
+    assert time.monotonic() - start < 20
+    assert behaviour.list_requests > 1
+
+
+def test_a_listing_that_starts_over_is_stopped_at_the_first_repeated_key(aws):
+    behaviour = Behaviour(objects=demo_objects(), endless=True, repeat=True)
+    with hostile_s3(behaviour) as url:
+        aws(url)
+        with pytest.raises(ap.UsageError, match="listed this key twice"):
+            ap.scan("s3://bkt/runs")
+    assert behaviour.list_requests == 2
+
+
+def test_a_key_no_file_can_be_named_after_is_named_not_silently_dropped(aws):
+    objects = demo_objects()
+    objects["runs/bad/../x"] = b"x"
+    with hostile_s3(Behaviour(objects=objects)) as url:
+        aws(url)
+        with pytest.raises(ap.UsageError, match=r"no valid path.*runs/bad/\.\./x"):
+            ap.scan("s3://bkt/runs")
+
+
+def test_a_servers_error_text_reaches_stderr_escaped(tmp_path):
+    hostile = "\x1b]0;pwned\x07\x1b[2J\x9b31m denied"
+    with hostile_s3(Behaviour(error_body=hostile)) as url:
+        done = subprocess.run(
+            [sys.executable, "-m", "adapterprobe", "scan", "s3://bkt/runs"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **env(url), "ADAPTERPROBE_REMOTE_RETRIES": "0"},
+            timeout=120,
+            cwd=tmp_path,
+        )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    for raw in ("\x1b", "\x07", "\x9b"):
+        assert raw not in done.stderr, repr(done.stderr)
+    assert "denied" in done.stderr and "\\x1b" in done.stderr
