@@ -59,15 +59,29 @@ def surrogates_visible(text: str) -> str:
     return re.sub("[\ud800-\udfff]", _visible, text)
 
 
+# What a CI runner takes for a command in its log: GitHub's runner trims a
+# line and obeys one that starts with ``::``, and its legacy parser obeys
+# ``##[...]`` anywhere in a line. A wrapped table line can start with any
+# part of a name, so every ``::`` and ``##[`` is shown escaped.
+_RUNNER_COMMANDS = re.compile(r"::|##\[")
+
+
+def _runner_visible(match: re.Match[str]) -> str:
+    return ":\\x3a" if match.group() == "::" else "##\\x5b"
+
+
 def terminal(text: object) -> str:
     """Text safe to print on a terminal or into a CI log: control characters,
     escape sequences, newlines and undecodable bytes shown as visible
     backslash escapes, so nothing from a scanned file can move the cursor,
-    recolour, retitle, or start a line of its own."""
+    recolour, retitle, or start a line of its own; and ``::`` and ``##[``
+    shown as ``:\\x3a`` and ``##\\x5b``, so no part of it can be a CI
+    runner's workflow command, wherever a line wraps."""
     s = str(text)
-    if s.isprintable() and "\\" not in s:
+    if s.isprintable() and "\\" not in s and "::" not in s and "##[" not in s:
         return s
-    return _INVISIBLE.sub(_visible, s.replace("\\", "\\\\"))
+    s = _INVISIBLE.sub(_visible, s.replace("\\", "\\\\"))
+    return _RUNNER_COMMANDS.sub(_runner_visible, s)
 
 
 # Markdown punctuation; an underscore only where it could open or close

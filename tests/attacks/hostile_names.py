@@ -35,6 +35,10 @@ NAMES = {
     FORMULA.replace("/", "_"): "spiky-nan",
     CELL_BREAKERS.replace("/", "_"): "healthy",
     f"c1{C1_CSI}": "spiky-nan",
+    # GitHub's runner: a (wrapped, indented) line starting with :: is a
+    # command, and its legacy parser obeys ##[...] anywhere in a line
+    "wf   ::stop-commands::pwn ::add-mask::FAIL": "spiky-nan",
+    "leg ##[error]forged ##[add-mask]FAIL": "spiky-nan",
     BAD_UTF8: "spiky-nan",
 }
 

@@ -146,10 +146,13 @@ def test_github_annotations_cannot_be_forged(root, tmp_path):
     text = done.stdout.decode("utf-8")
     assert_no_raw_payload(text, "github output")
     records = json.loads(run("scan", str(root), "--json").stdout)
-    commands = [line for line in text.splitlines() if line.startswith("::")]
+    # the runner trims a line before looking for ::, so indented lines count
+    commands = [line for line in text.splitlines() if line.lstrip().startswith("::")]
     assert len(commands) == sum(r["verdict"] in ("warn", "fail", "error") for r in records)
     for line in commands:
         assert re.match(r"^::(error|warning) file=[^,:]*,title=[^:,]*::", line), line
+    # the legacy parser obeys ##[...] anywhere, on stdout and stderr alike
+    assert "##[" not in text and "##[" not in done.stderr.decode("utf-8")
     assert_no_raw_payload(summary.read_text(encoding="utf-8"), "the step summary", markup=True)
 
 

@@ -35,6 +35,7 @@ SOURCES = {
     "adapter_weights": ("adapter_model.safetensors", "adapter_model.bin"),
     "full_weights": ("model.safetensors", "model.safetensors.index.json"),
     "gradient_ghost": ("optimizer.pt", "training_state.pt"),
+    "gap_monitor": ("logs",),
 }
 
 
