@@ -78,14 +78,59 @@ def file_url_path(url: str) -> Path:
     return Path(urllib.request.url2pathname(parts.path))
 
 
+#: Staging directories are ``<tmp>/adapterprobe-remote-<pid>-XXXX``: the pid
+#: tells a later run which ones a killed scan left behind.
+STAGING_PREFIX = "adapterprobe-remote-"
+#: Entries of the temporary directory looked through for leftovers.
+_MAX_TMP_ENTRIES = 100_000
+
+
+def clean_staging_leftovers(tmp: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Remove the staging directories of scans that were killed (``kill -9``
+    skips every ``finally``): ours by owner, named with a pid that no longer
+    runs. Returns what was removed."""
+    import tempfile
+
+    from adapterprobe._fs import _pid_alive
+
+    folder = Path(tmp if tmp is not None else tempfile.gettempdir())
+    removed = []
+    try:
+        entries = os.scandir(folder)
+    except OSError:
+        return removed
+    with entries:
+        for i, entry in enumerate(entries):
+            if i >= _MAX_TMP_ENTRIES:
+                break
+            if not entry.name.startswith(STAGING_PREFIX):
+                continue
+            pid_text = entry.name[len(STAGING_PREFIX) :].partition("-")[0]
+            if not pid_text.isdigit() or _pid_alive(int(pid_text)):
+                continue
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            mine = not hasattr(os, "getuid") or info.st_uid == os.getuid()
+            if not entry.is_dir(follow_symlinks=False) or not mine:
+                continue
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(Path(entry.path))
+    return removed
+
+
 def stage(url: str) -> tuple[Path, list[tuple[str, str]]]:
     """List ``url`` into a new temporary directory (its files fetched on
-    first read), registered until :func:`release`: (directory, problems)."""
+    first read), registered until :func:`release`: (directory, problems).
+    Staging directories that killed scans left behind are removed first."""
     import tempfile
 
     import adapterprobe._core as _core
 
-    staged = Path(tempfile.mkdtemp(prefix="adapterprobe-remote-")).resolve()
+    clean_staging_leftovers()
+    prefix = f"{STAGING_PREFIX}{os.getpid()}-"
+    staged = Path(tempfile.mkdtemp(prefix=prefix)).resolve()
     try:
         _objects, _listed, _lists, problems = _core.remote_stage(url, staged)
     except BaseException:

@@ -92,3 +92,38 @@ def test_a_servers_error_text_reaches_stderr_escaped(tmp_path):
     for raw in ("\x1b", "\x07", "\x9b"):
         assert raw not in done.stderr, repr(done.stderr)
     assert "denied" in done.stderr and "\\x1b" in done.stderr
+
+
+def test_a_killed_scans_staging_directory_is_removed_by_the_next_scan(tmp_path):
+    """``kill -9`` skips every cleanup: the next remote scan removes the
+    staging directories whose pid is gone, and keeps a live scan's."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    with hostile_s3(Behaviour(objects=demo_objects())) as url:
+        environ = {**os.environ, **env(url), "TMPDIR": str(tmp)}
+        script = "from adapterprobe import remote; remote.stage('s3://bkt/runs'); input()"
+        victim = subprocess.Popen(
+            [sys.executable, "-c", script], env=environ, stdin=subprocess.PIPE
+        )
+        deadline = time.monotonic() + 60
+        while not list(tmp.glob(f"adapterprobe-remote-{victim.pid}-*")):
+            assert time.monotonic() < deadline and victim.poll() is None
+            time.sleep(0.1)
+        live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        kept = tmp / f"adapterprobe-remote-{live.pid}-live"
+        kept.mkdir()
+        victim.kill()
+        victim.wait()
+        (left,) = tmp.glob(f"adapterprobe-remote-{victim.pid}-*")
+        done = subprocess.run(
+            [sys.executable, "-m", "adapterprobe", "scan", "s3://bkt/runs", "-q"],
+            env=environ,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        live.kill()
+        live.wait()
+    assert done.returncode == 0, done.stderr
+    assert not left.exists() and kept.is_dir()
+    assert not list(tmp.glob(f"adapterprobe-remote-{os.getpid()}-*"))
