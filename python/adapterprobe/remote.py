@@ -94,7 +94,7 @@ def clean_staging_leftovers(tmp: str | os.PathLike[str] | None = None) -> list[P
     from adapterprobe._fs import _pid_alive
 
     folder = Path(tmp if tmp is not None else tempfile.gettempdir())
-    removed = []
+    removed: list[Path] = []
     try:
         entries = os.scandir(folder)
     except OSError:
