@@ -143,27 +143,70 @@ def escaping_link(snapshot: Path, cache: Path) -> tuple[Path, str] | None:
     return None
 
 
+#: Snapshots looked at per repo.
+MAX_SNAPSHOTS = 10_000
+_OUTSIDE = "is a link leading outside the Hugging Face cache; not scanned"
+_LINK_OUT = "is a link leading out of the root; not followed"
+
+
+def _leads_outside(path: Path, folder: str) -> bool:
+    return path.is_symlink() and not _inside(os.path.realpath(path), folder)
+
+
 def expand(
     root: str | os.PathLike[str],
-) -> tuple[list[Path], list[tuple[str, str]], list[tuple[str, str]]] | None:
-    """(snapshot roots, problems, names: (snapshot path, ``org/name@rev``)) when
-    ``root`` is a hub cache or one ``models--*`` directory in it; None for
-    any other root."""
+) -> tuple[list[Path], list[tuple[str, str]], list[tuple[str, str]], list[Path]] | None:
+    """(snapshot roots, problems, names: (snapshot path, ``org/name@rev``),
+    other entries) when ``root`` is a hub cache or one ``models--*``
+    directory in it; None for any other root.
+
+    The other entries are what a cache root holds besides its repos and
+    its hidden bookkeeping (``.locks``): they are scanned as ordinary roots,
+    so a repo folder dropped beside ordinary stores never hides them. A
+    repo, ``snapshots`` folder or snapshot that is a link out of the cache
+    is a problem, not scanned."""
     path = Path(root).expanduser()
+    others: list[Path] = []
+    problems_early: list[tuple[str, str]] = []
     if is_repo_dir(path):
         cache, repos = path.parent, [path]
     elif path.is_dir() and is_hub_cache(path):
         cache = path
-        repos = sorted(p for p in path.iterdir() if is_repo_dir(p))
+        repos = []
+        folder = os.path.realpath(cache)
+        for entry in sorted(path.iterdir()):
+            if is_repo_dir(entry):
+                repos.append(entry)
+            elif entry.name.startswith("."):
+                continue
+            elif entry.is_symlink():
+                # as a root it would be followed: the walk's rule instead
+                if _leads_outside(entry, folder):
+                    problems_early.append((str(entry), _LINK_OUT))
+            else:
+                others.append(entry)
     else:
         return None
+    folder = os.path.realpath(cache)
     roots: list[Path] = []
-    problems: list[tuple[str, str]] = []
+    problems: list[tuple[str, str]] = problems_early
     shown: list[tuple[str, str]] = []
     for repo in repos:
+        snapshots_dir = repo / "snapshots"
+        if _leads_outside(repo, folder) or _leads_outside(snapshots_dir, folder):
+            where = repo if repo.is_symlink() else snapshots_dir
+            problems.append((str(where), _OUTSIDE))
+            continue
         refs = _refs(repo)
-        for snapshot in sorted((repo / "snapshots").iterdir()):
-            if not snapshot.is_dir() or snapshot.is_symlink():
+        for i, snapshot in enumerate(sorted(snapshots_dir.iterdir())):
+            if i >= MAX_SNAPSHOTS:
+                problems.append((str(snapshots_dir), f"holds more than {MAX_SNAPSHOTS} snapshots"))
+                break
+            if snapshot.is_symlink():
+                why = _OUTSIDE if _leads_outside(snapshot, folder) else "is a link; not scanned"
+                problems.append((str(snapshot), why))
+                continue
+            if not snapshot.is_dir():
                 continue
             bad = escaping_link(snapshot, cache)
             if bad is not None:
@@ -173,4 +216,4 @@ def expand(
             rev = names[0] if names else snapshot.name
             roots.append(snapshot)
             shown.append((str(snapshot), f"{repo_id(repo.name)}@{rev}"))
-    return roots, problems, shown
+    return roots, problems, shown, others

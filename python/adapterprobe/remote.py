@@ -291,7 +291,7 @@ def resolve_roots(
                 if expanded is None:
                     local.append(root)
                     continue
-                snapshots, found, names = expanded
+                snapshots, found, names, others = expanded
                 # a snapshot's real path stays in messages (it is worth
                 # keeping there); only store/adapter fields show the name
                 aliases = [Alias(real, shown, in_text=False) for real, shown in names]
@@ -299,6 +299,7 @@ def resolve_roots(
                     register(alias)
                 made += aliases
                 local += snapshots
+                local += others  # ordinary stores beside the repos: never dropped
                 problems += found
             elif scheme == "file":
                 local.append(file_url_path(str(root)))
