@@ -253,13 +253,27 @@ pub fn compare_adapters(x: &AdapterFactors, y: &AdapterFactors, angles: bool) ->
     }
 }
 
-/// Orthonormal basis (out × k) of the column space of B·A.
+/// Sweeps an SVD may take before it is given up (nalgebra's `0` means
+/// "until convergence", which factors near the float range never reach).
+const MAX_SVD_ITERATIONS: usize = 10_000;
+
+/// `m` divided by its largest magnitude (its column space unchanged), or
+/// None when that is not a finite positive number.
+fn unit_scaled(m: DMatrix<f64>) -> Option<DMatrix<f64>> {
+    let top = m.amax();
+    (top.is_finite() && top > 0.0).then(|| m / top)
+}
+
+/// Orthonormal basis (out × k) of the column space of B·A. Each factor is
+/// scaled to a largest magnitude of 1 first, so factors near the float
+/// range (1e155) neither overflow nor keep the SVD from converging.
 fn column_basis(m: &ModuleFactors) -> Option<DMatrix<f64>> {
-    let b = DMatrix::from_row_slice(m.out_features, m.rank, &m.b);
-    let a = DMatrix::from_row_slice(m.rank, m.in_features, &m.a);
+    let b = unit_scaled(DMatrix::from_row_slice(m.out_features, m.rank, &m.b))?;
+    let a = unit_scaled(DMatrix::from_row_slice(m.rank, m.in_features, &m.a))?;
     let qr = b.qr();
     let (q, r) = (qr.q(), qr.r());
-    let svd = (r * a).try_svd(true, false, f64::EPSILON, 0)?;
+    let product = unit_scaled(r * a)?;
+    let svd = product.try_svd(true, false, f64::EPSILON, MAX_SVD_ITERATIONS)?;
     let u = svd.u?;
     let top = svd.singular_values.iter().copied().fold(0.0, f64::max);
     let keep: Vec<usize> = (0..svd.singular_values.len())
@@ -277,7 +291,10 @@ pub fn principal_angles(x: &ModuleFactors, y: &ModuleFactors) -> Vec<f64> {
         return Vec::new();
     };
     let c = ux.transpose() * uy;
-    let Some(svd) = c.try_svd(false, false, f64::EPSILON, 0) else {
+    if !c.iter().all(|v| v.is_finite()) {
+        return Vec::new();
+    }
+    let Some(svd) = c.try_svd(false, false, f64::EPSILON, MAX_SVD_ITERATIONS) else {
         return Vec::new();
     };
     let mut deg: Vec<f64> = svd

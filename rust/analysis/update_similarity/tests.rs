@@ -197,3 +197,30 @@ fn cross_kernels_match_naive_loops() {
         }
     }
 }
+
+#[test]
+fn factors_near_the_float_range_give_angles_in_bounded_time() {
+    // 1e155: products overflow; an unbounded SVD on them never returned
+    for scale in [1e155, 1e300, 1e-300] {
+        let huge = |seed| {
+            let mut m = module("m", seed, 4, 16, 12, 1.0);
+            m.a.iter_mut()
+                .chain(m.b.iter_mut())
+                .for_each(|v| *v *= scale);
+            m
+        };
+        let (x, y) = (huge(1), huge(2));
+        let start = std::time::Instant::now();
+        let angles = principal_angles(&x, &y);
+        assert!(start.elapsed().as_secs() < 5, "{scale}");
+        assert_eq!(angles.len(), 4, "{scale}");
+        assert!(
+            angles.iter().all(|a| (0.0..=90.0).contains(a)),
+            "{scale}: {angles:?}"
+        );
+        assert!(
+            principal_angles(&x, &x).iter().all(|a| *a < 1e-3),
+            "{scale}"
+        );
+    }
+}
