@@ -41,28 +41,126 @@ class Margins:
     collapse: float = 0.5
 
 
+#: Saved scans larger than this are refused (a 100,000-store scan is about
+#: 150 MB); ``ADAPTERPROBE_MAX_SAVED_SCAN_MB`` raises it.
+MAX_SAVED_SCAN_MB = 512
+#: Deepest nesting of a record's evidence (ours is 3 levels deep).
+MAX_EVIDENCE_DEPTH = 32
+#: Largest integer a saved record may hold (beyond it, float() overflows).
+MAX_SAVED_INT = 2**63
+_TEXT_FIELDS = ("store", "probe", "verdict", "root")
+_OPTIONAL_TEXT = ("adapter", "layout", "message", "checkpoint_kind")
+
+
+def _size_limit() -> int:
+    text = os.environ.get("ADAPTERPROBE_MAX_SAVED_SCAN_MB")
+    if text is None:
+        return MAX_SAVED_SCAN_MB << 20
+    try:
+        mb = int(text)
+    except ValueError:
+        mb = -1
+    if mb <= 0:
+        raise UsageError(f"ADAPTERPROBE_MAX_SAVED_SCAN_MB must be a positive integer, got {text!r}")
+    return mb << 20
+
+
+def _plain_tree(value: Any, depth: int) -> str | None:
+    """Why ``value`` is not the plain JSON a record's evidence holds (too
+    deep, or a number no float can hold), None when it is."""
+    stack = [(value, depth)]
+    while stack:
+        item, level = stack.pop()
+        if level > MAX_EVIDENCE_DEPTH:
+            return f"nests deeper than {MAX_EVIDENCE_DEPTH} levels"
+        if isinstance(item, bool) or item is None or isinstance(item, str | float):
+            continue
+        if isinstance(item, int):
+            if abs(item) >= MAX_SAVED_INT:
+                return "holds an integer beyond the range of a 64-bit number"
+        elif isinstance(item, dict):
+            stack.extend((v, level + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, level + 1) for v in item)
+        else:
+            return f"holds a {type(item).__name__}"
+    return None
+
+
+def _record_problem(r: Any) -> str | None:
+    """Why ``r`` is not a record of this schema, None when it is one."""
+    from adapterprobe.probes.result import Verdict
+
+    if not isinstance(r, dict):
+        return "is not a JSON object"
+    version = r.get("schema_version")
+    if isinstance(version, bool) or not isinstance(version, int) or version != SCHEMA_VERSION:
+        return (
+            f"has schema_version {json.dumps(version)[:40]}; this adapterprobe reads the "
+            f"integer {SCHEMA_VERSION} (re-run the scan with this version)"
+        )
+    for key in _TEXT_FIELDS:
+        if not isinstance(r.get(key), str):
+            return f"needs {key} as a string"
+    for key in _OPTIONAL_TEXT:
+        if r.get(key) is not None and not isinstance(r.get(key), str):
+            return f"has a {key} that is not a string"
+    if r["verdict"] not in {v.value for v in Verdict}:
+        return f"has an unknown verdict {r['verdict'][:40]!r}"
+    score = r.get("score")
+    if score is not None and (
+        isinstance(score, bool)
+        or not isinstance(score, int | float)
+        or not math.isfinite(float(score) if abs(score) < MAX_SAVED_INT else math.inf)
+    ):
+        return "has a score that is not a finite number"
+    for key in ("evidence", "baseline"):
+        value = r.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            return f"has {key} that is not a JSON object"
+        why = _plain_tree(value, 1)
+        if why is not None:
+            return f"has {key} that {why}"
+    return None
+
+
 def load_saved_scan(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The records of a saved ``scan --format json``, checked for the schema."""
+    """The records of a saved ``scan --format json``, checked against the
+    schema record by record; anything else is a UsageError (exit 2) naming
+    the first bad record, never a traceback."""
     p = Path(path)
     if not p.is_file():
         raise MissingFileError("no such saved scan", path=str(p))
+    limit = _size_limit()
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UsageError(f"not a saved scan (invalid JSON: {exc})", path=str(p)) from None
-    if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+        size = p.stat().st_size
+        if size > limit:
+            raise UsageError(
+                f"saved scan is {size >> 20} MB, above the {limit >> 20} MB read "
+                "(ADAPTERPROBE_MAX_SAVED_SCAN_MB raises it)",
+                path=str(p),
+            )
+        with p.open("rb") as f:
+            text = f.read(limit + 1).decode("utf-8")
+        data = json.loads(text)
+    except UsageError:
+        raise
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise UsageError(f"cannot read the saved scan: {reason}", path=str(p)) from None
+    except RecursionError:
+        raise UsageError("not a saved scan (JSON nested too deep)", path=str(p)) from None
+    except ValueError as exc:  # invalid JSON or UTF-8, an integer of too many digits
+        detail = str(exc)[:200]
+        raise UsageError(f"not a saved scan (invalid JSON: {detail})", path=str(p)) from None
+    if not isinstance(data, list):
         raise UsageError("not a saved scan (expected the JSON array of records)", path=str(p))
-    versions = {r.get("schema_version") for r in data}
-    if versions != {SCHEMA_VERSION} and data:
-        found = ", ".join(sorted(str(v) for v in versions))
-        raise UsageError(
-            f"saved scan has schema_version {found}; this adapterprobe reads "
-            f"{SCHEMA_VERSION} (re-run the scan with this version)",
-            path=str(p),
-        )
-    needed = ("store", "probe", "verdict")
-    if any(not isinstance(r.get(k), str) for r in data for k in needed):
-        raise UsageError(f"not a saved scan (records need {', '.join(needed)})", path=str(p))
+    for i, r in enumerate(data):
+        problem = _record_problem(r)
+        if problem is not None:
+            raise UsageError(f"not a saved scan of this version: record {i} {problem}", path=str(p))
     return data
 
 

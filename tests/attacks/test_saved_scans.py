@@ -1,0 +1,88 @@
+"""Corrupt and hostile saved scans given to ``scan --baseline`` and
+``report --from``: each is refused with a usage error (exit 2) naming what is
+wrong, never a traceback; a valid one still reads."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.attacks import fs_attacks as fa
+
+
+@pytest.fixture
+def saved(demo_store, tmp_path_factory) -> tuple[Path, list[dict]]:
+    out = tmp_path_factory.mktemp("saved")
+    run = fa.cli("scan", demo_store, "--format", "json", cwd=out)
+    records = json.loads(run.stdout)
+    assert records and run.returncode == 1
+    return out, records
+
+
+def variants(records: list[dict]) -> dict[str, str]:
+    one = records[0]
+
+    def with_(**changes) -> str:
+        return json.dumps([{**one, **changes}, *records[1:]])
+
+    return {
+        "deep nesting": "[" * 100_000 + "]" * 100_000,
+        "a huge integer": "[" + "9" * 5000 + "]",
+        "list schema_version": with_(schema_version=[1]),
+        "string schema_version": with_(schema_version="1"),
+        "boolean schema_version": with_(schema_version=True),
+        "list root": with_(root=["/"]),
+        "non-string adapter": with_(adapter=7),
+        "non-dict evidence": with_(evidence=[1, 2]),
+        "400-digit loss": with_(evidence={"head_loss": int("9" * 400)}),
+        "deep evidence": with_(evidence=json.loads("{" + '"a":{' * 60 + "}" * 61)),
+        "unknown verdict": with_(verdict="great"),
+        "huge score": with_(score=int("9" * 40)),
+        "not records": json.dumps({"records": records}),
+        "not UTF-8": "[\xff]",
+    }
+
+
+@pytest.mark.parametrize("command", ["baseline", "report"])
+def test_every_corrupt_saved_scan_is_a_usage_error(saved, demo_store, command, tmp_path):
+    out, records = saved
+    for name, text in variants(records).items():
+        path = tmp_path / "bad.json"
+        path.write_bytes(b"[\xff]" if name == "not UTF-8" else text.encode())
+        if command == "baseline":
+            run = fa.cli("scan", demo_store, "--baseline", path, "--format", "json", cwd=out)
+        else:
+            run = fa.cli("report", "--from", path, "-o", tmp_path / "r.html", cwd=out)
+        assert "Traceback" not in run.stderr, (name, run.stderr[-800:])
+        assert run.returncode == 2, (name, run.returncode, run.stderr[-400:])
+        assert "saved scan" in run.stderr, (name, run.stderr)
+    # the string "1" is named as what it is, not "has 1; reads 1"
+    path = tmp_path / "bad.json"
+    path.write_text(variants(records)["string schema_version"])
+    run = fa.cli("report", "--from", path, "-o", tmp_path / "r.html", cwd=out)
+    assert 'schema_version "1"' in run.stderr and "the integer 1" in run.stderr
+
+
+def test_a_valid_saved_scan_still_reads_and_size_is_capped(saved, demo_store, tmp_path):
+    out, records = saved
+    path = tmp_path / "good.json"
+    path.write_text(json.dumps(records))
+    run = fa.cli("report", "--from", path, "-o", tmp_path / "r.html", cwd=out)
+    assert run.returncode in (0, 1), run.stderr
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps(records * 2000))  # a few MB
+    assert big.stat().st_size > 2 << 20
+    done = subprocess.run(
+        [sys.executable, "-m", "adapterprobe", "report", "--from", str(big), "-o", "r2.html"],
+        env={**os.environ, "ADAPTERPROBE_MAX_SAVED_SCAN_MB": "1"},
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "MAX_SAVED_SCAN_MB" in done.stderr, done.stderr
