@@ -122,7 +122,19 @@ fn module_factors(reader: &mut TensorReader, m: &ModulePlan) -> Result<ModuleFac
 /// All values of `t` in file order, and how many are not finite.
 fn read_values(reader: &mut TensorReader, t: &FloatTensor) -> Result<(Vec<f64>, u64)> {
     let n = usize::try_from(t.numel).unwrap_or(usize::MAX);
-    let mut out = Vec::with_capacity(n);
+    let mut out: Vec<f64> = Vec::new();
+    // The count comes from the file's header: an allocation the system
+    // refuses is this adapter's error, not an abort of the whole process.
+    out.try_reserve_exact(n).map_err(|_| {
+        Error::new(
+            Area::Weights,
+            Path::new(&t.name),
+            format!(
+                "cannot allocate {} MB for the {n} values its header claims",
+                n.saturating_mul(std::mem::size_of::<f64>()) >> 20
+            ),
+        )
+    })?;
     let size = t.kind.size();
     let mut chunk = Vec::new();
     reader.for_each_raw_chunk(t, |bytes| {
