@@ -75,7 +75,7 @@ def _staging_prefix(name: str) -> str:
     return f".{name}.{os.getpid()}-"
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -105,7 +105,7 @@ def clean_leftovers(target: Path) -> None:
         path = Path(entry.path)
         if rest.endswith(".tmp"):
             pid_text = rest.partition("-")[0]
-            if pid_text.isdigit() and not _pid_alive(int(pid_text)):
+            if pid_text.isdigit() and not pid_alive(int(pid_text)):
                 _remove(path)
         elif rest.startswith("old-"):
             if not target.exists():

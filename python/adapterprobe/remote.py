@@ -91,7 +91,7 @@ def clean_staging_leftovers(tmp: str | os.PathLike[str] | None = None) -> list[P
     runs. Returns what was removed."""
     import tempfile
 
-    from adapterprobe._fs import _pid_alive
+    from adapterprobe._fs import pid_alive
 
     folder = Path(tmp if tmp is not None else tempfile.gettempdir())
     removed: list[Path] = []
@@ -106,7 +106,7 @@ def clean_staging_leftovers(tmp: str | os.PathLike[str] | None = None) -> list[P
             if not entry.name.startswith(STAGING_PREFIX):
                 continue
             pid_text = entry.name[len(STAGING_PREFIX) :].partition("-")[0]
-            if not pid_text.isdigit() or _pid_alive(int(pid_text)):
+            if not pid_text.isdigit() or pid_alive(int(pid_text)):
                 continue
             try:
                 info = entry.stat(follow_symlinks=False)
