@@ -269,7 +269,8 @@ pub fn drift_input_for(store: &Path, layout: &str) -> DriftInput {
     input.with_model_config().with_run_end()
 }
 
-/// The GAP monitor's run logs in `<run>/logs/` (`train-*.jsonl`), if any.
+/// The run logs in `<run>/logs/` (`train-*.jsonl`: a dlm store's, or the
+/// GAP monitor's in a trainer's output dir), if any.
 fn monitor_logs(run: &Path) -> Option<Vec<PathBuf>> {
     let logs = run.join("logs");
     if !logs.is_dir() {
@@ -855,14 +856,7 @@ pub struct GapInput {
 /// The GAP monitor's records in `<base>/logs/train-*.jsonl`; None when that
 /// folder holds none (or cannot be read: `training_drift` reports why).
 pub fn gap_input(base: &Path) -> Option<GapInput> {
-    let logs = base.join("logs");
-    if !logs.is_dir() {
-        return None;
-    }
-    let files = crate::formats::logs::loss_log::train_logs_in(&logs).ok()?;
-    if files.is_empty() {
-        return None;
-    }
+    let files = monitor_logs(base)?;
     match crate::formats::logs::gap_log::read_gap_log(&files) {
         Ok(log) if !log.records.is_empty() => Some(GapInput {
             log: Some(log),

@@ -142,21 +142,7 @@ impl Guard {
         if let Some(log) = input.log {
             self.gap = log.records;
         }
-        let mut current = Vec::new();
-        for (rule, verdict, message) in findings_of(&judged) {
-            let first = self
-                .gap_findings
-                .iter()
-                .find(|f| f.rule == rule)
-                .map_or(step, |f| f.step);
-            current.push(GuardFinding {
-                rule,
-                step: first,
-                verdict,
-                message,
-            });
-        }
-        self.gap_findings = current;
+        self.gap_findings = carried_forward(&self.gap_findings, &judged, step, |_, v| v);
         self.verdict()
     }
 
@@ -244,25 +230,13 @@ impl Guard {
             .rev()
             .take_while(|v| !v.is_finite())
             .count();
-        let mut current = Vec::new();
-        for (rule, verdict, message) in findings_of(&judged) {
-            let online = if verdict == Verdict::Fail && !is_final(&rule, trailing_nonfinite) {
+        let current = carried_forward(&self.findings, &judged, step, |rule, verdict| {
+            if verdict == Verdict::Fail && !is_final(rule, trailing_nonfinite) {
                 Verdict::Warn
             } else {
                 verdict
-            };
-            let first = self
-                .findings
-                .iter()
-                .find(|f| f.rule == rule)
-                .map_or(step, |f| f.step);
-            current.push(GuardFinding {
-                rule,
-                step: first,
-                verdict: online,
-                message,
-            });
-        }
+            }
+        });
         self.verdict = match judged.verdict {
             // Too few records, or nothing to judge yet: nothing found.
             Verdict::Skip => Verdict::Pass,
@@ -318,6 +292,29 @@ impl Guard {
         });
         Guard::judge(&self.options, &mut curve, &self.classes)
     }
+}
+
+/// The findings of `judged` as the guard reports them: each keeps the step
+/// at which `previous` first reported its rule (else `step`), and its
+/// verdict as `online` maps it.
+fn carried_forward(
+    previous: &[GuardFinding],
+    judged: &Judged,
+    step: i64,
+    online: impl Fn(&str, Verdict) -> Verdict,
+) -> Vec<GuardFinding> {
+    findings_of(judged)
+        .into_iter()
+        .map(|(rule, verdict, message)| GuardFinding {
+            step: previous
+                .iter()
+                .find(|f| f.rule == rule)
+                .map_or(step, |f| f.step),
+            verdict: online(&rule, verdict),
+            rule,
+            message,
+        })
+        .collect()
 }
 
 /// Whether a FAIL finding stands whatever records come next.

@@ -112,8 +112,9 @@ pub fn judge_gap_records(input: &GapInput, o: &GapOptions, online: bool) -> Judg
         _ => return Judged::bare(KIND, Verdict::Skip, "no GAP monitor records in the logs"),
     };
     let r = o.resolved();
-    let grads = series::KindSeries::of("grad", &log.records);
-    let activations = series::KindSeries::of("activation", &log.records);
+    // Each kind's series, built once: [grad, activation, activation_grad, param]
+    let [grads, activations, activation_grads, params] =
+        series::KINDS.map(|kind| series::KindSeries::of(kind, &log.records));
     let mut e = Evidence::new();
     e.put("rules", o.rules.as_str());
     e.put("records", log.records.len());
@@ -122,8 +123,9 @@ pub fn judge_gap_records(input: &GapInput, o: &GapOptions, online: bool) -> Judg
     e.put("thinned", log.thinned);
     let kinds: Vec<&str> = series::KINDS
         .iter()
-        .copied()
-        .filter(|k| series::KindSeries::of(k, &log.records).present())
+        .zip([&grads, &activations, &activation_grads, &params])
+        .filter(|(_, kind_series)| kind_series.present())
+        .map(|(kind, _)| *kind)
         .collect();
     e.put(
         "kinds",
