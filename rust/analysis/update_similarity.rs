@@ -23,15 +23,16 @@
 //! (in, out); the others are listed as left out with the reason. A module
 //! with non-finite factors has no cosine and is left out of the combined
 //! similarity; a zero update (B never trained) has no cosine but counts in
-//! the energies (it makes two adapters less alike). Pure computation: this
-//! room never reads a store.
+//! the energies (it makes two adapters less alike). Pure computation over a
+//! [`ModuleSource`]: this room never finds or walks a store.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use nalgebra::DMatrix;
 
-use crate::analysis::adapter_weights::{AdapterFactors, ModuleFactors};
+use crate::analysis::adapter_weights::{ModuleFactors, ModuleSource};
+use crate::error::Result;
 
 /// Relative cut under which a singular value of ΔW is not part of its
 /// column space.
@@ -189,49 +190,60 @@ pub fn compare_modules(x: &ModuleFactors, y: &ModuleFactors, angles: bool) -> Mo
     }
 }
 
-/// Compare two adapters over the modules they share (see the module doc).
-pub fn compare_adapters(x: &AdapterFactors, y: &AdapterFactors, angles: bool) -> UpdateComparison {
-    let theirs: BTreeMap<&str, &ModuleFactors> =
-        y.modules.iter().map(|m| (m.name.as_str(), m)).collect();
+/// Compare two adapters over the modules they share (see the module doc),
+/// reading one module pair at a time from each source.
+pub fn compare_adapters<X, Y>(x: &X, y: &Y, angles: bool) -> Result<UpdateComparison>
+where
+    X: ModuleSource + ?Sized,
+    Y: ModuleSource + ?Sized,
+{
+    let (ours, theirs) = (x.infos(), y.infos());
+    let by_name: BTreeMap<&str, usize> = theirs
+        .iter()
+        .enumerate()
+        .map(|(k, m)| (m.name.as_str(), k))
+        .collect();
     let mut modules = Vec::new();
     let mut left_out = Vec::new();
     let (mut inner, mut energy_a, mut energy_b) = (0.0, 0.0, 0.0);
-    for mx in &x.modules {
-        let Some(&my) = theirs.get(mx.name.as_str()) else {
+    for (kx, ix) in ours.iter().enumerate() {
+        let Some(&ky) = by_name.get(ix.name.as_str()) else {
             left_out.push(LeftOut {
-                module: mx.name.clone(),
+                module: ix.name.clone(),
                 reason: "only in A".into(),
             });
             continue;
         };
-        if !same_shape(mx, my) {
+        let iy = &theirs[ky];
+        if (ix.in_features, ix.out_features) != (iy.in_features, iy.out_features) {
             left_out.push(LeftOut {
-                module: mx.name.clone(),
+                module: ix.name.clone(),
                 reason: format!(
                     "shapes differ: A is {}x{}, B is {}x{} (out x in)",
-                    mx.out_features, mx.in_features, my.out_features, my.in_features
+                    ix.out_features, ix.in_features, iy.out_features, iy.in_features
                 ),
             });
             continue;
         }
-        let s = compare_modules(mx, my, angles);
+        let (mx, my) = (x.module(kx)?, y.module(ky)?);
+        let s = compare_modules(&mx, &my, angles);
         if s.inner.is_finite() && s.norm_a.is_finite() && s.norm_b.is_finite() {
             inner += s.inner;
             energy_a += s.norm_a * s.norm_a;
             energy_b += s.norm_b * s.norm_b;
         } else {
             left_out.push(LeftOut {
-                module: mx.name.clone(),
+                module: ix.name.clone(),
                 reason: "non-finite values in a factor".into(),
             });
         }
         modules.push(s);
     }
-    let ours: BTreeMap<&str, ()> = x.modules.iter().map(|m| (m.name.as_str(), ())).collect();
-    for my in &y.modules {
-        if !ours.contains_key(my.name.as_str()) {
+    let names: BTreeSet<&str> = ours.iter().map(|m| m.name.as_str()).collect();
+    for iy in &theirs {
+        if !names.contains(iy.name.as_str()) {
             left_out.push(LeftOut {
-                module: my.name.clone(),
+                module: iy.name.clone(),
                 reason: "only in B".into(),
             });
         }
@@ -241,16 +253,16 @@ pub fn compare_adapters(x: &AdapterFactors, y: &AdapterFactors, angles: bool) ->
     } else {
         f64::NAN
     };
-    UpdateComparison {
-        path_a: x.path.clone(),
-        path_b: y.path.clone(),
+    Ok(UpdateComparison {
+        path_a: x.path().to_path_buf(),
+        path_b: y.path().to_path_buf(),
         similarity,
         modules,
         left_out,
         energy_a,
         energy_b,
-        scaled: x.has_config && y.has_config,
-    }
+        scaled: x.has_config() && y.has_config(),
+    })
 }
 
 /// Sweeps an SVD may take before it is given up (nalgebra's `0` means

@@ -1,14 +1,15 @@
 //! Opening inputs safely and cheaply, before any format is known.
 //!
 //! What belongs here: finding and opening files (regular files only, no
-//! walking out of a root), bounded positioned reads, the zip container that
-//! `torch.save` uses, checksum sidecars, Git LFS pointers (what a clone
-//! without `git lfs pull` holds instead of a file), the hook through which
-//! files staged from remote storage are fetched on first read (`staged`),
-//! and writing JSON text.
+//! walking out of a root), bounded positioned reads, memory for sizes a
+//! file claims, the zip container that `torch.save` uses, checksum
+//! sidecars, Git LFS pointers (what a clone without `git lfs pull` holds
+//! instead of a file), the hook through which files staged from remote
+//! storage are fetched on first read (`staged`), and writing JSON text.
 //! Nothing here knows a file format beyond its container, and nothing knows
 //! a probe.
 
+pub mod claims;
 pub mod confine;
 pub mod excerpt;
 pub mod files;

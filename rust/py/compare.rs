@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use crate::analysis::adapter_weights::read_adapter_factors;
+use crate::analysis::adapter_weights::FactorFile;
 use crate::analysis::update_similarity::{self, ModuleSimilarity, UpdateComparison};
 use crate::store::similar::{self, SimilarPair, SimilarReport, SkippedAdapter};
 use crate::Result;
@@ -68,9 +68,9 @@ fn compare_adapter_updates(
     angles: bool,
 ) -> PyResult<Py<PyDict>> {
     let result: Result<UpdateComparison> = py.detach(|| {
-        let x = read_adapter_factors(&a)?;
-        let y = read_adapter_factors(&b)?;
-        Ok(update_similarity::compare_adapters(&x, &y, angles))
+        let x = FactorFile::open(&a)?;
+        let y = FactorFile::open(&b)?;
+        update_similarity::compare_adapters(&x, &y, angles)
     });
     Ok(comparison_dict(py, &result?)?.unbind())
 }
@@ -83,17 +83,18 @@ fn find_adapters(py: Python<'_>, root: PathBuf) -> Result<Vec<PathBuf>> {
 
 /// Near-duplicate pairs among the adapters under `root`, or among `paths`.
 #[pyfunction]
-#[pyo3(signature = (root = None, *, paths = None, threshold = 0.99, exhaustive = false))]
+#[pyo3(signature = (root = None, *, paths = None, threshold = 0.99, exhaustive = false, max_pairs = similar::DEFAULT_MAX_PAIRS))]
 fn similar_adapters(
     py: Python<'_>,
     root: Option<PathBuf>,
     paths: Option<Vec<PathBuf>>,
     threshold: f64,
     exhaustive: bool,
+    max_pairs: usize,
 ) -> Result<SimilarReport> {
     py.detach(|| match (root, paths) {
-        (Some(root), None) => similar::similar_under(&root, threshold, exhaustive),
-        (None, Some(paths)) => similar::similar_pairs(&paths, threshold, exhaustive),
+        (Some(root), None) => similar::similar_under(&root, threshold, exhaustive, max_pairs),
+        (None, Some(paths)) => similar::similar_pairs(&paths, threshold, exhaustive, max_pairs),
         _ => Err(crate::Error::new(
             crate::Area::Usage,
             "",

@@ -11,6 +11,7 @@
 //! Memory: one adapter's factors, `Σ r·(in + out)` f64 values; callers that
 //! walk many adapters hold a bounded number at once.
 
+use std::borrow::Cow;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
@@ -19,6 +20,7 @@ use crate::error::{Area, Error, Result};
 use crate::formats::tensor_data::{
     decode, FloatTensor, Moments, TensorReader, DEFAULT_CHUNK_ELEMS,
 };
+use crate::io::claims::claimed_vec;
 
 /// One LoRA module's factors: `ΔW = scale · B · A`.
 #[derive(Debug, Clone, PartialEq)]
@@ -50,6 +52,20 @@ pub struct AdapterFactors {
     pub modules: Vec<ModuleFactors>,
 }
 
+impl ModuleFactors {
+    /// The module's shape and scale.
+    pub fn info(&self) -> ModuleInfo {
+        ModuleInfo {
+            name: self.name.clone(),
+            layer: self.layer,
+            rank: self.rank,
+            in_features: self.in_features,
+            out_features: self.out_features,
+            scale: self.scale,
+        }
+    }
+}
+
 impl AdapterFactors {
     /// Bytes the factors take in memory.
     pub fn value_bytes(&self) -> usize {
@@ -63,48 +79,139 @@ impl AdapterFactors {
 /// Largest adapter (in factor values) read whole: 2^28 f64 = 2 GiB.
 pub const MAX_FACTOR_VALUES: u64 = 1 << 28;
 
+/// Largest module (A and B together, in values) read at once: 2^25 f64 =
+/// 256 MiB, above the largest LoRA module in use (rank 256 on a 53,248 ×
+/// 16,384 projection is 1.8e7 values).
+pub const MAX_MODULE_VALUES: u64 = 1 << 25;
+
+/// Where a comparison gets each module's factors: all in memory
+/// ([`AdapterFactors`]) or read from the file one module at a time
+/// ([`FactorFile`]), so comparing two large adapters holds one module pair.
+pub trait ModuleSource {
+    /// The safetensors file the factors come from.
+    fn path(&self) -> &Path;
+    /// Whether an `adapter_config.json` gave the scales.
+    fn has_config(&self) -> bool;
+    /// Every module's shape and scale, sorted by (layer, name).
+    fn infos(&self) -> Vec<ModuleInfo>;
+    /// The factors of the `k`-th module of [`ModuleSource::infos`].
+    fn module(&self, k: usize) -> Result<Cow<'_, ModuleFactors>>;
+}
+
+impl ModuleSource for AdapterFactors {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+    fn has_config(&self) -> bool {
+        self.has_config
+    }
+    fn infos(&self) -> Vec<ModuleInfo> {
+        self.modules.iter().map(ModuleFactors::info).collect()
+    }
+    fn module(&self, k: usize) -> Result<Cow<'_, ModuleFactors>> {
+        Ok(Cow::Borrowed(&self.modules[k]))
+    }
+}
+
+/// A LoRA adapter opened (header and config checked) whose factors are
+/// read on demand, one module at a time.
+pub struct FactorFile {
+    open: OpenAdapter,
+    /// Plan indices in (layer, name) order.
+    order: Vec<usize>,
+}
+
+impl FactorFile {
+    /// Open the adapter at `path` (a directory or its `.safetensors` file),
+    /// checked as [`super::read_adapter_weights`] checks it; no factor is
+    /// read yet.
+    pub fn open(path: &Path) -> Result<Self> {
+        let open = OpenAdapter::open_lora(path)?;
+        let mut order: Vec<usize> = (0..open.plan.modules.len()).collect();
+        let key = |i: &usize| {
+            let m = &open.plan.modules[*i];
+            (m.layer, m.name.clone())
+        };
+        order.sort_by_cached_key(key);
+        Ok(Self { open, order })
+    }
+
+    /// Factor values of the whole adapter (A and B of every module).
+    pub fn values(&self) -> u64 {
+        self.open
+            .plan
+            .modules
+            .iter()
+            .map(|m| m.a.numel.saturating_add(m.b.numel))
+            .fold(0u64, u64::saturating_add)
+    }
+}
+
+impl ModuleSource for FactorFile {
+    fn path(&self) -> &Path {
+        &self.open.weights_path
+    }
+    fn has_config(&self) -> bool {
+        self.open.config.is_some()
+    }
+    fn infos(&self) -> Vec<ModuleInfo> {
+        self.order
+            .iter()
+            .map(|&i| self.open.plan.modules[i].info())
+            .collect()
+    }
+    fn module(&self, k: usize) -> Result<Cow<'_, ModuleFactors>> {
+        let m = &self.open.plan.modules[self.order[k]];
+        let mut reader = self.open.data.reader(DEFAULT_CHUNK_ELEMS);
+        let file = &self.open.weights_path;
+        let values = m.a.numel.saturating_add(m.b.numel);
+        // The module's two factors are held together, so they are capped
+        // together (each is also capped alone where it is allocated).
+        if values > MAX_MODULE_VALUES {
+            return Err(Error::new(
+                Area::Weights,
+                file,
+                format!(
+                    "module {:?} claims {values} factor values, more than the \
+                     {MAX_MODULE_VALUES} read at once for a comparison",
+                    m.name
+                ),
+            ));
+        }
+        module_factors(&mut reader, m, file).map(Cow::Owned)
+    }
+}
+
 /// Read every LoRA module's A and B of the adapter at `path` (a directory
 /// or its `.safetensors` file), checked as [`super::read_adapter_weights`]
-/// checks them.
+/// checks them. For callers that keep several adapters in memory; a
+/// comparison of two reads one module at a time through [`FactorFile`].
 pub fn read_adapter_factors(path: &Path) -> Result<AdapterFactors> {
-    let OpenAdapter {
-        weights_path,
-        config,
-        data,
-        plan,
-    } = OpenAdapter::open_lora(path)?;
-    let values: u64 = plan
-        .modules
-        .iter()
-        .map(|m| m.a.numel.saturating_add(m.b.numel))
-        .fold(0u64, u64::saturating_add);
+    let file = FactorFile::open(path)?;
+    let values = file.values();
     if values > MAX_FACTOR_VALUES {
         return Err(Error::new(
             Area::Weights,
-            &weights_path,
+            &file.open.weights_path,
             format!(
                 "its LoRA factors hold {values} values, more than the {MAX_FACTOR_VALUES} \
                  read at once for a comparison"
             ),
         ));
     }
-    let mut reader = data.reader(DEFAULT_CHUNK_ELEMS);
-    let mut modules = plan
-        .modules
-        .iter()
-        .map(|m| module_factors(&mut reader, m))
+    let modules = (0..file.order.len())
+        .map(|k| file.module(k).map(Cow::into_owned))
         .collect::<Result<Vec<_>>>()?;
-    modules.sort_by(|x, y| (x.layer, &x.name).cmp(&(y.layer, &y.name)));
     Ok(AdapterFactors {
-        path: weights_path,
-        has_config: config.is_some(),
+        path: file.open.weights_path.clone(),
+        has_config: file.open.config.is_some(),
         modules,
     })
 }
 
-fn module_factors(reader: &mut TensorReader, m: &ModulePlan) -> Result<ModuleFactors> {
-    let (a, nonfinite_a) = read_values(reader, &m.a)?;
-    let (b, nonfinite_b) = read_values(reader, &m.b)?;
+fn module_factors(reader: &mut TensorReader, m: &ModulePlan, file: &Path) -> Result<ModuleFactors> {
+    let (a, nonfinite_a) = read_values(reader, &m.a, file)?;
+    let (b, nonfinite_b) = read_values(reader, &m.b, file)?;
     let info = m.info();
     Ok(ModuleFactors {
         name: info.name,
@@ -120,21 +227,10 @@ fn module_factors(reader: &mut TensorReader, m: &ModulePlan) -> Result<ModuleFac
 }
 
 /// All values of `t` in file order, and how many are not finite.
-fn read_values(reader: &mut TensorReader, t: &FloatTensor) -> Result<(Vec<f64>, u64)> {
-    let n = usize::try_from(t.numel).unwrap_or(usize::MAX);
-    let mut out: Vec<f64> = Vec::new();
-    // The count comes from the file's header: an allocation the system
-    // refuses is this adapter's error, not an abort of the whole process.
-    out.try_reserve_exact(n).map_err(|_| {
-        Error::new(
-            Area::Weights,
-            Path::new(&t.name),
-            format!(
-                "cannot allocate {} MB for the {n} values its header claims",
-                n.saturating_mul(std::mem::size_of::<f64>()) >> 20
-            ),
-        )
-    })?;
+fn read_values(reader: &mut TensorReader, t: &FloatTensor, file: &Path) -> Result<(Vec<f64>, u64)> {
+    let what = format!("tensor {:?}", t.name);
+    let mut out: Vec<f64> = claimed_vec(t.numel, MAX_MODULE_VALUES, &what)
+        .map_err(|e| Error::new(Area::Weights, file, e))?;
     let size = t.kind.size();
     let mut chunk = Vec::new();
     reader.for_each_raw_chunk(t, |bytes| {

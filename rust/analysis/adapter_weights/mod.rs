@@ -69,8 +69,8 @@ mod stats;
 mod tests;
 
 pub use factors::{
-    read_adapter_factors, stream_adapter_factors, AdapterFactors, FactorStream, ModuleFactors,
-    ModuleInfo, MAX_FACTOR_VALUES,
+    read_adapter_factors, stream_adapter_factors, AdapterFactors, FactorFile, FactorStream,
+    ModuleFactors, ModuleInfo, ModuleSource, MAX_FACTOR_VALUES, MAX_MODULE_VALUES,
 };
 pub use plan::is_frozen_original;
 use plan::OpenAdapter;

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use super::*;
+use crate::analysis::adapter_weights::AdapterFactors;
 
 /// Deterministic values in [-1, 1) (splitmix64).
 fn values(seed: u64, n: usize) -> Vec<f64> {
@@ -96,7 +97,7 @@ fn the_combined_similarity_is_the_cosine_of_the_concatenated_updates() {
     let dx: Vec<f64> = xs.iter().flat_map(dense).collect();
     let dy: Vec<f64> = ys.iter().flat_map(dense).collect();
     let want = dense_dot(&dx, &dy) / (dense_dot(&dx, &dx) * dense_dot(&dy, &dy)).sqrt();
-    let c = compare_adapters(&adapter(xs), &adapter(ys), false);
+    let c = compare_adapters(&adapter(xs), &adapter(ys), false).unwrap();
     assert!(
         (c.similarity - want).abs() < 1e-12,
         "{} vs {want}",
@@ -122,7 +123,7 @@ fn modules_not_shared_are_left_out_with_a_reason() {
     xa.modules.push(wide);
     let mut yb = adapter(ys);
     yb.modules.push(wide_b);
-    let c = compare_adapters(&xa, &yb, false);
+    let c = compare_adapters(&xa, &yb, false).unwrap();
     assert_eq!(c.modules.len(), 1);
     let reasons: Vec<(&str, &str)> = c
         .left_out
@@ -147,7 +148,7 @@ fn zero_and_non_finite_updates_have_no_cosine() {
     let mut bad = x.clone();
     bad.a[0] = f64::NAN;
     bad.nonfinite = 1;
-    let c = compare_adapters(&adapter(vec![x]), &adapter(vec![bad]), false);
+    let c = compare_adapters(&adapter(vec![x]), &adapter(vec![bad]), false).unwrap();
     assert!(c.similarity.is_nan());
     assert_eq!(c.left_out.len(), 1);
 }
