@@ -18,7 +18,9 @@
 //!    cosine is at least `threshold − margin` are candidates, and each
 //!    candidate's similarity is computed exactly in r×r space
 //!    ([`crate::analysis::update_similarity`]). Only exact values are
-//!    reported.
+//!    reported: the `max_pairs` most similar (a store of a thousand copies
+//!    of one adapter has half a million alike pairs); every pair found is
+//!    counted. Pairs are held as indices until those few are named.
 //!
 //! The margin is `max(4·(1 − threshold), 0.25)`: with `side = 32` (1,024
 //! sketch values) the sketch cosine of unrelated updates has a spread of a
@@ -38,10 +40,11 @@ use nalgebra::{DMatrixView, DMatrixViewMut};
 use rayon::prelude::*;
 
 use crate::analysis::adapter_weights::{
-    read_adapter_factors, stream_adapter_factors, AdapterFactors, ModuleFactors,
+    read_adapter_factors, stream_adapter_factors, AdapterFactors, FactorFile, ModuleFactors,
+    ModuleSource,
 };
 use crate::analysis::layers::{ADAPTER_WEIGHTS, PICKLED_ADAPTER_WEIGHTS};
-use crate::analysis::update_similarity::compare_adapters;
+use crate::analysis::update_similarity::{compare_adapters, UpdateComparison};
 use crate::error::{Area, Error, Result};
 use crate::io::walk::files_under;
 
@@ -49,6 +52,9 @@ use crate::io::walk::files_under;
 pub const SKETCH_SIDE: usize = 32;
 /// Factor bytes held at once in the exact pass before it reads per pair.
 const EXACT_CACHE_BYTES: usize = 256 << 20;
+/// Pairs reported by default: the most similar ones; the others are
+/// counted in [`SimilarReport::pairs_found`].
+pub const DEFAULT_MAX_PAIRS: usize = 10_000;
 
 /// Two adapters whose updates are alike.
 #[cfg_attr(
@@ -80,8 +86,13 @@ pub struct SkippedAdapter {
 )]
 #[derive(Debug, Clone, PartialEq)]
 pub struct SimilarReport {
-    /// Pairs at or above the threshold, most similar first.
+    /// Pairs at or above the threshold, most similar first: at most
+    /// `max_pairs` of them.
     pub pairs: Vec<SimilarPair>,
+    /// Pairs at or above the threshold, reported or not.
+    pub pairs_found: u64,
+    /// The cap on `pairs` (the search's `max_pairs`).
+    pub max_pairs: u64,
     /// Adapters read and sketched.
     pub adapters: u64,
     /// Groups of adapters with the same modules and shapes.
@@ -148,15 +159,14 @@ fn sketch_b_rows(p: &mut [f64], seed_out: u64, row0: usize, vals: &[f64], r: usi
     }
 }
 
-/// `Q += A·Cᵢᵀ` over columns `col0..col0 + w` of A (values row-major,
-/// r × w); Q is r × side, `maps` the (bucket, sign) of every column.
-fn sketch_a_columns(q: &mut [f64], maps: &[(usize, f64)], col0: usize, w: usize, vals: &[f64]) {
-    if w == 0 {
+/// `Q += A·Cᵢᵀ` over `w` columns of A (values row-major, r × w); Q is
+/// r × side, `maps` the (bucket, sign) of each of those columns.
+fn sketch_a_columns(q: &mut [f64], maps: &[(usize, f64)], w: usize, vals: &[f64]) {
+    if w == 0 || maps.len() != w {
         return;
     }
     let r = vals.len() / w;
     let side = q.len() / r.max(1);
-    let maps = &maps[col0..col0 + w];
     for (k, row) in vals.chunks_exact(w).enumerate() {
         let qk = &mut q[k * side..(k + 1) * side];
         for (&v, &(j, sign)) in row.iter().zip(maps) {
@@ -178,8 +188,16 @@ fn add_product(z: &mut [f64], p: &[f64], q: &[f64], r: usize, side: usize) {
     zt.gemm(1.0, &qt, &pt, 1.0);
 }
 
-fn column_maps(seed_in: u64, cols: usize, side: usize) -> Vec<(usize, f64)> {
-    (0..cols).map(|i| bucket(seed_in, i, side)).collect()
+/// The (bucket, sign) of columns `cols` (a block's: pass 1 never holds a
+/// map as wide as the header says A is).
+fn column_maps(
+    seed_in: u64,
+    cols: std::ops::Range<usize>,
+    side: usize,
+    maps: &mut Vec<(usize, f64)>,
+) {
+    maps.clear();
+    maps.extend(cols.map(|i| bucket(seed_in, i, side)));
 }
 
 /// Add module `m`'s sketch `(Cₒ·s·B)·(A·Cᵢᵀ)` (side × side, row-major) to `z`.
@@ -189,8 +207,9 @@ pub fn add_module_sketch(m: &ModuleFactors, side: usize, z: &mut [f64]) {
     let mut p = vec![0.0; side * r];
     sketch_b_rows(&mut p, seed_out, 0, &m.b, r, m.scale);
     let mut q = vec![0.0; r * side];
-    let maps = column_maps(seed_in, m.in_features, side);
-    sketch_a_columns(&mut q, &maps, 0, m.in_features, &m.a);
+    let mut maps = Vec::new();
+    column_maps(seed_in, 0..m.in_features, side, &mut maps);
+    sketch_a_columns(&mut q, &maps, m.in_features, &m.a);
     add_product(z, &p, &q, r, side);
 }
 
@@ -200,7 +219,7 @@ fn sketch_adapter(path: &Path, side: usize, chunk: usize) -> std::result::Result
     let mut signature = Vec::new();
     let (mut bytes, mut nonzero) = (0usize, false);
     let mut bad: Option<String> = None;
-    let (mut p, mut q) = (Vec::new(), Vec::new());
+    let (mut p, mut q, mut maps) = (Vec::new(), Vec::new(), Vec::new());
     stream_adapter_factors(path, chunk, |m, stream| {
         let r = m.rank;
         let (seed_out, seed_in) = module_seeds(&m.name);
@@ -208,11 +227,13 @@ fn sketch_adapter(path: &Path, side: usize, chunk: usize) -> std::result::Result
         p.resize(side * r, 0.0);
         let mb = stream
             .b_rows(|row0, _, vals| sketch_b_rows(&mut p, seed_out, row0, vals, r, m.scale))?;
-        let maps = column_maps(seed_in, m.in_features, side);
+
         q.clear();
         q.resize(r * side, 0.0);
-        let ma =
-            stream.a_columns(|col0, w, vals| sketch_a_columns(&mut q, &maps, col0, w, vals))?;
+        let ma = stream.a_columns(|col0, w, vals| {
+            column_maps(seed_in, col0..col0 + w, side, &mut maps);
+            sketch_a_columns(&mut q, &maps, w, vals);
+        })?;
         if ma.nonfinite + mb.nonfinite > 0 && bad.is_none() {
             bad = Some(format!(
                 "module {:?} has {} non-finite values",
@@ -267,24 +288,38 @@ pub fn find_adapters(root: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// [`similar_pairs`] over the adapters found under `root`.
-pub fn similar_under(root: &Path, threshold: f64, exhaustive: bool) -> Result<SimilarReport> {
-    similar_pairs(&find_adapters(root)?, threshold, exhaustive)
+pub fn similar_under(
+    root: &Path,
+    threshold: f64,
+    exhaustive: bool,
+    max_pairs: usize,
+) -> Result<SimilarReport> {
+    similar_pairs(&find_adapters(root)?, threshold, exhaustive, max_pairs)
 }
 
 /// Every pair of `adapters` (directories or safetensors files) whose
-/// similarity is at least `threshold` (see the module doc).
+/// similarity is at least `threshold` (see the module doc); the
+/// `max_pairs` most similar are reported, all are counted.
 pub fn similar_pairs(
     adapters: &[PathBuf],
     threshold: f64,
     exhaustive: bool,
+    max_pairs: usize,
 ) -> Result<SimilarReport> {
-    similar_pairs_with(adapters, threshold, exhaustive, EXACT_CACHE_BYTES)
+    similar_pairs_with(
+        adapters,
+        threshold,
+        exhaustive,
+        max_pairs,
+        EXACT_CACHE_BYTES,
+    )
 }
 
 pub(crate) fn similar_pairs_with(
     adapters: &[PathBuf],
     threshold: f64,
     exhaustive: bool,
+    max_pairs: usize,
     cache_bytes: usize,
 ) -> Result<SimilarReport> {
     if !(-1.0..=1.0).contains(&threshold) {
@@ -334,19 +369,30 @@ pub(crate) fn similar_pairs_with(
             .collect();
         candidates.extend(found);
     }
-    let (exact, lost) = exact_pairs(&sketched, &candidates, cache_bytes);
+    let (mut found, lost) = exact_pairs(&sketched, &candidates, threshold, cache_bytes);
     skipped.extend(lost);
-    let mut pairs: Vec<SimilarPair> = exact
+    let by_similarity = |x: &Found, y: &Found| {
+        let path = |p: &Found| (&sketched[p.0].path, &sketched[p.1].path);
+        y.2.total_cmp(&x.2).then_with(|| path(x).cmp(&path(y)))
+    };
+    let pairs_found = found.len() as u64;
+    if found.len() > max_pairs {
+        found.select_nth_unstable_by(max_pairs, by_similarity);
+        found.truncate(max_pairs);
+    }
+    found.sort_by(by_similarity);
+    let pairs = found
         .into_iter()
-        .filter(|p| p.similarity >= threshold)
+        .map(|(i, j, similarity)| SimilarPair {
+            a: sketched[i].path.clone(),
+            b: sketched[j].path.clone(),
+            similarity,
+        })
         .collect();
-    pairs.sort_by(|x, y| {
-        y.similarity
-            .total_cmp(&x.similarity)
-            .then_with(|| (&x.a, &x.b).cmp(&(&y.a, &y.b)))
-    });
     Ok(SimilarReport {
         pairs,
+        pairs_found,
+        max_pairs: max_pairs as u64,
         adapters: sketched.len() as u64,
         groups: groups.len() as u64,
         pairs_considered,
@@ -357,27 +403,33 @@ pub(crate) fn similar_pairs_with(
     })
 }
 
-/// Exact similarities of the candidate pairs: their adapters read once
-/// when they fit in `cache_bytes`, else each pair's two read per pair. An
-/// adapter that cannot be read again (it changed since pass 1) is skipped.
+/// A pair found alike: the two adapters' indices and their similarity.
+type Found = (usize, usize, f64);
+
+/// Exact similarities of the candidate pairs, kept as `(i, j, similarity)`
+/// only when at or above `threshold` (so a store of copies holds its pairs
+/// once, as indices). Adapters are read once when they fit in
+/// `cache_bytes`, else each pair's two are read per pair, one module at a
+/// time. An adapter that cannot be read again (it changed since pass 1) is
+/// skipped.
 fn exact_pairs(
     sketched: &[Sketched],
     candidates: &[(usize, usize)],
+    threshold: f64,
     cache_bytes: usize,
-) -> (Vec<SimilarPair>, Vec<SkippedAdapter>) {
+) -> (Vec<Found>, Vec<SkippedAdapter>) {
     let involved: BTreeSet<usize> = candidates.iter().flat_map(|&(i, j)| [i, j]).collect();
     let bytes: usize = involved.iter().map(|&i| sketched[i].bytes).sum();
-    let pair = |x: &AdapterFactors, y: &AdapterFactors, i: usize, j: usize| SimilarPair {
-        a: sketched[i].path.clone(),
-        b: sketched[j].path.clone(),
-        similarity: compare_adapters(x, y, false).similarity,
+    let keep = |i: usize, j: usize, c: UpdateComparison| {
+        (c.similarity >= threshold).then_some((i, j, c.similarity))
     };
-    let read = |i: usize| read_adapter_factors(&sketched[i].path);
     let mut failed: BTreeMap<usize, String> = BTreeMap::new();
     let pairs = if bytes <= cache_bytes {
         let mut loaded: BTreeMap<usize, AdapterFactors> = BTreeMap::new();
-        let results: Vec<(usize, Result<AdapterFactors>)> =
-            involved.par_iter().map(|&i| (i, read(i))).collect();
+        let results: Vec<(usize, Result<AdapterFactors>)> = involved
+            .par_iter()
+            .map(|&i| (i, read_adapter_factors(&sketched[i].path)))
+            .collect();
         for (i, r) in results {
             match r {
                 Ok(f) => {
@@ -390,21 +442,29 @@ fn exact_pairs(
         }
         candidates
             .par_iter()
-            .filter_map(|&(i, j)| Some(pair(loaded.get(&i)?, loaded.get(&j)?, i, j)))
+            .filter_map(|&(i, j)| {
+                let c = compare_adapters(loaded.get(&i)?, loaded.get(&j)?, false).ok()?;
+                keep(i, j, c)
+            })
             .collect()
     } else {
-        let results: Vec<std::result::Result<SimilarPair, (usize, String)>> = candidates
+        let open = |i: usize| FactorFile::open(&sketched[i].path).map_err(|e| (i, e.message));
+        let results: Vec<std::result::Result<Option<Found>, (usize, String)>> = candidates
             .par_iter()
             .map(|&(i, j)| {
-                let x = read(i).map_err(|e| (i, e.message))?;
-                let y = read(j).map_err(|e| (j, e.message))?;
-                Ok(pair(&x, &y, i, j))
+                let (x, y) = (open(i)?, open(j)?);
+                let c = compare_adapters(&x, &y, false).map_err(|e| {
+                    // A module that cannot be read names its file.
+                    let side = if e.path == x.path() { i } else { j };
+                    (side, e.message)
+                })?;
+                Ok(keep(i, j, c))
             })
             .collect();
         let mut pairs = Vec::new();
         for r in results {
             match r {
-                Ok(p) => pairs.push(p),
+                Ok(p) => pairs.extend(p),
                 Err((i, m)) => {
                     failed.insert(i, m);
                 }

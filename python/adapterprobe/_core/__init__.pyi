@@ -842,6 +842,10 @@ class SimilarReport:
     @property
     def pairs(self) -> list[SimilarPair]: ...
     @property
+    def pairs_found(self) -> int: ...
+    @property
+    def max_pairs(self) -> int: ...
+    @property
     def adapters(self) -> int: ...
     @property
     def groups(self) -> int: ...
@@ -862,9 +866,11 @@ def similar_adapters(
     paths: Sequence[_Path] | None = None,
     threshold: float = 0.99,
     exhaustive: bool = False,
+    max_pairs: int = 10000,
 ) -> SimilarReport:
     """Pairs of adapters (under `root`, or among `paths`) whose similarity is
-    at least `threshold`, most similar first."""
+    at least `threshold`, most similar first: the `max_pairs` most similar,
+    all of them counted in `pairs_found`."""
 
 def remote_stage(url: str, dir: _Path) -> tuple[int, int, int, list[tuple[str, str]]]:
     """List the remote root ``url`` (``s3://``, ``gs://``, ``az://``) and lay

@@ -14,8 +14,9 @@ examples:
 Every pair of adapters under ROOT with the same target modules and shapes
 whose updates have an energy-weighted cosine at or above the threshold. Each
 adapter is read once into a small sketch; the pairs the sketch cannot rule
-out are computed exactly (--exhaustive: every pair exactly). Exit 0 either
-way; 3 when no adapter was found.
+out are computed exactly (--exhaustive: every pair exactly). The
+--max-pairs most similar pairs are listed, and every pair found is counted.
+Exit 0 either way; 3 when no adapter was found.
 """
 
 
@@ -26,6 +27,16 @@ def _threshold(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not -1.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"must lie in [-1, 1], got {value}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
     return value
 
 
@@ -45,6 +56,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="cosine at or above which a pair is reported (default 0.99)",
     )
     p.add_argument("--exhaustive", action="store_true", help="compute every pair exactly (slow)")
+    p.add_argument(
+        "--max-pairs",
+        type=_count,
+        default=10_000,
+        metavar="N",
+        help="list at most the N most similar pairs; the others are counted (default 10000)",
+    )
     p.add_argument("--format", choices=("table", "json"), default="table", help="output format")
     p.set_defaults(run=run)
 
@@ -54,7 +72,12 @@ def run(args: argparse.Namespace) -> int:
     from adapterprobe.comparison import similar
     from adapterprobe.escape import terminal as safe_text
 
-    found = similar(args.root, threshold=args.threshold, exhaustive=args.exhaustive)
+    found = similar(
+        args.root,
+        threshold=args.threshold,
+        exhaustive=args.exhaustive,
+        max_pairs=args.max_pairs,
+    )
     if args.format == "json":
         sys.stdout.write(json.dumps(found["pairs"], indent=2) + "\n")
     else:
@@ -64,6 +87,12 @@ def run(args: argparse.Namespace) -> int:
             f"{len(found['pairs'])} pairs at or above {args.threshold} among "
             f"{found['adapters']} adapters ({found['pairs_exact']} of "
             f"{found['pairs_considered']} pairs computed exactly)",
+            file=sys.stderr,
+        )
+    if found["pairs_found"] > len(found["pairs"]):
+        print(
+            f"adapterprobe: {found['pairs_found']} pairs are at or above {args.threshold}; "
+            f"the {len(found['pairs'])} most similar are listed (--max-pairs)",
             file=sys.stderr,
         )
     for s in found["skipped"]:

@@ -11,16 +11,34 @@ from typing import Any
 import adapterprobe._core as _core
 
 
+#: Pairs reported by default; a store of copies of one adapter has far more.
+DEFAULT_MAX_PAIRS = 10_000
+
+
 def similar(
-    root: str | os.PathLike[str], *, threshold: float = 0.99, exhaustive: bool = False
+    root: str | os.PathLike[str],
+    *,
+    threshold: float = 0.99,
+    exhaustive: bool = False,
+    max_pairs: int = DEFAULT_MAX_PAIRS,
 ) -> dict[str, Any]:
     """``{"pairs": [{"a", "b", "similarity"}...], "skipped": [...], ...}``,
-    pairs most similar first; paths are the adapter directories."""
-    report = _core.similar_adapters(os.fspath(root), threshold=threshold, exhaustive=exhaustive)
+    pairs most similar first; paths are the adapter directories.
+
+    At most ``max_pairs`` pairs are listed (the most similar);
+    ``pairs_found`` counts every pair at or above the threshold, so a
+    store of a thousand copies answers in bounded memory."""
+    if isinstance(max_pairs, bool) or not isinstance(max_pairs, int) or max_pairs < 0:
+        raise ValueError(f"max_pairs must be a non-negative integer, got {max_pairs!r}")
+    report = _core.similar_adapters(
+        os.fspath(root), threshold=threshold, exhaustive=exhaustive, max_pairs=max_pairs
+    )
     return {
         "pairs": [
             {"a": str(p.a), "b": str(p.b), "similarity": float(p.similarity)} for p in report.pairs
         ],
+        "pairs_found": report.pairs_found,
+        "max_pairs": report.max_pairs,
         "adapters": report.adapters,
         "groups": report.groups,
         "pairs_considered": report.pairs_considered,

@@ -74,7 +74,7 @@ fn a_perturbed_copy_is_found_and_unrelated_adapters_are_not() {
     for s in 2..6 {
         write_adapter(tmp.path(), &format!("other{s}"), s, 0.0, 24);
     }
-    let report = similar_under(tmp.path(), 0.99, false).unwrap();
+    let report = similar_under(tmp.path(), 0.99, false, DEFAULT_MAX_PAIRS).unwrap();
     assert_eq!(report.adapters, 6);
     assert_eq!(report.groups, 1);
     assert_eq!(report.pairs_considered, 15);
@@ -94,9 +94,9 @@ fn the_screen_agrees_with_the_exhaustive_search_and_both_exact_routes_agree() {
     }
     let paths = find_adapters(tmp.path()).unwrap();
     for threshold in [0.0, 0.5, 0.9, 0.99] {
-        let screened = similar_pairs(&paths, threshold, false).unwrap();
-        let all = similar_pairs(&paths, threshold, true).unwrap();
-        let per_pair = similar_pairs_with(&paths, threshold, true, 0).unwrap();
+        let screened = similar_pairs(&paths, threshold, false, DEFAULT_MAX_PAIRS).unwrap();
+        let all = similar_pairs(&paths, threshold, true, DEFAULT_MAX_PAIRS).unwrap();
+        let per_pair = similar_pairs_with(&paths, threshold, true, DEFAULT_MAX_PAIRS, 0).unwrap();
         assert_eq!(screened.pairs, all.pairs, "threshold {threshold}");
         assert_eq!(all.pairs, per_pair.pairs);
         assert_eq!(all.pairs_exact, 10);
@@ -121,7 +121,7 @@ fn adapters_of_other_shapes_are_never_paired_and_bad_ones_are_skipped() {
     let bytes = fs::read(&st).unwrap();
     fs::write(&st, &bytes[..bytes.len() - 5]).unwrap();
 
-    let report = similar_under(tmp.path(), -1.0, false).unwrap();
+    let report = similar_under(tmp.path(), -1.0, false, DEFAULT_MAX_PAIRS).unwrap();
     assert_eq!(report.adapters, 2);
     assert_eq!(report.groups, 2);
     assert!(report.pairs.is_empty());
@@ -139,9 +139,9 @@ fn adapters_of_other_shapes_are_never_paired_and_bad_ones_are_skipped() {
 #[test]
 fn a_threshold_outside_the_cosine_range_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
-    let err = similar_under(tmp.path(), 1.5, false).unwrap_err();
+    let err = similar_under(tmp.path(), 1.5, false, DEFAULT_MAX_PAIRS).unwrap_err();
     assert_eq!(err.area, Area::Usage);
-    let err = similar_under(&tmp.path().join("nope"), 0.9, false).unwrap_err();
+    let err = similar_under(&tmp.path().join("nope"), 0.9, false, DEFAULT_MAX_PAIRS).unwrap_err();
     assert_eq!(err.area, Area::Missing);
 }
 
@@ -199,4 +199,53 @@ fn the_streamed_sketch_equals_the_sketch_of_the_whole_factors() {
     }
     assert_eq!(streamed.signature.len(), 4);
     assert_eq!(streamed.bytes, f.value_bytes());
+}
+
+#[test]
+fn copies_beyond_max_pairs_are_counted_and_the_most_similar_are_listed() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Six near-copies (noise grows with the index) and one unrelated.
+    for i in 0..6u32 {
+        write_adapter(tmp.path(), &format!("c{i}"), 9, 1e-4 * f64::from(i), 16);
+    }
+    write_adapter(tmp.path(), "other", 4, 0.0, 16);
+    let paths = find_adapters(tmp.path()).unwrap();
+    let all = similar_pairs(&paths, 0.99, false, DEFAULT_MAX_PAIRS).unwrap();
+    assert_eq!(all.pairs_found, 15);
+    assert_eq!(all.pairs.len(), 15);
+    for cap in [0, 1, 4, 15, 40] {
+        let few = similar_pairs(&paths, 0.99, false, cap).unwrap();
+        assert_eq!(few.pairs_found, 15, "cap {cap}");
+        assert_eq!(few.max_pairs, cap as u64);
+        assert_eq!(few.pairs[..], all.pairs[..cap.min(15)], "cap {cap}");
+    }
+}
+
+#[test]
+fn a_module_claiming_more_than_the_cap_is_an_error_before_any_allocation() {
+    use crate::analysis::adapter_weights::{FactorFile, ModuleSource, MAX_MODULE_VALUES};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("huge");
+    fs::create_dir_all(&dir).unwrap();
+    // A header claiming a 1 × 2^25 F16 lora_A over a file of that length
+    // made of one hole (nothing written): sparse, 2^26 bytes long.
+    let n = MAX_MODULE_VALUES;
+    let header = format!(
+        r#"{{"base_model.model.layers.0.q_proj.lora_A.weight":{{"dtype":"F16","shape":[1,{n}],"data_offsets":[0,{}]}},"base_model.model.layers.0.q_proj.lora_B.weight":{{"dtype":"F16","shape":[8,1],"data_offsets":[{},{}]}}}}"#,
+        2 * n,
+        2 * n,
+        2 * n + 16
+    );
+    let path = dir.join("adapter_model.safetensors");
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    fs::write(&path, &bytes).unwrap();
+    let f = fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(bytes.len() as u64 + 2 * n + 16).unwrap();
+    let file = FactorFile::open(&dir).unwrap();
+    let err = file.module(0).unwrap_err();
+    assert!(err.message.contains("more than the"), "{}", err.message);
+    assert_eq!(err.path, path);
+    let cmp = compare_adapters(&file, &file, false).unwrap_err();
+    assert!(cmp.message.contains("claims"), "{}", cmp.message);
 }
