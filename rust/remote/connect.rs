@@ -14,6 +14,7 @@ use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
 use object_store::path::Path as ObjectPath;
 use object_store::{BackoffConfig, ClientConfigKey, ObjectStore, RetryConfig};
 
+use super::key_filter::{FilteringConnector, Refused};
 use crate::error::{Area, Error, Result};
 
 /// URL schemes read through object stores (S3 and compatibles, GCS, Azure).
@@ -32,6 +33,9 @@ pub struct Remote {
     pub store: Arc<dyn ObjectStore>,
     pub prefix: ObjectPath,
     pub url: String,
+    /// Keys the listing filter took out of S3 and GCS list pages (see
+    /// [`super::key_filter`]).
+    pub refused: Arc<Refused>,
 }
 
 /// How requests are bounded.
@@ -137,6 +141,10 @@ pub fn connect(url: &str, limits: &Limits) -> Result<Remote> {
     let prefix = ObjectPath::from_url_path(parsed.path())
         .map_err(|e| usage(url, format!("not a valid object path: {e}")))?;
     let (timeout, connect_timeout) = (limits.timeout_text(), limits.connect_timeout_text());
+    let refused = Arc::new(Refused::default());
+    let filtering = FilteringConnector {
+        refused: Arc::clone(&refused),
+    };
     let built: object_store::Result<Arc<dyn ObjectStore>> = match scheme.as_str() {
         "s3" | "s3a" => AmazonS3Builder::from_env()
             .with_url(url)
@@ -147,6 +155,7 @@ pub fn connect(url: &str, limits: &Limits) -> Result<Remote> {
             )
             .with_allow_http(endpoint_is_http())
             .with_retry(limits.retry())
+            .with_http_connector(filtering)
             .build()
             .map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
         "gs" => GoogleCloudStorageBuilder::from_env()
@@ -157,6 +166,7 @@ pub fn connect(url: &str, limits: &Limits) -> Result<Remote> {
                 connect_timeout,
             )
             .with_retry(limits.retry())
+            .with_http_connector(filtering)
             .build()
             .map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
         _ => MicrosoftAzureBuilder::from_env()
@@ -175,6 +185,7 @@ pub fn connect(url: &str, limits: &Limits) -> Result<Remote> {
         store,
         prefix,
         url: url.trim_end_matches('/').to_string(),
+        refused,
     })
 }
 

@@ -13,6 +13,7 @@
 //! first remote root is staged.
 
 pub mod connect;
+pub mod key_filter;
 pub mod stage;
 
 pub use stage::{fetched, release, stage, Fetched, Summary};

@@ -169,9 +169,10 @@ async fn list_all(remote: &Remote) -> Result<Listing> {
         let meta = match item {
             Ok(meta) => meta,
             Err(object_store::Error::InvalidPath { source }) => {
-                // The client refuses the whole page such a key is on, so
-                // going on would silently drop the keys beside it: stop,
-                // saying which key.
+                // S3 and GCS pages are filtered before the client sees them
+                // (`key_filter`); Azure's are not, and there the client
+                // refuses the whole page such a key is on, so going on
+                // would silently drop the keys beside it: stop, saying so.
                 return Err(connect::usage(
                     &remote.url,
                     format!(
@@ -240,6 +241,16 @@ pub fn stage(url: &str, dir: &Path) -> Result<Summary> {
         objects,
         requests: list_requests,
     } = connect::block_on(list_all(&remote))??;
+    let (refused, refused_count) = remote.refused.take();
+    if objects.is_empty() && refused_count > 0 {
+        return Err(connect::usage(
+            url,
+            format!(
+                "every object under it ({refused_count}) has a key that is no valid object \
+                 path (an empty, '.' or '..' segment, or a control character)"
+            ),
+        ));
+    }
     if objects.is_empty() {
         return Err(connect::usage(
             url,
@@ -251,6 +262,23 @@ pub fn stage(url: &str, dir: &Path) -> Result<Summary> {
         list_requests,
         ..Summary::default()
     };
+    for key in &refused {
+        summary.problems.push((
+            url_of(&remote, key),
+            "its key is no valid object path (an empty, '.' or '..' segment, or a control \
+             character): S3 allows such keys, but it cannot be read here; left out"
+                .into(),
+        ));
+    }
+    if refused_count > refused.len() as u64 {
+        summary.problems.push((
+            remote.url.clone(),
+            format!(
+                "{} more objects with keys that are no valid object path were left out",
+                refused_count - refused.len() as u64
+            ),
+        ));
+    }
     let mut files = HashMap::new();
     let prefix = remote.prefix.as_ref().to_string();
     for meta in objects {

@@ -36,12 +36,18 @@ class Behaviour:
     list_requests: int = 0
 
 
+def _xml(text: str) -> str:
+    """Character data, with control characters as numeric references (how
+    XML can carry them; S3 allows them in keys)."""
+    return "".join(f"&#x{ord(c):x};" if ord(c) < 0x20 else c for c in escape(text))
+
+
 def _listing(b: Behaviour, prefix: str, token: str | None) -> bytes:
     keys = sorted(k for k in b.objects if k.startswith(prefix))
     if b.endless and token is not None and not b.repeat:
         keys = []  # empty pages, for ever
     contents = "".join(
-        f"<Contents><Key>{escape(k)}</Key><Size>{len(b.objects[k])}</Size>"
+        f"<Contents><Key>{_xml(k)}</Key><Size>{len(b.objects[k])}</Size>"
         '<LastModified>2026-11-28T00:00:00.000Z</LastModified><ETag>"e"</ETag>'
         "<StorageClass>STANDARD</StorageClass></Contents>"
         for k in keys

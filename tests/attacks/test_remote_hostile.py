@@ -5,6 +5,7 @@ usage error within its bound, never a hang, a traceback or a raw escape."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -67,13 +68,44 @@ def test_a_listing_that_starts_over_is_stopped_at_the_first_repeated_key(aws):
     assert behaviour.list_requests == 2
 
 
-def test_a_key_no_file_can_be_named_after_is_named_not_silently_dropped(aws):
+BAD_KEYS = ["runs/bad/../x", "runs/bad//y", "runs/./z", "runs/ctl\x01key", "runs/zz/../w"]
+
+
+def test_keys_no_path_can_hold_are_problems_and_the_scan_goes_on(aws):
+    # Legal in S3, refused by the client's path type: each used to fail the
+    # whole listing page, and with it the scan (exit 2, no record).
+    objects = demo_objects()
+    for key in BAD_KEYS:
+        objects[key] = b"x"
+    with hostile_s3(Behaviour(objects=objects)) as url:
+        aws(url)
+        report = ap.scan("s3://bkt/runs")
+    assert report.records and {r.verdict.value for r in report.records} == {"pass"}
+    named = {path: why for path, why in report.problems}
+    for key in BAD_KEYS:
+        assert f"s3://bkt/{key}" in named, (key, named)
+        assert "no valid object path" in named[f"s3://bkt/{key}"]
+
+
+def test_a_key_no_path_can_hold_is_one_problem_line_on_the_command_line(tmp_path):
     objects = demo_objects()
     objects["runs/bad/../x"] = b"x"
     with hostile_s3(Behaviour(objects=objects)) as url:
-        aws(url)
-        with pytest.raises(ap.UsageError, match=r"no valid path.*runs/bad/\.\./x"):
-            ap.scan("s3://bkt/runs")
+        done = subprocess.run(
+            [sys.executable, "-m", "adapterprobe", "scan", "s3://bkt/runs", "--format", "json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, **env(url), "ADAPTERPROBE_REMOTE_RETRIES": "0"},
+            cwd=tmp_path,
+        )
+    # As a local file that cannot be searched: a problem line, the healthy
+    # runs judged, the exit their verdicts give.
+    assert done.returncode == 0, (done.returncode, done.stderr[-800:])
+    assert "Traceback" not in done.stderr
+    lines = [line for line in done.stderr.splitlines() if "bad/../x" in line]
+    assert len(lines) == 1 and "no valid object path" in lines[0], done.stderr
+    assert json.loads(done.stdout)
 
 
 def test_a_servers_error_text_reaches_stderr_escaped(tmp_path):
