@@ -86,3 +86,34 @@ def test_a_valid_saved_scan_still_reads_and_size_is_capped(saved, demo_store, tm
         timeout=120,
     )
     assert done.returncode == 2 and "MAX_SAVED_SCAN_MB" in done.stderr, done.stderr
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS as Linux applies it")
+def test_a_saved_scan_is_read_record_by_record_not_whole(saved, tmp_path):
+    # A bad first record followed by 700 MB (a sparse tail of NULs): read
+    # whole, the file's bytes and its text alone pass the 1.5 GB limit;
+    # streamed, the first record is refused after the first megabyte.
+    _, records = saved
+    path = tmp_path / "huge.json"
+    head = ("[" + json.dumps({**records[0], "verdict": "sideways"}) + ",").encode()
+    with path.open("wb") as f:
+        f.write(head)
+        f.truncate(len(head) + (700 << 20))
+    limit = 1536 << 20
+
+    def cap() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    done = subprocess.run(
+        [sys.executable, "-m", "adapterprobe", "report", "--from", str(path), "-o", "r.html"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=cap,
+        cwd=tmp_path,
+        env={**os.environ, "ADAPTERPROBE_MAX_SAVED_SCAN_MB": "1024"},
+    )
+    assert done.returncode == 2, (done.returncode, done.stderr[-600:])
+    assert "record 0" in done.stderr and "Traceback" not in done.stderr, done.stderr[-600:]

@@ -130,6 +130,20 @@ def load_saved_scan(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The records of a saved ``scan --format json``, checked against the
     schema record by record; anything else is a UsageError (exit 2) naming
     the first bad record, never a traceback."""
+    return list(iter_saved_scan(path))
+
+
+#: Text decoded per read while streaming a saved scan.
+_CHUNK_BYTES = 1 << 20
+#: Longest single record read (a record with its evidence is a few KB).
+MAX_RECORD_MB = 64
+
+
+def iter_saved_scan(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """:func:`load_saved_scan` one record at a time: the file is decoded in
+    1 MB pieces and each array element parsed and checked alone, so memory
+    holds one record's text, not the whole file's (a 300 MB scan is never
+    one string and one parse tree at once)."""
     p = Path(path)
     if not p.is_file():
         raise MissingFileError("no such saved scan", path=str(p))
@@ -143,8 +157,7 @@ def load_saved_scan(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
                 path=str(p),
             )
         with p.open("rb") as f:
-            text = f.read(limit + 1).decode("utf-8")
-        data = json.loads(text)
+            yield from _checked_records(_elements(f, limit, str(p)), str(p))
     except UsageError:
         raise
     except OSError as exc:
@@ -155,13 +168,86 @@ def load_saved_scan(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     except ValueError as exc:  # invalid JSON or UTF-8, an integer of too many digits
         detail = str(exc)[:200]
         raise UsageError(f"not a saved scan (invalid JSON: {detail})", path=str(p)) from None
-    if not isinstance(data, list):
-        raise UsageError("not a saved scan (expected the JSON array of records)", path=str(p))
-    for i, r in enumerate(data):
+
+
+def _checked_records(elements: Iterator[Any], path: str) -> Iterator[dict[str, Any]]:
+    for i, r in enumerate(elements):
         problem = _record_problem(r)
         if problem is not None:
-            raise UsageError(f"not a saved scan of this version: record {i} {problem}", path=str(p))
-    return data
+            raise UsageError(f"not a saved scan of this version: record {i} {problem}", path=path)
+        yield r
+
+
+class _Text:
+    """A binary file decoded as UTF-8 in pieces, read through a window."""
+
+    def __init__(self, f: Any, limit: int) -> None:
+        import codecs
+
+        self._f = f
+        self._left = limit + 1
+        self._decode = codecs.getincrementaldecoder("utf-8")()
+        self.buf = ""
+        self.pos = 0
+        self.eof = False
+
+    def more(self) -> bool:
+        """Append the next piece (dropping what was consumed); False at EOF."""
+        if self.eof:
+            return False
+        chunk = self._f.read(min(_CHUNK_BYTES, self._left))
+        self._left -= len(chunk)
+        self.buf = self.buf[self.pos :] + self._decode.decode(chunk, final=not chunk)
+        self.pos = 0
+        self.eof = not chunk
+        return True
+
+    def peek(self) -> str:
+        """The next non-blank character ('' at the end), consumed blanks."""
+        while True:
+            while self.pos < len(self.buf) and self.buf[self.pos] in " \t\r\n":
+                self.pos += 1
+            if self.pos < len(self.buf):
+                return self.buf[self.pos]
+            if not self.more():
+                return ""
+
+
+def _elements(f: Any, limit: int, path: str) -> Iterator[Any]:
+    """The elements of the JSON array in `f`, parsed one at a time."""
+    decoder = json.JSONDecoder()
+    text = _Text(f, limit)
+    not_array = UsageError("not a saved scan (expected the JSON array of records)", path=path)
+    if text.peek() != "[":
+        raise not_array
+    text.pos += 1
+    if text.peek() == "]":
+        text.pos += 1
+    else:
+        while True:
+            text.peek()
+            while True:
+                try:
+                    value, end = decoder.raw_decode(text.buf, text.pos)
+                    break
+                except json.JSONDecodeError:
+                    if len(text.buf) - text.pos > MAX_RECORD_MB << 20:
+                        raise UsageError(
+                            f"not a saved scan (a record longer than {MAX_RECORD_MB} MB)",
+                            path=path,
+                        ) from None
+                    if not text.more():
+                        raise
+            text.pos = end
+            yield value
+            after = text.peek()
+            text.pos += 1
+            if after == "]":
+                break
+            if after != ",":
+                raise ValueError(f"expected ',' or ']' after record, found {after[:1]!r}")
+    if text.peek() != "":
+        raise ValueError("extra data after the array of records")
 
 
 def _norm(root: str) -> str:
