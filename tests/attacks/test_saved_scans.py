@@ -117,3 +117,27 @@ def test_a_saved_scan_is_read_record_by_record_not_whole(saved, tmp_path):
     )
     assert done.returncode == 2, (done.returncode, done.stderr[-600:])
     assert "record 0" in done.stderr and "Traceback" not in done.stderr, done.stderr[-600:]
+
+
+def test_extreme_but_valid_values_of_a_saved_scan_render():
+    # Each was a traceback of ``report --from`` found by the fuzzer (the
+    # saved_scan target): a name with 5,000 digits (int() refuses it), tick
+    # loops over steps near the float range (an int step of 1e300 digits,
+    # a loop whose float never moved), a log axis asked to place 0 and
+    # decades beyond the float range, and an infinite tick label.
+    from adapterprobe.reports.shaping import natural_key
+    from adapterprobe.reports.svg import Scale, log_ticks, nice_ticks, num
+
+    names = ["run" + "7" * 5000, "run10", "run9", "run007"]
+    assert sorted(names, key=natural_key) == ["run007", "run9", "run10", names[0]]
+    for lo, hi in [(0.0, 1.7e308), (-1.7e308, 1.7e308), (1e20, 1e20 + 4096), (0.0, 5.0)]:
+        for integer in (False, True):
+            ticks = nice_ticks(lo, hi, 6, integer)
+            assert 1 <= len(ticks) <= 15, (lo, hi, integer, len(ticks))
+            assert all(isinstance(t, float) and abs(t) < float("inf") for t in ticks)
+    assert all(0 < t < float("inf") for t in log_ticks(-400.0, 400.0))
+    axis = Scale(1e-3, 1e3, 0.0, 100.0, log=True)
+    assert axis(0.0) == 0.0 and axis(float("inf")) == 100.0
+    assert num(float("inf")) == "inf"
+
+

@@ -32,8 +32,14 @@ def as_finite(value: Any) -> float | None:
 
 
 def natural_key(text: str) -> tuple[Any, ...]:
-    """Sort key that puts layer "10" after layer "9"."""
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text))
+    """Sort key that puts layer "10" after layer "9". A run of digits sorts
+    by its length, then its text (never ``int()`` of it: a saved scan's name
+    may hold 5,000 digits, which Python refuses to convert)."""
+    parts = re.split(r"(\d+)", text)
+    return tuple(
+        p if i % 2 == 0 else (len(p.lstrip("0")), p.lstrip("0"), len(p))
+        for i, p in enumerate(parts)
+    )
 
 
 # ---------------------------------------------------------------------------

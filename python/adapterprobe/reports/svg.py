@@ -35,6 +35,8 @@ def clip(text: str, limit: int) -> str:
 
 def num(value: float) -> str:
     """A number for people: 4 significant digits, short exponents."""
+    if not math.isfinite(value):
+        return str(value)
     if value == int(value) and abs(value) < 1e6:
         return str(int(value))
     text = f"{value:.4g}"
@@ -59,6 +61,8 @@ def nice_ticks(lo: float, hi: float, count: int = 5, integer: bool = False) -> l
     span = hi - lo
     if not span > 0:
         return [lo]
+    if span == math.inf:  # both ends finite, their distance is not
+        return [lo, hi]
     raw = span / count
     mag = 10 ** math.floor(math.log10(raw))
     step = mag
@@ -67,18 +71,24 @@ def nice_ticks(lo: float, hi: float, count: int = 5, integer: bool = False) -> l
         if span / step <= count:
             break
     if integer:
-        step = max(1.0, round(step))
+        step = max(1.0, float(round(step)))
     first = math.ceil(lo / step - 1e-9)
-    ticks = []
-    i = first
-    while i * step <= hi + step * 1e-9:
-        ticks.append(round(i * step, 12))
-        i += 1
+    ticks: list[float] = []
+    # Bounded: about `count` ticks fit; where the values are so large that
+    # float steps stop moving (1e20 + 1), a few more tries change nothing.
+    for i in range(first, first + 2 * count + 3):
+        value = round(float(i) * step, 12)
+        if not value <= hi + step * 1e-9:  # past the end, or overflowed
+            break
+        if not ticks or value > ticks[-1]:
+            ticks.append(value)
     return ticks
 
 
 def log_ticks(lo: float, hi: float) -> list[float]:
     """Tick values for a log axis spanning log10 values [lo, hi]."""
+    # Decades a float can show (10.0**-324 is 0, 10.0**309 overflows).
+    lo, hi = max(lo, -307.0), min(hi, 307.0)
     decades = list(range(math.ceil(lo - 1e-9), math.floor(hi + 1e-9) + 1))
     if len(decades) >= 2:
         every = max(1, math.ceil(len(decades) / 6))
@@ -100,7 +110,10 @@ class Scale:
         self.lo, self.hi, self.a, self.b = lo, hi, a, b
 
     def __call__(self, value: float) -> float:
-        v = math.log10(value) if self.log else value
+        if self.log:  # what a log axis cannot place goes to its edge
+            v = math.log10(value) if 0 < value < math.inf else self.lo if value <= 0 else self.hi
+        else:
+            v = value
         return self.a + (v - self.lo) / (self.hi - self.lo) * (self.b - self.a)
 
     def ticks(self, count: int, integer: bool = False) -> list[float]:
