@@ -171,6 +171,42 @@ def store_scan(case: Path) -> None:
             raise ap.AdapterProbeError(r.message)
 
 
+def compare_updates(case: Path) -> None:
+    """The mutated adapter compared with itself (update similarity, principal
+    angles) and searched for twins among two copies of it."""
+    import shutil
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ("a", "b"):
+            shutil.copytree(case, Path(tmp) / name)
+        _each(
+            lambda: ap.compare(case, case).to_dict(),
+            lambda: ap.similar(tmp, threshold=-1.0, exhaustive=True),
+            lambda: ap.similar(tmp, threshold=0.5, max_pairs=0),
+        )
+
+
+def saved_scan(case: Path) -> None:
+    """A saved scan read back as ``scan --baseline`` and ``report --from`` do."""
+    import tempfile
+
+    from adapterprobe.comparison.baseline import Baseline, load_saved_scan, report_from_saved
+
+    path = case / "scan.json"
+
+    def render() -> Any:
+        with tempfile.TemporaryDirectory() as tmp:
+            out, report = report_from_saved(path, str(Path(tmp) / "r.html"))
+            report.to_markdown()
+            return out
+
+    _each(
+        lambda: Baseline(load_saved_scan(path), ["/"], "name").by_store,
+        render,
+    )
+
+
 KERNELS = ("robust_curve", "curve_metrics", "count_spikes", "spike_indices")
 
 

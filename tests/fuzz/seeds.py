@@ -344,12 +344,25 @@ def _sharded_model(out: Path, seeds: dict[str, list[str]]) -> None:
         seeds[f"model_shard_{i}"] = [str((dest / name).relative_to(out))]
 
 
+def _saved_scan(out: Path, seeds: dict[str, list[str]]) -> None:
+    """What ``scan --format json`` saves, of the store the tiny run wrote
+    (as ``scan --baseline`` and ``report --from`` read it back)."""
+    saved = out / "saved" / "scan.json"
+    saved.parent.mkdir()
+    with saved.open("wb") as f:
+        cmd = [sys.executable, "-m", "adapterprobe", "scan", str(out / "store"), "--format", "json"]
+        subprocess.run(cmd, stdout=f, check=False, timeout=300)
+    json.loads(saved.read_text(encoding="utf-8"))  # the seed is a saved scan
+    seeds["saved_scan"] = [str(saved.relative_to(out))]
+
+
 def build(out: Path) -> dict[str, list[str]]:
     """Write every seed kind whose library is installed under `out`; return the manifest."""
     seeds: dict[str, list[str]] = {}
     with _quiet():
         run = _dlm(out, seeds)
         _optimizers(out, run, seeds)
+        _saved_scan(out, seeds)
         with contextlib.suppress(ImportError):
             _sharded_model(out, seeds)
         with contextlib.suppress(ImportError):

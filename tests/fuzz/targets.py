@@ -157,6 +157,23 @@ TARGETS: dict[str, Target] = {
         ),
         Target("ckpt", f"{CALLS}:ckpt", "last.ckpt", "ckpt", ("generic", "zip")),
         Target(
+            "compare_updates",
+            f"{CALLS}:compare_updates",
+            "adapter_model.safetensors",
+            "safetensors",
+            ("generic", "safetensors"),
+            companions=(("adapter_config.json", "adapter_config"),),
+        ),
+        Target(
+            "compare_config",
+            f"{CALLS}:compare_updates",
+            "adapter_config.json",
+            "adapter_config",
+            ("generic", "json", "peft"),
+            companions=(("adapter_model.safetensors", "safetensors"),),
+        ),
+        Target("saved_scan", f"{CALLS}:saved_scan", "scan.json", "saved_scan", ("generic", "json")),
+        Target(
             "store_scan",
             f"{CALLS}:store_scan",
             VERSION + "adapter_model.safetensors",

@@ -43,6 +43,9 @@ def test_readers_survive_a_short_fuzz(tmp_path: Path) -> None:
         "optimizer_pt",
         "ckpt",
         "adapter_bin",
+        "compare_updates",
+        "compare_config",
+        "saved_scan",
     ):
         assert name in stats and stats[name].cases > 0, (name, sorted(stats))
     bugs = {name: s.bugs for name, s in stats.items() if s.bugs}
