@@ -139,5 +139,3 @@ def test_extreme_but_valid_values_of_a_saved_scan_render():
     axis = Scale(1e-3, 1e3, 0.0, 100.0, log=True)
     assert axis(0.0) == 0.0 and axis(float("inf")) == 100.0
     assert num(float("inf")) == "inf"
-
-

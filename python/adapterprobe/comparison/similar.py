@@ -10,7 +10,6 @@ from typing import Any
 
 import adapterprobe._core as _core
 
-
 #: Pairs reported by default; a store of copies of one adapter has far more.
 DEFAULT_MAX_PAIRS = 10_000
 
