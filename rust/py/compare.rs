@@ -83,7 +83,7 @@ fn find_adapters(py: Python<'_>, root: PathBuf) -> Result<Vec<PathBuf>> {
 
 /// Near-duplicate pairs among the adapters under `root`, or among `paths`.
 #[pyfunction]
-#[pyo3(signature = (root = None, *, paths = None, threshold = 0.99, exhaustive = false, max_pairs = similar::DEFAULT_MAX_PAIRS))]
+#[pyo3(signature = (root = None, *, paths = None, threshold = 0.99, exhaustive = false, max_pairs = 10000))]
 fn similar_adapters(
     py: Python<'_>,
     root: Option<PathBuf>,

@@ -53,7 +53,8 @@ pub const SKETCH_SIDE: usize = 32;
 /// Factor bytes held at once in the exact pass before it reads per pair.
 const EXACT_CACHE_BYTES: usize = 256 << 20;
 /// Pairs reported by default: the most similar ones; the others are
-/// counted in [`SimilarReport::pairs_found`].
+/// counted in [`SimilarReport::pairs_found`]. (The binding's signature
+/// spells it as a literal, which stubtest reads.)
 pub const DEFAULT_MAX_PAIRS: usize = 10_000;
 
 /// Two adapters whose updates are alike.
