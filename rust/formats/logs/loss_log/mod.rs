@@ -27,6 +27,8 @@ use crate::io::walk::files_under;
 const BATCH: usize = 8 << 20;
 /// Target size of one parallel piece.
 const PIECE: usize = 512 << 10;
+/// Room kept beyond a batch for the partial line carried into the next.
+const CARRY_ROOM: usize = 64 << 10;
 /// Longest line kept; a longer one is unreadable (and skipped).
 pub const MAX_LINE: usize = 16 << 20;
 
@@ -517,44 +519,50 @@ impl StepSink for Vec<(i64, f64)> {
     }
 }
 
-/// Records and, per record, the values logged beside the loss.
+/// Records and the values logged beside the loss, each side series kept
+/// only where a line logged it (16 bytes a value, not 48 a record: the
+/// reader's memory traffic is most of its cost after parsing).
 #[derive(Default)]
 pub struct StepsWithExtras {
     pub records: Vec<(i64, f64)>,
-    pub extras: Vec<StepExtras>,
+    pub val_loss: Vec<(i64, f64)>,
+    pub grad_norm: Vec<(i64, f64)>,
+    pub lr: Vec<(i64, f64)>,
 }
 
 impl StepSink for StepsWithExtras {
     #[inline]
     fn push_step(&mut self, step: i64, loss: f64, extras: StepExtras) {
         self.records.push((step, loss));
-        self.extras.push(extras);
+        if let Some(v) = extras.val_loss {
+            self.val_loss.push((step, v));
+        }
+        if let Some(v) = extras.grad_norm {
+            self.grad_norm.push((step, v));
+        }
+        if let Some(v) = extras.lr {
+            self.lr.push((step, v));
+        }
     }
     fn append(&mut self, mut other: Self) {
         self.records.append(&mut other.records);
-        self.extras.append(&mut other.extras);
+        self.val_loss.append(&mut other.val_loss);
+        self.grad_norm.append(&mut other.grad_norm);
+        self.lr.append(&mut other.lr);
     }
 }
 
 impl StepsWithExtras {
     /// The side series of these records (reading order; later steps win).
-    pub fn side_series(&self) -> SideSeries {
-        let pick = |get: fn(&StepExtras) -> Option<f64>| {
-            by_step(
-                self.records
-                    .iter()
-                    .zip(&self.extras)
-                    .filter_map(|(r, e)| get(e).map(|v| (r.0, v)))
-                    .collect(),
-            )
-        };
-        SideSeries {
-            eval_loss: pick(|e| e.val_loss),
-            grad_norm: pick(|e| e.grad_norm),
-            learning_rate: pick(|e| e.lr),
+    pub fn side_series(self) -> (Vec<(i64, f64)>, SideSeries) {
+        let side = SideSeries {
+            eval_loss: by_step(self.val_loss),
+            grad_norm: by_step(self.grad_norm),
+            learning_rate: by_step(self.lr),
             reward: vec![],
             progress: None,
-        }
+        };
+        (self.records, side)
     }
 }
 
@@ -618,7 +626,9 @@ pub fn read_steps_from<R: Read, S: StepSink>(
     out: &mut S,
 ) -> std::result::Result<(), String> {
     // Small logs (the common case in a store scan) get a small buffer.
-    let mut buf: Vec<u8> = Vec::with_capacity(size_hint.min(BATCH) + 1);
+    // Room for the partial line carried from one batch to the next, so the
+    // buffer is not reallocated (and copied) at the second read.
+    let mut buf: Vec<u8> = Vec::with_capacity(size_hint.min(BATCH) + CARRY_ROOM);
     let mut first_line_seen = false;
     // Inside an over-long line: drop bytes up to the next terminator.
     let mut discarding = false;
@@ -747,10 +757,10 @@ pub fn read_loss_curve(files: &[PathBuf]) -> Result<LossCurve> {
     for path in &ordered {
         read_steps(path, &mut read)?;
     }
-    let side = read.side_series();
+    let (records, side) = read.side_series();
     Ok(LossCurve {
         side,
-        ..assemble(read.records, ordered)
+        ..assemble(records, ordered)
     })
 }
 
