@@ -170,6 +170,40 @@ def release_all() -> None:
     release(every)
 
 
+#: Stores read at once while a remote root is staged: each waits on the
+#: network, not on a core, so as many run as requests may be in flight.
+DEFAULT_CONCURRENCY = 64
+
+
+def concurrency() -> int:
+    """``ADAPTERPROBE_REMOTE_CONCURRENCY`` (default 64): threads reading a
+    scan's stores while a remote root is staged, hence range requests in
+    flight. A UsageError unless it is an integer in 1..256."""
+    text = os.environ.get("ADAPTERPROBE_REMOTE_CONCURRENCY")
+    if text is None:
+        return DEFAULT_CONCURRENCY
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 256:
+        raise UsageError(
+            f"ADAPTERPROBE_REMOTE_CONCURRENCY must be an integer in 1..256, got {text!r}"
+        )
+    return value
+
+
+def workers_for(workers: int | None) -> int | None:
+    """The threads a scan reads with: ``workers`` when given; while a remote
+    root is staged, :func:`concurrency` (a store's reads wait on latency,
+    so many stores in flight hide it); else None (one per core)."""
+    if workers is not None:
+        return workers
+    if any(a.staged is not None for a in active()):
+        return concurrency()
+    return None
+
+
 def active() -> list[Alias]:
     with _LOCK:
         return list(_ALIASES)

@@ -170,7 +170,7 @@ def _discover(
         found = _core.discover(
             paths,
             all_versions=all_versions,
-            workers=workers,
+            workers=remote.workers_for(workers),
             follow_symlinks=follow_symlinks,
             explain=explain,
             bounds=bounds,
@@ -220,9 +220,10 @@ def scan_batches(
     # Rust gathers and judges batch i+1 (GIL released) while Python hands
     # out batch i; at most two batches are held at a time.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="adapterprobe-scan") as pool:
+        threads = remote.workers_for(workers)
 
         def submit(batch: Sequence[Any]) -> Any:
-            return pool.submit(judge_batch, batch, probes, resolved, workers, json=json)
+            return pool.submit(judge_batch, batch, probes, resolved, threads, json=json)
 
         pending = [submit(batches[0])] if batches else []
         for i, batch in enumerate(batches):

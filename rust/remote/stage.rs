@@ -31,6 +31,42 @@ pub const MIN_BLOCK: u64 = 64 << 10;
 /// Largest single range request (bigger ranges are split; each request
 /// then fits in the timeout and in memory).
 pub const MAX_REQUEST: u64 = 16 << 20;
+/// Bytes of range responses held in memory at once, over every reader
+/// thread (a scan of a remote root runs 64 at once): a request waits for
+/// room unless nothing else is in flight.
+pub const MAX_BYTES_IN_FLIGHT: u64 = 256 << 20;
+
+static IN_FLIGHT: (Mutex<u64>, std::sync::Condvar) = (Mutex::new(0), std::sync::Condvar::new());
+
+/// Room for `n` more bytes in flight, held until the guard drops.
+struct InFlight(u64);
+
+impl InFlight {
+    fn take(n: u64) -> Self {
+        let (lock, room) = &IN_FLIGHT;
+        let mut held = lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while *held > 0 && *held + n > MAX_BYTES_IN_FLIGHT {
+            held = room
+                .wait(held)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        *held += n;
+        Self(n)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let (lock, room) = &IN_FLIGHT;
+        let mut held = lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *held = held.saturating_sub(self.0);
+        room.notify_all();
+    }
+}
 /// A file read whole (logs, JSON) larger than this is refused: the largest
 /// whole-file cap of the local readers (`trainer_state.json`).
 pub const WHOLE_MAX: u64 = 512 << 20;
@@ -458,6 +494,7 @@ fn fill(path: &Path, area: Area, offset: u64, len: u64) -> Result<()> {
         let mut at = lo;
         while at < hi {
             let stop = hi.min(at.saturating_add(MAX_REQUEST));
+            let _room = InFlight::take(stop - at);
             let got = connect::block_on(tree.remote.store.get_range(&s.location, at..stop))?
                 .map_err(|e| {
                     let why = match e {

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -34,6 +35,26 @@ class Behaviour:
     repeat: bool = False
     error_body: str | None = None
     list_requests: int = 0
+    # For the latency benchmark: every answer waits `delay` seconds (a real
+    # store's first-byte latency); requests, bytes and the peak of requests
+    # in flight are counted.
+    delay: float = 0.0
+    requests: int = 0
+    bytes_sent: int = 0
+    peak_in_flight: int = 0
+    _in_flight: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def enter(self) -> None:
+        with self._lock:
+            self.requests += 1
+            self._in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self._in_flight)
+
+    def leave(self, sent: int) -> None:
+        with self._lock:
+            self._in_flight -= 1
+            self.bytes_sent += sent
 
 
 def _xml(text: str) -> str:
@@ -82,19 +103,33 @@ def _handler(b: Behaviour) -> type[BaseHTTPRequestHandler]:
             return b.objects.get(path.removeprefix(f"/{BUCKET}/"))
 
         def do_GET(self) -> None:
+            b.enter()
+            sent = 0
+            try:
+                if b.delay:
+                    time.sleep(b.delay)
+                sent = self._answer()
+            finally:
+                b.leave(sent)
+
+        def _answer(self) -> int:
+            """Answer the request; the object bytes sent."""
             if b.error_body is not None:
                 text = f"<Error><Code>AccessDenied</Code><Message>{b.error_body}</Message></Error>"
-                return self._send(403, text.encode())
+                self._send(403, text.encode())
+                return 0
             url = urlparse(self.path)
             query = parse_qs(url.query)
             if url.path.rstrip("/") == f"/{BUCKET}" and "list-type" in query:
                 b.list_requests += 1
                 token = query.get("continuation-token", [None])[0]
                 prefix = query.get("prefix", [""])[0]
-                return self._send(200, _listing(b, prefix, token))
+                self._send(200, _listing(b, prefix, token))
+                return 0
             data = self._object()
             if data is None:
-                return self._send(404, b"<Error><Code>NoSuchKey</Code></Error>")
+                self._send(404, b"<Error><Code>NoSuchKey</Code></Error>")
+                return 0
             ranged = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
             if ranged:
                 start = int(ranged.group(1))
@@ -108,8 +143,9 @@ def _handler(b: Behaviour) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Last-Modified", "Sat, 28 Nov 2026 00:00:00 GMT")
                 self.end_headers()
                 self.wfile.write(part)
-                return None
-            return self._send(200, data, "application/octet-stream")
+                return len(part)
+            self._send(200, data, "application/octet-stream")
+            return len(data) if self.command != "HEAD" else 0
 
         def do_HEAD(self) -> None:
             self.do_GET()

@@ -159,3 +159,33 @@ def test_a_killed_scans_staging_directory_is_removed_by_the_next_scan(tmp_path):
     assert done.returncode == 0, done.stderr
     assert not left.exists() and kept.is_dir()
     assert not list(tmp.glob(f"adapterprobe-remote-{os.getpid()}-*"))
+
+
+def test_a_remote_scan_keeps_many_requests_in_flight(aws, monkeypatch):
+    # Each answer waits 50 ms, as a real store's first byte does: the scan
+    # reads many stores at once (ADAPTERPROBE_REMOTE_CONCURRENCY), not one
+    # per core, and gives the records a scan of the same tree on disk gives.
+    objects = {}
+    for i in range(12):
+        for key, data in demo_objects().items():
+            objects[key.replace("runs/good/", f"runs/s{i:02d}/")] = data
+    behaviour = Behaviour(objects=objects, delay=0.05)
+    with hostile_s3(behaviour) as url:
+        aws(url)
+        report = ap.scan("s3://bkt/runs")
+    assert len({r.store for r in report.records}) == 12
+    assert {r.verdict.value for r in report.records} == {"pass"}
+    assert behaviour.peak_in_flight >= 8, behaviour.peak_in_flight
+
+    one = Behaviour(objects=objects, delay=0.05)
+    with hostile_s3(one) as url:
+        aws(url)
+        monkeypatch.setenv("ADAPTERPROBE_REMOTE_CONCURRENCY", "1")
+        ap.scan("s3://bkt/runs")
+    assert one.peak_in_flight == 1
+    from adapterprobe import remote
+
+    for bad in ("0", "257", "many"):
+        monkeypatch.setenv("ADAPTERPROBE_REMOTE_CONCURRENCY", bad)
+        with pytest.raises(ap.UsageError, match="REMOTE_CONCURRENCY"):
+            remote.concurrency()
