@@ -170,6 +170,10 @@ def release_all() -> None:
     release(every)
 
 
+#: Set to 1 to check sha256 sidecars of remote training states (each state
+#: is then fetched whole, where the readers fetch only what they parse).
+VERIFY_CHECKSUMS_ENV = "ADAPTERPROBE_REMOTE_VERIFY_CHECKSUMS"
+
 #: Stores read at once while a remote root is staged: each waits on the
 #: network, not on a core, so as many run as requests may be in flight.
 DEFAULT_CONCURRENCY = 64

@@ -20,14 +20,24 @@ use crate::error::{Area, Result};
 /// is left alone. Errors name `path` in `area`.
 pub type Filler = fn(path: &Path, area: Area, offset: u64, len: u64) -> Result<()>;
 
-static FILLER: OnceLock<Filler> = OnceLock::new();
+/// Whether `path` is a staged remote file (its bytes arrive on first read).
+pub type IsStaged = fn(path: &Path) -> bool;
+
+static FILLER: OnceLock<(Filler, IsStaged)> = OnceLock::new();
 
 /// Ask for the whole file (capped by the filler).
 pub const TO_END: u64 = u64::MAX;
 
-/// Install the filler (the first one installed stays).
-pub fn install(filler: Filler) {
-    let _ = FILLER.set(filler);
+/// Install the filler and its test of staged paths (the first pair
+/// installed stays).
+pub fn install(filler: Filler, is_staged: IsStaged) {
+    let _ = FILLER.set((filler, is_staged));
+}
+
+/// Whether `path` is a staged remote file; false for every local file.
+#[inline]
+pub fn is_staged(path: &Path) -> bool {
+    FILLER.get().is_some_and(|(_, staged)| staged(path))
 }
 
 /// Fetch bytes `offset..offset + len` of `path` if it is a staged remote
@@ -36,6 +46,6 @@ pub fn install(filler: Filler) {
 pub fn fill(path: &Path, area: Area, offset: u64, len: u64) -> Result<()> {
     match FILLER.get() {
         None => Ok(()),
-        Some(filler) => filler(path, area, offset, len),
+        Some((filler, _)) => filler(path, area, offset, len),
     }
 }

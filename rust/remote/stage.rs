@@ -316,6 +316,7 @@ pub fn stage(url: &str, dir: &Path) -> Result<Summary> {
         ));
     }
     let mut files = HashMap::new();
+    let mut made_dirs: std::collections::HashSet<PathBuf> = Default::default();
     let prefix = remote.prefix.as_ref().to_string();
     for meta in objects {
         let key = meta.location.as_ref();
@@ -330,11 +331,18 @@ pub fn stage(url: &str, dir: &Path) -> Result<Summary> {
             }
         };
         let local = parts.iter().fold(dir.to_path_buf(), |p, part| p.join(part));
-        let made = local
-            .parent()
-            .map_or(Ok(()), std::fs::create_dir_all)
-            .and_then(|()| File::create_new(&local))
-            .and_then(|f| f.set_len(meta.size));
+        // Keys come sorted, so a store's objects share their folders: each
+        // folder is made once (create_dir_all per key made 12,500 mkdir
+        // calls for 8,500 keys).
+        let folder = local.parent().map(Path::to_path_buf);
+        let made = match folder {
+            Some(f) if !made_dirs.contains(&f) => std::fs::create_dir_all(&f).map(|()| {
+                made_dirs.insert(f);
+            }),
+            _ => Ok(()),
+        }
+        .and_then(|()| File::create_new(&local))
+        .and_then(|f| f.set_len(meta.size));
         if let Err(e) = made {
             let why = format!("cannot be laid out beside the other objects: {e}");
             summary.problems.push((url_of(&remote, key), why));
@@ -353,7 +361,7 @@ pub fn stage(url: &str, dir: &Path) -> Result<Summary> {
             }),
         );
     }
-    staged::install(fill);
+    staged::install(fill, is_staged);
     let tree = Arc::new(Tree {
         dir: dir.to_path_buf(),
         remote,
@@ -453,6 +461,11 @@ fn add_range(have: &mut Vec<(u64, u64)>, a: u64, b: u64) {
         }
     }
     *have = merged;
+}
+
+/// Whether `path` is a file of a staged remote root.
+fn is_staged(path: &Path) -> bool {
+    tree_of(path).is_some_and(|tree| tree.files.contains_key(path))
 }
 
 /// The filler installed in `io::staged`: fetch what is missing of

@@ -153,10 +153,17 @@ def _handler(b: Behaviour) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _Server(ThreadingHTTPServer):
+    # A client with 64 requests in flight opens as many connections at once;
+    # the default backlog of 5 drops the rest, and each dropped connect
+    # waits a second for its SYN to be sent again.
+    request_queue_size = 256
+
+
 @contextlib.contextmanager
 def hostile_s3(behaviour: Behaviour) -> Iterator[str]:
     """Serve ``behaviour`` on 127.0.0.1 at a free port; yields the endpoint URL."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(behaviour))
+    server = _Server(("127.0.0.1", 0), _handler(behaviour))
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

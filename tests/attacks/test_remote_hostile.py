@@ -189,3 +189,41 @@ def test_a_remote_scan_keeps_many_requests_in_flight(aws, monkeypatch):
         monkeypatch.setenv("ADAPTERPROBE_REMOTE_CONCURRENCY", bad)
         with pytest.raises(ap.UsageError, match="REMOTE_CONCURRENCY"):
             remote.concurrency()
+
+
+def test_remote_sidecars_are_checked_only_when_asked(aws, monkeypatch, tmp_path):
+    # A tampered sidecar: on disk the state is an integrity error. Remotely
+    # the check would fetch every state whole, so it runs only with
+    # ADAPTERPROBE_REMOTE_VERIFY_CHECKSUMS=1, and the command line says so.
+    objects = demo_objects()
+    sidecars = [k for k in objects if k.endswith("training_state.pt.sha256")]
+    assert sidecars
+    for key in sidecars:
+        objects[key] = b"0" * 64 + b"\n"
+    states = sum(len(objects[k.removesuffix(".sha256")]) for k in sidecars)
+
+    def ghost_errors(behaviour: Behaviour) -> list[str]:
+        with hostile_s3(behaviour) as url:
+            aws(url)
+            report = ap.scan("s3://bkt/runs")
+        return [r.message for r in report.records if r.verdict.value == "error"]
+
+    quiet = Behaviour(objects=objects)
+    assert not any("sha256" in m for m in ghost_errors(quiet))
+    monkeypatch.setenv("ADAPTERPROBE_REMOTE_VERIFY_CHECKSUMS", "1")
+    checked = Behaviour(objects=objects)
+    assert any("sha256" in m for m in ghost_errors(checked))
+    # Checking fetches each state whole; not checking fetches less.
+    assert checked.bytes_sent - quiet.bytes_sent > 0
+    assert checked.bytes_sent >= states
+
+    with hostile_s3(Behaviour(objects=objects)) as url:
+        done = subprocess.run(
+            [sys.executable, "-m", "adapterprobe", "scan", "s3://bkt/runs"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, **env(url), "ADAPTERPROBE_REMOTE_VERIFY_CHECKSUMS": ""},
+            cwd=tmp_path,
+        )
+    assert "ADAPTERPROBE_REMOTE_VERIFY_CHECKSUMS=1 checks them" in done.stderr, done.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -312,6 +313,7 @@ def run_scan(roots: list[str], args: argparse.Namespace) -> int:
     if not found:
         stop()
         return nothing_found(roots, problems, args)
+    note_remote_checksums(roots)
     code = output_of(args, settings.to_dict(args.probes or DEFAULT_PROBES)).write(
         gate.batches(batches), before_output=stop
     )
@@ -321,6 +323,21 @@ def run_scan(roots: list[str], args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     return run_scan(args.roots, args)
+
+
+def note_remote_checksums(roots: list[str]) -> None:
+    """Say, once, that a remote root's sha256 sidecars are not checked."""
+    from adapterprobe import remote
+
+    if os.environ.get(remote.VERIFY_CHECKSUMS_ENV, "").strip() in ("1", "true", "yes"):
+        return
+    if any(remote.scheme_of(r) in remote.URL_SCHEMES for r in roots):
+        print(
+            "adapterprobe: note: on remote roots the sha256 sidecars of training states are "
+            "not checked (each state would be fetched whole for it); "
+            f"{remote.VERIFY_CHECKSUMS_ENV}=1 checks them",
+            file=sys.stderr,
+        )
 
 
 def default_roots(roots: list[str], args: argparse.Namespace | None = None) -> list[str]:
