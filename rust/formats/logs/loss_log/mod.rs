@@ -618,9 +618,21 @@ fn steps_in_parallel<S: StepSink>(region: &[u8], out: &mut S) {
     }
 }
 
+/// Read up to one batch from `reader`, appended to `buf`; whether the file
+/// ended.
+fn read_batch<R: Read>(reader: &mut R, buf: &mut Vec<u8>) -> std::result::Result<bool, String> {
+    let got = reader
+        .take(BATCH as u64)
+        .read_to_end(buf)
+        .map_err(|e| format!("failed to read: {e}"))?;
+    Ok(got < BATCH)
+}
+
 /// Append the step records of one log to `out` in file order. Memory stays
-/// bounded by one batch plus one line, whatever the file size.
-pub fn read_steps_from<R: Read, S: StepSink>(
+/// bounded by two batches plus one line, whatever the file size: the next
+/// batch is read while this one is parsed (on this 2-core machine the read
+/// was a seventh of the wall time, with a core idle).
+pub fn read_steps_from<R: Read + Send, S: StepSink>(
     mut reader: R,
     size_hint: usize,
     out: &mut S,
@@ -629,6 +641,7 @@ pub fn read_steps_from<R: Read, S: StepSink>(
     // Room for the partial line carried from one batch to the next, so the
     // buffer is not reallocated (and copied) at the second read.
     let mut buf: Vec<u8> = Vec::with_capacity(size_hint.min(BATCH) + CARRY_ROOM);
+    let mut next: Vec<u8> = Vec::new();
     let mut first_line_seen = false;
     // Inside an over-long line: drop bytes up to the next terminator.
     let mut discarding = false;
@@ -637,36 +650,33 @@ pub fn read_steps_from<R: Read, S: StepSink>(
     // character split between two reads.
     let mut blank_first = false;
     let mut carry = Vec::new();
+    let mut eof = read_batch(&mut reader, &mut buf)?;
     loop {
-        let got = (&mut reader)
-            .take(BATCH as u64)
-            .read_to_end(&mut buf)
-            .map_err(|e| format!("failed to read: {e}"))?;
-        let eof = got < BATCH;
         let end = if eof {
             buf.len()
         } else {
             memchr::memrchr2(b'\n', b'\r', &buf).map_or(0, |p| p + 1)
         };
-        let mut region = &buf[..end];
-        if discarding && !region.is_empty() {
-            let line_end = memchr::memchr2(b'\n', b'\r', region);
-            let dropped = &region[..line_end.unwrap_or(region.len())];
+        let mut from = 0;
+        if discarding && end > 0 {
+            let line_end = memchr::memchr2(b'\n', b'\r', &buf[..end]);
+            let dropped = &buf[..line_end.unwrap_or(end)];
             if blank_first && !only_whitespace(dropped, &mut carry) {
                 return Err(format!("first line is longer than {MAX_LINE} bytes"));
             }
             match line_end {
                 Some(p) => {
-                    region = &region[p + 1..];
+                    from = p + 1;
                     discarding = false;
                     if blank_first {
                         (blank_first, first_line_seen) = (false, true);
                     }
                 }
-                None => region = &[],
+                None => from = end,
             }
         }
-        if !first_line_seen && !discarding && !region.is_empty() {
+        if !first_line_seen && !discarding && from < end {
+            let region = &buf[from..end];
             let first_end = memchr::memchr2(b'\n', b'\r', region).unwrap_or(region.len());
             match line_kind(&region[..first_end]) {
                 Some((LineKind::Invalid, _)) => {
@@ -678,26 +688,34 @@ pub fn read_steps_from<R: Read, S: StepSink>(
                 _ => {}
             }
             first_line_seen = true;
-            region = &region[first_end..];
-        }
-        steps_in_parallel(region, out);
-        buf.drain(..end);
-        if buf.len() > MAX_LINE {
-            if !first_line_seen {
-                if !only_whitespace(&buf, &mut carry) {
-                    return Err(format!("first line is longer than {MAX_LINE} bytes"));
-                }
-                blank_first = true;
-            }
-            buf.clear();
-            discarding = true;
+            from += first_end;
         }
         if eof {
+            steps_in_parallel(&buf[from..end], out);
             if blank_first && !carry.is_empty() {
                 return Err(format!("first line is longer than {MAX_LINE} bytes"));
             }
             return Ok(());
         }
+        // The partial last line starts the next batch.
+        next.clear();
+        next.extend_from_slice(&buf[end..]);
+        if next.len() > MAX_LINE {
+            if !first_line_seen {
+                if !only_whitespace(&next, &mut carry) {
+                    return Err(format!("first line is longer than {MAX_LINE} bytes"));
+                }
+                blank_first = true;
+            }
+            next.clear();
+            discarding = true;
+        }
+        let (read, ()) = rayon::join(
+            || read_batch(&mut reader, &mut next),
+            || steps_in_parallel(&buf[from..end], out),
+        );
+        eof = read?;
+        std::mem::swap(&mut buf, &mut next);
     }
 }
 

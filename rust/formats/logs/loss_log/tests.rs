@@ -484,3 +484,41 @@ fn profile_read_loss_curve() {
         assert!(!c.steps.is_empty());
     }
 }
+
+/// A reader that hands out at most `n` bytes a call (a pipe, a network
+/// file system), to move batch ends to odd places.
+struct Chunked<'a>(&'a [u8], usize);
+
+impl std::io::Read for Chunked<'_> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.1.min(out.len()).min(self.0.len());
+        out[..n].copy_from_slice(&self.0[..n]);
+        self.0 = &self.0[n..];
+        Ok(n)
+    }
+}
+
+#[test]
+fn records_across_many_batches_are_all_read_in_order_while_the_next_batch_is_read() {
+    // 2.5 batches of step lines of varied length, each batch read while
+    // the one before is parsed: every record once, in file order.
+    let mut text = String::new();
+    let mut step = 0i64;
+    while text.len() < 2 * BATCH + BATCH / 2 {
+        let pad = "p".repeat((step % 97) as usize);
+        text.push_str(&format!(
+            "{{\"type\": \"step\", \"step\": {step}, \"loss\": {}.5, \"note\": \"{pad}\"}}\n",
+            step % 7
+        ));
+        step += 1;
+    }
+    for chunk in [usize::MAX, 4096 + 17] {
+        let mut out: Vec<(i64, f64)> = Vec::new();
+        read_steps_from(Chunked(text.as_bytes(), chunk), 0, &mut out).unwrap();
+        assert_eq!(out.len() as i64, step, "chunk {chunk}");
+        assert!(out
+            .iter()
+            .enumerate()
+            .all(|(i, r)| r.0 == i as i64 && r.1 == (i % 7) as f64 + 0.5));
+    }
+}
