@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from adapterprobe.cli import non_negative_int
+
 EPILOG = """\
 examples:
   adapterprobe similar /data/adapters
@@ -30,16 +32,6 @@ def _threshold(text: str) -> float:
     return value
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
-
-
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "similar",
@@ -58,7 +50,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--exhaustive", action="store_true", help="compute every pair exactly (slow)")
     p.add_argument(
         "--max-pairs",
-        type=_count,
+        type=non_negative_int,
         default=10_000,
         metavar="N",
         help="list at most the N most similar pairs; the others are counted (default 10000)",
