@@ -31,7 +31,7 @@ use std::path::PathBuf;
 
 use nalgebra::DMatrix;
 
-use crate::analysis::adapter_weights::{ModuleFactors, ModuleSource};
+use crate::analysis::adapter_weights::{ModuleFactors, ModuleShape, ModuleSource};
 use crate::error::Result;
 
 /// Relative cut under which a singular value of ΔW is not part of its
@@ -148,7 +148,7 @@ pub fn factor_energy(x: &ModuleFactors) -> f64 {
 }
 
 /// Whether two modules can be compared: same (in, out).
-pub fn same_shape(x: &ModuleFactors, y: &ModuleFactors) -> bool {
+pub fn same_shape(x: &ModuleShape, y: &ModuleShape) -> bool {
     x.in_features == y.in_features && x.out_features == y.out_features
 }
 
@@ -197,27 +197,27 @@ where
     X: ModuleSource + ?Sized,
     Y: ModuleSource + ?Sized,
 {
-    let (ours, theirs) = (x.infos(), y.infos());
+    let (ours, theirs) = (x.shapes(), y.shapes());
     let by_name: BTreeMap<&str, usize> = theirs
         .iter()
         .enumerate()
-        .map(|(k, m)| (m.name.as_str(), k))
+        .map(|(k, m)| (m.name, k))
         .collect();
     let mut modules = Vec::new();
     let mut left_out = Vec::new();
     let (mut inner, mut energy_a, mut energy_b) = (0.0, 0.0, 0.0);
     for (kx, ix) in ours.iter().enumerate() {
-        let Some(&ky) = by_name.get(ix.name.as_str()) else {
+        let Some(&ky) = by_name.get(ix.name) else {
             left_out.push(LeftOut {
-                module: ix.name.clone(),
+                module: ix.name.to_string(),
                 reason: "only in A".into(),
             });
             continue;
         };
         let iy = &theirs[ky];
-        if (ix.in_features, ix.out_features) != (iy.in_features, iy.out_features) {
+        if !same_shape(ix, iy) {
             left_out.push(LeftOut {
-                module: ix.name.clone(),
+                module: ix.name.to_string(),
                 reason: format!(
                     "shapes differ: A is {}x{}, B is {}x{} (out x in)",
                     ix.out_features, ix.in_features, iy.out_features, iy.in_features
@@ -233,17 +233,17 @@ where
             energy_b += s.norm_b * s.norm_b;
         } else {
             left_out.push(LeftOut {
-                module: ix.name.clone(),
+                module: ix.name.to_string(),
                 reason: "non-finite values in a factor".into(),
             });
         }
         modules.push(s);
     }
-    let names: BTreeSet<&str> = ours.iter().map(|m| m.name.as_str()).collect();
+    let names: BTreeSet<&str> = ours.iter().map(|m| m.name).collect();
     for iy in &theirs {
-        if !names.contains(iy.name.as_str()) {
+        if !names.contains(iy.name) {
             left_out.push(LeftOut {
-                module: iy.name.clone(),
+                module: iy.name.to_string(),
                 reason: "only in B".into(),
             });
         }

@@ -6,12 +6,11 @@
 //! allocation the system refuses is the file's error, never an abort of
 //! the process (Rust aborts on a failed infallible allocation).
 
-/// An empty vector with room for `count` items, where `count` comes from a
-/// file: refused when it exceeds `limit` or the system will not allocate
-/// it. The error names `what` was claimed.
-pub fn claimed_vec<T>(count: u64, limit: u64, what: &str) -> Result<Vec<T>, String> {
-    let item = std::mem::size_of::<T>().max(1) as u64;
-    let mb = |n: u64| n.saturating_mul(item) >> 20;
+/// Refuse a claim of `count` items of `item_bytes` each above `limit`, for
+/// callers that hold several claimed buffers together and cap their sum.
+/// The error names `what` was claimed.
+pub fn check_claim(count: u64, item_bytes: u64, limit: u64, what: &str) -> Result<(), String> {
+    let mb = |n: u64| n.saturating_mul(item_bytes) >> 20;
     if count > limit {
         return Err(format!(
             "{what} claims {count} values ({} MB in memory), more than the {limit} \
@@ -20,6 +19,16 @@ pub fn claimed_vec<T>(count: u64, limit: u64, what: &str) -> Result<Vec<T>, Stri
             mb(limit)
         ));
     }
+    Ok(())
+}
+
+/// An empty vector with room for `count` items, where `count` comes from a
+/// file: refused when it exceeds `limit` (see [`check_claim`]) or the
+/// system will not allocate it.
+pub fn claimed_vec<T>(count: u64, limit: u64, what: &str) -> Result<Vec<T>, String> {
+    let item = std::mem::size_of::<T>().max(1) as u64;
+    let mb = |n: u64| n.saturating_mul(item) >> 20;
+    check_claim(count, item, limit, what)?;
     let mut out = Vec::new();
     let n = usize::try_from(count).map_err(|_| format!("{what} claims {count} values"))?;
     out.try_reserve_exact(n).map_err(|_| {

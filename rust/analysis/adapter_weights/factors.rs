@@ -20,7 +20,7 @@ use crate::error::{Area, Error, Result};
 use crate::formats::tensor_data::{
     decode, FloatTensor, Moments, TensorReader, DEFAULT_CHUNK_ELEMS,
 };
-use crate::io::claims::claimed_vec;
+use crate::io::claims::{check_claim, claimed_vec};
 
 /// One LoRA module's factors: `ΔW = scale · B · A`.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,18 +52,12 @@ pub struct AdapterFactors {
     pub modules: Vec<ModuleFactors>,
 }
 
-impl ModuleFactors {
-    /// The module's shape and scale.
-    pub fn info(&self) -> ModuleInfo {
-        ModuleInfo {
-            name: self.name.clone(),
-            layer: self.layer,
-            rank: self.rank,
-            in_features: self.in_features,
-            out_features: self.out_features,
-            scale: self.scale,
-        }
-    }
+/// A module's name and (in, out): what a comparison matches modules by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModuleShape<'a> {
+    pub name: &'a str,
+    pub in_features: usize,
+    pub out_features: usize,
 }
 
 impl AdapterFactors {
@@ -84,6 +78,8 @@ pub const MAX_FACTOR_VALUES: u64 = 1 << 28;
 /// 16,384 projection is 1.8e7 values).
 pub const MAX_MODULE_VALUES: u64 = 1 << 25;
 
+const F64_BYTES: u64 = std::mem::size_of::<f64>() as u64;
+
 /// Where a comparison gets each module's factors: all in memory
 /// ([`AdapterFactors`]) or read from the file one module at a time
 /// ([`FactorFile`]), so comparing two large adapters holds one module pair.
@@ -92,9 +88,9 @@ pub trait ModuleSource {
     fn path(&self) -> &Path;
     /// Whether an `adapter_config.json` gave the scales.
     fn has_config(&self) -> bool;
-    /// Every module's shape and scale, sorted by (layer, name).
-    fn infos(&self) -> Vec<ModuleInfo>;
-    /// The factors of the `k`-th module of [`ModuleSource::infos`].
+    /// Every module's name and shape, sorted by (layer, name).
+    fn shapes(&self) -> Vec<ModuleShape<'_>>;
+    /// The factors of the `k`-th module of [`ModuleSource::shapes`].
     fn module(&self, k: usize) -> Result<Cow<'_, ModuleFactors>>;
 }
 
@@ -105,8 +101,15 @@ impl ModuleSource for AdapterFactors {
     fn has_config(&self) -> bool {
         self.has_config
     }
-    fn infos(&self) -> Vec<ModuleInfo> {
-        self.modules.iter().map(ModuleFactors::info).collect()
+    fn shapes(&self) -> Vec<ModuleShape<'_>> {
+        self.modules
+            .iter()
+            .map(|m| ModuleShape {
+                name: &m.name,
+                in_features: m.in_features,
+                out_features: m.out_features,
+            })
+            .collect()
     }
     fn module(&self, k: usize) -> Result<Cow<'_, ModuleFactors>> {
         Ok(Cow::Borrowed(&self.modules[k]))
@@ -154,11 +157,16 @@ impl ModuleSource for FactorFile {
     fn has_config(&self) -> bool {
         self.open.config.is_some()
     }
-    fn infos(&self) -> Vec<ModuleInfo> {
-        self.order
-            .iter()
-            .map(|&i| self.open.plan.modules[i].info())
-            .collect()
+    fn shapes(&self) -> Vec<ModuleShape<'_>> {
+        let shape = |&i: &usize| {
+            let m = &self.open.plan.modules[i];
+            ModuleShape {
+                name: &m.name,
+                in_features: m.in_features as usize,
+                out_features: m.out_features as usize,
+            }
+        };
+        self.order.iter().map(shape).collect()
     }
     fn module(&self, k: usize) -> Result<Cow<'_, ModuleFactors>> {
         let m = &self.open.plan.modules[self.order[k]];
@@ -167,17 +175,9 @@ impl ModuleSource for FactorFile {
         let values = m.a.numel.saturating_add(m.b.numel);
         // The module's two factors are held together, so they are capped
         // together (each is also capped alone where it is allocated).
-        if values > MAX_MODULE_VALUES {
-            return Err(Error::new(
-                Area::Weights,
-                file,
-                format!(
-                    "module {:?} claims {values} factor values, more than the \
-                     {MAX_MODULE_VALUES} read at once for a comparison",
-                    m.name
-                ),
-            ));
-        }
+        let what = format!("module {:?}", m.name);
+        check_claim(values, F64_BYTES, MAX_MODULE_VALUES, &what)
+            .map_err(|e| Error::new(Area::Weights, file, e))?;
         module_factors(&mut reader, m, file).map(Cow::Owned)
     }
 }

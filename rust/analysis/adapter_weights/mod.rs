@@ -70,7 +70,7 @@ mod tests;
 
 pub use factors::{
     read_adapter_factors, stream_adapter_factors, AdapterFactors, FactorFile, FactorStream,
-    ModuleFactors, ModuleInfo, ModuleSource, MAX_FACTOR_VALUES, MAX_MODULE_VALUES,
+    ModuleFactors, ModuleInfo, ModuleShape, ModuleSource, MAX_FACTOR_VALUES, MAX_MODULE_VALUES,
 };
 pub use plan::is_frozen_original;
 use plan::OpenAdapter;
