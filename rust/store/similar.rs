@@ -228,7 +228,6 @@ fn sketch_adapter(path: &Path, side: usize, chunk: usize) -> std::result::Result
         p.resize(side * r, 0.0);
         let mb = stream
             .b_rows(|row0, _, vals| sketch_b_rows(&mut p, seed_out, row0, vals, r, m.scale))?;
-
         q.clear();
         q.resize(r * side, 0.0);
         let ma = stream.a_columns(|col0, w, vals| {
