@@ -21,7 +21,7 @@ use crate::io::lfs;
 /// `ADAPTERPROBE_REMOTE_VERIFY_CHECKSUMS=1` asks (the command line says
 /// so when it scans a remote root).
 pub fn verified<T: Send>(file: &Path, parse: impl FnOnce() -> Result<T> + Send) -> Result<T> {
-    if crate::io::staged::is_staged(file) && !verify_remote() {
+    if crate::io::staged::is_staged(file) && !verify_remote_checksums() {
         return parse();
     }
     let Some(expected) = read_sidecar(file)? else {
@@ -58,7 +58,9 @@ pub fn verified<T: Send>(file: &Path, parse: impl FnOnce() -> Result<T> + Send) 
 /// Environment switch: check sidecars of staged remote files too.
 pub const VERIFY_REMOTE_ENV: &str = "ADAPTERPROBE_REMOTE_VERIFY_CHECKSUMS";
 
-fn verify_remote() -> bool {
+/// Whether [`VERIFY_REMOTE_ENV`] asks for remote sidecars to be checked
+/// (the one reader of that switch; the command line asks it too).
+pub fn verify_remote_checksums() -> bool {
     std::env::var(VERIFY_REMOTE_ENV).is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes"))
 }
 

@@ -33,9 +33,17 @@ fn remote_release(dir: PathBuf) {
     crate::remote::release(&dir);
 }
 
+/// Whether sha256 sidecars of remote files are checked
+/// (`ADAPTERPROBE_REMOTE_VERIFY_CHECKSUMS`), as the readers decide it.
+#[pyfunction]
+fn remote_checksums_verified() -> bool {
+    crate::io::sidecar::verify_remote_checksums()
+}
+
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(remote_stage, m)?)?;
     m.add_function(wrap_pyfunction!(remote_fetched, m)?)?;
     m.add_function(wrap_pyfunction!(remote_release, m)?)?;
+    m.add_function(wrap_pyfunction!(remote_checksums_verified, m)?)?;
     Ok(())
 }

@@ -76,6 +76,7 @@ __all__ = [
     "read_optimizer_state",
     "read_safetensors_header",
     "read_training_state",
+    "remote_checksums_verified",
     "remote_fetched",
     "remote_release",
     "remote_stage",
@@ -871,6 +872,10 @@ def similar_adapters(
     """Pairs of adapters (under `root`, or among `paths`) whose similarity is
     at least `threshold`, most similar first: the `max_pairs` most similar,
     all of them counted in `pairs_found`."""
+
+def remote_checksums_verified() -> bool:
+    """Whether sha256 sidecars of remote files are checked
+    (``ADAPTERPROBE_REMOTE_VERIFY_CHECKSUMS``), as the readers decide it."""
 
 def remote_stage(url: str, dir: _Path) -> tuple[int, int, int, list[tuple[str, str]]]:
     """List the remote root ``url`` (``s3://``, ``gs://``, ``az://``) and lay

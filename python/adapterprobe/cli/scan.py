@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -327,9 +326,9 @@ def run(args: argparse.Namespace) -> int:
 
 def note_remote_checksums(roots: list[str]) -> None:
     """Say, once, that a remote root's sha256 sidecars are not checked."""
-    from adapterprobe import remote
+    from adapterprobe import _core, remote
 
-    if os.environ.get(remote.VERIFY_CHECKSUMS_ENV, "").strip() in ("1", "true", "yes"):
+    if _core.remote_checksums_verified():
         return
     if any(remote.scheme_of(r) in remote.URL_SCHEMES for r in roots):
         print(
