@@ -64,6 +64,19 @@ pub fn open_regular(path: &Path, area: Area) -> Result<File> {
 /// [`staged::fill`] for each range before reading it (a staged remote file
 /// is then fetched by ranges, not whole).
 pub fn open_ranged(path: &Path, area: Area) -> Result<File> {
+    open_sized(path, area).map(|opened| opened.file)
+}
+
+/// A regular file opened for reading, with the length its one `stat` gave.
+#[derive(Debug)]
+pub struct Opened {
+    pub file: File,
+    pub len: u64,
+}
+
+/// [`open_ranged`] that also hands back the file's length, so a reader
+/// needs no second `stat` of a file just opened.
+pub fn open_sized(path: &Path, area: Area) -> Result<Opened> {
     let file = open_nonblocking(path).map_err(|e| Error::io(area, path, &e))?;
     let meta = file.metadata().map_err(|e| Error::io(area, path, &e))?;
     if meta.is_dir() {
@@ -77,29 +90,18 @@ pub fn open_ranged(path: &Path, area: Area) -> Result<File> {
         ));
     }
     crate::io::confine::check_opened(&file, path, area)?;
-    Ok(file)
+    Ok(Opened {
+        file,
+        len: meta.len(),
+    })
 }
 
-/// The whole content of the regular file `path`, refused when it is larger
-/// than `max` bytes (checked on the opened file, and again while reading in
-/// case it grows).
-pub fn read_small(path: &Path, area: Area, max: u64) -> Result<Vec<u8>> {
-    staged::fill(path, area, 0, max.saturating_add(1))?;
-    let file = open_ranged(path, area)?;
-    let len = file
-        .metadata()
-        .map_err(|e| Error::io(area, path, &e))?
-        .len();
-    if len > max {
-        return Err(Error::new(
-            area,
-            path,
-            format!("is {len} bytes, more than the {max}-byte limit"),
-        ));
-    }
-    let mut out = Vec::with_capacity(len as usize);
+/// Read the rest of `file` (`len` bytes expected, at most `max`) into `out`;
+/// refused when it holds more than `max`, which a file growing while it is
+/// read can make it do.
+pub fn read_rest(file: File, path: &Path, area: Area, max: u64, out: &mut Vec<u8>) -> Result<()> {
     file.take(max + 1)
-        .read_to_end(&mut out)
+        .read_to_end(out)
         .map_err(|e| Error::io(area, path, &e))?;
     if out.len() as u64 > max {
         return Err(Error::new(
@@ -108,6 +110,25 @@ pub fn read_small(path: &Path, area: Area, max: u64) -> Result<Vec<u8>> {
             format!("grew past the {max}-byte limit"),
         ));
     }
+    Ok(())
+}
+
+/// The whole content of the regular file `path`, refused when it is larger
+/// than `max` bytes (checked on the opened file, and again while reading in
+/// case it grows).
+pub fn read_small(path: &Path, area: Area, max: u64) -> Result<Vec<u8>> {
+    staged::fill(path, area, 0, max.saturating_add(1))?;
+    let Opened { file, len } = open_sized(path, area)?;
+    if len > max {
+        return Err(Error::new(
+            area,
+            path,
+            format!("is {len} bytes, more than the {max}-byte limit"),
+        ));
+    }
+    // One byte over the length: the read that finds the end needs room.
+    let mut out = Vec::with_capacity(len as usize + 1);
+    read_rest(file, path, area, max, &mut out)?;
     Ok(out)
 }
 
