@@ -4,7 +4,6 @@
 //! data. We read exactly 8 + N bytes, refuse N beyond a cap or beyond the
 //! file, and check every tensor's offsets against the data section.
 
-use std::io::Read;
 use std::path::Path;
 
 use serde::de::{self, Deserializer, MapAccess, Visitor};
@@ -12,8 +11,9 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::error::{Area, Error, Result};
-use crate::io::files::open_ranged;
+use crate::io::files::Opened;
 use crate::io::lfs;
+use crate::io::read_once::{self, Content};
 use crate::io::staged;
 
 /// Largest header we accept (the reference implementation uses the same cap).
@@ -67,23 +67,60 @@ pub fn dtype_bits(dtype: &str) -> Option<u64> {
 
 /// Read and validate the header of the safetensors file at `path`.
 pub fn read_header(path: &Path) -> Result<Header> {
+    match read_once::content(path, Area::Header)? {
+        Content::Whole(bytes) => header_in(path, bytes.len() as u64, |at, buf| {
+            let start = usize::try_from(at).unwrap_or(usize::MAX);
+            let part = bytes
+                .get(start..start.saturating_add(buf.len()))
+                .ok_or(ReadFail::Io(std::io::ErrorKind::UnexpectedEof.into()))?;
+            buf.copy_from_slice(part);
+            Ok(())
+        }),
+        Content::Open(Opened { file, len }) => header_in(path, len, |at, buf| {
+            // A staged remote file fetches the range before it is read.
+            staged::fill(path, Area::Header, at, buf.len() as u64).map_err(ReadFail::Fetch)?;
+            read_exact_at(&file, buf, at).map_err(ReadFail::Io)
+        }),
+    }
+}
+
+#[cfg(unix)]
+fn read_exact_at(file: &std::fs::File, buf: &mut [u8], at: u64) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(file, buf, at)
+}
+
+#[cfg(not(unix))]
+fn read_exact_at(mut file: &std::fs::File, buf: &mut [u8], at: u64) -> std::io::Result<()> {
+    use std::io::{Read, Seek, SeekFrom};
+    file.seek(SeekFrom::Start(at))?;
+    file.read_exact(buf)
+}
+
+/// Why a read of the header failed: the file, or fetching a staged range.
+enum ReadFail {
+    Io(std::io::Error),
+    Fetch(Error),
+}
+
+/// The header of a safetensors file of `file_len` bytes whose bytes
+/// `read(offset, buf)` fills.
+fn header_in(
+    path: &Path,
+    file_len: u64,
+    mut read: impl FnMut(u64, &mut [u8]) -> std::result::Result<(), ReadFail>,
+) -> Result<Header> {
     let err = |msg: String| Error::new(Area::Header, path, msg);
-    // A staged remote file: the first read fetches a speculative block that
-    // holds the length and, for most files, the whole header.
-    staged::fill(path, Area::Header, 0, 8)?;
-    let mut file = open_ranged(path, Area::Header)?;
-    let file_len = file
-        .metadata()
-        .map_err(|e| Error::io(Area::Header, path, &e))?
-        .len();
+    let failed = |what: &str, fail: ReadFail| match fail {
+        ReadFail::Io(e) => err(format!("cannot read {what}: {e}")),
+        ReadFail::Fetch(e) => e,
+    };
     if file_len < 8 {
         return Err(err(format!(
             "truncated: {file_len} bytes, a safetensors file starts with an 8-byte header length"
         )));
     }
     let mut len_bytes = [0u8; 8];
-    file.read_exact(&mut len_bytes)
-        .map_err(|e| err(format!("cannot read the header length: {e}")))?;
+    read(0, &mut len_bytes).map_err(|f| failed("the header length", f))?;
     let n = u64::from_le_bytes(len_bytes);
     if n > file_len - 8 {
         // A Git LFS pointer's "version " reads as a length of 8e18.
@@ -101,10 +138,8 @@ pub fn read_header(path: &Path) -> Result<Header> {
             "header length {n} runs past the end of the file ({file_len} bytes)"
         )));
     }
-    staged::fill(path, Area::Header, 8, n)?;
     let mut buf = vec![0u8; n as usize];
-    file.read_exact(&mut buf)
-        .map_err(|e| err(format!("cannot read the {n}-byte header: {e}")))?;
+    read(8, &mut buf).map_err(|f| failed(&format!("the {n}-byte header"), f))?;
     parse_header(&buf, file_len - 8 - n).map_err(err)
 }
 

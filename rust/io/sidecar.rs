@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Area, Error, Result};
-use crate::io::files::open_regular;
+use crate::io::files::{open_regular, Opened};
 use crate::io::lfs;
+use crate::io::read_once::{self, Content};
 
 /// Run `parse` on `file`; when `<file>.sha256` sits beside it, its digest
 /// must match the file's, else the result is an `Area::Integrity` error
@@ -27,14 +28,26 @@ pub fn verified<T: Send>(file: &Path, parse: impl FnOnce() -> Result<T> + Send) 
     let Some(expected) = read_sidecar(file)? else {
         return parse();
     };
-    // Hash and parse in parallel.
-    // Either half may run on another rayon thread: both keep the scan's root.
-    let root = crate::io::confine::current();
-    let (root_a, root_b) = (root.clone(), root);
-    let hash = || crate::io::confine::within(root_a, || sha256_file(file));
-    let parse = || crate::io::confine::within(root_b, parse);
-    let (digest, parsed) = rayon::join(hash, parse);
-    let digest = digest?;
+    let digest = match read_once::content(file, Area::TrainingState)? {
+        // A small file: hashed from the bytes the parser then reads too.
+        Content::Whole(bytes) => hex_sha256(&bytes),
+        // A large one: hashed and parsed in parallel. Either half may run
+        // on another rayon thread: both keep the scan's root.
+        Content::Open(opened) => {
+            let root = crate::io::confine::current();
+            let (root_a, root_b) = (root.clone(), root);
+            let hash = || crate::io::confine::within(root_a, || sha256_stream(opened, file));
+            let parse = || crate::io::confine::within(root_b, parse);
+            let (digest, parsed) = rayon::join(hash, parse);
+            return check_digest(file, digest?, &expected).and(parsed);
+        }
+    };
+    check_digest(file, digest, &expected)?;
+    parse()
+}
+
+/// Ok when `digest` is the one the sidecar records.
+fn check_digest(file: &Path, digest: String, expected: &str) -> Result<()> {
     if digest != expected {
         // A clone without `git lfs pull` keeps the sidecar but not the file.
         if let Some(e) = lfs::pointer_error_in(Area::TrainingState, file) {
@@ -52,7 +65,7 @@ pub fn verified<T: Send>(file: &Path, parse: impl FnOnce() -> Result<T> + Send) 
         .with("expected", expected)
         .with("actual", digest));
     }
-    parsed
+    Ok(())
 }
 
 /// Environment switch: check sidecars of staged remote files too.
@@ -98,12 +111,17 @@ fn read_sidecar(file: &Path) -> Result<Option<String>> {
     }
 }
 
-fn sha256_file(file: &Path) -> Result<String> {
-    let mut f = open_regular(file, Area::TrainingState)?;
+fn hex_sha256(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+fn hex(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn sha256_stream(opened: Opened, file: &Path) -> Result<String> {
+    let Opened { file: mut f, len } = opened;
     let mut hasher = Sha256::new();
-    // A buffer the size of the file, up to 1 MiB: small states (most of a
-    // store scan) must not pay for zeroing a large buffer each.
-    let len = f.metadata().map_or(1 << 20, |m| m.len());
     let mut buf = vec![0u8; len.clamp(4096, 1 << 20) as usize];
     loop {
         let n = f
@@ -114,9 +132,5 @@ fn sha256_file(file: &Path) -> Result<String> {
         }
         hasher.update(buf.get(..n).unwrap_or_default());
     }
-    Ok(hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
+    Ok(hex(&hasher.finalize()))
 }

@@ -10,10 +10,11 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::error::{Area, Error, Result};
-use crate::io::files::open_ranged;
 use crate::io::lfs;
+use crate::io::read_once::{self, Content};
 use crate::io::staged;
 
 /// Caps on what a zip header may make us allocate.
@@ -30,22 +31,19 @@ pub struct Entry {
     flags: u16,
 }
 
-/// Archives up to this size are read with one `read` at open and served from
-/// memory: a small optimizer state has dozens of entries, and a seek + read
-/// pair for each local header and each entry costs more than the bytes.
-const WHOLE_READ_MAX: u64 = 1 << 20;
-
 /// Most bytes reserved ahead of one ranged read (larger ranges grow as read).
 const RESERVE_MAX: u64 = 64 << 20;
 
 /// A zip archive opened for reading STORED entries.
 pub struct Archive {
     pub path: PathBuf,
-    file: File,
+    /// The file, when it is read by ranges (not held whole).
+    file: Option<File>,
     pub len: u64,
     pub entries: HashMap<String, Entry>,
-    /// The whole file, when it is at most `WHOLE_READ_MAX` bytes.
-    whole: Option<Vec<u8>>,
+    /// The whole file, when it is at most `read_once::WHOLE_MAX` bytes
+    /// (shared with the store's other readers of it).
+    whole: Option<Arc<[u8]>>,
 }
 
 fn le16(b: &[u8], at: usize) -> u16 {
@@ -102,7 +100,9 @@ impl Archive {
         // Room for the range up front (it is within the file's length): one
         // read instead of a chain of growing ones.
         buf.reserve(usize::try_from(len.min(RESERVE_MAX)).unwrap_or(0));
-        let mut f = &self.file;
+        let Some(mut f) = self.file.as_ref() else {
+            return Err(self.err("file shrank while being read"));
+        };
         f.seek(SeekFrom::Start(offset))
             .map_err(|e| Error::io(Area::TrainingState, &self.path, &e))?;
         let got = f
@@ -116,23 +116,20 @@ impl Archive {
     }
 
     pub fn open(path: &Path) -> Result<Archive> {
-        let file = open_ranged(path, Area::TrainingState)?;
-        let len = file
-            .metadata()
-            .map_err(|e| Error::io(Area::TrainingState, path, &e))?
-            .len();
+        // A small archive is served from memory: a small optimizer state
+        // has dozens of entries, and a seek + read pair for each local header
+        // and each entry costs more than the bytes.
+        let (file, whole, len) = match read_once::content(path, Area::TrainingState)? {
+            Content::Whole(bytes) => (None, Some(bytes.clone()), bytes.len() as u64),
+            Content::Open(opened) => (Some(opened.file), None, opened.len),
+        };
         let mut archive = Archive {
             path: path.to_path_buf(),
             file,
             len,
             entries: HashMap::new(),
-            whole: None,
+            whole,
         };
-        if len <= WHOLE_READ_MAX {
-            let mut whole = Vec::new();
-            archive.read_exact_at(0, len, &mut whole)?;
-            archive.whole = Some(whole);
-        }
         let not_zip = || {
             // A small file was read whole: a Git LFS pointer says so.
             let whole = archive.whole.as_deref().unwrap_or_default();

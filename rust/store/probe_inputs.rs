@@ -866,8 +866,13 @@ pub fn gap_input(base: &Path) -> Option<GapInput> {
     }
 }
 
-/// The inputs of one target (its versions read in parallel).
+/// The inputs of one target (its versions read in parallel), each small
+/// file read once for all the probes that want it (`io::read_once`).
 pub fn gather(t: &Target, wanted: Wanted) -> TargetInputs {
+    crate::io::read_once::for_one_store(|| gather_inputs(t, wanted))
+}
+
+fn gather_inputs(t: &Target, wanted: Wanted) -> TargetInputs {
     use crate::io::confine::carried;
     use rayon::prelude::*;
     let per_version = |on: bool| -> Vec<&PathBuf> {

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Area, Error, Result};
 use crate::formats::logs::json_line::{to_loss, to_step, unescape, Scalar, Scanner};
 use crate::formats::logs::loss_log::MAX_LINE;
-use crate::io::files::open_regular;
+use crate::io::read_once;
 
 /// Statistics kept from one record (a 7B model's summary has a few thousand).
 pub const MAX_KEYS: usize = 65_536;
@@ -177,7 +177,7 @@ fn for_each_line(mut reader: impl Read, mut each: impl FnMut(&[u8])) -> std::io:
 
 /// The gap records of one log file, in file order.
 pub fn read_gap_file(path: &Path) -> Result<Vec<GapRecord>> {
-    let file = open_regular(path, Area::LogFormat)?;
+    let file = read_once::sequential(path, Area::LogFormat)?;
     let mut out = Vec::new();
     for_each_line(file, |line| {
         if let Some(record) = parse_gap_line(line) {

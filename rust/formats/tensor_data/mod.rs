@@ -23,12 +23,14 @@
 use std::fs::File;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use nalgebra::DMatrix;
 
 use crate::error::{Area, Error, Result};
 use crate::formats::safetensors_header::{read_header, Header, TensorInfo};
-use crate::io::files::open_ranged;
+use crate::io::files::{open_sized, Opened};
+use crate::io::read_once::{self, Content};
 use crate::io::staged;
 
 /// Largest single read (and largest decoded buffer) this module makes.
@@ -290,7 +292,11 @@ impl FloatTensor {
 #[derive(Debug)]
 pub struct SafetensorsData {
     path: PathBuf,
-    file: File,
+    /// Where the bytes come from: a small file is held whole (shared with
+    /// the store's other readers, `io::read_once`), a larger one read by
+    /// ranges.
+    file: Option<File>,
+    whole: Option<Arc<[u8]>>,
     header: Header,
     /// Absolute offset of the data section (8 + header length).
     data_start: u64,
@@ -304,14 +310,14 @@ impl SafetensorsData {
     /// every tensor reads each byte of the file at most once.
     pub fn open(path: &Path) -> Result<SafetensorsData> {
         let header = read_header(path)?;
-        let file = open_ranged(path, Area::Weights)?;
-        let file_len = file
-            .metadata()
-            .map_err(|e| Error::io(Area::Weights, path, &e))?
-            .len();
+        let (file, whole, file_len) = match read_once::content(path, Area::Weights)? {
+            Content::Whole(bytes) => (None, Some(bytes.clone()), bytes.len() as u64),
+            Content::Open(opened) => (Some(opened.file), None, opened.len),
+        };
         let mut data = SafetensorsData {
             path: path.to_path_buf(),
             file,
+            whole,
             header,
             data_start: 0,
             #[cfg(not(unix))]
@@ -338,14 +344,14 @@ impl SafetensorsData {
     /// Spans may overlap (tensors sharing a storage): the caller has bounded
     /// the total.
     pub fn from_spans(path: &Path, tensors: Vec<TensorInfo>) -> Result<SafetensorsData> {
-        let file = open_ranged(path, Area::Weights)?;
-        let file_len = file
-            .metadata()
-            .map_err(|e| Error::io(Area::Weights, path, &e))?
-            .len();
+        let Opened {
+            file,
+            len: file_len,
+        } = open_sized(path, Area::Weights)?;
         Ok(SafetensorsData {
             path: path.to_path_buf(),
-            file,
+            file: Some(file),
+            whole: None,
             header: Header {
                 tensors,
                 metadata: None,
@@ -439,19 +445,22 @@ impl SafetensorsData {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64, what: &str) -> Result<()> {
-        staged::fill(&self.path, Area::Weights, offset, buf.len() as u64)?;
-        #[cfg(unix)]
-        let res = {
-            use std::os::unix::fs::FileExt;
-            self.file.read_exact_at(buf, offset)
-        };
-        #[cfg(not(unix))]
-        let res = {
-            use std::io::{Read, Seek, SeekFrom};
-            let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-            let mut f = &self.file;
-            f.seek(SeekFrom::Start(offset))
-                .and_then(|_| f.read_exact(buf))
+        let res = match (&self.whole, &self.file) {
+            (Some(whole), _) => {
+                let start = usize::try_from(offset).unwrap_or(usize::MAX);
+                match whole.get(start..start.saturating_add(buf.len())) {
+                    Some(part) => {
+                        buf.copy_from_slice(part);
+                        Ok(())
+                    }
+                    None => Err(std::io::ErrorKind::UnexpectedEof.into()),
+                }
+            }
+            (None, Some(file)) => {
+                staged::fill(&self.path, Area::Weights, offset, buf.len() as u64)?;
+                self.read_file_at(file, buf, offset)
+            }
+            (None, None) => Err(std::io::ErrorKind::UnexpectedEof.into()),
         };
         res.map_err(|e| {
             if e.kind() == std::io::ErrorKind::UnexpectedEof {
@@ -463,6 +472,19 @@ impl SafetensorsData {
                 self.err(format!("cannot read {what}: {e}"))
             }
         })
+    }
+
+    #[cfg(unix)]
+    fn read_file_at(&self, file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        std::os::unix::fs::FileExt::read_exact_at(file, buf, offset)
+    }
+
+    #[cfg(not(unix))]
+    fn read_file_at(&self, mut file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        use std::io::{Read, Seek, SeekFrom};
+        let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        file.seek(SeekFrom::Start(offset))?;
+        file.read_exact(buf)
     }
 
     /// A reader of this file's tensors that reads at most `chunk_elems`

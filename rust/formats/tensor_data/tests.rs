@@ -272,8 +272,16 @@ fn refuses_foreign_dtypes_overlaps_and_non_matrices() {
 
 #[test]
 fn a_file_truncated_after_opening_is_an_error_not_a_panic() {
+    // Larger than `read_once::WHOLE_MAX`, so it is read by ranges.
     let dir = tempfile::tempdir().unwrap();
-    let bytes = safetensors_bytes(&[("w", "F32", vec![4, 4], encode(FloatKind::F32, &[0.5; 16]))]);
+    let n = 512 * 512;
+    let bytes = safetensors_bytes(&[(
+        "w",
+        "F32",
+        vec![512, 512],
+        encode(FloatKind::F32, &vec![0.5; n]),
+    )]);
+    assert!(bytes.len() as u64 > crate::io::read_once::WHOLE_MAX);
     let path = write(dir.path(), "w.safetensors", &bytes);
     let data = SafetensorsData::open(&path).unwrap();
     let t = data.float_tensor(&data.header().tensors[0]).unwrap();
@@ -291,6 +299,24 @@ fn a_file_truncated_after_opening_is_an_error_not_a_panic() {
         assert!(data.reader(chunk).column_gram(&t).is_err());
     }
     // Reopening sees the short file in the header check.
+    assert_eq!(SafetensorsData::open(&path).unwrap_err().area, Area::Header);
+}
+
+#[test]
+fn a_small_file_is_read_as_it_was_when_opened() {
+    // Held whole (`io::read_once`): truncating it later changes nothing read.
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = safetensors_bytes(&[("w", "F32", vec![4, 4], encode(FloatKind::F32, &[0.5; 16]))]);
+    let path = write(dir.path(), "w.safetensors", &bytes);
+    let data = SafetensorsData::open(&path).unwrap();
+    let t = data.float_tensor(&data.header().tensors[0]).unwrap();
+    File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(bytes.len() as u64 - 10)
+        .unwrap();
+    assert_eq!(data.reader(4).moments(&t).unwrap().numel, 16);
     assert_eq!(SafetensorsData::open(&path).unwrap_err().area, Area::Header);
 }
 

@@ -19,8 +19,8 @@ use crate::formats::logs::json_line::{classify_step, LineKind, StepExtras};
 use crate::formats::logs::{
     csv_log, mlflow_db, mlflow_files, series_names, tfevents, trainer_log, trainer_state, wandb_run,
 };
-use crate::io::files::open_regular;
 use crate::io::lfs;
+use crate::io::read_once;
 use crate::io::walk::files_under;
 
 /// Bytes read per batch; each batch is parsed in parallel pieces.
@@ -377,18 +377,20 @@ fn is_train_log(name: &str) -> bool {
 
 /// `train-*.jsonl` entries of `dir`, sorted by name.
 pub fn train_logs_in(dir: &Path) -> Result<Vec<PathBuf>> {
-    crate::io::confine::check_path(dir, Area::LogFormat)?;
-    let entries = std::fs::read_dir(dir).map_err(|e| Error::io(Area::LogFormat, dir, &e))?;
-    let mut files = vec![];
-    for entry in entries {
-        let entry = entry.map_err(|e| Error::io(Area::LogFormat, dir, &e))?;
-        let name = entry.file_name();
-        if name.to_str().is_some_and(is_train_log) {
-            files.push(entry.path());
+    read_once::listing("train logs", dir, || {
+        crate::io::confine::check_path(dir, Area::LogFormat)?;
+        let entries = std::fs::read_dir(dir).map_err(|e| Error::io(Area::LogFormat, dir, &e))?;
+        let mut files = vec![];
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io(Area::LogFormat, dir, &e))?;
+            let name = entry.file_name();
+            if name.to_str().is_some_and(is_train_log) {
+                files.push(entry.path());
+            }
         }
-    }
-    files.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
-    Ok(files)
+        files.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
+        Ok(files)
+    })
 }
 
 /// The log files a source names: a store dir (its `logs/`), a logs dir, or a file.
@@ -721,10 +723,8 @@ pub fn read_steps_from<R: Read + Send, S: StepSink>(
 
 /// Append the step records of the log at `path` to `out` in file order.
 pub fn read_steps<S: StepSink>(path: &Path, out: &mut S) -> Result<()> {
-    let file = open_regular(path, Area::LogFormat)?;
-    let size = file
-        .metadata()
-        .map_or(BATCH, |m| m.len().min(BATCH as u64) as usize);
+    let file = read_once::sequential(path, Area::LogFormat)?;
+    let size = file.len().min(BATCH as u64) as usize;
     read_steps_from(file, size, out).map_err(|msg| {
         if let Some(e) = lfs::pointer_error_in(Area::LogFormat, path) {
             return e; // with its oid and size as details

@@ -1,0 +1,254 @@
+//! A store's small files read once, whoever asks for them.
+//!
+//! Several probes read the same files of a store: the adapter's safetensors
+//! file is wanted by the weights check (its tensors) and by the ghost
+//! check (its layer names), a `training_state.pt` is hashed for its sidecar
+//! and then parsed. While one store is gathered ([`for_one_store`]), a file
+//! of at most [`WHOLE_MAX`] bytes read through [`content`] is read whole
+//! once and its bytes are handed to every later reader of the same path on
+//! that thread. Outside that scope, or for a larger file, [`content`] opens
+//! the file and the reader reads the ranges it needs, as before.
+//!
+//! The memo is per thread and lives only while the store is gathered, so a
+//! scan never holds more than one store's small files per thread, and a
+//! file is never served from another scan. Confinement is unchanged: the
+//! first read opens the file through `files::open_sized`, which checks it.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::error::{Area, Result};
+use crate::io::files::{self, Opened};
+use crate::io::staged;
+
+/// Largest file read whole and shared (the readers that use this read
+/// files up to this size whole anyway).
+pub const WHOLE_MAX: u64 = 1 << 20;
+/// Most bytes one store's memo holds; past it, files are read but not kept.
+const MEMO_MAX: usize = 16 << 20;
+/// A staged remote file is read whole only when its first fetch (a block of
+/// this size) brings all of it: reading more would fetch bytes no reader
+/// asked for.
+const STAGED_WHOLE_MAX: u64 = 64 << 10;
+
+#[derive(Default)]
+struct Memo {
+    files: HashMap<PathBuf, Arc<[u8]>>,
+    bytes: usize,
+    /// Files found in a directory, by (what was looked for, directory).
+    listings: HashMap<(&'static str, PathBuf), Vec<PathBuf>>,
+}
+
+/// Most listings one store's memo holds.
+const LISTINGS_MAX: usize = 64;
+
+thread_local! {
+    static MEMO: RefCell<Option<Memo>> = const { RefCell::new(None) };
+}
+
+/// Puts the previous memo back when dropped (a panic or early return
+/// inside [`for_one_store`] leaves nothing behind).
+struct Restore(Option<Memo>);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        let previous = self.0.take();
+        MEMO.with(|m| *m.borrow_mut() = previous);
+    }
+}
+
+/// Run `f` (the gathering of one store) with a fresh memo on this thread.
+pub fn for_one_store<R>(f: impl FnOnce() -> R) -> R {
+    let previous = MEMO.with(|m| m.replace(Some(Memo::default())));
+    let _restore = Restore(previous);
+    f()
+}
+
+/// What a reader gets: the whole file, or the file opened for ranged reads.
+pub enum Content {
+    Whole(Arc<[u8]>),
+    Open(Opened),
+}
+
+fn remembered(path: &Path) -> Option<Arc<[u8]>> {
+    MEMO.with(|m| m.borrow().as_ref()?.files.get(path).cloned())
+}
+
+fn remember(path: &Path, bytes: &Arc<[u8]>) {
+    MEMO.with(|m| {
+        if let Some(memo) = m.borrow_mut().as_mut() {
+            if memo.bytes + bytes.len() <= MEMO_MAX {
+                memo.bytes += bytes.len();
+                memo.files.insert(path.to_path_buf(), bytes.clone());
+            }
+        }
+    });
+}
+
+/// `path`'s bytes when it is a regular file of at most [`WHOLE_MAX`] bytes
+/// (read once per store, see the module), else the file opened.
+pub fn content(path: &Path, area: Area) -> Result<Content> {
+    if let Some(bytes) = remembered(path) {
+        return Ok(Content::Whole(bytes));
+    }
+    let staged = staged::is_staged(path);
+    let whole_max = if staged { STAGED_WHOLE_MAX } else { WHOLE_MAX };
+    if staged {
+        staged::fill(path, area, 0, whole_max)?;
+    }
+    let opened = files::open_sized(path, area)?;
+    if opened.len > whole_max {
+        return Ok(Content::Open(opened));
+    }
+    let mut out = Vec::with_capacity(opened.len as usize + 1);
+    files::read_rest(opened.file, path, area, whole_max, &mut out)?;
+    let bytes: Arc<[u8]> = out.into();
+    remember(path, &bytes);
+    Ok(Content::Whole(bytes))
+}
+
+/// The files `list` finds in `dir` (`what` names the kind looked for),
+/// listed once per store: the training-drift and GAP readers both look for
+/// a run's logs.
+pub fn listing(
+    what: &'static str,
+    dir: &Path,
+    list: impl FnOnce() -> Result<Vec<PathBuf>>,
+) -> Result<Vec<PathBuf>> {
+    let key = (what, dir.to_path_buf());
+    if let Some(found) = MEMO.with(|m| m.borrow().as_ref()?.listings.get(&key).cloned()) {
+        return Ok(found);
+    }
+    let found = list()?;
+    MEMO.with(|m| {
+        if let Some(memo) = m.borrow_mut().as_mut() {
+            if memo.listings.len() < LISTINGS_MAX {
+                memo.listings.insert(key, found.clone());
+            }
+        }
+    });
+    Ok(found)
+}
+
+/// A whole file read from start to end: the store's shared bytes when it
+/// is small, else the file (a staged remote one fetched whole first).
+pub struct Sequential {
+    source: Content,
+    at: usize,
+    len: u64,
+}
+
+impl Sequential {
+    /// The file's length when it was opened.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl std::io::Read for Sequential {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match &mut self.source {
+            Content::Whole(bytes) => {
+                let rest = bytes.get(self.at..).unwrap_or_default();
+                let n = rest.len().min(buf.len());
+                buf[..n].copy_from_slice(&rest[..n]);
+                self.at += n;
+                Ok(n)
+            }
+            Content::Open(opened) => opened.file.read(buf),
+        }
+    }
+}
+
+/// `path` opened to be read whole, in order (see [`Sequential`]).
+pub fn sequential(path: &Path, area: Area) -> Result<Sequential> {
+    let source = content(path, area)?;
+    let len = match &source {
+        Content::Whole(bytes) => bytes.len() as u64,
+        Content::Open(opened) => {
+            staged::fill(path, area, 0, opened.len)?;
+            opened.len
+        }
+    };
+    Ok(Sequential { source, at: 0, len })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn whole(c: Content) -> Arc<[u8]> {
+        match c {
+            Content::Whole(b) => b,
+            Content::Open(_) => panic!("expected the whole file"),
+        }
+    }
+
+    #[test]
+    fn a_small_file_is_read_once_per_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"first").unwrap();
+        for_one_store(|| {
+            assert_eq!(&*whole(content(&path, Area::Header).unwrap()), b"first");
+            // Rewritten under the scan: the store still sees one version.
+            std::fs::write(&path, b"second").unwrap();
+            assert_eq!(&*whole(content(&path, Area::Header).unwrap()), b"first");
+        });
+        // The next store reads it afresh; so does a read outside a store.
+        for_one_store(|| {
+            assert_eq!(&*whole(content(&path, Area::Header).unwrap()), b"second");
+            let mut read = String::new();
+            let mut seq = sequential(&path, Area::Header).unwrap();
+            std::io::Read::read_to_string(&mut seq, &mut read).unwrap();
+            assert_eq!((read.as_str(), seq.len()), ("second", 6));
+        });
+        std::fs::write(&path, b"third").unwrap();
+        assert_eq!(&*whole(content(&path, Area::Header).unwrap()), b"third");
+    }
+
+    #[test]
+    fn a_listing_is_made_once_per_store() {
+        let calls = std::cell::Cell::new(0);
+        let list = || {
+            calls.set(calls.get() + 1);
+            Ok(vec![PathBuf::from("a")])
+        };
+        for_one_store(|| {
+            for _ in 0..3 {
+                assert_eq!(listing("logs", Path::new("d"), list).unwrap().len(), 1);
+            }
+        });
+        assert_eq!(calls.get(), 1);
+        listing("logs", Path::new("d"), list).unwrap();
+        assert_eq!(calls.get(), 2);
+    }
+
+    #[test]
+    fn a_large_file_is_opened_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("big");
+        std::fs::write(&path, vec![7u8; WHOLE_MAX as usize + 1]).unwrap();
+        match content(&path, Area::Header).unwrap() {
+            Content::Open(o) => assert_eq!(o.len, WHOLE_MAX + 1),
+            Content::Whole(_) => panic!("read whole"),
+        }
+    }
+
+    #[test]
+    fn errors_are_the_open_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = for_one_store(|| content(&dir.path().join("nope"), Area::Header))
+            .err()
+            .unwrap();
+        assert_eq!(e.area, Area::Missing);
+        let e = content(dir.path(), Area::Header).err().unwrap();
+        assert!(e.message.contains("directory"), "{e}");
+    }
+}
