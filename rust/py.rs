@@ -805,6 +805,24 @@ fn discover(
     })
 }
 
+/// Files and bytes read by a plain walk of `root` that reads every regular
+/// file whose name is not in `skip` once (`io::walk::read_tree`): the
+/// floor `benches/bench_scan.py` measures a scan against.
+#[pyfunction]
+#[pyo3(signature = (root, *, skip=None, workers=None))]
+fn read_tree(
+    py: Python<'_>,
+    root: PathBuf,
+    skip: Option<Vec<String>>,
+    workers: Option<Size>,
+) -> Result<(u64, u64)> {
+    let skip = skip.unwrap_or_default();
+    let workers = workers.map(|n| count("workers", n)).transpose()?;
+    py.detach(|| {
+        scan::pool(workers).map(|p| p.install(|| crate::io::walk::read_tree(&root, &skip)))
+    })
+}
+
 /// `text` as a short printable-ASCII excerpt: how every message quotes a
 /// file's content (see `io::excerpt`).
 /// Lone surrogates (a non-UTF-8 file name read with `surrogateescape`)
@@ -908,6 +926,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ghost_input, m)?)?;
     m.add_function(wrap_pyfunction!(discover, m)?)?;
     m.add_function(wrap_pyfunction!(excerpt, m)?)?;
+    m.add_function(wrap_pyfunction!(read_tree, m)?)?;
     m.add_function(wrap_pyfunction!(probe_targets, m)?)?;
     m.add_class::<WeightsInput>()?;
     m.add_class::<AdapterWeights>()?;

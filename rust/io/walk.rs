@@ -61,3 +61,45 @@ pub fn files_under(dir: &Path, area: Area, matches: impl Fn(&str) -> bool) -> Re
     found.sort_by(|a, b| a.file_name().cmp(&b.file_name()).then_with(|| a.cmp(b)));
     Ok(found)
 }
+
+/// Files and bytes a plain walk reads: every regular file under `root`
+/// (links not followed, hidden entries included) whose name is not in
+/// `skip`, opened and read to its end once, directories in parallel on the
+/// rayon pool in force. The floor a store scan is measured against
+/// (`benches/bench_scan.py`): the same files read with nothing else done.
+/// Bounded like any walk here: at most `MAX_FLOOR_DEPTH` levels.
+pub fn read_tree(root: &Path, skip: &[String]) -> (u64, u64) {
+    use rayon::prelude::*;
+    use std::io::Read;
+    fn visit(dir: &Path, skip: &[String], depth: usize) -> (u64, u64) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return (0, 0);
+        };
+        let entries: Vec<_> = entries.flatten().collect();
+        entries
+            .par_iter()
+            .map(|entry| {
+                let Ok(kind) = entry.file_type() else {
+                    return (0, 0);
+                };
+                if kind.is_dir() && depth < MAX_FLOOR_DEPTH {
+                    return visit(&entry.path(), skip, depth + 1);
+                }
+                let name = entry.file_name();
+                if !kind.is_file() || skip.iter().any(|s| name.to_str() == Some(s)) {
+                    return (0, 0);
+                }
+                let mut bytes = Vec::new();
+                match std::fs::File::open(entry.path()).and_then(|mut f| f.read_to_end(&mut bytes))
+                {
+                    Ok(n) => (1, n as u64),
+                    Err(_) => (0, 0),
+                }
+            })
+            .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    }
+    visit(root, skip, 0)
+}
+
+/// Deepest level [`read_tree`] descends to.
+const MAX_FLOOR_DEPTH: usize = 64;

@@ -76,6 +76,7 @@ __all__ = [
     "read_optimizer_state",
     "read_safetensors_header",
     "read_training_state",
+    "read_tree",
     "remote_checksums_verified",
     "remote_fetched",
     "remote_release",
@@ -796,6 +797,13 @@ def discover(
 def excerpt(text: str) -> str:
     """``text`` as a short printable-ASCII excerpt (other characters as
     visible escapes, capped): how every message quotes a file's content."""
+
+def read_tree(
+    root: _Path, *, skip: Sequence[str] | None = None, workers: int | None = None
+) -> tuple[int, int]:
+    """Files and bytes a plain walk of ``root`` reads: every regular file
+    whose name is not in ``skip``, read once. The floor a scan is measured
+    against in ``benches/bench_scan.py``."""
 
 def probe_targets(
     targets: Sequence[Target],
