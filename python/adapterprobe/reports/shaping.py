@@ -97,13 +97,42 @@ class Store:
         return out
 
 
+class LazyEvidence(Mapping[str, Any]):
+    """A scan record's evidence, taken from the record when first read: a
+    page draws a few stores' evidence, and converting every record's (its
+    loss curve, its layer values) cost more than the rest of the page."""
+
+    __slots__ = ("_data", "_record")
+
+    def __init__(self, record: Any) -> None:
+        self._record: Any = record
+        self._data: Mapping[str, Any] | None = None
+
+    def _read(self) -> Mapping[str, Any]:
+        if self._data is None:
+            evidence = self._record.evidence
+            self._data = evidence if isinstance(evidence, Mapping) else {}
+            self._record = None
+        return self._data
+
+    def __getitem__(self, key: str) -> Any:
+        return self._read()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._read())
+
+    def __len__(self) -> int:
+        return len(self._read())
+
+
 def read_record(raw: Any) -> Record:
     """Read one record tolerantly: missing or odd fields get safe defaults."""
     label_of = getattr(getattr(raw, "verdict", None), "value", None)
     if not isinstance(raw, Mapping) and isinstance(label_of, str):
         # A ScanRecord: read its fields as they are (the charts drop
-        # non-finite values themselves), without a JSON-safe copy of the evidence.
-        evidence = raw.evidence
+        # non-finite values themselves), without a JSON-safe copy of the
+        # evidence, and the evidence only when a page reads it.
+        evidence = LazyEvidence(raw)
         return Record(
             store=str(raw.store),
             adapter=None if raw.adapter is None else str(raw.adapter),
@@ -112,7 +141,7 @@ def read_record(raw: Any) -> Record:
             label=label_of,
             score=as_finite(raw.score),
             message=str(raw.message or ""),
-            evidence=evidence if isinstance(evidence, Mapping) else {},
+            evidence=evidence,
             layout=str(raw.layout) if raw.layout else None,
         )
     if not isinstance(raw, Mapping) and hasattr(raw, "to_dict"):
