@@ -685,7 +685,9 @@ def test_cli_without_torch_exits_2_with_install_hint(tmp_path):
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
     )
     assert proc.returncode == 2, proc.stderr
-    assert "pip install 'adapterprobe[torch]'" in proc.stderr
+    # adapterprobe is not on PyPI: the hint names what installs today.
+    assert "pip install torch safetensors" in proc.stderr
+    assert "adapterprobe[" not in proc.stderr
     # --help works without torch too
     code = (
         "import sys; sys.modules['torch'] = None\n"

@@ -121,7 +121,7 @@ def test_missing_ray_extra_exits_2_with_install_hint(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 2
-    assert "pip install 'adapterprobe[ray]'" in out.stderr
+    assert "pip install ray (or, in a checkout of adapterprobe: pip install '.[ray]')" in out.stderr
     assert "Traceback" not in out.stderr
 
 

@@ -49,6 +49,7 @@ from adapterprobe.errors import (
     UnsafePickleError,
     UsageError,
     WeightsError,
+    install_hint,
 )
 from adapterprobe.guard import Guard
 from adapterprobe.probes import (
@@ -100,7 +101,7 @@ class _NeedsExtra:
     def _refuse(self) -> MissingExtraError:
         return MissingExtraError(
             f"adapterprobe.{self._name} needs torch, which is not installed: "
-            "pip install 'adapterprobe[torch]'",
+            + install_hint("torch"),
             extra="torch",
         )
 
@@ -113,7 +114,7 @@ class _NeedsExtra:
         raise self._refuse()
 
     def __repr__(self) -> str:
-        return f"<adapterprobe.{self._name}: needs torch (pip install 'adapterprobe[torch]')>"
+        return f"<adapterprobe.{self._name}: needs torch ({install_hint('torch')})>"
 
 
 def __getattr__(name: str) -> Any:

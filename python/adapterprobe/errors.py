@@ -11,7 +11,9 @@ or ``ExtractionError.tensor``). The Rust core raises these same classes.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import os
+import re
 from types import ModuleType
 from typing import Any
 
@@ -113,12 +115,37 @@ __all__ = [
 ]
 
 
+def extra_packages(extra: str) -> list[str]:
+    """The distributions an extra of adapterprobe names (from the installed
+    package's metadata), or ``[extra]`` when the metadata cannot say."""
+    try:
+        requires = importlib.metadata.requires("adapterprobe") or []
+    except importlib.metadata.PackageNotFoundError:
+        requires = []
+    names = []
+    for line in requires:
+        spec, _, marker = line.partition(";")
+        if re.search(r"""extra\s*==\s*["']""" + re.escape(extra) + r"""["']""", marker):
+            name = re.match(r"[A-Za-z0-9_.\-]+", spec.strip())
+            if name and name.group(0) not in names:
+                names.append(name.group(0))
+    return names or [extra]
+
+
+def install_hint(extra: str) -> str:
+    """The command that installs an extra's packages today. adapterprobe is
+    not on PyPI yet, so ``pip install 'adapterprobe[extra]'`` would fail:
+    the packages themselves install anywhere, the extra from a checkout."""
+    packages = " ".join(extra_packages(extra))
+    return f"pip install {packages} (or, in a checkout of adapterprobe: pip install '.[{extra}]')"
+
+
 def require(module: str, extra: str) -> ModuleType:
     """Import an optional dependency or raise MissingExtraError saying how to get it."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:
         raise MissingExtraError(
-            f"{module} is required for this feature: pip install 'adapterprobe[{extra}]'",
+            f"{module} is required for this feature: {install_hint(extra)}",
             extra=extra,
         ) from exc

@@ -11,7 +11,7 @@ from adapterprobe.cli import positive_int
 _DESCRIPTION = """\
 Extract a PEFT LoRA adapter from the difference between a base checkpoint and a
 fully fine-tuned one, so that the fine-tune can be shipped, stacked or swapped as
-an adapter. Needs torch: pip install 'adapterprobe[torch]'.
+an adapter. Needs torch: pip install torch safetensors.
 
 What goes into the adapter:
   Linear weights   each changed weight's delta is factored with a randomized

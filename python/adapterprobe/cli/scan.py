@@ -168,7 +168,7 @@ def add_scan_options(p: argparse.ArgumentParser) -> None:
         "--engine",
         choices=("local", "ray"),
         default="local",
-        help="local threads (default) or a Ray cluster (pip install 'adapterprobe[ray]')",
+        help="local threads (default) or a Ray cluster (needs ray: pip install ray)",
     )
     p.add_argument(
         "--address", default=None, metavar="ADDR", help="Ray cluster to join (needs --engine ray)"
