@@ -415,12 +415,7 @@ fn judge_trend(
         findings.push(Finding::new(
             Verdict::Warn,
             "no_progress",
-            format!(
-                "loss did not fall: {change} {span} ({} -> {}), less than the {} fall required",
-                g4(head),
-                g4(tail),
-                number_text::percent(o.min_relative_drop, 0)
-            ),
+            no_progress_text(drop, o.min_relative_drop, &span, g4(head), g4(tail)),
         ));
     }
 
@@ -519,6 +514,18 @@ fn judge_trend(
 /// noise scales) above it. A healthy run falls below its first record, even
 /// one that came out low by chance; a warm-up bump (the second record above
 /// the first) is followed by a fall past both. `(step, first, rise)`.
+/// The `no_progress` message: how far the loss fell, against the fall
+/// required, said once.
+fn no_progress_text(drop: f64, required: f64, span: &str, head: String, tail: String) -> String {
+    let required = number_text::percent(required, 0);
+    if drop > 0.0 {
+        let fell = number_text::percent(drop, 1);
+        format!("loss fell only {fell} (< {required} required) {span} ({head} -> {tail})")
+    } else {
+        format!("loss did not fall (a {required} fall required) {span} ({head} -> {tail})")
+    }
+}
+
 fn never_back_to_first(curve: &LossCurve, a: &RobustCurve) -> Option<(i64, f64, f64)> {
     let (i, &first) = curve
         .losses

@@ -190,10 +190,29 @@ fn robust_trend_rules_fire() {
     let flat = vec![2.0; 40];
     let j = judge_drift(&input(curve(&flat)), &robust());
     assert_eq!(rules(&j), vec!["no_progress"]);
-    assert!(j
-        .message
-        .starts_with("no_progress: loss did not fall: +0.0% over 40 steps (2 -> 2)"));
+    assert!(
+        j.message.starts_with(
+            "no_progress: loss did not fall (a 2% fall required) over 40 steps (2 -> 2)"
+        ),
+        "{}",
+        j.message
+    );
     assert_eq!(j.score, Some(0.3));
+
+    // A small fall is said as one: how far, against how far it had to go.
+    let barely: Vec<f64> = (0..40).map(|i| 0.5 - 0.000_2 * f64::from(i)).collect();
+    let j = judge_drift(&input(curve(&barely)), &robust());
+    assert_eq!(rules(&j), vec!["no_progress"]);
+    assert!(
+        j.message.starts_with("no_progress: loss fell only "),
+        "{}",
+        j.message
+    );
+    assert!(
+        j.message.contains("(< 2% required) over 40 steps"),
+        "{}",
+        j.message
+    );
 
     // Settling at 0.35, well above a near-zero trend (see
     // one_hard_batch_on_a_near_zero_loss_is_an_outlier_not_a_spike).
