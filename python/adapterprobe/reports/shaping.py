@@ -132,7 +132,6 @@ def read_record(raw: Any) -> Record:
         # A ScanRecord: read its fields as they are (the charts drop
         # non-finite values themselves), without a JSON-safe copy of the
         # evidence, and the evidence only when a page reads it.
-        evidence = LazyEvidence(raw)
         return Record(
             store=str(raw.store),
             adapter=None if raw.adapter is None else str(raw.adapter),
@@ -141,7 +140,7 @@ def read_record(raw: Any) -> Record:
             label=label_of,
             score=as_finite(raw.score),
             message=str(raw.message or ""),
-            evidence=evidence,
+            evidence=LazyEvidence(raw),
             layout=str(raw.layout) if raw.layout else None,
         )
     if not isinstance(raw, Mapping) and hasattr(raw, "to_dict"):
