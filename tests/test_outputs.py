@@ -16,6 +16,7 @@ import pty
 import re
 import select
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -352,3 +353,36 @@ def test_csv_output_reads_back_as_the_json_records(demo_store):
         assert row["probe"] == record["probe"] and row["verdict"] == record["verdict"]
         score = record["score"]
         assert row["score"] == ("" if score is None else str(score))
+
+
+def test_ctrl_c_takes_the_progress_bar_down_before_saying_so(tmp_path):
+    # A scan big enough for the bar (200+ stores), its stderr on a terminal.
+    demos = sorted(p for p in DEMO_STORE.iterdir() if p.is_dir())
+    for i in range(2000):
+        shutil.copytree(demos[i % len(demos)], tmp_path / f"s{i:04d}", copy_function=os.link)
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "adapterprobe", "scan", str(tmp_path), "--format", "json"],
+        stdout=subprocess.DEVNULL,
+        stderr=slave,
+    )
+    os.close(slave)
+    out, sent = b"", False
+    while True:
+        ready, _, _ = select.select([master], [], [], 120)
+        assert ready, "nothing on the terminal for 120 s"
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        out += data
+        if not sent and b"scanning stores" in out:
+            proc.send_signal(signal.SIGINT)
+            sent = True
+    os.close(master)
+    assert proc.wait(timeout=60) == 130 and sent
+    # The bar is gone (cursor shown again) and nothing is drawn after the word.
+    assert out.endswith(b"interrupted\r\n"), out[-200:]
+    assert b"\x1b[?25h" in out

@@ -111,6 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"adapterprobe {args.command}: error: {terminal(exc)}", file=sys.stderr)
         return EXIT_UNHEALTHY
     except KeyboardInterrupt:
+        from adapterprobe.cli.scan import ProgressBar
+
+        ProgressBar.stop_all()
         print("interrupted", file=sys.stderr)
         return 130
 

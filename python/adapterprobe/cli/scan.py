@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 from adapterprobe.cli import positive_int
 from adapterprobe.cli.render import Output, add_output_options, choose_format, print_problems
@@ -60,7 +60,7 @@ thresholds:
 output:
   The table is the default on a terminal and in CI logs; programs ask for
   --format json (or --json), jsonl or csv. Names and messages from scanned
-  files are escaped for each format (control characters shown as \x1b, no raw
+  files are escaped for each format (control characters shown as \\x1b, no raw
   HTML in markdown, CSV cells guarded against spreadsheet formulas). A store's
   verdict is its worst record's; skip only when every record skipped.
 
@@ -361,9 +361,18 @@ class ProgressBar:
     scans, and removed (with its line) before any output is printed."""
 
     MIN_STORES = 200
+    #: Bars on screen: an interrupted command takes them down before it
+    #: says so, or the prompt would follow the bar on its line.
+    _shown: ClassVar[set[ProgressBar]] = set()
 
     def __init__(self) -> None:
         self._bar: Any = None
+
+    @classmethod
+    def stop_all(cls) -> None:
+        """Take down every bar still on screen (Ctrl-C mid-scan)."""
+        for bar in list(cls._shown):
+            bar.stop()
 
     def update(self, done: int, total: int) -> None:
         if self._bar is None:
@@ -381,6 +390,7 @@ class ProgressBar:
                 transient=True,
             )
             self._bar.start()
+            ProgressBar._shown.add(self)
             self._task = self._bar.add_task("scanning stores", total=total)
         self._bar.update(self._task, completed=done, total=total)
 
@@ -388,3 +398,4 @@ class ProgressBar:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
+            ProgressBar._shown.discard(self)
