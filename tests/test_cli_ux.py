@@ -263,3 +263,20 @@ def test_install_hints_name_packages_that_install_today():
         assert hint.startswith("pip install "), hint
         assert all(name in hint.split("(")[0].split() for name in wanted), hint
         assert "adapterprobe[" not in hint and f"'.[{extra}]'" in hint
+
+
+@pytest.mark.parametrize("command", ["scan", "report", "compare", "similar", "check", "extract"])
+def test_help_prints_no_control_characters(command):
+    out = cli(command, "--help")
+    assert out.returncode == 0, out.stderr
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", out.stdout), [
+        line for line in out.stdout.splitlines() if not line.isprintable()
+    ]
+
+
+def test_one_folded_skip_is_one_record():
+    from adapterprobe.reports.table import summary_text
+    from adapterprobe.tally import Tally
+
+    text = summary_text(Tally(), "fail", folded=1)
+    assert "1 skipped record folded" in text and "1 skipped records" not in text

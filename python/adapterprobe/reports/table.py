@@ -255,7 +255,9 @@ def summary_text(tally: Tally, fail_on: str, width: int = 80, folded: int = 0) -
     if hidden:
         notes.append(f"{hidden:,} not shown by -q/--only")
     if folded:
-        notes.append(f"{folded:,} skipped records folded into their stores (-v shows them)")
+        notes.append(
+            f"{_plural(folded, 'skipped record')} folded into their stores (-v shows them)"
+        )
     extra = f" ({'; '.join(notes)})" if notes else ""
     text = (
         f"{_plural(tally.records, 'record')} from {_plural(len(tally.per_store), 'store')}: "
