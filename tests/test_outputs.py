@@ -386,3 +386,14 @@ def test_ctrl_c_takes_the_progress_bar_down_before_saying_so(tmp_path):
     # The bar is gone (cursor shown again) and nothing is drawn after the word.
     assert out.endswith(b"interrupted\r\n"), out[-200:]
     assert b"\x1b[?25h" in out
+
+
+def test_a_training_drift_annotation_points_at_the_log_file():
+    # Not at the logs/ folder: GitHub puts an annotation on a file.
+    out = cli("scan", str(DEMO_STORE), "--format", "github").stdout
+    drift = [m for m in map(ANNOTATION.match, out.splitlines()) if m and "training_drift" in m[3]]
+    assert drift, out
+    for m in drift:
+        path = Path(m[2])
+        assert path.is_file() and path.name.startswith("train-"), m[0]
+        assert path.suffix == ".jsonl"

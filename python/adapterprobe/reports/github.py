@@ -14,6 +14,7 @@ another one.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 from typing import IO
 
@@ -39,12 +40,51 @@ SOURCES = {
 }
 
 
+# A log file inside a logs folder: a dlm/GAP JSONL log, a TensorBoard event
+# file, a Lightning/CSV log.
+_LOG_FILE = re.compile(r"(train-.*\.jsonl|events\.out\.tfevents\..*|metrics\.csv|.*\.jsonl)")
+#: Entries looked at below a logs folder for its newest log file.
+_MAX_LOOKED_AT = 10_000
+
+
+def _newest_log_in(folder: str) -> str | None:
+    """The last log file (by name: runs number their logs) in `folder` or up
+    to two levels below it, or None."""
+    found: list[str] = []
+    looked_at = 0
+    level = [folder]
+    for _ in range(3):
+        below = []
+        for current in level:
+            try:
+                entries = sorted(os.scandir(current), key=lambda e: e.name)
+            except OSError:
+                continue
+            for entry in entries:
+                looked_at += 1
+                if looked_at > _MAX_LOOKED_AT:
+                    return found[-1] if found else None
+                if entry.is_dir(follow_symlinks=False) and not entry.name.startswith("."):
+                    below.append(entry.path)
+                elif entry.is_file() and _LOG_FILE.fullmatch(entry.name):
+                    found.append(entry.path)
+        if found:
+            return found[-1]
+        level = below
+    return None
+
+
 def source_file(record: ReportedRecord) -> str:
-    """The file (or directory) a record's verdict came from."""
+    """The file a record's verdict came from (for a run's logs folder, its
+    newest log file), else the store directory."""
     place = record.adapter or record.store
     for name in SOURCES.get(record.probe, ()):
         candidate = os.path.join(place, name)
-        if os.path.exists(candidate):
+        if os.path.isdir(candidate):
+            log = _newest_log_in(candidate)
+            if log is not None:
+                return log
+        elif os.path.exists(candidate):
             return candidate
     return place
 
