@@ -212,6 +212,16 @@ pub fn leads_outside(path: &Path) -> bool {
     real_path(path).is_ok_and(|real| !real.starts_with(root.as_path()))
 }
 
+/// Ok when `dir` may be listed: it resolves inside the root in force and
+/// opens as a directory. Nothing is read from it (a caller that only asks
+/// whether a folder can be looked into need not read all its entries).
+pub fn can_list(dir: &Path, area: Area) -> Result<()> {
+    check_path(dir, area)?;
+    std::fs::read_dir(dir)
+        .map(drop)
+        .map_err(|e| Error::io(area, dir, &e))
+}
+
 /// The entries of directory `dir` (name, path, whether it is a directory,
 /// links followed), after checking `dir` against the root in force. Names
 /// that are not UTF-8 are kept (lossily converted) so nothing is hidden.

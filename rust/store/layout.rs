@@ -220,7 +220,7 @@ pub fn unlistable(dir: &Path) -> Option<String> {
     if !fs::metadata(dir).ok()?.is_dir() {
         return None;
     }
-    let e = confine::list_dir(dir, Area::Missing).err()?;
+    let e = confine::can_list(dir, Area::Missing).err()?;
     let name = dir.file_name().unwrap_or_default().to_string_lossy();
     Some(if e.message == confine::OUTSIDE {
         format!("{name}/ {}", e.message)
