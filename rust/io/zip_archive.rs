@@ -142,6 +142,13 @@ impl Archive {
                 )
             })
         };
+        if len == 0 {
+            // What a save killed before it wrote anything leaves behind.
+            return Err(archive.err(
+                "is empty (0 bytes): the save that wrote it did not finish (killed, or the \
+                 disk filled up)",
+            ));
+        }
         if len < EOCD_LEN as u64 {
             return Err(not_zip());
         }
@@ -302,4 +309,26 @@ fn parse_central_dir(cd: &[u8], total: u64) -> std::result::Result<HashMap<Strin
         at = next;
     }
     Ok(entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open_bytes(bytes: &[u8]) -> Error {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("optimizer.pt");
+        std::fs::write(&path, bytes).unwrap();
+        Archive::open(&path).err().unwrap()
+    }
+
+    #[test]
+    fn an_empty_file_is_called_empty_not_a_foreign_format() {
+        let e = open_bytes(b"");
+        assert!(e.message.starts_with("is empty (0 bytes)"), "{e}");
+        assert!(!e.message.contains("not a zip"), "{e}");
+        assert!(open_bytes(b"ten bytes!")
+            .message
+            .contains("not a zip archive"));
+    }
 }
