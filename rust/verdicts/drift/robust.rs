@@ -415,7 +415,7 @@ fn judge_trend(
         findings.push(Finding::new(
             Verdict::Warn,
             "no_progress",
-            no_progress_text(drop, o.min_relative_drop, &span, g4(head), g4(tail)),
+            no_progress_text(drop, o.min_relative_drop, span, g4(head), g4(tail)),
         ));
     }
 
