@@ -158,3 +158,37 @@ def test_report_from_a_saved_scan_needs_no_files(runs: Path, tmp_path: Path) -> 
     bad.write_text(json.dumps([{"store": "x", "probe": "p", "verdict": "pass"}]), encoding="utf-8")
     done = cli("report", "--from", str(bad), "-o", str(tmp_path / "x.html"))
     assert done.returncode == 2 and "schema_version" in done.stderr
+
+
+def test_every_output_names_the_regressions_and_the_real_exit_code(
+    runs: Path, tmp_path: Path
+) -> None:
+    # The rerun that trains less (see above): the gate fails it, and every
+    # format says which store regressed and why, and the exit code it gives.
+    root = place(runs / "hilr", tmp_path / "root")
+    saved = save_scan(root, tmp_path / "scan.json")
+    place(runs / "seed0", root)
+    base = ["scan", str(root), "--baseline", str(saved), "--fail-on", "never"]
+    junit = tmp_path / "junit.xml"
+    table = cli(*base, "--fail-on-regression", "--junit", str(junit))
+    assert table.returncode == 1, table.stderr
+    assert "regressed against the baseline:" in table.stdout
+    assert re.search(r"^training_drift +run$", table.stdout, re.M), table.stdout
+    assert "best loss rose" in table.stdout
+    summary = " ".join(table.stdout.split("\n\n")[-1].split())
+    assert re.search(r"Exit 1: \d+ records? regressed against the baseline", summary), summary
+    assert "--fail-on-regression" in table.stdout.split("\n\n")[-1]  # not split across lines
+    assert 'type="regressed"' in junit.read_text(encoding="utf-8")
+    markdown = cli(*base, "--fail-on-regression", "--format", "markdown")
+    assert markdown.returncode == 1
+    assert "Regressed against the baseline" in markdown.stdout
+    assert "Exit 1:" in markdown.stdout and "best loss rose" in markdown.stdout
+    github = cli(*base, "--fail-on-regression", "--format", "github")
+    assert github.returncode == 1
+    assert re.search(
+        r"^::error .*regressed against the baseline: .*best loss rose", github.stdout, re.M
+    )
+    # Without the gate: exit 0, and the summary says what the option would do.
+    plain = cli(*base)
+    assert plain.returncode == 0
+    assert "makes that exit 1" in " ".join(plain.stdout.split())

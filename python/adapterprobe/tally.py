@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from adapterprobe.errors import UsageError
 from adapterprobe.probes.result import Verdict
@@ -19,7 +19,18 @@ FAIL_ON = ("warn", "fail", "never")
 #: Exit codes: 0 ok, 1 verdicts at or past --fail-on, 2 usage, 3 nothing found.
 EXIT_OK, EXIT_VERDICTS, EXIT_USAGE, EXIT_NOTHING_FOUND = 0, 1, 2, 3
 
-__all__ = ["FAIL_ON", "RecordLike", "ReportedRecord", "Tally", "rollup"]
+__all__ = [
+    "FAIL_ON",
+    "RecordLike",
+    "Regression",
+    "ReportedRecord",
+    "Tally",
+    "regression_of",
+    "rollup",
+]
+
+#: Regressions a tally keeps to name (it counts them all).
+MAX_REGRESSIONS_NAMED = 200
 
 
 class RecordLike(Protocol):
@@ -46,6 +57,28 @@ class ReportedRecord(RecordLike, Protocol):
     def message(self) -> str: ...
 
 
+def regression_of(record: object) -> list[str] | None:
+    """Why a record regressed against the baseline it was compared with
+    (``scan --baseline``), or None when it did not or was not compared."""
+    entry = getattr(record, "baseline", None)
+    if not isinstance(entry, dict) and isinstance(record, dict):
+        entry = record.get("baseline")
+    if not isinstance(entry, dict) or not entry.get("regressed"):
+        return None
+    why = entry.get("why")
+    reasons = [str(w) for w in why] if isinstance(why, list) else []
+    return reasons or ["worse than the baseline"]
+
+
+class Regression(NamedTuple):
+    """A record that regressed against the baseline, and why."""
+
+    store: str
+    adapter: str | None
+    probe: str
+    why: list[str]
+
+
 def rollup(verdicts: Iterable[Verdict | str]) -> Verdict | None:
     """A store's verdict from its records': the worst one that is not a skip,
     and skip only when every record skipped (a store whose optimizer state
@@ -70,7 +103,11 @@ class Tally:
     and per store the counts its roll-up is made from (a few integers per
     store, so 100,000 stores cost megabytes, not the records)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, regression_gate: bool = False) -> None:
+        #: ``--fail-on-regression``: a regression makes the exit code 1.
+        self.regression_gate = regression_gate
+        self.regressed = 0
+        self.regressions: list[Regression] = []
         self.records = 0
         self.shown = 0
         self.counts: Counter[str] = Counter()
@@ -86,6 +123,13 @@ class Tally:
             counts = self.per_store[record.store] = [0] * len(_VERDICT_ORDER)
             self.layouts[record.store] = record.layout
         counts[_VERDICT_ORDER.index(record.verdict)] += 1
+        why = regression_of(record)
+        if why is not None:
+            self.regressed += 1
+            if len(self.regressions) < MAX_REGRESSIONS_NAMED:
+                adapter = getattr(record, "adapter", None)
+                probe = str(getattr(record, "probe", ""))
+                self.regressions.append(Regression(record.store, adapter, probe, why))
 
     def store_counts(self, store: str) -> dict[str, int]:
         return {v.value: n for v, n in zip(_VERDICT_ORDER, self.per_store[store], strict=True)}
@@ -103,12 +147,40 @@ class Tally:
                 out[v.value] += 1
         return out
 
-    def exit_code(self, fail_on: str) -> int:
+    def _verdicts_failed(self, fail_on: str) -> bool:
         if fail_on not in FAIL_ON:
             raise UsageError(f"fail_on must be one of {FAIL_ON}, got {fail_on!r}")
+        if fail_on == "never":
+            return False
+        floor = Verdict(fail_on).severity
+        return any(Verdict(v).severity >= floor for v, n in self.counts.items() if n)
+
+    def _regressions_failed(self) -> bool:
+        return self.regression_gate and self.regressed > 0
+
+    def exit_code(self, fail_on: str) -> int:
+        """0, or 1 when a verdict reached ``fail_on`` or (with the regression
+        gate on) a record regressed; 3 when there were no records."""
+        failed = self._verdicts_failed(fail_on)
         if not self.records:
             return EXIT_NOTHING_FOUND
-        if fail_on == "never":
-            return EXIT_OK
-        floor = Verdict(fail_on).severity
-        return int(any(Verdict(v).severity >= floor for v, n in self.counts.items() if n))
+        return int(failed or self._regressions_failed())
+
+    def exit_reason(self, fail_on: str) -> str:
+        """Why :meth:`exit_code` is what it is, in words."""
+        if not self.records:
+            return "nothing found"
+        regressed = f"{self.regressed:,} record{'s' if self.regressed != 1 else ''} regressed"
+        reasons = []
+        if self._verdicts_failed(fail_on):
+            reasons.append(f"a verdict reached --fail-on {fail_on}")
+        if self._regressions_failed():
+            reasons.append(f"{regressed} against the baseline (--fail-on-regression)")
+        if reasons:
+            return "; ".join(reasons)
+        if self.regressed:
+            return (
+                f"nothing reached --fail-on {fail_on}; {regressed} against the baseline "
+                "(--fail-on-regression makes that exit 1)"
+            )
+        return f"nothing reached --fail-on {fail_on}"

@@ -182,8 +182,12 @@ class Output:
         only: frozenset[str] | None = None,
         junit: str | None = None,
         settings: dict[str, Any] | None = None,
+        regression_gate: bool = False,
     ) -> None:
         self.fmt = choose_format(fmt)
+        #: ``--fail-on-regression``: every writer names the regressions and
+        #: counts them in the exit code it states.
+        self.regression_gate = regression_gate
         self.fail_on = fail_on
         self.path = path
         self.quiet, self.verbose, self.only = quiet, verbose, only
@@ -209,12 +213,12 @@ class Output:
 
     def _write_to(self, out: IO[str], batches: Iterable[list[ScanRecord]], done: Any) -> int:
         fmt = self.fmt
-        tally = Tally()
+        tally = Tally(regression_gate=self.regression_gate)
         junit = None
         if self.junit is not None:
             from adapterprobe.reports.junit import JUnitWriter
 
-            junit = JUnitWriter(self.junit, self.fail_on)
+            junit = JUnitWriter(self.junit, self.fail_on, regression_gate=self.regression_gate)
         table = summary = None
         if fmt in ("table", "github"):
             from adapterprobe.reports.table import TableStream
@@ -227,11 +231,14 @@ class Output:
                 quiet=self.quiet,
                 verbose=self.verbose,
                 only=self.only,
+                regression_gate=self.regression_gate,
             )
         if fmt in ("markdown", "github"):
             from adapterprobe.reports.markdown import MarkdownSummary
 
-            summary = MarkdownSummary(show=self.only)
+            summary = MarkdownSummary(
+                show=self.only, fail_on=self.fail_on, regression_gate=self.regression_gate
+            )
         first = True
         for batch in batches:
             if junit is not None:
@@ -243,7 +250,7 @@ class Output:
             if fmt == "github":
                 from adapterprobe.reports.github import write_annotations
 
-                write_annotations(out, self._shown(batch))
+                write_annotations(out, self._shown(batch), regression_gate=self.regression_gate)
             elif fmt in ("json", "jsonl", "csv"):
                 for r in batch:
                     tally.add(r)

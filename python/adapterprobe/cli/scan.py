@@ -292,6 +292,7 @@ def output_of(args: argparse.Namespace, settings: dict[str, Any] | None) -> Outp
         only=args.only,
         junit=args.junit,
         settings=settings,
+        regression_gate=getattr(args, "fail_on_regression", False),
     )
 
 

@@ -20,7 +20,7 @@ from typing import IO
 
 from adapterprobe.escape import annotation_message, annotation_property
 from adapterprobe.probes.result import Verdict
-from adapterprobe.tally import ReportedRecord
+from adapterprobe.tally import ReportedRecord, regression_of
 
 LEVELS = {Verdict.ERROR: "error", Verdict.FAIL: "error", Verdict.WARN: "warning"}
 
@@ -98,24 +98,36 @@ def _workspace_relative(path: str) -> str:
     return path if rel.startswith("..") else rel
 
 
-def annotation(record: ReportedRecord) -> str | None:
-    """The workflow command for one record (None for pass and skip)."""
+def annotation(record: ReportedRecord, regression_gate: bool = False) -> str | None:
+    """The workflow command for one record (None for pass and skip, unless
+    the record regressed against the baseline and ``regression_gate``)."""
     level = LEVELS.get(record.verdict)
-    if level is None:
-        return None
     where = record.store if record.adapter is None else record.adapter
     title = f"{record.probe} {record.verdict.value.upper()}"
     message = f"{where}: {record.message}"
+    regressed = regression_of(record) if regression_gate else None
+    if regressed is not None:
+        why = f"regressed against the baseline: {'; '.join(regressed)}"
+        if level is None:
+            title = f"{record.probe} REGRESSED"
+            message = f"{where}: {why}"
+        else:
+            message += f" ({why})"
+        level = "error"
+    if level is None:
+        return None
     props = f"file={annotation_property(_workspace_relative(source_file(record)))}"
     props += f",title={annotation_property(title)}"
     return f"::{level} {props}::{annotation_message(message)}\n"
 
 
-def write_annotations(out: IO[str], records: Iterable[ReportedRecord]) -> int:
+def write_annotations(
+    out: IO[str], records: Iterable[ReportedRecord], regression_gate: bool = False
+) -> int:
     """Write the annotations of `records`; returns how many."""
     n = 0
     for r in records:
-        line = annotation(r)
+        line = annotation(r, regression_gate)
         if line is not None:
             out.write(line)
             n += 1

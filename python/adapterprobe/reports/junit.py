@@ -24,14 +24,18 @@ from typing import IO
 from adapterprobe._fs import atomic_output
 from adapterprobe.escape import xml_text as x
 from adapterprobe.probes.result import Verdict
-from adapterprobe.tally import ReportedRecord
+from adapterprobe.tally import ReportedRecord, regression_of
 
 
 class JUnitWriter:
     """``add`` records as they come, ``write`` the file at the end."""
 
-    def __init__(self, path: str | os.PathLike[str], fail_on: str = "fail") -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], fail_on: str = "fail", *, regression_gate: bool = False
+    ) -> None:
         self.path = path
+        #: ``--fail-on-regression``: a record that regressed is a failure.
+        self.regression_gate = regression_gate
         self.fail_on = fail_on
         self.floor = None if fail_on == "never" else Verdict(fail_on).severity
         self.totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
@@ -54,7 +58,13 @@ class JUnitWriter:
         head = f'<testcase classname="{x(r.store)}" name="{x(name)}" time="0"'
         self._suite["tests"] += 1
         message = f"{r.verdict.value.upper()}: {r.message}"
-        if r.verdict is Verdict.ERROR and self.floor is not None:
+        regressed = regression_of(r) if self.regression_gate else None
+        failing = self.floor is not None and r.verdict.severity >= self.floor
+        if regressed is not None and not failing:
+            self._suite["failures"] += 1
+            why = f"REGRESSED against the baseline: {'; '.join(regressed)} ({message})"
+            inner = f'<failure message="{x(_first_line(why))}" type="regressed">{x(why)}</failure>'
+        elif r.verdict is Verdict.ERROR and self.floor is not None:
             self._suite["errors"] += 1
             inner = f'<error message="{x(_first_line(message))}" type="error">{x(message)}</error>'
         elif self.floor is not None and r.verdict.severity >= self.floor:

@@ -71,9 +71,16 @@ def _as_record(raw: Any) -> Any:
 class MarkdownSummary:
     """Accumulates records (``add``) and renders the summary (``render``)."""
 
-    def __init__(self, *, show: Iterable[str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        show: Iterable[str] | None = None,
+        fail_on: str = "fail",
+        regression_gate: bool = False,
+    ) -> None:
+        self.fail_on = fail_on
         self.shown = frozenset(show) if show is not None else frozenset(PROBLEMS)
-        self.tally = Tally()
+        self.tally = Tally(regression_gate=regression_gate)
         self._rows: list[tuple[int, int, tuple[str, str, str | None, str]]] = []
         self._seen = 0
 
@@ -122,6 +129,24 @@ class MarkdownSummary:
                 more = self._seen - len(rows)
                 lines.append(f"\n… and {more:,} more records (see the JSON output).")
             lines.append("")
+        if tally.regressed:
+            lines += [
+                f"**Regressed against the baseline ({tally.regressed:,})**",
+                "",
+                "| probe | store | adapter | why |",
+                "|---|---|---|---|",
+            ]
+            for reg in tally.regressions:
+                lines.append(
+                    f"| {md(reg.probe)} | {md(_clip(_short(reg.store, base), 80))} | "
+                    f"{md(_clip(_short(reg.adapter, reg.store), 60))} | "
+                    f"{md(_clip('; '.join(reg.why), MESSAGE_CHARS))} |"
+                )
+            if tally.regressed > len(tally.regressions):
+                more = tally.regressed - len(tally.regressions)
+                lines.append(f"\n… and {more:,} more (see the JSON output).")
+            lines.append("")
+        lines += [f"Exit {tally.exit_code(self.fail_on)}: {tally.exit_reason(self.fail_on)}.", ""]
         healthy = sorted(
             s
             for s in stores

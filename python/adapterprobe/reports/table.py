@@ -128,6 +128,7 @@ class TableStream:
         quiet: bool = False,
         verbose: bool = False,
         only: frozenset[str] | None = None,
+        regression_gate: bool = False,
     ) -> None:
         self.out = out
         self.width = max(40, width)
@@ -135,7 +136,7 @@ class TableStream:
         self.quiet = quiet
         self.verbose = verbose
         self.only = only
-        self.tally = Tally()
+        self.tally = Tally(regression_gate=regression_gate)
         self.folded = 0
         # Closed by _rows() as each is read back in finish().
         self._spill = {
@@ -209,8 +210,27 @@ class TableStream:
                     for line in self._wrap(row[5]):
                         write(f"{INDENT}{line}\n")
         self._store_lines(base)
+        self._regression_lines(base)
         write("\n" + summary_text(self.tally, fail_on, self.width, self.folded) + "\n")
         return self.tally.exit_code(fail_on)
+
+    def _regression_lines(self, base: str) -> None:
+        """The records that regressed against the baseline, and why."""
+        tally = self.tally
+        if not tally.regressed:
+            return
+        write = self.out.write
+        write("\nregressed against the baseline:\n")
+        for reg in tally.regressions:
+            where = short_path(reg.store, base)
+            if reg.adapter:
+                where += f" / {short_path(reg.adapter, reg.store)}"
+            write(f"{reg.probe:<15} {_clip_left(terminal(where), max(10, self.width - 16))}\n")
+            for line in self._wrap("; ".join(reg.why)):
+                write(f"{INDENT}{line}\n")
+        if tally.regressed > len(tally.regressions):
+            more = tally.regressed - len(tally.regressions)
+            write(f"{INDENT}... and {more:,} more (--json lists each)\n")
 
     def _store_lines(self, base: str) -> None:
         tally = self.tally
@@ -245,11 +265,7 @@ def summary_text(tally: Tally, fail_on: str, width: int = 80, folded: int = 0) -
     records = ", ".join(f"{n:,} {v.value}" for v in WORST_FIRST if (n := tally.counts[v.value]))
     stores = ", ".join(f"{n:,} {v}" for v, n in _worst_first(tally.stores_by_verdict()) if n)
     code = tally.exit_code(fail_on)
-    reason = {
-        0: f"nothing reached --fail-on {fail_on}",
-        1: f"a verdict reached --fail-on {fail_on}",
-        3: "nothing found",
-    }.get(code, "")
+    reason = tally.exit_reason(fail_on)
     hidden = tally.records - tally.shown
     notes = []
     if hidden:
@@ -264,7 +280,7 @@ def summary_text(tally: Tally, fail_on: str, width: int = 80, folded: int = 0) -
         f"{records or 'none'}{extra}. Stores by their worst record: {stores or 'none'}. "
         f"Exit {code}: {reason}."
     )
-    return "\n".join(textwrap.wrap(text, max(40, width)))
+    return "\n".join(textwrap.wrap(text, max(40, width), break_on_hyphens=False))
 
 
 def _worst_first(counts: dict[str, int]) -> Iterator[tuple[str, int]]:
