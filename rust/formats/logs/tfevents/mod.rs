@@ -218,37 +218,12 @@ fn missing_tag_error(files: &[PathBuf], tag: Option<&str>, tags: &BTreeSet<Strin
     Error::new(Area::LogFormat, path, message)
 }
 
-// ---- CRC32C (Castagnoli), table-driven ----
+// ---- CRC32C (Castagnoli) ----
 
-const CRC32C_POLY_REFLECTED: u32 = 0x82F6_3B78;
-
-static CRC32C_TABLE: [u32; 256] = {
-    let mut table = [0u32; 256];
-    let mut n = 0;
-    while n < 256 {
-        let mut crc = n as u32;
-        let mut bit = 0;
-        while bit < 8 {
-            crc = if crc & 1 != 0 {
-                (crc >> 1) ^ CRC32C_POLY_REFLECTED
-            } else {
-                crc >> 1
-            };
-            bit += 1;
-        }
-        table[n] = crc;
-        n += 1;
-    }
-    table
-};
-
-/// CRC32C of `data`.
+/// CRC32C of `data` (the `crc32c` crate: SSE 4.2 / ARMv8 instructions where
+/// the CPU has them, a table otherwise).
 pub fn crc32c(data: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &byte in data {
-        crc = CRC32C_TABLE[((crc ^ u32::from(byte)) & 0xff) as usize] ^ (crc >> 8);
-    }
-    !crc
+    crc32c::crc32c(data)
 }
 
 /// The masked CRC32C TensorFlow's record format stores.
