@@ -59,7 +59,7 @@ def run_similar(root: Path, threshold: float, *extra: str) -> subprocess.Complet
 def test_the_pairs_are_those_of_a_dense_reference(runs: Path, threshold: float) -> None:
     ref = reference_pairs(runs)
     assert len(ref) == 13 * 12 // 2  # 4 runs x (final + 2 checkpoints) + the copy
-    done = run_similar(runs, threshold)
+    done = run_similar(runs, threshold, "--all-checkpoints")
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)
     got = {(p["a"], p["b"]): p["similarity"] for p in found}
@@ -73,7 +73,7 @@ def test_the_pairs_are_those_of_a_dense_reference(runs: Path, threshold: float) 
 
 
 def test_the_copy_and_the_final_checkpoints_are_the_near_duplicates(runs: Path) -> None:
-    found = similar(runs, threshold=0.999)
+    found = similar(runs, threshold=0.999, all_checkpoints=True)
     pairs = {
         (Path(p["a"]).relative_to(runs), Path(p["b"]).relative_to(runs)) for p in found["pairs"]
     }
@@ -82,9 +82,29 @@ def test_the_copy_and_the_final_checkpoints_are_the_near_duplicates(runs: Path) 
         assert (Path(run), Path(run) / "checkpoint-40") in pairs
     assert (Path("copy"), Path("seed0")) in pairs
     assert not any("seed1" in str(a) and "seed0" in str(b) for a, b in pairs)
-    exhaustive = similar(runs, threshold=0.999, exhaustive=True)
+    exhaustive = similar(runs, threshold=0.999, exhaustive=True, all_checkpoints=True)
     assert exhaustive["pairs"] == found["pairs"]
     assert found["pairs_exact"] < exhaustive["pairs_exact"] == exhaustive["pairs_considered"]
+
+
+def test_by_default_a_run_is_its_final_adapter_not_its_checkpoints(runs: Path) -> None:
+    # A run's own checkpoints flooded the list: every pair at 0.999 was a
+    # final adapter against its last checkpoint. One adapter per run leaves
+    # the real near-duplicate, the copy of seed0.
+    found = similar(runs, threshold=0.999)
+    assert [(Path(p["a"]).name, Path(p["b"]).name) for p in found["pairs"]] == [("copy", "seed0")]
+    assert found["adapters"] == 5 and found["left_out"] == 8  # 4 runs x 2 checkpoints
+    done = subprocess.run(
+        [sys.executable, "-m", "adapterprobe", "similar", str(runs), "--threshold", "0.999"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    header, *rows = done.stdout.splitlines()
+    assert header.split() == ["similarity", "adapter", "A", "adapter", "B"]
+    assert len(rows) == 1 and rows[0].endswith("seed0")
+    assert "8 checkpoints left out" in done.stderr and "--all-checkpoints" in done.stderr
 
 
 def test_broken_adapters_are_skipped_and_the_search_goes_on(runs: Path, tmp_path: Path) -> None:

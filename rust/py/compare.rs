@@ -83,7 +83,8 @@ fn find_adapters(py: Python<'_>, root: PathBuf) -> Result<Vec<PathBuf>> {
 
 /// Near-duplicate pairs among the adapters under `root`, or among `paths`.
 #[pyfunction]
-#[pyo3(signature = (root = None, *, paths = None, threshold = 0.99, exhaustive = false, max_pairs = 10000))]
+#[pyo3(signature = (root = None, *, paths = None, threshold = 0.99, exhaustive = false, max_pairs = 10000, all_checkpoints = false))]
+#[allow(clippy::too_many_arguments)]
 fn similar_adapters(
     py: Python<'_>,
     root: Option<PathBuf>,
@@ -91,9 +92,12 @@ fn similar_adapters(
     threshold: f64,
     exhaustive: bool,
     max_pairs: usize,
+    all_checkpoints: bool,
 ) -> Result<SimilarReport> {
     py.detach(|| match (root, paths) {
-        (Some(root), None) => similar::similar_under(&root, threshold, exhaustive, max_pairs),
+        (Some(root), None) => {
+            similar::similar_under(&root, threshold, exhaustive, max_pairs, all_checkpoints)
+        }
         (None, Some(paths)) => similar::similar_pairs(&paths, threshold, exhaustive, max_pairs),
         _ => Err(crate::Error::new(
             crate::Area::Usage,

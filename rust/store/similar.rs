@@ -105,6 +105,9 @@ pub struct SimilarReport {
     pub skipped: Vec<SkippedAdapter>,
     pub threshold: f64,
     pub exhaustive: bool,
+    /// Adapters found but not compared: checkpoints of a run whose final
+    /// (or newest) adapter stood for it (`runs::one_per_run`).
+    pub left_out: u64,
 }
 
 /// What pass 1 keeps of one adapter.
@@ -287,14 +290,24 @@ pub fn find_adapters(root: &Path) -> Result<Vec<PathBuf>> {
     Ok(dirs)
 }
 
-/// [`similar_pairs`] over the adapters found under `root`.
+/// [`similar_pairs`] over the adapters found under `root`: one per run
+/// (see `runs`), or every checkpoint too with `all_checkpoints`.
 pub fn similar_under(
     root: &Path,
     threshold: f64,
     exhaustive: bool,
     max_pairs: usize,
+    all_checkpoints: bool,
 ) -> Result<SimilarReport> {
-    similar_pairs(&find_adapters(root)?, threshold, exhaustive, max_pairs)
+    let found = find_adapters(root)?;
+    let (chosen, left_out) = if all_checkpoints {
+        (found, 0)
+    } else {
+        runs::one_per_run(found)
+    };
+    let mut report = similar_pairs(&chosen, threshold, exhaustive, max_pairs)?;
+    report.left_out = left_out;
+    Ok(report)
 }
 
 /// Every pair of `adapters` (directories or safetensors files) whose
@@ -400,6 +413,7 @@ pub(crate) fn similar_pairs_with(
         skipped,
         threshold,
         exhaustive,
+        left_out: 0,
     })
 }
 
@@ -481,6 +495,8 @@ fn exact_pairs(
         .collect();
     (pairs, skipped)
 }
+
+mod runs;
 
 #[cfg(test)]
 mod tests;

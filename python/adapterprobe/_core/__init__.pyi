@@ -868,6 +868,8 @@ class SimilarReport:
     def threshold(self) -> float: ...
     @property
     def exhaustive(self) -> bool: ...
+    @property
+    def left_out(self) -> int: ...
 
 def similar_adapters(
     root: _Path | None = None,
@@ -876,10 +878,12 @@ def similar_adapters(
     threshold: float = 0.99,
     exhaustive: bool = False,
     max_pairs: int = 10000,
+    all_checkpoints: bool = False,
 ) -> SimilarReport:
     """Pairs of adapters (under `root`, or among `paths`) whose similarity is
     at least `threshold`, most similar first: the `max_pairs` most similar,
-    all of them counted in `pairs_found`."""
+    all of them counted in `pairs_found`. Under a root, one adapter per run
+    (its final or newest) unless `all_checkpoints`; `left_out` counts the rest."""
 
 def remote_checksums_verified() -> bool:
     """Whether sha256 sidecars of remote files are checked

@@ -18,6 +18,9 @@ whose updates have an energy-weighted cosine at or above the threshold. Each
 adapter is read once into a small sketch; the pairs the sketch cannot rule
 out are computed exactly (--exhaustive: every pair exactly). The
 --max-pairs most similar pairs are listed, and every pair found is counted.
+A run's checkpoints (checkpoint-N/, a dlm store's versions/) are near-copies
+of its final adapter: one adapter per run is compared, the final one or else
+the newest checkpoint (--all-checkpoints compares every one).
 Exit 0 either way; 3 when no adapter was found.
 """
 
@@ -55,6 +58,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="list at most the N most similar pairs; the others are counted (default 10000)",
     )
+    p.add_argument(
+        "--all-checkpoints",
+        action="store_true",
+        help="compare every checkpoint of a run too (default: one adapter per run)",
+    )
     p.add_argument("--format", choices=("table", "json"), default="table", help="output format")
     p.set_defaults(run=run)
 
@@ -69,12 +77,15 @@ def run(args: argparse.Namespace) -> int:
         threshold=args.threshold,
         exhaustive=args.exhaustive,
         max_pairs=args.max_pairs,
+        all_checkpoints=args.all_checkpoints,
     )
     if args.format == "json":
         sys.stdout.write(json.dumps(found["pairs"], indent=2) + "\n")
     else:
+        if found["pairs"]:
+            print(f"{'similarity':<10}  adapter A  adapter B")
         for p in found["pairs"]:
-            print(f"{p['similarity']:.6f}  {safe_text(p['a'])}  {safe_text(p['b'])}")
+            print(f"{p['similarity']:<10.6f}  {safe_text(p['a'])}  {safe_text(p['b'])}")
         print(
             f"{len(found['pairs'])} pairs at or above {args.threshold} among "
             f"{found['adapters']} adapters ({found['pairs_exact']} of "
@@ -85,6 +96,12 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"adapterprobe: {found['pairs_found']} pairs are at or above {args.threshold}; "
             f"the {len(found['pairs'])} most similar are listed (--max-pairs)",
+            file=sys.stderr,
+        )
+    if found["left_out"]:
+        print(
+            f"adapterprobe: {found['left_out']} checkpoints left out, one adapter per run "
+            "(--all-checkpoints compares them too)",
             file=sys.stderr,
         )
     for s in found["skipped"]:

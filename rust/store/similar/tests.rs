@@ -74,7 +74,7 @@ fn a_perturbed_copy_is_found_and_unrelated_adapters_are_not() {
     for s in 2..6 {
         write_adapter(tmp.path(), &format!("other{s}"), s, 0.0, 24);
     }
-    let report = similar_under(tmp.path(), 0.99, false, DEFAULT_MAX_PAIRS).unwrap();
+    let report = similar_under(tmp.path(), 0.99, false, DEFAULT_MAX_PAIRS, true).unwrap();
     assert_eq!(report.adapters, 6);
     assert_eq!(report.groups, 1);
     assert_eq!(report.pairs_considered, 15);
@@ -121,7 +121,7 @@ fn adapters_of_other_shapes_are_never_paired_and_bad_ones_are_skipped() {
     let bytes = fs::read(&st).unwrap();
     fs::write(&st, &bytes[..bytes.len() - 5]).unwrap();
 
-    let report = similar_under(tmp.path(), -1.0, false, DEFAULT_MAX_PAIRS).unwrap();
+    let report = similar_under(tmp.path(), -1.0, false, DEFAULT_MAX_PAIRS, true).unwrap();
     assert_eq!(report.adapters, 2);
     assert_eq!(report.groups, 2);
     assert!(report.pairs.is_empty());
@@ -139,9 +139,16 @@ fn adapters_of_other_shapes_are_never_paired_and_bad_ones_are_skipped() {
 #[test]
 fn a_threshold_outside_the_cosine_range_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
-    let err = similar_under(tmp.path(), 1.5, false, DEFAULT_MAX_PAIRS).unwrap_err();
+    let err = similar_under(tmp.path(), 1.5, false, DEFAULT_MAX_PAIRS, true).unwrap_err();
     assert_eq!(err.area, Area::Usage);
-    let err = similar_under(&tmp.path().join("nope"), 0.9, false, DEFAULT_MAX_PAIRS).unwrap_err();
+    let err = similar_under(
+        &tmp.path().join("nope"),
+        0.9,
+        false,
+        DEFAULT_MAX_PAIRS,
+        true,
+    )
+    .unwrap_err();
     assert_eq!(err.area, Area::Missing);
 }
 
