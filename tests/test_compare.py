@@ -72,6 +72,20 @@ def test_reseeded_and_higher_lr_runs_differ_and_show_their_curves(runs: Path) ->
     assert all(step is not None for step in level["steps"].values())
 
 
+def test_a_final_adapter_at_the_top_of_an_output_dir_shows_its_runs_losses(
+    runs: Path, tmp_path: Path
+) -> None:
+    # `trainer.save_model()` alone: the adapter at the top, the log only in
+    # checkpoint-N/trainer_state.json (no top-level state, no TensorBoard).
+    out = tmp_path / "output_dir"
+    shutil.copytree(runs / "seed0", out, ignore=shutil.ignore_patterns("runs"))
+    (out / "trainer_state.json").unlink(missing_ok=True)
+    item = compare(out, runs / "seed1").to_dict()["items"][0]
+    assert item["curve"] is not None, item
+    assert item["curve"]["final_step"] == 40
+    assert not any("no loss curve" in note for note in item.get("notes", []))
+
+
 def test_similarities_match_dense_float64_reference(runs: Path) -> None:
     for other in ("copy", "seed1", "hilr", "rank8", "seed0/checkpoint-20"):
         got = compare(runs / "seed0", runs / other).to_dict()

@@ -62,6 +62,11 @@ def resolve(path: str | os.PathLike[str], label: str) -> Side:
         if (run_dir / "trainer_state.json").is_file() or (run_dir / "runs").is_dir():
             side.kind = "run"
             _try_curve(run_dir, side)
+        elif (state := _newest_trainer_state(run_dir)) is not None:
+            # The final adapter `trainer.save_model()` leaves at the top of
+            # an output dir: the run's log is its newest checkpoint's state.
+            side.kind = "run"
+            _try_curve(state.parent, side)
         return side
     found = _core.discover([p])
     if not found.targets:
