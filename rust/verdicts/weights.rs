@@ -304,6 +304,14 @@ pub fn judge_weights(
     evidence.put("top_modules", Value::List(top));
     evidence.put("dead_modules", dead.clone());
     evidence.put("rank_configured", config.r);
+    // Each module's own rank (its factors' shape): `rank_pattern` (PEFT,
+    // AdaLoRA, our extractor) gives modules ranks other than `r`.
+    let nominal_min = modules.iter().map(|m| m.rank).min();
+    let nominal_max = modules.iter().map(|m| m.rank).max();
+    let mut rank_nominal = Evidence::new();
+    rank_nominal.put("min", nominal_min);
+    rank_nominal.put("max", nominal_max);
+    evidence.put("rank_nominal", rank_nominal);
     evidence.put("rank_used", rank_used);
     evidence.put(
         "stable_rank_median",
@@ -388,13 +396,17 @@ pub fn judge_weights(
         w.layers.len().to_string()
     };
     let or_none = |v: Option<u64>| v.map_or_else(|| "None".to_string(), |n| n.to_string());
+    let of = match (nominal_min, nominal_max) {
+        (Some(lo), Some(hi)) if lo != hi => format!("{lo}-{hi} (rank_pattern)"),
+        (Some(rank), _) => rank.to_string(),
+        _ => config.r.to_string(),
+    };
     let summary = format!(
-        "{} LoRA modules in {layers} layers, ||dW|| {}, rank used {}-{} of {}",
+        "{} LoRA modules in {layers} layers, ||dW|| {}, rank used {}-{} of {of}",
         modules.len(),
         significant(total_delta_fro, 4),
         or_none(used_min),
         or_none(used_max),
-        config.r
     );
     evidence.put("findings", findings_value(&findings));
     if findings.is_empty() {

@@ -101,6 +101,28 @@ fn judge(w: AdapterWeights) -> Judged {
 }
 
 #[test]
+fn ranks_from_rank_pattern_are_each_modules_own() {
+    // `r` is 8, but rank_pattern gave the modules ranks 26 and 45 (what our
+    // extractor, AdaLoRA and PEFT write): "used 25-45 of 8" made no sense.
+    let mut w = weights(&[1.0, 2.0]);
+    for (m, (rank, used)) in w.modules.iter_mut().zip([(26, 25), (45, 45)]) {
+        m.rank = rank;
+        m.rank_used = Some(used);
+    }
+    let j = judge(w);
+    assert!(
+        j.message
+            .ends_with("rank used 25-45 of 26-45 (rank_pattern)"),
+        "{}",
+        j.message
+    );
+    let Some(Value::Map(nominal)) = j.evidence.get("rank_nominal") else {
+        panic!("no rank_nominal")
+    };
+    assert_eq!(nominal.get("max"), Some(&Value::from(45u64)));
+}
+
+#[test]
 fn healthy_adapter_passes_with_a_summary() {
     let j = judge(weights(&[1.0, 2.0, 2.0, 3.0]));
     assert_eq!(j.verdict, Verdict::Pass);
@@ -123,6 +145,7 @@ fn healthy_adapter_passes_with_a_summary() {
             "top_modules",
             "dead_modules",
             "rank_configured",
+            "rank_nominal",
             "rank_used",
             "stable_rank_median",
             "factor_scale_median",
