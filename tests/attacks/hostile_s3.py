@@ -51,9 +51,12 @@ class Behaviour:
             self._in_flight += 1
             self.peak_in_flight = max(self.peak_in_flight, self._in_flight)
 
-    def leave(self, sent: int) -> None:
+    def leave(self) -> None:
         with self._lock:
             self._in_flight -= 1
+
+    def count_sent(self, sent: int) -> None:
+        with self._lock:
             self.bytes_sent += sent
 
 
@@ -104,13 +107,27 @@ def _handler(b: Behaviour) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             b.enter()
+            self._waiting = True
             sent = 0
             try:
                 if b.delay:
                     time.sleep(b.delay)
                 sent = self._answer()
             finally:
-                b.leave(sent)
+                self._answered()
+                b.count_sent(sent)
+
+        def send_response(self, code: int, message: str | None = None) -> None:
+            # A request stops being in flight when its answer starts: the
+            # client may send its next request as soon as it has the answer,
+            # before this thread would get back to count the last one done.
+            self._answered()
+            super().send_response(code, message)
+
+        def _answered(self) -> None:
+            if getattr(self, "_waiting", False):
+                self._waiting = False
+                b.leave()
 
         def _answer(self) -> int:
             """Answer the request; the object bytes sent."""
