@@ -15,9 +15,12 @@ fi
 stale=$(find rust python Cargo.toml Cargo.lock pyproject.toml -newer "$venv/.built" 2>/dev/null | head -1 || true)
 if [ ! -f "$venv/.built" ] || [ -n "$stale" ] || ! python -c "import adapterprobe" 2>/dev/null; then
   echo "building adapterprobe into $venv (first run, or sources changed): compiling the" >&2
-  echo "Rust core takes about 3 minutes on two cores, and prints nothing meanwhile ..." >&2
+  echo "Rust core takes a few minutes on two cores; cargo shows its progress ..." >&2
   python -m pip install -q --upgrade pip "maturin>=1.16,<2"
-  python -m pip install -q .
+  rm -rf "$venv/wheels"
+  # maturin directly, not through pip, so that cargo's progress shows.
+  maturin build --release --locked --out "$venv/wheels"
+  python -m pip install -q --force-reinstall "$venv"/wheels/adapterprobe-*.whl
   touch "$venv/.built"
 fi
 exec adapterprobe scan "$@"
