@@ -784,7 +784,8 @@ impl Target {
 /// are followed only inside each root (or its entry in `bounds`) unless
 /// `follow_symlinks`.
 #[pyfunction]
-#[pyo3(signature = (roots, *, all_versions=false, workers=None, follow_symlinks=false, explain=false, bounds=None))]
+#[pyo3(signature = (roots, *, all_versions=false, workers=None, follow_symlinks=false, explain=false, bounds=None, exclude=None))]
+#[allow(clippy::too_many_arguments)]
 fn discover(
     py: Python<'_>,
     roots: Vec<PathBuf>,
@@ -793,13 +794,22 @@ fn discover(
     follow_symlinks: bool,
     explain: bool,
     bounds: Option<Vec<PathBuf>>,
+    exclude: Option<Vec<String>>,
 ) -> Result<Discovery> {
     let bounds = bounds.unwrap_or_default();
     let workers = workers.map(|n| count("workers", n)).transpose()?;
+    let exclude = scan::Exclude::new(&exclude.unwrap_or_default())?;
     py.detach(|| {
         scan::pool(workers).map(|p| {
             p.install(|| {
-                scan::discover_within(&roots, &bounds, all_versions, follow_symlinks, explain)
+                scan::discover_excluding(
+                    &roots,
+                    &bounds,
+                    all_versions,
+                    follow_symlinks,
+                    explain,
+                    exclude,
+                )
             })
         })
     })

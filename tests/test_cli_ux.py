@@ -280,3 +280,22 @@ def test_one_folded_skip_is_one_record():
 
     text = summary_text(Tally(), "fail", folded=1)
     assert "1 skipped record folded" in text and "1 skipped records" not in text
+
+
+def test_exclude_keeps_the_walk_out_of_matching_folders(tmp_path):
+    from adapterprobe.scan import DEMO_STORE
+
+    for where in ("team/keep", "team/wandb/run-1", "outputs/old/a"):
+        shutil.copytree(DEMO_STORE / "healthy", tmp_path / where)
+    done = cli(
+        "scan", str(tmp_path), "--format", "json", "--exclude", "wandb", "--exclude", "outputs/old"
+    )
+    assert done.returncode == 0, done.stderr
+    stores = {Path(r["store"]).relative_to(tmp_path).as_posix() for r in json.loads(done.stdout)}
+    assert stores == {"team/keep"}
+    explained = cli("scan", str(tmp_path), "-v", "--exclude", "wandb", "--exclude", "outputs/old")
+    assert "excluded by --exclude wandb" in explained.stderr
+    bad = cli("scan", str(tmp_path), "--exclude", "[")
+    assert bad.returncode == 2 and "--exclude" in bad.stderr and "Traceback" not in bad.stderr
+    everything = cli("scan", str(tmp_path), "--format", "json")
+    assert len({r["store"] for r in json.loads(everything.stdout)}) == 3

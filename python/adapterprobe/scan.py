@@ -141,6 +141,7 @@ def discover(
     workers: int | None = None,
     explain: bool = False,
     follow_symlinks: bool = False,
+    exclude: Sequence[str] = (),
 ) -> Discovered:
     """``(targets, problems)`` for the roots; with ``explain``, also
     ``.skipped`` (see :class:`Discovered`: one more directory listing per
@@ -152,7 +153,7 @@ def discover(
     cache) unless ``follow_symlinks``; a directory that cannot be listed
     and a link not followed are targets of their own (layout
     ``"unreadable"``, ``"outside-root"``) whose records say so."""
-    found, _ = _discover(roots, all_versions, workers, explain, follow_symlinks)
+    found, _ = _discover(roots, all_versions, workers, explain, follow_symlinks, exclude)
     return found
 
 
@@ -162,6 +163,7 @@ def _discover(
     workers: int | None,
     explain: bool = False,
     follow_symlinks: bool = False,
+    exclude: Sequence[str] = (),
 ) -> tuple[Discovered, list[remote.Alias]]:
     local, early, made = remote.resolve_roots(flat_roots(roots))
     try:
@@ -174,6 +176,7 @@ def _discover(
             follow_symlinks=follow_symlinks,
             explain=explain,
             bounds=bounds,
+            exclude=list(exclude),
         )
     except BaseException:
         remote.release(made)
@@ -247,6 +250,7 @@ def scan(
     options: OptionsArg | None = None,
     progress: Progress | None = None,
     follow_symlinks: bool = False,
+    exclude: Sequence[str] = (),
 ) -> ScanReport:
     """Probe every store under ``roots`` and return the records.
 
@@ -264,7 +268,10 @@ def scan(
     called as stores finish. ``follow_symlinks``: follow links that lead
     out of a root (default False: the scan stays inside each root, resolved,
     and a record says what it did not follow; files under ``/proc`` and
-    ``/sys`` are never read). With no root, the demo store bundled with the
+    ``/sys`` are never read). ``exclude``: glob patterns of folders the walk
+    does not enter, matched against a folder's name or its path below the
+    root (``"wandb"``, ``"outputs/old"``, ``"runs/ablation-*"``; ``*``
+    stays within one name, ``**`` crosses them). With no root, the demo store bundled with the
     package is scanned (as ``adapterprobe scan`` does).
     """
     resolved = resolve_options(tuple(probes), options, rules)  # fail fast, before the walk
@@ -276,6 +283,7 @@ def scan(
         all_versions,
         workers,
         follow_symlinks=follow_symlinks,
+        exclude=exclude,
     )
     batches = scan_batches(
         targets,

@@ -71,8 +71,58 @@ fn dir_id(_meta: &fs::Metadata) -> (u64, u64) {
     (0, 0)
 }
 
+/// Folders a walk does not enter (`scan --exclude GLOB`): a pattern matches
+/// a folder's name or its path relative to the root it was found under
+/// (`*` stays within one folder name; `**` crosses them).
+#[derive(Debug, Default)]
+pub struct Exclude {
+    set: Option<globset::GlobSet>,
+    patterns: Vec<String>,
+}
+
+impl Exclude {
+    /// The patterns compiled; an invalid one is a usage error naming it.
+    pub fn new(patterns: &[String]) -> Result<Exclude> {
+        if patterns.is_empty() {
+            return Ok(Exclude::default());
+        }
+        let mut builder = globset::GlobSetBuilder::new();
+        for p in patterns {
+            let glob = globset::GlobBuilder::new(p.trim_end_matches('/'))
+                .literal_separator(true)
+                .build()
+                .map_err(|e| Error::new(Area::Usage, "", format!("--exclude {p:?}: {e}")))?;
+            builder.add(glob);
+        }
+        let set = builder
+            .build()
+            .map_err(|e| Error::new(Area::Usage, "", format!("--exclude: {e}")))?;
+        Ok(Exclude {
+            set: Some(set),
+            patterns: patterns.to_vec(),
+        })
+    }
+
+    /// The pattern that excludes `dir` (found under `root`), if one does.
+    fn matching(&self, dir: &Path, root: &Path) -> Option<&str> {
+        let set = self.set.as_ref()?;
+        let name = dir.file_name().map(Path::new);
+        let relative = dir.strip_prefix(root).ok();
+        let hits = |p: &Path| set.matches(p);
+        let first = name
+            .map(hits)
+            .filter(|h| !h.is_empty())
+            .or_else(|| relative.map(hits).filter(|h| !h.is_empty()))?;
+        first
+            .first()
+            .and_then(|&i| self.patterns.get(i))
+            .map(String::as_str)
+    }
+}
+
 struct Walk {
     all: bool,
+    exclude: Exclude,
     /// Whether to keep what was passed over, and why (`Discovery::skipped`).
     explain: bool,
     seen: Mutex<HashSet<(u64, u64)>>,
@@ -117,7 +167,7 @@ impl Walk {
     }
 
     /// Visit `dir`; `ancestors` are the ids on the path from the root.
-    fn visit(&self, dir: &Path, ancestors: &[(u64, u64)]) {
+    fn visit(&self, dir: &Path, ancestors: &[(u64, u64)], root_dir: &Path) {
         let meta = match fs::metadata(dir) {
             Ok(m) => m,
             Err(e) => {
@@ -180,6 +230,10 @@ impl Walk {
             let is_link = entry.file_type().is_ok_and(|t| t.is_symlink());
             if hidden {
                 self.skip(&path, || "hidden directory: not searched".into());
+            } else if let Some(pattern) = self.exclude.matching(&path, root_dir) {
+                self.skip(&path, || {
+                    format!("excluded by --exclude {pattern}: not searched")
+                });
             } else if is_link && entry.file_name() == layout::WANDB_LATEST_RUN {
                 self.skip(&path, || {
                     "W&B's link to its newest run: the run is scanned under its own name".into()
@@ -201,7 +255,7 @@ impl Walk {
         let root = confine::current();
         subdirs
             .par_iter()
-            .for_each(|sub| confine::within(root.clone(), || self.visit(sub, &chain)));
+            .for_each(|sub| confine::within(root.clone(), || self.visit(sub, &chain, root_dir)));
     }
 }
 
@@ -254,8 +308,28 @@ pub fn discover_within(
     follow_symlinks: bool,
     explain: bool,
 ) -> Discovery {
+    discover_excluding(
+        roots,
+        bounds,
+        all,
+        follow_symlinks,
+        explain,
+        Exclude::default(),
+    )
+}
+
+/// [`discover_within`] that does not enter the folders `exclude` matches.
+pub fn discover_excluding(
+    roots: &[PathBuf],
+    bounds: &[PathBuf],
+    all: bool,
+    follow_symlinks: bool,
+    explain: bool,
+    exclude: Exclude,
+) -> Discovery {
     let walk = Walk {
         all,
+        exclude,
         explain,
         seen: Mutex::new(HashSet::new()),
         targets: Mutex::new(vec![]),
@@ -302,7 +376,7 @@ pub fn discover_within(
             };
             confine::within(confined, || match layout::version_root(root) {
                 Some(target) => walk.found(target),
-                None => walk.visit(root, &[]),
+                None => walk.visit(root, &[], root),
             });
         }
     }
@@ -401,6 +475,44 @@ mod tests {
         let dir = mkdirs(store, &format!("{adapter}/versions/{v}"));
         fs::write(dir.join(crate::store::torch_state::STATE_FILE), b"x").unwrap();
         dir
+    }
+
+    #[test]
+    fn excluded_folders_are_not_entered_and_say_why() {
+        let tmp = tempfile::tempdir().unwrap();
+        let keep = mkdirs(tmp.path(), "runs/keep");
+        version(&keep, "adapter", "v0001");
+        for rel in [
+            "wandb/run-1",
+            "outputs/old/a",
+            "runs/ablation-3",
+            "deep/x/wandb",
+        ] {
+            version(&mkdirs(tmp.path(), rel), "adapter", "v0001");
+        }
+        let patterns = ["wandb", "outputs/old", "runs/ablation-*"].map(String::from);
+        let d = discover_excluding(
+            &[tmp.path().to_path_buf()],
+            &[],
+            false,
+            false,
+            true,
+            Exclude::new(&patterns).unwrap(),
+        );
+        let stores: Vec<&PathBuf> = d.targets.iter().map(|t| &t.store).collect();
+        assert_eq!(stores, vec![&keep]);
+        let why: Vec<String> = d.skipped.iter().map(|s| s.message.clone()).collect();
+        assert!(why
+            .iter()
+            .any(|m| m == "excluded by --exclude wandb: not searched"));
+        assert!(why.iter().any(|m| m.contains("--exclude outputs/old")));
+        // `*` stays within a name: "runs/*" is not "runs/keep/deeper".
+        assert!(Exclude::new(&["runs/*".into()])
+            .unwrap()
+            .matching(&tmp.path().join("runs/keep/adapter"), tmp.path())
+            .is_none());
+        let e = Exclude::new(&["[".into()]).unwrap_err();
+        assert_eq!(e.area, Area::Usage);
     }
 
     #[test]

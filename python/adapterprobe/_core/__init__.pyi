@@ -793,6 +793,7 @@ def discover(
     follow_symlinks: bool = False,
     explain: bool = False,
     bounds: Sequence[_Path] | None = None,
+    exclude: Sequence[str] | None = None,
 ) -> Discovery: ...
 def excerpt(text: str) -> str:
     """``text`` as a short printable-ASCII excerpt (other characters as

@@ -180,6 +180,14 @@ def add_scan_options(p: argparse.ArgumentParser) -> None:
         "and their records say so; only for trees you trust)",
     )
     p.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="do not enter folders matching GLOB, by name or by path below the root "
+        "(repeatable): --exclude wandb --exclude 'outputs/old' --exclude 'runs/ablation-*'",
+    )
+    p.add_argument(
         "--hf-cache",
         action="store_true",
         help="also scan the Hugging Face hub cache (HF_HUB_CACHE, else $HF_HOME/hub, else "
@@ -215,6 +223,7 @@ def scan_records(
         workers=args.workers,
         follow_symlinks=getattr(args, "follow_symlinks", False),
         explain=verbose,
+        exclude=getattr(args, "exclude", None) or (),
     )
     targets, problems = found
     if verbose:
