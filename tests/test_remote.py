@@ -266,6 +266,10 @@ def test_bad_credentials_are_a_clear_error(tmp_path):
         )
     assert done.stdout.startswith("USAGE"), (done.stdout, done.stderr)
     assert "cannot list" in done.stdout and "403" in done.stdout, done.stdout
+    # Profiles are not read, and the hint says how to export one's credentials
+    # rather than naming AWS_PROFILE as if it worked.
+    assert "AWS_PROFILE, ~/.aws/config) is not read" in done.stdout, done.stdout
+    assert "aws configure export-credentials" in done.stdout
 
 
 def test_an_object_gone_after_listing_is_an_error_record(s3, demo_store, tmp_path):

@@ -217,13 +217,18 @@ pub fn one_line(e: &object_store::Error) -> String {
     };
     let mut short: String = short.chars().take(MAX_ERROR_CHARS).collect();
     if short.starts_with("401") || short.starts_with("403") {
-        short.push_str(
-            " (check the credentials in the environment: AWS_ACCESS_KEY_ID and \
-             AWS_SECRET_ACCESS_KEY or AWS_PROFILE, GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_*)",
-        );
+        short.push_str(CREDENTIALS_HINT);
     }
     short
 }
+
+/// What a refused request adds. `object_store` reads credentials from the
+/// environment (and instance metadata), not from AWS profiles or SSO logins
+/// in `~/.aws/config`: the hint says how to export those.
+const CREDENTIALS_HINT: &str = " (check the credentials in the environment: AWS_ACCESS_KEY_ID and \
+     AWS_SECRET_ACCESS_KEY, GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_*; an AWS profile or \
+     SSO login (AWS_PROFILE, ~/.aws/config) is not read: eval \"$(aws configure \
+     export-credentials --format env)\" puts its credentials in the environment)";
 
 fn full_text(e: &object_store::Error) -> String {
     let mut text = e.to_string();
