@@ -299,3 +299,13 @@ def test_exclude_keeps_the_walk_out_of_matching_folders(tmp_path):
     assert bad.returncode == 2 and "--exclude" in bad.stderr and "Traceback" not in bad.stderr
     everything = cli("scan", str(tmp_path), "--format", "json")
     assert len({r["store"] for r in json.loads(everything.stdout)}) == 3
+
+
+def test_check_on_a_tree_says_one_thing_and_points_at_scan(demo_store, tmp_path):
+    done = cli("check", str(demo_store))
+    assert done.returncode == 3
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr  # not also "nothing to probe"
+    assert "holds 4 stores below it" in lines[0] and "adapterprobe scan" in lines[0]
+    empty = cli("check", str(tmp_path))
+    assert empty.returncode == 3 and "nothing to probe" in empty.stderr

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from adapterprobe.cli import positive_int
+from adapterprobe.cli import EXIT_NOTHING_FOUND, positive_int
 from adapterprobe.cli.render import add_output_options
 from adapterprobe.cli.scan import add_probe_option, run_scan
 from adapterprobe.errors import UsageError
@@ -77,11 +77,17 @@ def run(args: argparse.Namespace) -> int:
         # paths that are missing or not directories.
         from adapterprobe.cli.scan import nothing_found
         from adapterprobe.escape import terminal
+        from adapterprobe.scan import discover
 
+        below = len(discover(path).targets)
+        if not below:
+            return nothing_found([str(path)], [], args)
+        stores = f"{below} store{'s' if below != 1 else ''}"
         print(
-            f"adapterprobe check: {terminal(str(path))} is neither a store nor an adapter "
-            "version or checkpoint; use `adapterprobe scan` to search a tree",
+            f"adapterprobe check: {terminal(str(path))} is not a store or an adapter version "
+            f"itself but holds {stores} below it: `adapterprobe scan {terminal(str(path))}` "
+            "checks them all",
             file=sys.stderr,
         )
-        return nothing_found([str(path)], [], args)
+        return EXIT_NOTHING_FOUND
     return run_scan([str(path)], args)
