@@ -166,12 +166,13 @@ fn unjudgeable(input: &WeightsInput) -> Option<Judged> {
         return Some(Judged::bare(KIND, Verdict::Skip, note.clone()));
     }
     let Some(w) = &input.weights else {
-        let message = format!("adapter_weights: {}", error_text(input.error.as_ref()));
+        // The table already names the probe: the message starts with the file.
+        let message = error_text(input.error.as_ref());
         return Some(Judged::bare(KIND, Verdict::Error, message));
     };
     if w.config.is_none() {
         let message = format!(
-            "adapter_weights: no adapter_config.json beside {}, so the scale of \
+            "no adapter_config.json beside {}, so the scale of \
              dW = (alpha / r) * B @ A is unknown and the adapter cannot be loaded as is",
             path_text::display(&w.path)
         );
@@ -193,7 +194,7 @@ pub fn judge_weights(
         input.weights.as_ref(),
         input.weights.as_ref().and_then(|w| w.config.as_ref()),
     ) else {
-        return Judged::bare(KIND, Verdict::Error, "adapter_weights: no weights");
+        return Judged::bare(KIND, Verdict::Error, "no weights");
     };
     let modules = &w.modules;
     let base = base_evidence(o, w);

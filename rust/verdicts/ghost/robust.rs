@@ -80,8 +80,7 @@ pub(super) fn judge(input: &GhostInput, state: &TrainingState, o: &GhostOptions)
     base.put("best_val_loss", finite_or_none(state.best_val_loss));
     base.put("use_qlora", state.use_qlora);
     if let Some(err) = &input.weights_error {
-        let message =
-            format!("adapter_weights: cannot read the adapter beside the optimizer state: {err}");
+        let message = format!("cannot read the adapter weights beside the optimizer state: {err}");
         return Judged::bare(KIND, Verdict::Error, message).with_evidence(base);
     }
     let min_steps = o.min_steps();

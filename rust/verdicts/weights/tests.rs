@@ -186,7 +186,8 @@ fn note_error_and_missing_config() {
     i.error = Some(Error::new(Area::Missing, "/x//y/", "no such file"));
     let j = judge_weights(&i, None, &options());
     assert_eq!(j.verdict, Verdict::Error);
-    assert_eq!(j.message, "adapter_weights: /x/y: no such file");
+    // The probe's name is not repeated: the table shows it beside the message.
+    assert_eq!(j.message, "/x/y: no such file");
 
     let mut w = weights(&[1.0]);
     w.config = None;
