@@ -487,6 +487,9 @@ def test_new_probe_bars_flags_trend_and_downsampling():
     bars = [el for el in weights.children if el.tag == "rect"]
     assert report.MAX_BARS // 2 < len(bars) <= report.MAX_BARS  # 300 layers, bucketed
     assert "layers.1.q_proj" in page and "42.0%" in page and "global_step 1200" in page
+    # A module name wraps at its dots, never inside a word.
+    assert '<td class="mod">layers.<wbr>4.<wbr>o_proj</td>' in page
+    assert ".mod{" in page and "overflow-wrap:break-word}" in page.split(".mod{", 1)[1][:120]
 
 
 def test_wide_ranging_losses_get_a_log_axis():

@@ -409,7 +409,7 @@ margin-right:4px;border-top:2px solid var(--loss)}
 .mods caption{text-align:left;font-weight:600;color:var(--muted)}
 .mods th{text-align:left;color:var(--muted);font-weight:600}
 .mods td{padding:1px 4px;border-top:1px solid var(--line)}
-.mod{font-family:ui-monospace,"DejaVu Sans Mono",monospace;overflow-wrap:anywhere}
+.mod{font-family:ui-monospace,"DejaVu Sans Mono",monospace;overflow-wrap:break-word}
 .share{white-space:nowrap;position:relative;width:30%}
 .sbar{display:inline-block;height:8px;background:#7c93ab;margin-right:4px;vertical-align:middle}
 .dead{font-size:.8rem;margin:4px 0;overflow-wrap:anywhere}

@@ -28,6 +28,7 @@ from adapterprobe.reports.svg import (
     axes,
     bar_chart,
     clip,
+    dotted_name,
     downsample,
     esc,
     line_path,
@@ -377,7 +378,7 @@ def weights_chart(rec: Record, uid: str) -> str:
             pct = "—" if share is None else f"{share * 100:.1f}%"
             width = 0.0 if share is None else max(0.0, min(100.0, share * 100))
             rows.append(
-                f'<tr><td class="mod">{esc(clip(str(item.get("module", "")), 120))}</td>'
+                f'<tr><td class="mod">{dotted_name(clip(str(item.get("module", "")), 120))}</td>'
                 f'<td class="share"><span class="sbar" style="width:{width:.0f}%"></span>'
                 f"{pct}</td></tr>"
             )

@@ -28,6 +28,12 @@ def esc(value: Any) -> str:
     return html.escape(surrogates_visible(str(value)), quote=True)
 
 
+def dotted_name(value: Any) -> str:
+    """A dotted module name as HTML that wraps at its dots
+    (``layers.0.<wbr>self_attn.<wbr>q_proj``), not in the middle of a word."""
+    return esc(value).replace(".", ".<wbr>")
+
+
 def clip(text: str, limit: int) -> str:
     """At most `limit` characters, an ellipsis marking a cut."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
