@@ -418,8 +418,8 @@ class Gate:
         loss_margin: float = Margins.loss_margin,
     ) -> None:
         self.roots = [_norm(r) for r in roots]
-        self.fail = bool(fail_on_regression)
-        if self.fail and baseline is None:
+        # The gate itself is counted by the writers' Tally (regression_gate).
+        if fail_on_regression and baseline is None:
             raise UsageError("--fail-on-regression needs --baseline FILE")
         if not (isinstance(loss_margin, float) and 0 <= loss_margin < math.inf):
             raise UsageError(f"--loss-margin must be a share >= 0, got {loss_margin}")
@@ -427,7 +427,6 @@ class Gate:
         self.baseline = (
             Baseline(load_saved_scan(baseline), self.roots, match) if baseline is not None else None
         )
-        self.regressed = 0
         self._root_of: dict[str, str] = {}
 
     def record(self, r: ScanRecord) -> ScanRecord:
@@ -439,20 +438,11 @@ class Gate:
         r = r.replace(root=root)
         if self.baseline is None:
             return r
-        entry = judge(r, self.baseline, self.margins)
-        self.regressed += entry["regressed"]
-        return r.replace(baseline=entry)
+        return r.replace(baseline=judge(r, self.baseline, self.margins))
 
     def batches(self, batches: Iterable[list[ScanRecord]]) -> Iterator[list[ScanRecord]]:
         for batch in batches:
             yield [self.record(r) for r in batch]
-
-    def exit_code(self, code: int) -> int:
-        """The scan's exit code, 1 at least when a record regressed and
-        --fail-on-regression was given."""
-        if self.fail and self.regressed and code == 0:
-            return 1
-        return code
 
 
 # ---------------------------------------------------------------------------
