@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -126,7 +127,34 @@ def test_a_full_fine_tune_blown_up_by_its_learning_rate_fails(runs, tmp_path):
 
 
 def test_full_fine_tune_ids_are_attributed_as_the_trainer_grouped_them(runs):
-    ckpt = runs.full() / "checkpoint-40"
+    check_attributed_as_the_trainer_grouped(
+        runs.full() / "checkpoint-40", {"model.embed_tokens.weight", "model.norm.weight"}
+    )
+
+
+@pytest.mark.slow
+def test_gpt2_layer_norms_are_placed_by_module_type(runs):
+    """GPT-2's ln_1, ln_2 and ln_f lack 'norm' in their names; the Trainer
+    puts them in the no-decay group because they are nn.LayerNorm. The
+    per-layer check must still run, ids tied to the names the Trainer
+    gave them."""
+    run = runs.get("gpt2", model="gpt2", full=True, steps=20, save_steps=20)
+    ckpt = run / "checkpoint-20"
+    check_attributed_as_the_trainer_grouped(
+        ckpt,
+        {
+            "transformer.wte.weight",
+            "transformer.wpe.weight",
+            "transformer.ln_f.weight",
+            "transformer.ln_f.bias",
+        },
+    )
+    ghost = ap.gradient_ghost(ckpt)
+    assert "per_layer" not in ghost.evidence["not_checked"], ghost.message
+    assert "tensors in 3 layers" in ghost.message, ghost.message
+
+
+def check_attributed_as_the_trainer_grouped(ckpt: Path, outside_layers: set[str]) -> None:
     inputs = ap._core.ghost_input(ckpt)
     assert inputs.checkpoint_kind == "full"
     assert inputs.attribution is not None, inputs.attribution_error
@@ -135,11 +163,14 @@ def test_full_fine_tune_ids_are_attributed_as_the_trainer_grouped_them(runs):
     assert len(ordered) == len(state["state"])  # the tied head appears once
     for ps in inputs.attribution.params:
         name = ordered[ps.param_id]
-        assert f".layers.{ps.layer}." in name, (ps, name)
+        assert re.search(rf"\.(layers|h)\.{ps.layer}\.", name), (ps, name)
         slot = inputs.attribution.slot_names[ps.slot]
-        assert any(name.endswith(f"{s}.weight") for s in slot.split(" | ")), (slot, name)
+        assert any(name.endswith((f".{s}.weight", f".{s}")) for s in slot.split(" | ")), (
+            slot,
+            name,
+        )
     outside = {ordered[i] for i in inputs.attribution.unattributed}
-    assert outside == {"model.embed_tokens.weight", "model.norm.weight"}
+    assert outside == outside_layers
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@
 //! registration order gives (input embeddings, the layers, the rest), and
 //! only when the shapes before the stack are the embeddings'.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// One attributed optimizer parameter.
 #[cfg_attr(
@@ -111,7 +111,7 @@ fn sorted_shapes<'a>(shapes: impl Iterator<Item = &'a Shape>) -> Vec<&'a Shape> 
 /// component `norm` or ending in `_norm` (its regexes
 /// `(?:^|\.)norm(?:$|\.)` and `_norm(?:$|\.)`). HF also exempts every
 /// parameter inside an `nn.LayerNorm`, which a name cannot show (GPT-2's
-/// `ln_f`); a split that disagrees is refused by the size check.
+/// `ln_1`, `ln_2`, `ln_f`): see [`layer_norm_modules`].
 pub fn is_no_decay_name(name: &str) -> bool {
     let lower = name.to_lowercase();
     lower.contains("bias")
@@ -120,6 +120,72 @@ pub fn is_no_decay_name(name: &str) -> bool {
         || lower
             .split('.')
             .any(|part| part == "norm" || part.ends_with("_norm"))
+}
+
+/// The modules that look like an `nn.LayerNorm` from their tensors alone:
+/// a 1-D `weight` and, if `with_bias_only`, a 1-D `bias` of the same
+/// length; otherwise a bias is optional. Nothing else may sit in the
+/// module. Linear, Conv1D and embedding weights are 2-D, so among a
+/// model's tensors only norms have this shape.
+pub fn layer_norm_modules<'a>(
+    keys: impl Iterator<Item = &'a Key>,
+    with_bias_only: bool,
+) -> BTreeSet<&'a str> {
+    let mut modules: BTreeMap<&str, (Option<&Shape>, Option<&Shape>, bool)> = BTreeMap::new();
+    for (name, shape) in keys {
+        let (module, leaf) = name.rsplit_once('.').unwrap_or(("", name.as_str()));
+        let entry = modules.entry(module).or_insert((None, None, false));
+        match leaf {
+            "weight" => entry.0 = Some(shape),
+            "bias" => entry.1 = Some(shape),
+            _ => entry.2 = true,
+        }
+    }
+    modules
+        .into_iter()
+        .filter(|(_, (weight, bias, other))| match (weight, bias) {
+            (Some(w), None) => w.len() == 1 && !other && !with_bias_only,
+            (Some(w), Some(b)) => w.len() == 1 && w == b && !other,
+            _ => false,
+        })
+        .map(|(module, _)| module)
+        .collect()
+}
+
+/// Which tensors a Trainer put in its no-decay group. HF exempts biases
+/// and norms by name and every `nn.LayerNorm` by module type; the type is
+/// not in a checkpoint, so a full model's split is one of these, each
+/// putting more tensors on the no-decay side than the one before. The
+/// optimizer's group sizes therefore fit at most one of them (or several
+/// that are the same split), and [`align`] then checks every shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NoDecayRule {
+    /// [`is_no_decay_name`] alone (Llama, Qwen, Mistral, BERT: their norms
+    /// are named so).
+    Names,
+    /// Names, and modules with a 1-D weight and bias of one length
+    /// (GPT-2's `ln_1`, `ln_2`, `ln_f`; GPT-Neo, GPT-J, BLOOM, Falcon).
+    NamesAndLayerNorms,
+    /// Names, and every module whose weight is 1-D (a LayerNorm without
+    /// bias, such as MPT's `norm_1`).
+    NamesAndAllNorms,
+}
+
+impl NoDecayRule {
+    /// The keys split as (no decay, decay).
+    fn split(self, keys: &[Key]) -> (Vec<&Key>, Vec<&Key>) {
+        let norms = match self {
+            NoDecayRule::Names => BTreeSet::new(),
+            NoDecayRule::NamesAndLayerNorms => layer_norm_modules(keys.iter(), true),
+            NoDecayRule::NamesAndAllNorms => layer_norm_modules(keys.iter(), false),
+        };
+        keys.iter().partition(|(name, _)| {
+            is_no_decay_name(name)
+                || name
+                    .rsplit_once('.')
+                    .is_some_and(|(module, _)| norms.contains(module))
+        })
+    }
 }
 
 /// Whether a key outside the layers is an input embedding, which every HF
@@ -249,7 +315,7 @@ pub fn attribute_grouped(
     params: &[(i64, Shape)],
     groups: &[Vec<i64>],
 ) -> std::result::Result<Attribution, String> {
-    attribute_grouped_with(keys, params, groups, Ties::Refuse)
+    attribute_grouped_with(keys, params, groups, Ties::Refuse, &[NoDecayRule::Names])
 }
 
 /// [`attribute_grouped`] for a whole model's tensors (a full fine-tune):
@@ -257,12 +323,21 @@ pub fn attribute_grouped(
 /// Where the shapes leave several placements of the layer stack (the final
 /// norm is shaped like each layer's norms), the model's registration order
 /// decides: input embeddings before the stack, everything else after it.
+///
+/// The Trainer's no-decay group also holds every `nn.LayerNorm` by module
+/// type, which no name shows: those are inferred from the shapes (see
+/// [`NoDecayRule`]).
 pub fn attribute_model(
     keys: &[(String, Shape)],
     params: &[(i64, Shape)],
     groups: &[Vec<i64>],
 ) -> std::result::Result<Attribution, String> {
-    attribute_grouped_with(keys, params, groups, Ties::ModelOrder)
+    let rules = [
+        NoDecayRule::Names,
+        NoDecayRule::NamesAndLayerNorms,
+        NoDecayRule::NamesAndAllNorms,
+    ];
+    attribute_grouped_with(keys, params, groups, Ties::ModelOrder, &rules)
 }
 
 fn attribute_grouped_with(
@@ -270,6 +345,7 @@ fn attribute_grouped_with(
     params: &[(i64, Shape)],
     groups: &[Vec<i64>],
     ties: Ties,
+    rules: &[NoDecayRule],
 ) -> std::result::Result<Attribution, String> {
     let non_empty: Vec<&Vec<i64>> = groups.iter().filter(|g| !g.is_empty()).collect();
     let (decay_ids, no_decay_ids) = match non_empty.as_slice() {
@@ -277,28 +353,35 @@ fn attribute_grouped_with(
         [decay, no_decay] => (*decay, *no_decay),
         many => {
             return Err(format!(
-                "the optimizer has {} non-empty param groups; ids can be matched to adapter \
-                 keys only for one group or for HF Trainer's weight-decay/no-decay pair",
+                "the optimizer has {} non-empty param groups; ids can be matched to tensor \
+                 names only for one group or for HF Trainer's weight-decay/no-decay pair",
                 many.len()
             ))
         }
     };
     let whole = KeyLayout::of(keys.iter());
     whole.check_whole()?;
-    let (no_decay_keys, decay_keys): (Vec<&Key>, Vec<&Key>) =
-        keys.iter().partition(|(name, _)| is_no_decay_name(name));
-    if decay_ids.len() != decay_keys.len() || no_decay_ids.len() != no_decay_keys.len() {
+    let splits: Vec<(Vec<&Key>, Vec<&Key>)> = rules.iter().map(|rule| rule.split(keys)).collect();
+    let fits = splits.iter().position(|(no_decay, decay)| {
+        decay.len() == decay_ids.len() && no_decay.len() == no_decay_ids.len()
+    });
+    let Some(fits) = fits else {
+        let (no_decay, decay) = &splits[0];
+        let whose = match ties {
+            Ties::Refuse => "the adapter's keys",
+            Ties::ModelOrder => "the model's tensors",
+        };
         return Err(format!(
-            "the optimizer's two param groups hold {} and {} ids, but HF Trainer's name rules \
-             (bias, layernorm, rmsnorm, norm) split the adapter's keys {} to weight decay and \
-             {} to no decay; the groups were made another way (e.g. a LayerNorm whose name \
-             lacks 'norm', like GPT-2's ln_f, or a custom optimizer), so ids cannot be placed",
+            "the optimizer's two param groups hold {} and {} ids, but HF Trainer's rule (no \
+             decay for biases and norms) splits {whose} {} with decay and {} without: the groups were made \
+             another way, so ids cannot be placed",
             decay_ids.len(),
             no_decay_ids.len(),
-            decay_keys.len(),
-            no_decay_keys.len()
+            decay.len(),
+            no_decay.len()
         ));
-    }
+    };
+    let (no_decay_keys, decay_keys) = splits.into_iter().nth(fits).unwrap_or_default();
     let shapes: BTreeMap<i64, &Shape> = params.iter().map(|(id, s)| (*id, s)).collect();
     if shapes.len() != params.len() {
         return Err("the optimizer state lists a param id twice".into());
@@ -711,6 +794,113 @@ mod tests {
         assert!(e.contains("places"), "{e}");
     }
 
+    /// A tiny GPT-2's parameters as HF Trainer groups them: its LayerNorms
+    /// (`ln_1`, `ln_2`, `ln_f`) go to no decay by module type, not name.
+    fn gpt2_model(layers: u64) -> (Keys, Params, Vec<Vec<i64>>) {
+        let (h, v, p) = (8u64, 32u64, 16u64);
+        let named = |l: u64, m: &str| format!("transformer.h.{l}.{m}");
+        let mut all: Vec<(String, Shape)> = vec![
+            ("transformer.wte.weight".into(), vec![v, h]),
+            ("transformer.wpe.weight".into(), vec![p, h]),
+        ];
+        for l in 0..layers {
+            for (m, shape) in [
+                ("ln_1.weight", vec![h]),
+                ("ln_1.bias", vec![h]),
+                ("attn.c_attn.weight", vec![h, 3 * h]),
+                ("attn.c_attn.bias", vec![3 * h]),
+                ("attn.c_proj.weight", vec![h, h]),
+                ("attn.c_proj.bias", vec![h]),
+                ("ln_2.weight", vec![h]),
+                ("ln_2.bias", vec![h]),
+                ("mlp.c_fc.weight", vec![h, 4 * h]),
+                ("mlp.c_fc.bias", vec![4 * h]),
+                ("mlp.c_proj.weight", vec![4 * h, h]),
+                ("mlp.c_proj.bias", vec![h]),
+            ] {
+                all.push((named(l, m), shape));
+            }
+        }
+        all.push(("transformer.ln_f.weight".into(), vec![h]));
+        all.push(("transformer.ln_f.bias".into(), vec![h]));
+        let is_norm = |n: &str| n.contains(".ln_");
+        let (no_decay, decay): (Vec<_>, Vec<_>) = all
+            .into_iter()
+            .partition(|(n, _)| is_no_decay_name(n) || is_norm(n));
+        let ordered: Vec<(String, Shape)> = decay.iter().chain(&no_decay).cloned().collect();
+        let params = ordered
+            .iter()
+            .enumerate()
+            .map(|(i, (_, s))| (i as i64, s.clone()))
+            .collect();
+        let groups = vec![
+            (0..decay.len() as i64).collect(),
+            (decay.len() as i64..ordered.len() as i64).collect(),
+        ];
+        let mut keys = ordered;
+        keys.sort();
+        (keys, params, groups)
+    }
+
+    #[test]
+    fn gpt2_layer_norms_are_no_decay_by_type() {
+        let (keys, params, groups) = gpt2_model(3);
+        let a = attribute_model(&keys, &params, &groups).unwrap();
+        assert_eq!(a.layer_indices, [0, 1, 2]);
+        // wte, wpe and ln_f's two tensors are no layer's.
+        assert_eq!(a.unattributed.len(), 4);
+        let ln_1 = a.slot_names.iter().filter(|s| s.contains("ln_1")).count();
+        assert!(ln_1 >= 1, "{:?}", a.slot_names);
+        // The name rule alone misplaces ln_1, ln_2 and ln_f.
+        let e = attribute_grouped(&keys, &params, &groups).unwrap_err();
+        assert!(e.contains("HF Trainer's rule"), "{e}");
+    }
+
+    #[test]
+    fn layer_norm_modules_by_shape() {
+        let key = |n: &str, s: &[u64]| (n.to_string(), s.to_vec());
+        let keys = vec![
+            key("h.0.ln_1.weight", &[8]),
+            key("h.0.ln_1.bias", &[8]),
+            key("h.0.rms.weight", &[8]),
+            key("h.0.fc.weight", &[8, 8]),
+            key("h.0.fc.bias", &[8]),
+            key("h.0.odd.weight", &[8]),
+            key("h.0.odd.bias", &[4]),
+            key("h.0.extra.weight", &[8]),
+            key("h.0.extra.bias", &[8]),
+            key("h.0.extra.scale", &[8]),
+            key("h.0.only.bias", &[8]),
+        ];
+        let paired: Vec<&str> = layer_norm_modules(keys.iter(), true).into_iter().collect();
+        assert_eq!(paired, ["h.0.ln_1"]);
+        let all: Vec<&str> = layer_norm_modules(keys.iter(), false).into_iter().collect();
+        assert_eq!(all, ["h.0.ln_1", "h.0.rms"]);
+    }
+
+    #[test]
+    fn the_group_sizes_pick_the_split() {
+        // A weight-only 1-D module named `scale`: an RMSNorm the Trainer
+        // decays, or an nn.LayerNorm without bias that it does not.
+        let (mut keys, mut params, mut groups) = llama_model(2, true);
+        let n = params.len() as i64;
+        keys.push(("model.scale.weight".into(), vec![8]));
+        params.push((n, vec![8]));
+        for group in [0, 1] {
+            let mut groups = groups.clone();
+            groups[group].push(n);
+            let a = attribute_model(&keys, &params, &groups).unwrap();
+            assert!(a.unattributed.contains(&n), "group {group}");
+        }
+        // Sizes that fit no split are refused, naming the model's
+        // tensors, not an adapter's keys.
+        groups[0].push(n);
+        let moved = groups[1].remove(0);
+        groups[0].push(moved);
+        let e = attribute_model(&keys, &params, &groups).unwrap_err();
+        assert!(e.contains("the model's tensors"), "{e}");
+    }
+
     #[test]
     fn input_embedding_names() {
         for name in [
@@ -803,7 +993,7 @@ mod tests {
         shifted[0].push(moved);
         let e = attribute_grouped(&keys, &params, &shifted).unwrap_err();
         assert!(
-            e.contains("split the adapter's keys 8 to weight decay and 4"),
+            e.contains("splits the adapter's keys 8 with decay and 4 without"),
             "{e}"
         );
         // Three groups.

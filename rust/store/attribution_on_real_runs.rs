@@ -126,5 +126,5 @@ fn refusals_on_real_runs() {
     let moved = groups[0].pop().unwrap();
     groups[1].insert(0, moved);
     let e = attribute_grouped(&bias.keys, &bias.params, &groups).unwrap_err();
-    assert!(e.contains("name rules"), "{e}");
+    assert!(e.contains("HF Trainer's rule"), "{e}");
 }
