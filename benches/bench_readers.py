@@ -11,7 +11,12 @@ route, each pair in the same run, each checked to give the same numbers.
    with `--entries` scalars on `train/loss` (and as many on two other tags,
    as the Trainer's TensorBoard callback logs): `ap.read_loss_curve(tag=)`
    vs `tensorboard`'s `EventAccumulator` keeping every scalar.
-3. `optimizer.pt` written by `torch.save(AdamW.state_dict())` over
+3. A Lightning-shaped `metrics.csv` (csv.DictWriter, as CSVLogger writes
+   it: epoch, step, train_loss_step on every row, val_loss every 100th,
+   other cells empty) with `--entries` rows: `ap.read_loss_curve` (which
+   also reads the held-out column beside the loss) vs `csv.DictReader` +
+   a loop over both columns.
+4. `optimizer.pt` written by `torch.save(AdamW.state_dict())` over
    LoRA-shaped parameters with `--mb` of moments: `ap.read_optimizer_state`
    vs `torch.load` + a float64 mean of each exp_avg_sq (what the probe needs).
 
@@ -79,6 +84,40 @@ def make_events(entries: int) -> Path:
         writer.add_scalar("train/learning_rate", 2e-4, step)
     writer.close()
     return sorted(folder.glob("events.out.tfevents.*"))[0]
+
+
+def make_metrics_csv(entries: int) -> Path:
+    path = DATA / f"metrics-{entries}.csv"
+    if path.exists():
+        return path
+    import csv
+
+    DATA.mkdir(parents=True, exist_ok=True)
+    columns = ["epoch", "step", "train_loss_step", "val_loss"]
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, columns)
+        writer.writeheader()
+        for step in range(1, entries + 1):
+            row: dict[str, object] = {"epoch": step // 1000, "step": step}
+            row["train_loss_step"] = _loss(step)
+            if step % 100 == 0:
+                row["val_loss"] = _loss(step) + 0.1
+            writer.writerow(row)
+    return path
+
+
+def dict_reader(path: Path) -> tuple[list[int], list[float], list[float]]:
+    import csv
+
+    steps, losses, held_out = [], [], []
+    with path.open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            if row["train_loss_step"]:
+                steps.append(int(row["step"]))
+                losses.append(float(row["train_loss_step"]))
+            if row["val_loss"]:
+                held_out.append(float(row["val_loss"]))
+    return steps, losses, held_out
 
 
 def make_optimizer(mb: float) -> Path:
@@ -159,6 +198,16 @@ def main() -> None:
     theirs = best_of(lambda: event_accumulator(events, "train/loss"), args.repeat)
     size = events.stat().st_size / 1e6
     report(f"tfevents {size:.0f} MB, {3 * args.entries} scalars", ours, "EventAccumulator", theirs)
+
+    metrics = make_metrics_csv(args.entries)
+    curve = ap.read_loss_curve(metrics)
+    steps, losses, held_out = dict_reader(metrics)
+    assert curve.steps.tolist() == steps and np.allclose(curve.losses, losses)
+    assert [v for _, v in curve.eval_loss] == held_out
+    ours = best_of(lambda: ap.read_loss_curve(metrics), args.repeat)
+    theirs = best_of(lambda: dict_reader(metrics), args.repeat)
+    size = metrics.stat().st_size / 1e6
+    report(f"metrics.csv {size:.0f} MB, {args.entries} rows", ours, "csv.DictReader + loop", theirs)
 
     opt_path = make_optimizer(args.mb)
     state = ap.read_optimizer_state(opt_path)

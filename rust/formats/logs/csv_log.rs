@@ -2,25 +2,28 @@
 //!
 //! Lightning writes the file with Python's `csv.DictWriter`: a header row, a
 //! `step` column, and one row per logging call holding only the metrics
-//! logged at that moment (every other cell empty). We read it the way
-//! `csv.DictReader` does: RFC 4180 quoting (`"a,b"`, `""` for a quote),
-//! `\r\n`, `\n` or a lone `\r` ending a row, blank rows skipped, short rows
-//! padded with empty cells, a repeated column name resolving to its last
-//! cell. A leading UTF-8 BOM is dropped (spreadsheet exports add one).
-//! Values convert like Python's `float()` (`nan`, `inf`, `1.5e-3`, `1_0`),
-//! steps like `int()` (an integral float such as `10.0` is accepted too).
+//! logged at that moment (every other cell empty). The `csv` crate splits
+//! it the way `csv.DictReader` does: RFC 4180 quoting (`"a,b"`, `""` for a
+//! quote), `\r\n`, `\n` or a lone `\r` ending a row, blank rows skipped;
+//! on top of it short rows read as padded with empty cells and a repeated
+//! column name resolves to its last cell. A leading UTF-8 BOM is dropped
+//! (spreadsheet exports add one). Values convert like Python's `float()`
+//! (`nan`, `inf`, `1.5e-3`, `1_0`), steps like `int()` (an integral float
+//! such as `10.0` is accepted too). Line numbers in messages count `\n`.
 //!
 //! A crashed run can leave a torn last line. A final row with no line end
 //! that is malformed (an open quote, fewer cells than the header, a cell
 //! that does not convert) is dropped and reported as torn; a well-formed one
 //! is kept. Anywhere else a bad value is an error naming its line.
 //!
-//! Rows stream through a buffer one at a time and each is capped at
-//! `MAX_ROW_BYTES`, so memory does not grow with the file.
+//! Rows stream through the reader's buffer one at a time and each is capped
+//! at `MAX_ROW_BYTES` (counted on the bytes fed to the parser, so an open
+//! quote cannot swallow the file), so memory does not grow with the file.
 
-use std::io::{BufRead, BufReader, Read};
-use std::ops::Range;
+use std::io::Read;
 use std::path::{Path, PathBuf};
+
+use csv::{ByteRecord, Position};
 
 use crate::error::{Area, Error, Result};
 use crate::formats::logs::json_line::{float_to_step, python_float, python_int};
@@ -98,140 +101,209 @@ impl From<std::io::Error> for Failure {
     }
 }
 
-/// Where a parser is inside a row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
-    CellStart,
-    Unquoted,
-    Quoted,
-    /// Just read a `"` inside a quoted cell: `""` or the closing quote.
-    QuoteInQuoted,
+/// The parser's read-ahead.
+const BUFFER_BYTES: usize = 64 << 10;
+/// Bytes of the stream kept behind the parser: enough to hold the row being
+/// read and the one read ahead of it.
+const TAIL_BYTES: usize = 2 * (MAX_ROW_BYTES + BUFFER_BYTES);
+
+/// The stream under the parser: refuses to feed a row past
+/// `MAX_ROW_BYTES`, and keeps the last bytes fed so that a final row's raw
+/// text can be looked at (was it ended by a line end, is a quote open?).
+struct Fed<R> {
+    inner: R,
+    /// Bytes fed so far.
+    fed: u64,
+    /// Where the row being read starts.
+    row_start: u64,
+    /// The last bytes fed; `tail[0]` is byte `tail_start` of the stream.
+    tail: Vec<u8>,
+    tail_start: u64,
+    /// The line the row being read starts on (for the cap's message).
+    row_line: u64,
 }
 
-/// One parsed row: its cells (into `data`) and where it was.
+impl<R: Read> Read for Fed<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let cap = self.row_start + (MAX_ROW_BYTES + BUFFER_BYTES) as u64;
+        if self.fed > cap {
+            return Err(std::io::Error::other(RowTooLong(self.row_line)));
+        }
+        let got = self.inner.read(buf)?;
+        let fresh = buf.get(..got).unwrap_or_default();
+        self.fed += got as u64;
+        self.tail.extend_from_slice(fresh);
+        if self.tail.len() > 2 * TAIL_BYTES {
+            let drop = self.tail.len() - TAIL_BYTES;
+            self.tail.drain(..drop);
+            self.tail_start += drop as u64;
+        }
+        Ok(got)
+    }
+}
+
+impl<R> Fed<R> {
+    /// The raw bytes from stream offset `from` to what was fed, if kept.
+    fn since(&self, from: u64) -> Option<&[u8]> {
+        let skip = usize::try_from(from.checked_sub(self.tail_start)?).ok()?;
+        self.tail.get(skip..)
+    }
+}
+
+/// The error `Fed` gives when one row runs past `MAX_ROW_BYTES`.
+#[derive(Debug)]
+struct RowTooLong(u64);
+
+impl std::fmt::Display for RowTooLong {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "line {} is longer than {} KiB; not a metrics log",
+            self.0,
+            MAX_ROW_BYTES >> 10
+        )
+    }
+}
+
+impl std::error::Error for RowTooLong {}
+
+impl From<csv::Error> for Failure {
+    fn from(e: csv::Error) -> Self {
+        match e.into_kind() {
+            csv::ErrorKind::Io(e) => match e.get_ref().and_then(|inner| inner.downcast_ref()) {
+                Some(RowTooLong(line)) => Failure::Bad(RowTooLong(*line).to_string()),
+                None => Failure::Io(e),
+            },
+            other => Failure::Bad(format!("cannot be read as CSV: {other:?}")),
+        }
+    }
+}
+
+/// Where one row was, and how it ended; its cells are [`Rows::cell`].
 struct Row {
-    /// Physical line the row starts on (1-based).
-    line: usize,
-    /// Ended by a line terminator (not by the end of the file).
+    /// The line the row starts on (1-based).
+    line: u64,
+    /// Ended by a line end outside quotes (not by the end of the file).
     terminated: bool,
     /// The file ended inside a quoted cell.
     open_quote: bool,
 }
 
-/// Splits a CSV byte stream into rows the way Python's `csv.reader` does.
-struct Rows<R> {
-    reader: R,
-    /// Unquoted bytes of the current row's cells.
-    data: Vec<u8>,
-    cells: Vec<Range<usize>>,
-    /// Line the next row starts on.
-    line: usize,
-    /// The last byte read was a `\r` (a `\n` after it ends no new line).
-    after_cr: bool,
-    /// A `\r` ended the last row: a `\n` right after it belongs to it.
-    skip_lf: bool,
+/// The rows of a CSV stream, blank rows skipped. Two records are reused
+/// for every row: the current one and the next, read ahead to learn
+/// whether the current one is the file's last.
+struct Rows<R: Read> {
+    reader: csv::Reader<Fed<R>>,
+    current: ByteRecord,
+    ahead: ByteRecord,
+    /// `ahead` holds a row not yet handed out; None before the first read.
+    ahead_holds_row: Option<bool>,
 }
 
-impl<R: BufRead> Rows<R> {
-    fn new(reader: R) -> Self {
+impl<R: Read> Rows<R> {
+    fn new(inner: R) -> Self {
+        let fed = Fed {
+            inner,
+            fed: 0,
+            row_start: 0,
+            tail: Vec::new(),
+            tail_start: 0,
+            row_line: 1,
+        };
+        let reader = csv::ReaderBuilder::new()
+            .has_headers(false)
+            .flexible(true)
+            .buffer_capacity(BUFFER_BYTES)
+            .from_reader(fed);
         Rows {
             reader,
-            data: Vec::new(),
-            cells: Vec::new(),
-            line: 1,
-            after_cr: false,
-            skip_lf: false,
+            current: ByteRecord::new(),
+            ahead: ByteRecord::new(),
+            ahead_holds_row: None,
         }
     }
 
-    /// The unquoted bytes of cell `index` of the current row, if it has one.
-    fn cell(&self, index: usize) -> Option<&[u8]> {
-        self.cells.get(index).and_then(|r| self.data.get(r.clone()))
+    /// The current row's cell `index`; empty past its last cell.
+    fn cell(&self, index: usize) -> &[u8] {
+        self.current.get(index).unwrap_or_default()
     }
 
-    /// Read the next row; None at the end of the input.
+    /// The number of cells in the current row.
+    fn cells(&self) -> usize {
+        self.current.len()
+    }
+
+    /// Read the next row into `ahead`; false at the end of the input.
+    fn read_ahead(&mut self) -> std::result::Result<bool, Failure> {
+        if !self.reader.read_byte_record(&mut self.ahead)? {
+            return Ok(false);
+        }
+        let next = self.reader.position().clone();
+        let start = self.ahead.position().map_or(0, Position::byte);
+        if next.byte().saturating_sub(start) > MAX_ROW_BYTES as u64 {
+            let line = self.ahead.position().map_or(1, Position::line);
+            return Err(Failure::Bad(RowTooLong(line).to_string()));
+        }
+        let fed = self.reader.get_mut();
+        fed.row_start = next.byte();
+        fed.row_line = next.line();
+        Ok(true)
+    }
+
+    /// Move to the next row; None at the end of the input.
     fn next(&mut self) -> std::result::Result<Option<Row>, Failure> {
-        self.data.clear();
-        self.cells.clear();
-        let first_line = self.line;
-        let mut state = State::CellStart;
-        let mut cell_start = 0;
-        let mut raw_len = 0usize;
-        loop {
-            let chunk = self.reader.fill_buf()?;
-            if chunk.is_empty() {
-                if raw_len == 0 {
-                    return Ok(None);
-                }
-                self.cells.push(cell_start..self.data.len());
-                return Ok(Some(Row {
-                    line: first_line,
-                    terminated: false,
-                    open_quote: state == State::Quoted,
-                }));
-            }
-            let mut used = 0;
-            let mut ended = false;
-            for &byte in chunk {
-                used += 1;
-                if std::mem::take(&mut self.skip_lf) && byte == b'\n' {
-                    self.after_cr = false;
-                    continue;
-                }
-                raw_len += 1;
-                if raw_len > MAX_ROW_BYTES {
-                    return Err(Failure::Bad(format!(
-                        "line {first_line} is longer than {} KiB; not a metrics log",
-                        MAX_ROW_BYTES >> 10
-                    )));
-                }
-                let terminator = byte == b'\n' || byte == b'\r';
-                if terminator && !(byte == b'\n' && self.after_cr) {
-                    self.line += 1;
-                }
-                self.after_cr = byte == b'\r';
-                state = match (state, byte) {
-                    (State::Quoted, b'"') => State::QuoteInQuoted,
-                    (State::Quoted, _) => {
-                        self.data.push(byte);
-                        State::Quoted
-                    }
-                    (State::QuoteInQuoted, b'"') => {
-                        self.data.push(b'"');
-                        State::Quoted
-                    }
-                    (State::CellStart, b'"') => State::Quoted,
-                    (_, b',') => {
-                        self.cells.push(cell_start..self.data.len());
-                        cell_start = self.data.len();
-                        State::CellStart
-                    }
-                    _ if terminator => {
-                        self.skip_lf = byte == b'\r';
-                        ended = true;
-                        break;
-                    }
-                    // After a closing quote Python keeps further characters.
-                    _ => {
-                        self.data.push(byte);
-                        State::Unquoted
-                    }
-                };
-            }
-            self.reader.consume(used);
-            if ended {
-                // A line end alone is a blank row: no cells at all.
-                if raw_len > 1 {
-                    self.cells.push(cell_start..self.data.len());
-                }
-                return Ok(Some(Row {
-                    line: first_line,
-                    terminated: true,
-                    open_quote: false,
-                }));
-            }
+        let holds_row = match self.ahead_holds_row {
+            Some(holds) => holds,
+            None => self.read_ahead()?,
+        };
+        if !holds_row {
+            self.ahead_holds_row = Some(false);
+            return Ok(None);
         }
+        std::mem::swap(&mut self.current, &mut self.ahead);
+        let more = self.read_ahead()?;
+        self.ahead_holds_row = Some(more);
+        let start = self
+            .current
+            .position()
+            .cloned()
+            .unwrap_or_else(Position::new);
+        let raw = self
+            .reader
+            .get_ref()
+            .since(start.byte())
+            .unwrap_or_default();
+        // Blank lines the parser skipped before the row.
+        let skipped = raw.iter().take_while(|&&b| b == b'\r' || b == b'\n');
+        let line = start.line() + skipped.filter(|&&b| b == b'\n').count() as u64;
+        let (terminated, open_quote) = if more {
+            (true, false)
+        } else {
+            last_row_ends(raw)
+        };
+        Ok(Some(Row {
+            line,
+            terminated,
+            open_quote,
+        }))
     }
+}
+
+/// Whether the raw text of a file's last row ends with a line end outside
+/// quotes, and whether it leaves a quote open.
+fn last_row_ends(raw: &[u8]) -> (bool, bool) {
+    // Room for every cell of `raw` plus a line end: the parser never runs
+    // out of output, so one call reads the row or all of the input.
+    let mut out = vec![0u8; raw.len() + 1];
+    let mut ends = vec![0usize; raw.len() + 2];
+    let mut ends_row = |text: &[u8]| {
+        let mut parser = csv_core::Reader::new();
+        let (result, _, _, _) = parser.read_record(text, &mut out, &mut ends);
+        result == csv_core::ReadRecordResult::Record
+    };
+    let terminated = ends_row(raw);
+    let open_quote = !terminated && !ends_row(&[raw, b"\n"].concat());
+    (terminated, open_quote)
 }
 
 /// The reader, less a leading UTF-8 byte-order mark.
@@ -264,7 +336,7 @@ fn parse_step(text: &str) -> Option<i64> {
 
 /// The `(step, value)` of a row whose `column` cell is not empty.
 /// A cell's number (Python's `float()` spellings: `nan`, `inf`, `1e-3`).
-fn parse_value(value_cell: &[u8], column: &str, line: usize) -> std::result::Result<f64, String> {
+fn parse_value(value_cell: &[u8], column: &str, line: u64) -> std::result::Result<f64, String> {
     std::str::from_utf8(value_cell)
         .ok()
         .and_then(python_float)
@@ -285,7 +357,7 @@ fn parse_point(
     step_cell: &[u8],
     value_cell: &[u8],
     column: &str,
-    line: usize,
+    line: u64,
 ) -> std::result::Result<(i64, f64), String> {
     let show = |cell: &[u8]| {
         String::from_utf8_lossy(cell)
@@ -311,21 +383,17 @@ fn series_from<R: Read>(
     reader: R,
     column: Option<&str>,
 ) -> std::result::Result<CsvSeries, Failure> {
-    let mut rows = Rows::new(BufReader::with_capacity(64 << 10, without_bom(reader)?));
-    let header = loop {
-        match rows.next()? {
-            None => {
-                return Err(Failure::Bad(
-                    "is empty; a metrics.csv starts with a header row".into(),
-                ))
-            }
-            Some(_) if rows.cells.is_empty() => continue,
-            Some(row) => break row,
-        }
+    let mut rows = Rows::new(without_bom(reader)?);
+    let Some(header) = rows.next()? else {
+        return Err(Failure::Bad(
+            "is empty; a metrics.csv starts with a header row".into(),
+        ));
     };
-    let columns = (0..rows.cells.len())
-        .map(|i| {
-            std::str::from_utf8(rows.cell(i).unwrap_or_default())
+    let columns = rows
+        .current
+        .iter()
+        .map(|cell| {
+            std::str::from_utf8(cell)
                 .map(str::to_owned)
                 .map_err(|_| format!("the header row (line {}) is not UTF-8 text", header.line))
         })
@@ -364,25 +432,19 @@ fn series_from<R: Read>(
     let mut points = vec![];
     let mut torn_last_line = false;
     while let Some(row) = rows.next()? {
-        if rows.cells.is_empty() {
-            continue;
-        }
-        let value_cell = rows.cell(value_index).unwrap_or_default();
+        let value_cell = rows.cell(value_index);
         let point = if value_cell.is_empty() {
             Ok(None)
         } else {
             match step_index {
-                Some(i) => {
-                    let step_cell = rows.cell(i).unwrap_or_default();
-                    parse_point(step_cell, value_cell, &column, row.line).map(Some)
-                }
+                Some(i) => parse_point(rows.cell(i), value_cell, &column, row.line).map(Some),
                 None => {
                     let step = i64::try_from(points.len()).unwrap_or(i64::MAX);
                     parse_value(value_cell, &column, row.line).map(|v| Some((step, v)))
                 }
             }
         };
-        let malformed = row.open_quote || rows.cells.len() < columns.len() || point.is_err();
+        let malformed = row.open_quote || rows.cells() < columns.len() || point.is_err();
         if !row.terminated && malformed {
             torn_last_line = true;
             break;
