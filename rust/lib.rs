@@ -23,6 +23,7 @@ pub mod error;
 pub mod formats;
 pub mod io;
 pub mod records;
+#[cfg(feature = "object-store")]
 pub mod remote;
 pub mod store;
 pub mod verdicts;

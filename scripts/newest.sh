@@ -28,7 +28,7 @@ python3 scripts/pin_changes.py requirements-dev.txt "$newest"
 
 uv pip install --quiet -r "$newest"
 rm -f "$newest"
-maturin develop --release --locked --quiet
+maturin develop --release --locked --quiet --features python,object-store
 status=0
 python -m pytest tests -q -p no:cacheprovider || status=$?
 ADAPTERPROBE_REALRUNS=fresh python -m pytest tests/test_corpus.py tests/test_field_corpus.py \

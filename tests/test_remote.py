@@ -25,6 +25,14 @@ from adapterprobe import remote
 from adapterprobe.probes import PROBES
 from adapterprobe.scan import discover, scan_batches
 
+# A build without the `object-store` cargo feature cannot run these: fail at
+# collection, saying how to rebuild, rather than skip.
+if not ap._core.remote_supported():
+    raise RuntimeError(
+        "this adapterprobe build has no object stores: rebuild with "
+        "`maturin develop --release --features python,object-store`"
+    )
+
 pytest.importorskip("moto")
 pytest.importorskip("boto3")
 s3_loopback = pytest.importorskip("s3_loopback")

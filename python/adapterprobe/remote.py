@@ -128,6 +128,14 @@ def stage(url: str) -> tuple[Path, list[tuple[str, str]]]:
 
     import adapterprobe._core as _core
 
+    if not _core.remote_supported():
+        raise UsageError(
+            "this adapterprobe was built without object stores (the cargo feature "
+            "`object-store`, which release wheels have); rebuild it from the checkout with "
+            "`maturin develop --release --features python,object-store`, or copy the stores "
+            "to a local disk",
+            path=url,
+        )
     clean_staging_leftovers()
     prefix = f"{STAGING_PREFIX}{os.getpid()}-"
     staged = Path(tempfile.mkdtemp(prefix=prefix)).resolve()

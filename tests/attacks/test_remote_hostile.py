@@ -17,6 +17,14 @@ import pytest
 import adapterprobe as ap
 from tests.attacks.hostile_s3 import Behaviour, env, hostile_s3
 
+# A build without the `object-store` cargo feature cannot run these: fail at
+# collection, saying how to rebuild, rather than skip.
+if not ap._core.remote_supported():
+    raise RuntimeError(
+        "this adapterprobe build has no object stores: rebuild with "
+        "`maturin develop --release --features python,object-store`"
+    )
+
 DEMO = Path(ap.__file__).resolve().parent / "demo_store" / "healthy"
 
 

@@ -81,6 +81,7 @@ __all__ = [
     "remote_fetched",
     "remote_release",
     "remote_stage",
+    "remote_supported",
     "robust_curve",
     "scan_records",
     "similar_adapters",
@@ -895,7 +896,7 @@ def remote_stage(url: str, dir: _Path) -> tuple[int, int, int, list[tuple[str, s
     its objects out as sparse files under the empty directory ``dir``, fetched
     by range on first read: (objects, bytes listed, LIST requests, problems as
     (URL, why)). A bad URL, credentials, bucket or empty prefix raises
-    UsageError."""
+    UsageError, as does any root in a build without object stores."""
     ...
 
 def remote_fetched(dir: _Path) -> list[tuple[Path, int, int]]:
@@ -906,6 +907,11 @@ def remote_fetched(dir: _Path) -> list[tuple[Path, int, int]]:
 def remote_release(dir: _Path) -> None:
     """Stop fetching for the staged ``dir`` (the caller removes it)."""
     ...
+
+def remote_supported() -> bool:
+    """Whether this build reads object stores (the cargo feature
+    ``object-store``, on in release wheels). Without it
+    :func:`remote_stage` raises UsageError saying how to rebuild."""
 
 # ---- verdict kernels (verdicts) and the scan pass (records) ----
 
