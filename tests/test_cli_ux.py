@@ -224,6 +224,40 @@ def test_table_wrap_is_textwraps(text, width):
     assert wrap(text, width) == expected
 
 
+@settings(max_examples=400, deadline=None)
+@given(
+    text=st.text(alphabet=st.sampled_from(list("ab/c-/\t\n.x/  _")), max_size=200),
+    width=st.integers(1, 60),
+)
+def test_long_paths_are_cut_before_their_slashes(text, width):
+    """A word wider than the line (a path) is cut before a '/' as close to
+    the width as it can; a word that fits is never cut; nothing is lost."""
+    import textwrap
+
+    from adapterprobe.reports.table import wrap
+
+    lines = wrap(text, width)
+    assert "".join("".join(lines).split()) == "".join(text.split())
+    whole = textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False) or [""]
+    for line in lines:
+        assert len(line) <= width or "/" not in line[1 : width + 1], (line, width)
+        # A cut piece never ends in '/': the slash starts the next piece.
+        assert line in whole or not line.endswith("/") or set(line) == {"/"}, line
+    # Only the lines textwrap leaves too wide are cut.
+    cut = sum(len(wrap(w, width)) - 1 for w in whole if len(w) > width)
+    assert len(lines) - len(whole) == cut
+
+
+def test_a_long_path_in_a_message_keeps_to_80_columns(tmp_path):
+    """A 91-column path in a message at 80 columns: cut before a '/'."""
+    from adapterprobe.reports.table import wrap
+
+    path = "/data/team/experiments/2026-11/llama-3-8b-lora-sweep/run-0042/checkpoint-1200/adapter"
+    lines = wrap(f"cannot read {path}/adapter_model.safetensors: truncated", 74)
+    assert all(len(line) <= 74 for line in lines), lines
+    assert any(line.startswith("/") for line in lines[1:]), lines
+
+
 def _short_path_by_relpath(path, base):
     if path is None:
         return "-"

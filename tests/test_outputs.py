@@ -142,8 +142,10 @@ def test_narrow_terminal_keeps_the_score_and_whole_words():
     lines = done.stdout.splitlines()
     heads = [line for line in lines if line.startswith(("PASS ", "WARN ", "FAIL "))]
     assert heads and all(re.search(r"\d\.\d\d ", line) for line in heads[:12] if "/" in line)
-    # a path in a message is never split across lines
+    # a path in a message is cut only where it is wider than the line, and
+    # then before a '/', never after one
     assert not any(line.rstrip().endswith("/") for line in lines)
+    assert all(len(line) <= 60 for line in lines if "/" in line.strip()[1:]), lines
 
 
 # ---------------------------------------------------------------------------

@@ -87,12 +87,15 @@ def _evidence_text(evidence: dict[str, Any]) -> str:
 def wrap(text: str, width: int) -> list[str]:
     """``textwrap.wrap(text, width, break_long_words=False,
     break_on_hyphens=False) or [""]``: greedy filling, a word longer than
-    the width on a line of its own. Done by hand for text whose words are
-    separated by single spaces (every message), which is several times
-    faster on a table of 100,000 rows; anything else goes to textwrap."""
+    the width on a line of its own; then such a word (a long path) is cut
+    before its ``/`` separators so that it keeps to the width where it can
+    (:func:`split_path`). Done by hand for text whose words are separated
+    by single spaces (every message), which is several times faster on a
+    table of 100,000 rows; anything else goes to textwrap."""
     if "  " in text or text.startswith(" ") or not text.isprintable():
-        return textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False) or [""]
-    lines: list[str] = []
+        lines = textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False)
+        return [part for line in lines for part in split_path(line, width)] or [""]
+    lines = []
     line = ""
     for word in text.split(" "):
         if not word:
@@ -102,11 +105,32 @@ def wrap(text: str, width: int) -> list[str]:
         elif len(line) + 1 + len(word) <= width:
             line += " " + word
         else:
-            lines.append(line)
+            lines.extend(split_path(line, width))
             line = word
     if line:
-        lines.append(line)
+        lines.extend(split_path(line, width))
     return lines or [""]
+
+
+def split_path(line: str, width: int) -> list[str]:
+    """A line wider than ``width`` (one long word: a path) cut before its
+    ``/`` separators, each piece as wide as fits; a piece with no ``/`` to
+    cut at stays whole. A path that fits is never cut, and no piece ends in
+    a ``/``, so the parts read as one path continued."""
+    if len(line) <= width or "/" not in line[1:]:
+        return [line]
+    pieces: list[str] = []
+    rest = line
+    while len(rest) > width:
+        cut = rest.rfind("/", 1, width + 1)
+        if cut <= 0:
+            cut = rest.find("/", width + 1)
+            if cut <= 0:
+                break
+        pieces.append(rest[:cut])
+        rest = rest[cut:]
+    pieces.append(rest)
+    return pieces
 
 
 class TableStream:
