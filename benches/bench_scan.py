@@ -15,7 +15,8 @@
   reads, with nothing else done; and the start-up of the command alone.
 - `--outputs N` (e.g. 100000): every output format over N stores, whole
   process: wall time and peak RSS of `--format json` (the streaming
-  reference), `jsonl`, `csv`, `table`, `markdown`, `github`, `--junit` and
+  reference), `jsonl`, `csv`, `table`, `markdown`, `github` (without and
+  with `$GITHUB_STEP_SUMMARY`, which adds the markdown summary), `--junit` and
   `adapterprobe report` (HTML), each as a ratio of JSON's time and against
   the 1 GiB memory target.
 - `adapterprobe scan --format json` as a whole process over N stores vs the
@@ -189,6 +190,16 @@ def outputs(n: int, only: set[str] | None = None) -> None:
         "table": [*base, "scan", str(root), "--format", "table"],
         "markdown": [*base, "scan", str(root), "--format", "markdown"],
         "github": [*base, "scan", str(root), "--format", "github"],
+        # In Actions the runner also asks for a step summary (markdown).
+        "github + step summary": [
+            "env",
+            f"GITHUB_STEP_SUMMARY={DATA / 'step-summary.md'}",
+            *base,
+            "scan",
+            str(root),
+            "--format",
+            "github",
+        ],
         "table + --junit": [
             *base,
             "scan",

@@ -399,3 +399,29 @@ def test_a_training_drift_annotation_points_at_the_log_file():
         path = Path(m[2])
         assert path.is_file() and path.name.startswith("train-"), m[0]
         assert path.suffix == ".jsonl"
+
+
+@given(
+    parts=st.lists(st.sampled_from(["a", "b", "..", ".", "", "ws", "c d"]), max_size=6),
+    absolute=st.booleans(),
+    workspace=st.sampled_from(["/ws", "/ws/", "/w", "/", "/ws/a/.."]),
+)
+def test_annotation_paths_are_relative_to_the_workspace_as_relpath_says(parts, absolute, workspace):
+    """The prefix cut of github's file= is os.path.relpath's answer, and a
+    path outside the workspace stays as it is."""
+    from adapterprobe.reports.github import _workspace_relative
+
+    path = ("/" if absolute else "") + "/".join(parts)
+    if not path:
+        return
+    rel = os.path.relpath(path, workspace)
+    before = os.environ.get("GITHUB_WORKSPACE")
+    os.environ["GITHUB_WORKSPACE"] = workspace
+    try:
+        got = _workspace_relative(path)
+    finally:
+        if before is None:
+            del os.environ["GITHUB_WORKSPACE"]
+        else:
+            os.environ["GITHUB_WORKSPACE"] = before
+    assert got == (path if rel.startswith("..") else rel)

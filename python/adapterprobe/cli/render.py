@@ -233,7 +233,11 @@ class Output:
                 only=self.only,
                 regression_gate=self.regression_gate,
             )
-        if fmt in ("markdown", "github"):
+        # github's step summary is built only where the runner reads one.
+        wants_summary = fmt == "markdown" or (
+            fmt == "github" and bool(os.environ.get("GITHUB_STEP_SUMMARY"))
+        )
+        if wants_summary:
             from adapterprobe.reports.markdown import MarkdownSummary
 
             summary = MarkdownSummary(

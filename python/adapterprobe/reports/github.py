@@ -90,7 +90,14 @@ def source_file(record: ReportedRecord) -> str:
 
 
 def _workspace_relative(path: str) -> str:
-    base = os.environ.get("GITHUB_WORKSPACE") or os.getcwd()
+    """`path` relative to ``$GITHUB_WORKSPACE`` (else the working
+    directory) when it lies inside it, else as it is."""
+    base = os.path.abspath(os.environ.get("GITHUB_WORKSPACE") or os.getcwd())
+    # Most paths are absolute and under the workspace: a prefix cut is
+    # what relpath would give, without its normalising of both each time.
+    inside = base.rstrip(os.sep) + os.sep
+    if len(path) > len(inside) and path.startswith(inside) and os.path.normpath(path) == path:
+        return path[len(inside) :]
     try:
         rel = os.path.relpath(path, base)
     except ValueError:
@@ -102,10 +109,12 @@ def annotation(record: ReportedRecord, regression_gate: bool = False) -> str | N
     """The workflow command for one record (None for pass and skip, unless
     the record regressed against the baseline and ``regression_gate``)."""
     level = LEVELS.get(record.verdict)
+    regressed = regression_of(record) if regression_gate else None
+    if level is None and regressed is None:
+        return None
     where = record.store if record.adapter is None else record.adapter
     title = f"{record.probe} {record.verdict.value.upper()}"
     message = f"{where}: {record.message}"
-    regressed = regression_of(record) if regression_gate else None
     if regressed is not None:
         why = f"regressed against the baseline: {'; '.join(regressed)}"
         if level is None:
