@@ -67,7 +67,13 @@ pub fn dtype_bits(dtype: &str) -> Option<u64> {
 
 /// Read and validate the header of the safetensors file at `path`.
 pub fn read_header(path: &Path) -> Result<Header> {
-    match read_once::content(path, Area::Header)? {
+    header_of(path, &read_once::content(path, Area::Header)?)
+}
+
+/// Read and validate the header of the safetensors file at `path` from its
+/// opened `content`, which the caller goes on to read the data from.
+pub fn header_of(path: &Path, content: &Content) -> Result<Header> {
+    match content {
         Content::Whole(bytes) => header_in(path, bytes.len() as u64, |at, buf| {
             let start = usize::try_from(at).unwrap_or(usize::MAX);
             let part = bytes
@@ -76,10 +82,10 @@ pub fn read_header(path: &Path) -> Result<Header> {
             buf.copy_from_slice(part);
             Ok(())
         }),
-        Content::Open(Opened { file, len }) => header_in(path, len, |at, buf| {
+        Content::Open(Opened { file, len }) => header_in(path, *len, |at, buf| {
             // A staged remote file fetches the range before it is read.
             staged::fill(path, Area::Header, at, buf.len() as u64).map_err(ReadFail::Fetch)?;
-            read_exact_at(&file, buf, at).map_err(ReadFail::Io)
+            read_exact_at(file, buf, at).map_err(ReadFail::Io)
         }),
     }
 }

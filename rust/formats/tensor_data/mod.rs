@@ -28,7 +28,7 @@ use std::sync::Arc;
 use nalgebra::DMatrix;
 
 use crate::error::{Area, Error, Result};
-use crate::formats::safetensors_header::{read_header, Header, TensorInfo};
+use crate::formats::safetensors_header::{header_of, Header, TensorInfo};
 use crate::io::files::{open_sized, Opened};
 use crate::io::read_once::{self, Content};
 use crate::io::staged;
@@ -309,8 +309,10 @@ impl SafetensorsData {
     /// check that the tensors' byte ranges do not overlap, so that reading
     /// every tensor reads each byte of the file at most once.
     pub fn open(path: &Path) -> Result<SafetensorsData> {
-        let header = read_header(path)?;
-        let (file, whole, file_len) = match read_once::content(path, Area::Weights)? {
+        // One open (or one whole read) serves the header and the data.
+        let content = read_once::content(path, Area::Header)?;
+        let header = header_of(path, &content)?;
+        let (file, whole, file_len) = match content {
             Content::Whole(bytes) => (None, Some(bytes.clone()), bytes.len() as u64),
             Content::Open(opened) => (Some(opened.file), None, opened.len),
         };
