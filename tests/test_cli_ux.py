@@ -299,7 +299,9 @@ def test_install_hints_name_packages_that_install_today():
         assert "adapterprobe[" not in hint and f"'.[{extra}]'" in hint
 
 
-@pytest.mark.parametrize("command", ["scan", "report", "compare", "similar", "check", "extract"])
+@pytest.mark.parametrize(
+    "command", ["scan", "report", "compare", "similar", "check", "extract", "watch"]
+)
 def test_help_prints_no_control_characters(command):
     out = cli(command, "--help")
     assert out.returncode == 0, out.stderr

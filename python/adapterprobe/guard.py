@@ -167,9 +167,20 @@ class Guard:
         ``training_drift`` reads them. Raises :class:`UsageError` when the
         store holds no loss curve."""
         inputs = _core.drift_input(Path(store_path).expanduser().resolve())
+        return cls.replay_input(inputs, rules, options)
+
+    @classmethod
+    def replay_input(
+        cls, inputs: _core.DriftInput, rules: str = "robust", options: DriftOptions | None = None
+    ) -> tuple[Guard, list[tuple[int, str]]]:
+        """:meth:`replay` of a store whose logs are already read
+        (``_core.drift_input``), for a caller that needs more of the read
+        than the verdict (``adapterprobe watch`` stats the files it names)
+        without reading the logs twice."""
         curve = inputs.curve
         if curve is None:
-            raise UsageError(f"{store_path} holds no loss curve to replay ({inputs.note or ''})")
+            why = inputs.error if inputs.error is not None else inputs.note or ""
+            raise UsageError(f"{inputs.store} holds no loss curve to replay ({why})")
         classes = inputs.output_classes
         progress = curve.progress
         guard = cls(

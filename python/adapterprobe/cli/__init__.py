@@ -31,6 +31,7 @@ examples:
   adapterprobe scan out/ --json             an HF Trainer output dir, machine-readable
   adapterprobe scan /data -q --junit junit.xml   problems only, plus a JUnit report
   adapterprobe check out/checkpoint-500     one checkpoint
+  adapterprobe watch out/                   re-judge a run as its logs grow
   adapterprobe report /data -o health.html  a report with plots, opens offline
   adapterprobe extract --base base/ --tuned tuned/ --out lora/
 
@@ -80,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Subcommand modules, in the order `--help` lists them.
-_SUBCOMMANDS = ("scan", "check", "report", "extract", "compare", "similar")
+_SUBCOMMANDS = ("scan", "check", "watch", "report", "extract", "compare", "similar")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
