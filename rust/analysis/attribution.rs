@@ -726,6 +726,24 @@ mod tests {
         assert!(attribute(&two_stacks, &p).unwrap_err().contains("stacks"));
     }
 
+    /// Ids in HF Trainer's order (the decay group, then the no-decay
+    /// group), and the keys as a header sorts them.
+    fn trainer_grouped(decay: Keys, no_decay: Keys) -> (Keys, Params, Vec<Vec<i64>>) {
+        let ordered: Keys = decay.iter().chain(&no_decay).cloned().collect();
+        let params = ordered
+            .iter()
+            .enumerate()
+            .map(|(i, (_, s))| (i as i64, s.clone()))
+            .collect();
+        let groups = vec![
+            (0..decay.len() as i64).collect(),
+            (decay.len() as i64..ordered.len() as i64).collect(),
+        ];
+        let mut keys = ordered;
+        keys.sort();
+        (keys, params, groups)
+    }
+
     /// A tiny Llama's whole parameter list as HF Trainer groups it (decay:
     /// embedding, each layer's projections, head; no decay: each layer's two
     /// norms, then the final norm), and its keys as a header sorts them.
@@ -751,19 +769,7 @@ mod tests {
         if !tied {
             decay.push(("lm_head.weight".into(), vec![v, h]));
         }
-        let ordered: Vec<(String, Shape)> = decay.iter().chain(&no_decay).cloned().collect();
-        let params = ordered
-            .iter()
-            .enumerate()
-            .map(|(i, (_, s))| (i as i64, s.clone()))
-            .collect();
-        let groups = vec![
-            (0..decay.len() as i64).collect(),
-            (decay.len() as i64..ordered.len() as i64).collect(),
-        ];
-        let mut keys = ordered;
-        keys.sort();
-        (keys, params, groups)
+        trainer_grouped(decay, no_decay)
     }
 
     #[test]
@@ -827,19 +833,7 @@ mod tests {
         let (no_decay, decay): (Vec<_>, Vec<_>) = all
             .into_iter()
             .partition(|(n, _)| is_no_decay_name(n) || is_norm(n));
-        let ordered: Vec<(String, Shape)> = decay.iter().chain(&no_decay).cloned().collect();
-        let params = ordered
-            .iter()
-            .enumerate()
-            .map(|(i, (_, s))| (i as i64, s.clone()))
-            .collect();
-        let groups = vec![
-            (0..decay.len() as i64).collect(),
-            (decay.len() as i64..ordered.len() as i64).collect(),
-        ];
-        let mut keys = ordered;
-        keys.sort();
-        (keys, params, groups)
+        trainer_grouped(decay, no_decay)
     }
 
     #[test]
