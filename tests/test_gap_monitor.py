@@ -41,6 +41,7 @@ VALUES = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
     st.integers(-(10**6), 10**6),
     st.none(),
+    st.booleans(),
     st.text(max_size=3),
 )
 

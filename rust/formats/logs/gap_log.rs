@@ -106,6 +106,16 @@ pub fn parse_gap_line(line: &[u8]) -> Option<GapRecord> {
     })
 }
 
+/// A statistic's value: a JSON number, or the `NaN`/`Infinity` Python's
+/// json writes. The monitor writes nothing else; a string or a bool there
+/// is not a measurement (unlike a loss log, whose loggers quote numbers).
+fn to_stat(v: &Scalar<'_>) -> Option<f64> {
+    match v {
+        Scalar::Number(_) | Scalar::NaN | Scalar::PosInf | Scalar::NegInf => to_loss(v),
+        Scalar::Str(_) | Scalar::Bool(_) | Scalar::Unusable => None,
+    }
+}
+
 /// The wanted numeric entries of the `stats` object (at most `MAX_KEYS`;
 /// the rest are validated and skipped).
 fn stats_object(s: &mut Scanner<'_>) -> Option<Vec<(String, f64)>> {
@@ -128,7 +138,7 @@ fn stats_object(s: &mut Scanner<'_>) -> Option<Vec<(String, f64)>> {
             std::str::from_utf8(raw).ok()?.to_string()
         };
         if out.len() < MAX_KEYS && wanted(&key) {
-            if let Some(v) = to_loss(&s.scalar().ok()?) {
+            if let Some(v) = to_stat(&s.scalar().ok()?) {
                 out.push((key, v));
             }
         } else {
@@ -251,6 +261,20 @@ mod tests {
         );
         assert!(r.stats[1].1.is_nan());
         assert!(r.has_nonfinite());
+    }
+
+    #[test]
+    fn only_numbers_are_statistics() {
+        let line = br#"{"type": "gap", "step": 1, "stats": {"gap/summary/grads/l2_norm": "0", "gap/summary/grads/nonfinite": true, "gap/summary/activations/rms": NaN, "gap/summary/grads/layers/a/l2_norm": 2}}"#;
+        let r = parse_gap_line(line).unwrap();
+        let keys: Vec<&str> = r.stats.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "gap/summary/activations/rms",
+                "gap/summary/grads/layers/a/l2_norm"
+            ]
+        );
     }
 
     #[test]
