@@ -8,20 +8,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from adapterprobe.reports.svg import (
-    Scale,
-    axes,
-    bar_chart,
-    downsample,
-    esc,
-    line_path,
-    num,
-    svg_open,
-)
+from adapterprobe.reports.svg import PALETTE, Line, bar_chart, esc, num, overlay_chart
 
 W, H = 640, 300
 BOX = (60.0, 12.0, 620.0, 250.0)
-COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b")
+COLOURS = PALETTE[:7]  # a run's colour: its place among the items
+FONT = 10.0  # px of the fragment's chart text (its stylesheet)
+LOG_RATIO = 20.0  # positive losses spanning this factor are drawn on a log axis
 
 # Every rule is scoped to the fragment's class, so a notebook's own styles
 # are left alone.
@@ -55,30 +48,23 @@ def _curves_chart(items: list[dict[str, Any]]) -> str:
         if not c or not c.get("sample"):
             continue
         pts = [(float(s), None if v is None else float(v)) for s, v in c["sample"]]
-        lines.append((it["label"], COLOURS[i % len(COLOURS)], downsample(pts, 600)))
+        lines.append(Line(str(it["label"]), COLOURS[i % len(COLOURS)], pts))
     if not lines:
         return "<p>No loss curves to overlay.</p>"
-    xs = [x for _, _, pts in lines for x, _ in pts]
-    ys = [y for _, _, pts in lines for _, y in pts if y is not None and math.isfinite(y)]
-    if not ys:
+    chart, _ = overlay_chart(
+        lines,
+        "cmp-curves",
+        "Loss curves",
+        size=(W, H),
+        box=BOX,
+        log_ratio=LOG_RATIO,
+        max_points=600,
+        font=FONT,
+    )
+    if not chart:
         return "<p>No finite loss to draw.</p>"
-    left, top, right, bottom = BOX
-    positive = min(ys) > 0 and max(ys) / min(ys) > 20
-    sx = Scale(min(xs), max(xs), left, right)
-    sy = Scale(min(ys), max(ys), bottom, top, log=positive)
-    out = [
-        svg_open("cmp-curves", W, H, "Loss curves", f"{len(lines)} curves by step", "chart curves")
-    ]
-    out.append(axes(sx, sy, BOX, "step", "loss", sx.ticks(6, integer=True), sy.ticks(5)))
-    for label, colour, pts in lines:
-        d = line_path(pts, sx, sy)
-        out.append(
-            f'<path d="{d}" fill="none" stroke="{colour}" stroke-width="1.4">'
-            f"<title>{esc(label)}</title></path>"
-        )
-    out.append("</svg>")
-    legend = "".join(f'<span style="color:{c}">━ {esc(lab)}</span>' for lab, c, _ in lines)
-    return "".join(out) + f'<p class="legend">{legend}</p>'
+    legend = "".join(f'<span style="color:{ln.colour}">━ {esc(ln.label)}</span>' for ln in lines)
+    return chart + f'<p class="legend">{legend}</p>'
 
 
 def _layer_bars(data: dict[str, Any]) -> str:

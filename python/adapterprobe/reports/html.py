@@ -22,16 +22,20 @@ from typing import Any
 from adapterprobe._fs import atomic_output, resolve_output
 from adapterprobe.reports.probe_charts import (
     DRAWN,
+    OVERLAY_RUNS,
     ghost_chart,
     grad_norm_figure,
     layer_grad_figure,
     loss_figure,
+    loss_points,
+    overlay_figure,
     weights_chart,
 )
 from adapterprobe.reports.probe_charts import MAX_POINTS as MAX_POINTS  # re-exported
 from adapterprobe.reports.shaping import SEVERITY as SEVERITY  # re-exported
 from adapterprobe.reports.shaping import (
     VERDICTS,
+    Record,
     Store,
     StoreCollector,
     adapter_name,
@@ -44,7 +48,7 @@ from adapterprobe.reports.shaping import (
     natural_key,
 )
 from adapterprobe.reports.svg import MAX_BARS as MAX_BARS  # re-exported
-from adapterprobe.reports.svg import clip, esc, num
+from adapterprobe.reports.svg import PALETTE, clip, esc, num
 
 __all__ = [
     "PLOT_LIMIT",
@@ -306,6 +310,109 @@ def summary_section(stores: list[Store], settings: Mapping[str, Any] | None, whe
 
 
 # ---------------------------------------------------------------------------
+# The runs' loss curves on one chart
+
+OVERLAY_ID = "ov"  # the chart's id; run i's checkbox is "ov-i", its path has class "ov-i"
+JUDGED = ("fail", "warn", "pass")  # a training_drift record with a curve to draw
+
+
+def _is_run(store: Store) -> bool:
+    """Whether the store is a training run: its training loss was judged (a
+    store without logs has a skipped training_drift record, or none)."""
+    return any(r.probe == "training_drift" and r.verdict in JUDGED for r in store.records)
+
+
+def _drift_curve(store: Store) -> tuple[Record, list[tuple[float, float | None]]] | None:
+    """The store's loss curve: its worst judged training_drift record with a
+    finite loss value, and that curve; None when it has none."""
+    for rec in store.records:
+        if rec.probe == "training_drift" and rec.verdict in JUDGED:
+            points = loss_points(rec)
+            if any(y is not None for _, y in points):
+                return rec, points
+    return None
+
+
+def overlay_section(stores: list[Store], plotted: list[Store]) -> str:
+    """The training loss of the runs (stores whose training_drift record
+    judged a loss curve) overlaid on one chart, with a picker that needs no
+    script (a checkbox per run; CSS hides the line of an unchecked one);
+    empty for fewer than two runs.
+
+    At most OVERLAY_RUNS curves are drawn, taken from `plotted` (the stores
+    the page draws charts for, in the page's order: their evidence is kept
+    and read anyway), so no other store's evidence is read; a line says how
+    many runs were left out and by which rule."""
+    runs = sum(1 for s in stores if _is_run(s))
+    if runs < 2:
+        return ""
+    picked: list[tuple[Store, Record, list[tuple[float, float | None]]]] = []
+    no_curve = 0
+    for store in plotted:
+        if len(picked) == OVERLAY_RUNS:
+            break
+        found = _drift_curve(store)
+        if found is not None:
+            picked.append((store, *found))
+        elif _is_run(store):
+            no_curve += 1
+    figure = overlay_figure([(s.name, points) for s, _, points in picked], OVERLAY_ID)
+    out = [
+        '<section id="overlay" aria-labelledby="overlay-h">'
+        f'<h2 id="overlay-h">Training loss of the runs ({runs:,})</h2>'
+    ]
+    if figure:
+        boxes = "".join(
+            f'<input class="sr" type="checkbox" id="{OVERLAY_ID}-{i}" checked>'
+            for i in range(len(picked))
+        )
+        keys = "".join(
+            f'<label for="{OVERLAY_ID}-{i}" style="--c:{PALETTE[i % len(PALETTE)]}" '
+            f'title="{esc(store.name)}">{esc(clip(store.name, 100))} '
+            f"{badge(rec.verdict, rec.label)}</label>"
+            for i, (store, rec, _) in enumerate(picked)
+        )
+        out.append(
+            f'<form class="ov" aria-label="training loss of the runs">{boxes}{figure}'
+            '<fieldset class="ov-pick"><legend>Runs drawn (uncheck to hide a line)</legend>'
+            f'{keys}<button type="reset">Show all</button></fieldset></form>'
+        )
+    else:
+        out.append('<p class="note">No loss curve is drawn.</p>')
+    left = runs - len(picked)
+    if left:
+        scope = (
+            f" among the {len(plotted):,} stores drawn with charts"
+            if len(plotted) < len(stores)
+            else ""
+        )
+        missing = f"; {no_curve:,} of the runs looked at had no finite loss" if no_curve else ""
+        out.append(
+            f'<p class="note ov-out">{len(picked):,} of {runs:,} runs drawn, {left:,} left out: '
+            f"at most {OVERLAY_RUNS} curves are drawn, taking the runs in the order of the "
+            f"stores below (needing attention first, worst first, then healthy ones){scope}"
+            f"{missing}.</p>"
+        )
+    out.append("</section>")
+    return "".join(out)
+
+
+def _overlay_css() -> str:
+    """Per run of the overlay: an unchecked box hides its line and strikes out
+    its key; a focused box rings its key (the box itself is visually hidden)."""
+    rules = []
+    for i in range(OVERLAY_RUNS):
+        box, key = f"#{OVERLAY_ID}-{i}", f'.ov-pick label[for="{OVERLAY_ID}-{i}"]'
+        rules.append(
+            f"{box}:not(:checked)~.ov-fig .{OVERLAY_ID}-{i}{{display:none}}"
+            f"{box}:not(:checked)~{key}{{color:var(--muted);text-decoration:line-through}}"
+            f"{box}:not(:checked)~{key}:before{{background:none}}"
+            f"{box}:focus-visible~{key}{{outline:2px solid var(--loss);outline-offset:1px}}"
+        )
+    return "\n".join(rules)
+
+
+# ---------------------------------------------------------------------------
 # The page
 
 CSS = """
@@ -405,6 +512,17 @@ margin-right:4px;border-top:2px solid var(--loss)}
 .k-eval:before{border-top:2px solid #b45309}.k-grad:before{border-top:2px solid #4d7c0f}
 .k-spike:before{width:9px;height:9px;border:0;border-radius:50%;background:var(--fail)}
 .k-nan:before{width:6px;height:12px;border:0;background:var(--error);opacity:.5}
+.ov{display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start;position:relative}
+.ov .ov-fig{flex:3 1 460px;max-width:820px}
+.ov-pick{flex:1 1 220px;min-width:0;margin:0;border:1px solid var(--line);border-radius:6px;
+background:var(--card);padding:6px 10px}
+.ov-pick legend{font-weight:600;font-size:.85rem}
+.ov-pick label{display:block;cursor:pointer;font-size:.82rem;padding:2px 0;overflow-wrap:anywhere}
+.ov-pick label:before{content:"";display:inline-block;width:11px;height:11px;margin-right:6px;
+border:2px solid var(--c);border-radius:3px;background:var(--c);vertical-align:-1px}
+.ov-pick button{font:inherit;font-size:.8rem;margin-top:6px;padding:2px 10px;
+border:1px solid #9aa5b1;border-radius:5px;background:var(--card);color:var(--ink);cursor:pointer}
+.ov-out{font-size:.85rem}
 .mods{font-size:.8rem;width:100%;margin-top:4px}
 .mods caption{text-align:left;font-weight:600;color:var(--muted)}
 .mods th{text-align:left;color:var(--muted);font-weight:600}
@@ -433,6 +551,7 @@ background:var(--card);color:var(--ink);cursor:pointer}
 .filtered,.off-page{display:none!important}
 .sr{position:absolute;width:1px;height:1px;overflow:hidden;clip:rect(0 0 0 0);white-space:nowrap}
 footer{color:var(--muted);font-size:.8rem;text-align:center;padding:10px}
+OVERLAY_CSS
 @media (max-width:640px){
 header.top{padding:14px}main{padding:8px 10px 30px}
 .counts{display:grid;grid-template-columns:repeat(5,1fr);gap:6px}
@@ -446,7 +565,7 @@ grid-template-areas:"v p s" "a a a" "m m m";border-bottom:1px solid var(--line);
 .reasons td{border:0;padding:0}
 .reasons .c-v{grid-area:v}.reasons .c-p{grid-area:p}.reasons .c-s{grid-area:s}
 .reasons .c-a{grid-area:a}.reasons .c-m{grid-area:m}.reasons .c-a.none{display:none}
-.chart.curve text{font-size:15px}
+.chart.curve text,.chart.overlay text{font-size:15px}
 .plot,.plot.wide{flex-basis:100%;max-width:none}
 .compact thead{position:absolute;width:1px;height:1px;overflow:hidden;clip:rect(0 0 0 0)}
 .compact tr{display:grid;grid-template-columns:1fr auto}
@@ -454,7 +573,7 @@ grid-template-areas:"v p s" "a a a" "m m m";border-bottom:1px solid var(--line);
 .compact .c-n{border-left:0}
 .compact .c-m{grid-column:1/-1;padding-top:0}
 }
-"""
+""".replace("OVERLAY_CSS", _overlay_css())
 
 JS = """
 (function () {
@@ -588,6 +707,9 @@ def render_stores(
     folded, rest = healthy[:left], healthy[left:]
 
     body: list[str] = [summary_section(stores, settings, when)]
+    overlay = overlay_section(stores, detailed + folded)
+    if overlay:
+        body.append(overlay)
     body.append(
         '<section id="problems" aria-labelledby="problems-h">'
         f'<h2 id="problems-h">Stores needing attention ({len(problems):,})</h2>'

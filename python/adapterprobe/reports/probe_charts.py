@@ -1,5 +1,6 @@
-"""The charts of each probe's evidence: the training_drift loss curve, the
-gradient_ghost per-layer bars and adapter_weights' delta energy and modules.
+"""The charts of each probe's evidence: the training_drift loss curve (and the
+loss curves of many runs on one chart), the gradient_ghost per-layer bars and
+adapter_weights' delta energy and modules.
 
 This is the one place that knows which evidence keys a probe writes and how to
 draw them (:data:`DRAWN` lists the keys, so the page does not repeat them as
@@ -24,6 +25,8 @@ from adapterprobe.reports.shaping import (
     xy_pairs,
 )
 from adapterprobe.reports.svg import (
+    PALETTE,
+    Line,
     Scale,
     axes,
     bar_chart,
@@ -31,8 +34,10 @@ from adapterprobe.reports.svg import (
     dotted_name,
     downsample,
     esc,
+    fit_box,
     line_path,
     num,
+    overlay_chart,
     px,
     svg_open,
 )
@@ -86,13 +91,20 @@ def _step_list(steps: list[float], limit: int = 10) -> str:
 # Loss curve (training_drift)
 
 CURVE_W, CURVE_H = 520, 230
-CURVE_BOX = (58.0, 14.0, 508.0, 190.0)  # left, top, right, bottom
+CURVE_BOX = (58.0, 14.0, 508.0, 190.0)  # left, top, right, bottom (left: at least)
+PHONE_FONT = 15.0  # the page's CSS draws the loss charts' text this big on a phone
+
+
+def loss_points(rec: Record) -> list[tuple[float, float | None]]:
+    """training_drift's sampled loss curve as (step, loss) pairs by step, None
+    where the loss was not finite."""
+    return xy_pairs(rec.evidence.get("curve_sampled"), allow_null=True)
 
 
 def loss_figure(rec: Record, uid: str, store_name: str) -> str:
     """The training_drift loss curve with its trend, spikes and non-finite steps."""
     ev = rec.evidence
-    curve = xy_pairs(ev.get("curve_sampled"), allow_null=True)
+    curve = loss_points(rec)
     finite = [(x, y) for x, y in curve if y is not None]
     if not finite:
         return ""
@@ -107,15 +119,17 @@ def loss_figure(rec: Record, uid: str, store_name: str) -> str:
         set(sorted_steps(ev.get("nonfinite_steps"))) | {x for x, y in curve if y is None}
     )
 
-    left, top, right, bottom = CURVE_BOX
     xs = [x for x, _ in curve] + [x for x, _ in trend] + [x for x, _ in evals]
     ys = [y for _, y in finite] + [y for _, y in trend] + [y for _, y in evals]
     y_lo, y_hi = min(ys), max(ys)
     log = y_lo > 0 and y_hi / y_lo >= LOG_RATIO
-    sx = Scale(min(xs), max(xs), left, right)
-    sy = Scale(y_lo, y_hi, bottom, top, log=log)
+    sy = Scale(y_lo, y_hi, CURVE_BOX[3], CURVE_BOX[1], log=log)
     pad = (sy.hi - sy.lo) * 0.05
     sy.lo, sy.hi = sy.lo - pad, sy.hi + pad
+    y_ticks = sy.ticks(5)
+    box = fit_box(CURVE_BOX, y_ticks, PHONE_FONT)
+    left, top, right, bottom = box
+    sx = Scale(min(xs), max(xs), left, right)
 
     in_range = [s for s in spikes if sx.lo <= s <= sx.hi]
     nan_in = [s for s in nonfinite if sx.lo <= s <= sx.hi]
@@ -132,11 +146,12 @@ def loss_figure(rec: Record, uid: str, store_name: str) -> str:
         axes(
             sx,
             sy,
-            CURVE_BOX,
+            box,
             "step",
             "loss (log scale)" if log else "loss",
             sx.ticks(6, integer=True),
-            sy.ticks(5),
+            y_ticks,
+            PHONE_FONT,
         )
     )
     if nan_in:
@@ -200,6 +215,43 @@ def loss_figure(rec: Record, uid: str, store_name: str) -> str:
     )
 
 
+# ---------------------------------------------------------------------------
+# The loss curves of many runs on one chart
+
+OVERLAY_RUNS = len(PALETTE)  # curves drawn at most, each its own colour
+OVERLAY_W, OVERLAY_H = 640, 260
+OVERLAY_BOX = (58.0, 14.0, 628.0, 220.0)  # left, top, right, bottom (left: at least)
+
+
+def overlay_figure(runs: list[tuple[str, list[tuple[float, float | None]]]], uid: str) -> str:
+    """The loss curves of `runs` ((name, :func:`loss_points`) pairs, at most
+    OVERLAY_RUNS) by step on one chart, log y where the store's own loss chart
+    would use it; run ``i``'s path has the classes ``ov-line`` and
+    ``{uid}-{i}`` (for a picker to hide it). Empty when nothing is finite."""
+    lines = [
+        Line(name, PALETTE[i % len(PALETTE)], pts, f"ov-line {uid}-{i}")
+        for i, (name, pts) in enumerate(runs)
+    ]
+    chart, log = overlay_chart(
+        lines,
+        uid,
+        f"Training loss of {len(lines)} run{'s' if len(lines) != 1 else ''}",
+        size=(OVERLAY_W, OVERLAY_H),
+        box=OVERLAY_BOX,
+        log_ratio=LOG_RATIO,
+        max_points=MAX_POINTS,
+        pad=0.05,
+        cls="chart overlay",
+        font=PHONE_FONT,
+    )
+    if not chart:
+        return ""
+    return (
+        '<figure class="plot wide ov-fig"><p class="ptitle" aria-hidden="true">Training loss '
+        f"by step{' (log scale)' if log else ''}</p>{chart}</figure>"
+    )
+
+
 def grad_norm_figure(rec: Record, uid: str, store_name: str) -> str:
     """The gradient norm logged beside the loss (log axis when it spans decades),
     with its non-finite steps marked; empty when the logs had none."""
@@ -208,14 +260,16 @@ def grad_norm_figure(rec: Record, uid: str, store_name: str) -> str:
     if len(finite) < 2:
         return ""
     bad = [x for x, y in points if y is None]
-    left, top, right, bottom = CURVE_BOX
     ys = [y for _, y in finite]
     y_lo, y_hi = min(ys), max(ys)
     log = y_lo > 0 and y_hi / y_lo >= LOG_RATIO
-    sx = Scale(min(x for x, _ in points), max(x for x, _ in points), left, right)
-    sy = Scale(y_lo, y_hi, bottom, top, log=log)
+    sy = Scale(y_lo, y_hi, CURVE_BOX[3], CURVE_BOX[1], log=log)
     pad = (sy.hi - sy.lo) * 0.05
     sy.lo, sy.hi = sy.lo - pad, sy.hi + pad
+    y_ticks = sy.ticks(5)
+    box = fit_box(CURVE_BOX, y_ticks)
+    left, top, right, bottom = box
+    sx = Scale(min(x for x, _ in points), max(x for x, _ in points), left, right)
     desc = (
         f"{len(finite)} finite gradient norms from step {num(finite[0][0])} to "
         f"{num(finite[-1][0])}, {num(y_lo)} to {num(y_hi)}"
@@ -225,7 +279,7 @@ def grad_norm_figure(rec: Record, uid: str, store_name: str) -> str:
         svg_open(uid, CURVE_W, CURVE_H, f"Gradient norm of {store_name}", desc, "chart gradnorm")
     ]
     label = "grad norm (log scale)" if log else "grad norm"
-    out.append(axes(sx, sy, CURVE_BOX, "step", label, sx.ticks(6, integer=True), sy.ticks(5)))
+    out.append(axes(sx, sy, box, "step", label, sx.ticks(6, integer=True), y_ticks))
     for x in bad[:MAX_MARKS]:
         out.append(
             f'<g class="nan"><rect x="{px(sx(x) - 1.5)}" y="{px(top)}" width="3" '
@@ -263,10 +317,11 @@ def layer_grad_figure(rec: Record, uid: str, store_name: str) -> str:
     lines = lines[:MAX_LAYER_LINES]
     xs = [x for _, pts in lines for x, _ in pts]
     ys = [y for _, pts in lines for _, y in pts]
-    left, top, right, bottom = CURVE_BOX
-    sx = Scale(min(xs), max(xs) if max(xs) > min(xs) else min(xs) + 1, left, right)
     y_lo, y_hi = min(ys), max(ys)
-    sy = Scale(y_lo, y_hi if y_hi > y_lo else y_lo * 10, bottom, top, log=True)
+    sy = Scale(y_lo, y_hi if y_hi > y_lo else y_lo * 10, CURVE_BOX[3], CURVE_BOX[1], log=True)
+    y_ticks = sy.ticks(5)
+    box = fit_box(CURVE_BOX, y_ticks)
+    sx = Scale(min(xs), max(xs) if max(xs) > min(xs) else min(xs) + 1, box[0], box[2])
     flagged = [name for name, _ in lines if name in hot]
     desc = (
         f"gradient norm of {len(lines)} layers from step {num(min(xs))} to {num(max(xs))}, "
@@ -276,9 +331,7 @@ def layer_grad_figure(rec: Record, uid: str, store_name: str) -> str:
     out = [
         svg_open(uid, CURVE_W, CURVE_H, f"Per-layer gradient norms of {store_name}", desc, "chart")
     ]
-    out.append(
-        axes(sx, sy, CURVE_BOX, "step", "layer grad norm (log)", sx.ticks(6, True), sy.ticks(5))
-    )
+    out.append(axes(sx, sy, box, "step", "layer grad norm (log)", sx.ticks(6, True), y_ticks))
     for name, pts in reversed(lines):  # flagged layers last: drawn on top
         cls = "layer hot" if name in hot else "layer"
         drawn: list[tuple[float, float | None]] = list(pts)

@@ -1,5 +1,5 @@
 """A small SVG chart toolkit: scales, round ticks, downsampling, axes, line
-paths and bar charts, as strings of inline SVG.
+paths, bar charts and overlaid curves, as strings of inline SVG.
 
 It knows nothing of probes, records or the report page: callers hand it numbers
 and labels and get markup back, so the scan page, a comparison page or a
@@ -12,11 +12,22 @@ from __future__ import annotations
 
 import html
 import math
+from dataclasses import dataclass
 from typing import Any
 
-from adapterprobe.escape import surrogates_visible
+from adapterprobe.escape import xml_text
 
 MAX_BARS = 128  # bars per chart (more layers are bucketed)
+
+# Text layout. SVG text cannot be measured here, so its width is estimated
+# from its length; these sizes are in the chart's own units (the page's CSS
+# sets the font size in them).
+FONT = 11.0  # px of chart text on the report page
+CHAR_EM = 0.6  # a character's width in em (generous for digits)
+ASCENT, DESCENT = 0.95, 0.25  # the text's box above and below its baseline, in em
+TICK_GAP = 5.0  # from the y axis to the right end of its tick labels
+TITLE_GAP = 4.0  # from the widest y tick label to the y axis title
+EDGE = 1.0  # kept clear at the picture's left edge
 
 
 # ---------------------------------------------------------------------------
@@ -24,8 +35,12 @@ MAX_BARS = 128  # bars per chart (more layers are bucketed)
 
 
 def esc(value: Any) -> str:
-    """Any value as text safe inside an element or a quoted attribute."""
-    return html.escape(surrogates_visible(str(value)), quote=True)
+    """Any value as text safe inside an element or a quoted attribute, its
+    control characters (a terminal's escape sequences, should the page be
+    printed) and undecodable bytes shown as ``\\xNN``
+    (:func:`adapterprobe.escape.xml_text`)."""
+    text = str(value)
+    return html.escape(text, quote=True) if text.isprintable() else xml_text(text)
 
 
 def dotted_name(value: Any) -> str:
@@ -170,6 +185,44 @@ def line_path(points: list[tuple[float, float | None]], sx: Scale, sy: Scale) ->
     return "".join(parts)
 
 
+def text_width(text: str, font: float = FONT) -> float:
+    """A generous estimate of how wide one line of `text` is at `font` px
+    (0.6 em a character: digits, dots and signs are narrower)."""
+    return len(text) * CHAR_EM * font
+
+
+def y_gutter(labels: list[str], font: float = FONT) -> float:
+    """The room the y axis needs left of the plot: the gap, the widest tick
+    label, another gap and the rotated title, clear of the picture's edge."""
+    widest = max((text_width(t, font) for t in labels), default=0.0)
+    return TICK_GAP + widest + TITLE_GAP + (ASCENT + DESCENT) * font + EDGE
+
+
+def fit_box(
+    box: tuple[float, float, float, float], y_ticks: list[float], font: float = FONT
+) -> tuple[float, float, float, float]:
+    """`box` (left, top, right, bottom) with its left edge moved right where
+    the y tick labels and the title need more room than it leaves."""
+    left, top, right, bottom = box
+    return (max(left, y_gutter([num(t) for t in y_ticks], font)), top, right, bottom)
+
+
+def y_title(
+    label: str, left: float, top: float, bottom: float, ticks: list[str], font: float
+) -> str:
+    """The y axis's title, rotated, centred on the plot's height and set left
+    of the widest tick label (whose right ends sit TICK_GAP left of `left`):
+    rotated by -90°, the text's em box spans from ASCENT em left of its
+    baseline to DESCENT em right of it."""
+    widest = max((text_width(t, font) for t in ticks), default=0.0)
+    x = left - TICK_GAP - widest - TITLE_GAP - DESCENT * font
+    x = max(x, ASCENT * font + EDGE)  # on the picture, should a caller not fit_box
+    return (
+        f'<text class="yl" transform="translate({px(x)} {px((top + bottom) / 2)}) rotate(-90)">'
+        f"{esc(label)}</text>"
+    )
+
+
 def axes(
     sx: Scale,
     sy: Scale,
@@ -178,22 +231,23 @@ def axes(
     y_label: str,
     x_ticks: list[float],
     y_ticks: list[float],
+    font: float = FONT,
 ) -> str:
     """Grid lines, the two axis lines, tick labels and axis titles for a plot area
-    `box` (left, top, right, bottom)."""
+    `box` (left, top, right, bottom; see :func:`fit_box` for room for the y
+    labels); `font` is the largest size the page draws the text at."""
     left, top, right, bottom = box
     grid = "".join(f"M{px(left)},{px(sy(t))}H{px(right)}" for t in y_ticks)
     out = [f'<path class="grid" d="{grid}"/>'] if grid else []
     out.append(f'<path class="axis" d="M{px(left)},{px(top)}V{px(bottom)}H{px(right)}"/>')
-    for t in y_ticks:
-        out.append(f'<text class="yt" x="{px(left - 5)}" y="{px(sy(t) + 4)}">{num(t)}</text>')
+    labels = [num(t) for t in y_ticks]
+    for t, text in zip(y_ticks, labels, strict=True):
+        out.append(f'<text class="yt" x="{px(left - TICK_GAP)}" y="{px(sy(t) + 4)}">{text}</text>')
     for t in x_ticks:
         out.append(f'<text class="xt" x="{px(sx(t))}" y="{px(bottom + 15)}">{num(t)}</text>')
-    mid_y = (top + bottom) / 2
     out.append(f'<text class="xl" x="{px((left + right) / 2)}" y="{px(bottom + 30)}">')
     out.append(f"{esc(x_label)}</text>")
-    out.append(f'<text class="yl" transform="translate(13 {px(mid_y)}) rotate(-90)">')
-    out.append(f"{esc(y_label)}</text>")
+    out.append(y_title(y_label, left, top, bottom, labels, font))
     return "".join(out)
 
 
@@ -238,14 +292,18 @@ def bar_chart(
     title: str,
     y_label: str,
     threshold: tuple[float, str] | None = None,
+    font: float = FONT,
 ) -> str:
     """A bar per layer; flagged layers stand out, an optional dashed limit line."""
     items, flagged = bucket_bars(items, flagged)
-    left, top, right, bottom = BARS_BOX
+    _, top, right, bottom = BARS_BOX
     values = [v for _, v in items] + ([threshold[0]] if threshold else [])
     sx_n = len(items)
     sy = Scale(min(0.0, *values), max(values), bottom, top)
     sy.hi += (sy.hi - sy.lo) * 0.05
+    y_ticks = sy.ticks(3)
+    tick_labels = [num(t) for t in y_ticks]
+    left = fit_box(BARS_BOX, y_ticks, font)[0]
     width = (right - left) / sx_n
     gap = width * 0.18 if width > 4 else 0.0
     zero = sy(max(sy.lo, 0.0))
@@ -259,10 +317,10 @@ def bar_chart(
     ]
     every = max(1, math.ceil(sx_n / 12))
     labels = [(i, k) for i, (k, _) in enumerate(items) if i % every == 0]
-    grid = "".join(f"M{px(left)},{px(sy(t))}H{px(right)}" for t in sy.ticks(3))
+    grid = "".join(f"M{px(left)},{px(sy(t))}H{px(right)}" for t in y_ticks)
     out.append(f'<path class="grid" d="{grid}"/>')
-    for t in sy.ticks(3):
-        out.append(f'<text class="yt" x="{px(left - 4)}" y="{px(sy(t) + 4)}">{num(t)}</text>')
+    for t, text in zip(y_ticks, tick_labels, strict=True):
+        out.append(f'<text class="yt" x="{px(left - TICK_GAP)}" y="{px(sy(t) + 4)}">{text}</text>')
     for i, (key, value) in enumerate(items):
         y = sy(value)
         cls = ' class="flag"' if key in flagged else ""
@@ -281,7 +339,98 @@ def bar_chart(
         out.append(f"{esc(threshold[1])}</text>")
     out.append(f'<path class="axis" d="M{px(left)},{px(top)}V{px(bottom)}H{px(right)}"/>')
     out.append(f'<text class="xl" x="{px((left + right) / 2)}" y="{px(bottom + 28)}">layer</text>')
-    mid = (top + bottom) / 2
-    out.append(f'<text class="yl" transform="translate(11 {px(mid)}) rotate(-90)">')
-    out.append(f"{esc(y_label)}</text></svg>")
+    out.append(y_title(y_label, left, top, bottom, tick_labels, font))
+    out.append("</svg>")
     return "".join(out)
+
+
+# ---------------------------------------------------------------------------
+# Curves overlaid
+
+# Line colours of overlaid curves, in order (distinct for the first 12).
+PALETTE = (
+    "#1f77b4",
+    "#d62728",
+    "#2ca02c",
+    "#9467bd",
+    "#ff7f0e",
+    "#17becf",
+    "#8c564b",
+    "#e377c2",
+    "#bcbd22",
+    "#393b79",
+    "#7f7f7f",
+    "#8c6d31",
+)
+
+
+@dataclass
+class Line:
+    """One curve of an overlay: its name (escaped here), colour, class
+    (``""`` for none) and (x, y) points, a None y a gap."""
+
+    label: str
+    colour: str
+    points: list[tuple[float, float | None]]
+    cls: str = ""
+
+
+def overlay_chart(
+    lines: list[Line],
+    uid: str,
+    title: str,
+    *,
+    size: tuple[int, int],
+    box: tuple[float, float, float, float],
+    log_ratio: float,
+    max_points: int,
+    pad: float = 0.0,
+    x_label: str = "step",
+    y_label: str = "loss",
+    cls: str = "chart curves",
+    font: float = FONT,
+) -> tuple[str, bool]:
+    """Curves on one chart by x, each a path of its own colour titled with
+    its label: the SVG, and whether y is on a log axis (when every finite y
+    is positive and they span a factor of `log_ratio`). Each curve is
+    downsampled to `max_points`; `pad` widens y by that share of its span.
+    ``("", False)`` when no curve has a finite point."""
+    drawn: list[tuple[Line, list[tuple[float, float | None]]]] = []
+    for line in lines:
+        pts = [
+            (x, y if y is not None and math.isfinite(y) else None)
+            for x, y in line.points
+            if math.isfinite(x)
+        ]
+        if any(y is not None for _, y in pts):
+            drawn.append((line, downsample(pts, max_points)))
+    if not drawn:
+        return "", False
+    xs = [x for _, pts in drawn for x, _ in pts]
+    ys = [y for _, pts in drawn for _, y in pts if y is not None]
+    y_lo, y_hi = min(ys), max(ys)
+    log = y_lo > 0 and y_hi / y_lo >= log_ratio
+    sy = Scale(y_lo, y_hi, box[3], box[1], log=log)
+    span = (sy.hi - sy.lo) * pad
+    sy.lo, sy.hi = sy.lo - span, sy.hi + span
+    y_ticks = sy.ticks(5)
+    box = fit_box(box, y_ticks, font)
+    sx = Scale(min(xs), max(xs), box[0], box[2])
+    names = ", ".join(clip(line.label, 60) for line, _ in drawn[:12])
+    desc = (
+        f"{len(drawn)} curve{'s' if len(drawn) != 1 else ''} by {x_label}"
+        + (" (log scale)" if log else "")
+        + f": {names}"
+        + (f" and {len(drawn) - 12} more" if len(drawn) > 12 else "")
+    )
+    out = [svg_open(uid, size[0], size[1], title, desc, cls)]
+    label = f"{y_label} (log scale)" if log else y_label
+    out.append(axes(sx, sy, box, x_label, label, sx.ticks(6, integer=True), y_ticks, font))
+    for line, pts in drawn:
+        attr = f' class="{esc(line.cls)}"' if line.cls else ""
+        out.append(
+            f'<path{attr} d="{line_path(pts, sx, sy)}" fill="none" stroke="{esc(line.colour)}" '
+            f'stroke-width="1.4"><title>{esc(line.label)}</title></path>'
+        )
+    out.append("</svg>")
+    return "".join(out), log
