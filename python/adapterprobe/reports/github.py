@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Iterable
 from typing import IO
 
@@ -80,11 +81,15 @@ def source_file(record: ReportedRecord) -> str:
     place = record.adapter or record.store
     for name in SOURCES.get(record.probe, ()):
         candidate = os.path.join(place, name)
-        if os.path.isdir(candidate):
+        try:  # one stat a candidate, not isdir's and then exists'
+            mode = os.stat(candidate).st_mode
+        except (OSError, ValueError):
+            continue
+        if stat.S_ISDIR(mode):
             log = _newest_log_in(candidate)
             if log is not None:
                 return log
-        elif os.path.exists(candidate):
+        else:
             return candidate
     return place
 
@@ -96,8 +101,14 @@ def _workspace_relative(path: str) -> str:
     # Most paths are absolute and under the workspace: a prefix cut is
     # what relpath would give, without its normalising of both each time.
     inside = base.rstrip(os.sep) + os.sep
-    if len(path) > len(inside) and path.startswith(inside) and os.path.normpath(path) == path:
-        return path[len(inside) :]
+    cut = len(inside)
+    if (
+        path.startswith(inside)
+        and len(path) > cut
+        and path[cut] != os.sep
+        and os.path.normpath(path) == path
+    ):
+        return path[cut:]
     try:
         rel = os.path.relpath(path, base)
     except ValueError:
