@@ -68,3 +68,17 @@ def field_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """FIELD_SUBSET of the field corpus (tools/realruns/field.py): real
     transformers.Trainer output dirs; committed, as ``corpus``."""
     return _realruns("field", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    """A headless Chromium for the HTML tests (tests/browser.py); a missing
+    browser fails the test, it never skips."""
+    import browser
+
+    try:
+        path = browser.find_browser()
+    except browser.BrowserMissing as exc:
+        pytest.fail(f"{exc}. The HTML report tests need a real browser.")
+    with browser.Browser(path) as b:
+        yield b

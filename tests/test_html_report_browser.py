@@ -40,16 +40,6 @@ def big_page(demo):
 
 
 @pytest.fixture(scope="module")
-def chromium():
-    try:
-        path = browser.find_browser()
-    except browser.BrowserMissing as exc:
-        pytest.fail(f"{exc}. The HTML report tests need a real browser.")
-    with browser.Browser(path) as b:
-        yield b
-
-
-@pytest.fixture(scope="module")
 def shots(tmp_path_factory) -> Path:
     """Where screenshots go: $ADAPTERPROBE_SCREENSHOTS if set (to look at), else a temp dir."""
     keep = os.environ.get("ADAPTERPROBE_SCREENSHOTS")

@@ -9,7 +9,6 @@ import re
 from pathlib import Path
 
 import browser
-import pytest
 
 import adapterprobe as ap
 from adapterprobe.reports import html as report
@@ -24,12 +23,6 @@ COLOURS = {
     v: browser.hex_rgb(re.search(rf"--{v}:(#[0-9a-f]{{6}})", report.CSS)[1])
     for v in ("pass", "warn", "fail")
 }
-
-
-@pytest.fixture(scope="module")
-def chromium():
-    with browser.Browser(browser.find_browser()) as b:
-        yield b
 
 
 def show(chromium, tmp_path: Path, fragment: str, name: str):

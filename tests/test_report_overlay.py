@@ -12,7 +12,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import browser
 import pytest
 from test_html_report import (
     HOSTILE,
@@ -358,16 +357,6 @@ def test_y_title_clears_the_tick_labels_of_the_demo_and_compare(demo):
 
 # ---------------------------------------------------------------------------
 # In a real browser
-
-
-@pytest.fixture(scope="module")
-def chromium():
-    try:
-        path = browser.find_browser()
-    except browser.BrowserMissing as exc:
-        pytest.fail(f"{exc}. The HTML report tests need a real browser.")
-    with browser.Browser(path) as b:
-        yield b
 
 
 PICK = """(() => {
