@@ -30,6 +30,7 @@ from adapterprobe.tally import (
     EXIT_VERDICTS,
     FAIL_ON,
     Tally,
+    check_fail_on,
     rollup,
 )
 
@@ -418,8 +419,7 @@ def _evidence_json(evidence: dict[str, Any]) -> str:
 
 def verdict_exit_code(records: Iterable[ScanRecord], fail_on: str) -> int:
     """1 when a record's verdict reaches ``fail_on`` (error always does), else 0."""
-    if fail_on not in FAIL_ON:
-        raise UsageError(f"fail_on must be one of {FAIL_ON}, got {fail_on!r}")
+    check_fail_on(fail_on)
     if fail_on == "never":
         return 0
     floor = Verdict(fail_on).severity

@@ -16,6 +16,21 @@ from adapterprobe.errors import UsageError
 from adapterprobe.probes.result import Verdict
 
 FAIL_ON = ("warn", "fail", "never")
+
+
+def check_fail_on(fail_on: str) -> str:
+    """``fail_on`` when it is one of :data:`FAIL_ON`, else a UsageError."""
+    if fail_on not in FAIL_ON:
+        raise UsageError(f"fail_on must be one of {FAIL_ON}, got {fail_on!r}")
+    return fail_on
+
+
+def reaches(verdict: str, fail_on: str) -> bool:
+    """Whether ``verdict`` is ``fail_on`` or worse (error reaches warn and
+    fail); nothing reaches ``"never"``, the gate turned off."""
+    return fail_on != "never" and Verdict(verdict).severity >= Verdict(fail_on).severity
+
+
 #: Exit codes: 0 ok, 1 verdicts at or past --fail-on, 2 usage, 3 nothing found.
 EXIT_OK, EXIT_VERDICTS, EXIT_USAGE, EXIT_NOTHING_FOUND = 0, 1, 2, 3
 
@@ -148,12 +163,8 @@ class Tally:
         return out
 
     def _verdicts_failed(self, fail_on: str) -> bool:
-        if fail_on not in FAIL_ON:
-            raise UsageError(f"fail_on must be one of {FAIL_ON}, got {fail_on!r}")
-        if fail_on == "never":
-            return False
-        floor = Verdict(fail_on).severity
-        return any(Verdict(v).severity >= floor for v, n in self.counts.items() if n)
+        check_fail_on(fail_on)
+        return any(reaches(v, fail_on) for v, n in self.counts.items() if n)
 
     def _regressions_failed(self) -> bool:
         return self.regression_gate and self.regressed > 0

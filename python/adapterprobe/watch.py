@@ -34,8 +34,8 @@ from adapterprobe.guard import Guard
 from adapterprobe.judge import WALK_PROBLEMS
 from adapterprobe.probes.drift import DriftOptions
 from adapterprobe.probes.options import resolve
-from adapterprobe.probes.result import Verdict
 from adapterprobe.scan import discover
+from adapterprobe.tally import check_fail_on, reaches
 
 __all__ = ["RACY_NS", "Change", "Watcher"]
 
@@ -211,12 +211,8 @@ class Watcher:
     def reaching(self, level: str) -> list[str]:
         """The stores whose verdict is ``level`` (``"warn"``, ``"fail"``) or
         worse, error included; none for ``"never"`` (the scan's gate)."""
-        if level == "never":
-            return []
-        floor = Verdict(level).severity
-        return sorted(
-            s.label for s in self._states.values() if Verdict(s.verdict).severity >= floor
-        )
+        check_fail_on(level)
+        return sorted(s.label for s in self._states.values() if reaches(s.verdict, level))
 
     def poll(self) -> list[Change]:
         """Discover, read what changed, judge it; the changes, by store.
