@@ -112,8 +112,6 @@ const TAIL_BYTES: usize = 2 * (MAX_ROW_BYTES + BUFFER_BYTES);
 /// text can be looked at (was it ended by a line end, is a quote open?).
 struct Fed<R> {
     inner: R,
-    /// Bytes fed so far.
-    fed: u64,
     /// Where the row being read starts.
     row_start: u64,
     /// The last bytes fed; `tail[0]` is byte `tail_start` of the stream.
@@ -126,12 +124,11 @@ struct Fed<R> {
 impl<R: Read> Read for Fed<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let cap = self.row_start + (MAX_ROW_BYTES + BUFFER_BYTES) as u64;
-        if self.fed > cap {
+        if self.fed() > cap {
             return Err(std::io::Error::other(RowTooLong(self.row_line)));
         }
         let got = self.inner.read(buf)?;
         let fresh = buf.get(..got).unwrap_or_default();
-        self.fed += got as u64;
         self.tail.extend_from_slice(fresh);
         if self.tail.len() > 2 * TAIL_BYTES {
             let drop = self.tail.len() - TAIL_BYTES;
@@ -143,6 +140,11 @@ impl<R: Read> Read for Fed<R> {
 }
 
 impl<R> Fed<R> {
+    /// Bytes fed so far (the tail always ends at the last byte fed).
+    fn fed(&self) -> u64 {
+        self.tail_start + self.tail.len() as u64
+    }
+
     /// The raw bytes from stream offset `from` to what was fed, if kept.
     fn since(&self, from: u64) -> Option<&[u8]> {
         let skip = usize::try_from(from.checked_sub(self.tail_start)?).ok()?;
@@ -204,7 +206,6 @@ impl<R: Read> Rows<R> {
     fn new(inner: R) -> Self {
         let fed = Fed {
             inner,
-            fed: 0,
             row_start: 0,
             tail: Vec::new(),
             tail_start: 0,
