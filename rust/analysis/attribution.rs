@@ -361,27 +361,26 @@ fn attribute_grouped_with(
     };
     let whole = KeyLayout::of(keys.iter());
     whole.check_whole()?;
-    let splits: Vec<(Vec<&Key>, Vec<&Key>)> = rules.iter().map(|rule| rule.split(keys)).collect();
-    let fits = splits.iter().position(|(no_decay, decay)| {
+    let fits = |(no_decay, decay): &(Vec<&Key>, Vec<&Key>)| {
         decay.len() == decay_ids.len() && no_decay.len() == no_decay_ids.len()
-    });
-    let Some(fits) = fits else {
-        let (no_decay, decay) = &splits[0];
+    };
+    let Some((no_decay_keys, decay_keys)) = rules.iter().map(|rule| rule.split(keys)).find(fits)
+    else {
+        let (no_decay, decay) = NoDecayRule::Names.split(keys);
         let whose = match ties {
             Ties::Refuse => "the adapter's keys",
             Ties::ModelOrder => "the model's tensors",
         };
         return Err(format!(
             "the optimizer's two param groups hold {} and {} ids, but HF Trainer's rule (no \
-             decay for biases and norms) splits {whose} {} with decay and {} without: the groups were made \
-             another way, so ids cannot be placed",
+             decay for biases and norms) splits {whose} {} with decay and {} without: the \
+             groups were made another way, so ids cannot be placed",
             decay_ids.len(),
             no_decay_ids.len(),
             decay.len(),
             no_decay.len()
         ));
     };
-    let (no_decay_keys, decay_keys) = splits.into_iter().nth(fits).unwrap_or_default();
     let shapes: BTreeMap<i64, &Shape> = params.iter().map(|(id, s)| (*id, s)).collect();
     if shapes.len() != params.len() {
         return Err("the optimizer state lists a param id twice".into());
