@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import operator
 import os
 import re
 from collections import Counter
@@ -248,18 +249,19 @@ class ScanRecord:
 
     def replace(self, **changes: Any) -> ScanRecord:
         """A copy with ``changes`` (field names) applied."""
-        unknown = set(changes) - set(_ALL_FIELDS)
-        if unknown:
-            raise TypeError(f"ScanRecord has no field(s) {sorted(unknown)}")
         if self._core is not None and changes.keys() <= _JSON_ONLY:
-            # Only the JSON-only fields change: the core's record stays valid.
+            # Only the JSON-only fields change: the core's record stays valid
+            # (a scan tags each of its records so: kept to one pass of slots).
             copy = object.__new__(ScanRecord)
             set_ = object.__setattr__
-            for slot in _SLOTS:
-                set_(copy, slot, getattr(self, slot))
+            for slot, value in zip(_SLOTS, _slot_values(self), strict=True):
+                set_(copy, slot, value)
             for name, value in changes.items():
                 set_(copy, "_" + name, value)
             return copy
+        unknown = changes.keys() - _FIELD_SET
+        if unknown:
+            raise TypeError(f"ScanRecord has no field(s) {sorted(unknown)}")
         values = {f: getattr(self, f) for f in _ALL_FIELDS}
         values.update(changes)
         return ScanRecord(**values)
@@ -338,7 +340,9 @@ class ScanRecord:
 
 
 _SLOTS = ScanRecord.__slots__
+_slot_values = operator.attrgetter(*_SLOTS)
 _JSON_ONLY = frozenset(JSON_ONLY_FIELDS)
+_FIELD_SET = frozenset(_ALL_FIELDS)
 
 
 def natural_key(text: str) -> tuple[Any, ...]:

@@ -111,6 +111,8 @@ def rollup(verdicts: Iterable[Verdict | str]) -> Verdict | None:
 
 
 _VERDICT_ORDER: tuple[Verdict, ...] = tuple(Verdict)
+_INDEX_OF = {v: i for i, v in enumerate(_VERDICT_ORDER)}
+_VALUE_OF = {v: v.value for v in _VERDICT_ORDER}
 
 
 class Tally:
@@ -132,12 +134,16 @@ class Tally:
     def add(self, record: RecordLike, shown: bool = True) -> None:
         self.records += 1
         self.shown += shown
-        self.counts[record.verdict.value] += 1
-        counts = self.per_store.get(record.store)
+        verdict = record.verdict
+        self.counts[_VALUE_OF[verdict]] += 1
+        store = record.store
+        counts = self.per_store.get(store)
         if counts is None:
-            counts = self.per_store[record.store] = [0] * len(_VERDICT_ORDER)
-            self.layouts[record.store] = record.layout
-        counts[_VERDICT_ORDER.index(record.verdict)] += 1
+            counts = self.per_store[store] = [0] * len(_VERDICT_ORDER)
+            self.layouts[store] = record.layout
+        counts[_INDEX_OF[verdict]] += 1
+        if getattr(record, "baseline", None) is None:
+            return  # never compared: the common case, kept to one attribute read
         why = regression_of(record)
         if why is not None:
             self.regressed += 1

@@ -260,9 +260,10 @@ class Output:
                     tally.add(r)
                 shown = self._shown(batch)
                 if fmt == "json":
-                    out.writelines(json_chunks(shown, first=first, last=False))
+                    # One write per batch: a text stream's cost is per call.
+                    out.write("".join(json_chunks(shown, first=first, last=False)))
                 elif fmt == "jsonl":
-                    out.writelines(r.to_json() + "\n" for r in shown)
+                    out.write("".join([r.to_json() + "\n" for r in shown]))
                 else:
                     write_csv(out, shown, header=first)
                 out.flush()
