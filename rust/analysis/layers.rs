@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use crate::analysis::attribution::split_layer_key;
 use crate::error::{Area, Error, Result};
 use crate::formats::torch_state_dict::read_tensor_header;
+use crate::io::read_once;
 
 pub const ADAPTER_WEIGHTS: &str = "adapter_model.safetensors";
 /// PEFT's `save_pretrained(safe_serialization=False)`: the same state dict,
@@ -54,12 +55,12 @@ pub fn layer_index(key: &str) -> Option<std::result::Result<u64, ()>> {
 /// `adapter_model.safetensors`, or its `adapter_model.bin` when only that
 /// one is there (the safetensors path when neither is, for messages).
 pub fn adapter_weights_path(adapter: &Path) -> PathBuf {
-    if !adapter.is_dir() {
+    if !read_once::is_dir(adapter) {
         return adapter.to_path_buf();
     }
     let safetensors = adapter.join(ADAPTER_WEIGHTS);
     let pickled = adapter.join(PICKLED_ADAPTER_WEIGHTS);
-    if !safetensors.exists() && pickled.is_file() {
+    if !read_once::exists(&safetensors) && read_once::is_file(&pickled) {
         pickled
     } else {
         safetensors

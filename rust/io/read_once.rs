@@ -39,10 +39,70 @@ struct Memo {
     bytes: usize,
     /// Files found in a directory, by (what was looked for, directory).
     listings: HashMap<(&'static str, PathBuf), Vec<PathBuf>>,
+    /// What each path asked about was, by its first `stat`.
+    kinds: HashMap<PathBuf, Kind>,
 }
 
 /// Most listings one store's memo holds.
 const LISTINGS_MAX: usize = 64;
+/// Most paths whose kind one store's memo holds (a store's readers ask
+/// about a few dozen).
+const KINDS_MAX: usize = 512;
+
+/// What a path is, as `std::fs::metadata` (links followed) says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Absent, or not looked into (any error: as `Path::exists` sees it).
+    Missing,
+    Dir,
+    File,
+    /// Something else: a fifo, a socket, a device.
+    Other,
+}
+
+impl Kind {
+    fn of(path: &Path) -> Kind {
+        match std::fs::metadata(path) {
+            Err(_) => Kind::Missing,
+            Ok(m) if m.is_dir() => Kind::Dir,
+            Ok(m) if m.is_file() => Kind::File,
+            Ok(_) => Kind::Other,
+        }
+    }
+}
+
+/// What `path` is: one `stat` per path per store (several readers of a
+/// store ask whether the same version folder and files exist), a fresh
+/// one outside a store's scope.
+pub fn kind(path: &Path) -> Kind {
+    if let Some(known) = MEMO.with(|m| m.borrow().as_ref()?.kinds.get(path).copied()) {
+        return known;
+    }
+    let found = Kind::of(path);
+    MEMO.with(|m| {
+        if let Some(memo) = m.borrow_mut().as_mut() {
+            if memo.kinds.len() < KINDS_MAX {
+                memo.kinds.insert(path.to_path_buf(), found);
+            }
+        }
+    });
+    found
+}
+
+/// `path.is_dir()`, asked once per store (see [`kind`]).
+pub fn is_dir(path: &Path) -> bool {
+    kind(path) == Kind::Dir
+}
+
+/// `path.is_file()`, asked once per store (see [`kind`]).
+pub fn is_file(path: &Path) -> bool {
+    kind(path) == Kind::File
+}
+
+/// `path.exists()`, asked once per store (see [`kind`]).
+pub fn exists(path: &Path) -> bool {
+    kind(path) != Kind::Missing
+}
 
 thread_local! {
     static MEMO: RefCell<Option<Memo>> = const { RefCell::new(None) };
@@ -228,6 +288,24 @@ mod tests {
         assert_eq!(calls.get(), 1);
         listing("logs", Path::new("d"), list).unwrap();
         assert_eq!(calls.get(), 2);
+    }
+
+    #[test]
+    fn a_path_is_looked_at_once_per_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v0001");
+        for_one_store(|| {
+            assert_eq!(kind(&path), Kind::Missing);
+            std::fs::create_dir(&path).unwrap();
+            // Made under the scan: this store keeps what it first saw.
+            assert!(!exists(&path) && !is_dir(&path));
+            assert!(is_dir(dir.path()) && !is_file(dir.path()));
+        });
+        // The next store, and a question outside a store, look afresh.
+        for_one_store(|| assert!(is_dir(&path)));
+        std::fs::remove_dir(&path).unwrap();
+        std::fs::write(&path, b"x").unwrap();
+        assert!(is_file(&path) && exists(&path));
     }
 
     #[test]

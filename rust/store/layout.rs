@@ -53,6 +53,7 @@ use crate::formats::logs::tfevents::is_event_file_name;
 use crate::formats::logs::trainer_state::{checkpoint_dir_step, LAST_CHECKPOINT};
 use crate::io::confine;
 use crate::io::files::read_small;
+use crate::io::read_once::{self, Kind};
 use crate::store::model_files;
 use crate::store::torch_state::STATE_FILE;
 
@@ -171,14 +172,14 @@ pub fn checkpoint_kind(version: &Path, layout: &str) -> &'static str {
 /// log belongs still makes the store (its reader then refuses the file and
 /// says so) instead of hiding it.
 fn present(path: &Path) -> bool {
-    fs::metadata(path).is_ok_and(|m| !m.is_dir())
+    !matches!(read_once::kind(path), Kind::Missing | Kind::Dir)
 }
 
 /// Whether `dir` holds a PEFT adapter (its weights or its config).
 pub fn holds_adapter(dir: &Path) -> bool {
-    dir.join(ADAPTER_WEIGHTS).is_file()
-        || dir.join(PICKLED_ADAPTER).is_file()
-        || dir.join(ADAPTER_CONFIG).is_file()
+    read_once::is_file(&dir.join(ADAPTER_WEIGHTS))
+        || read_once::is_file(&dir.join(PICKLED_ADAPTER))
+        || read_once::is_file(&dir.join(ADAPTER_CONFIG))
 }
 
 /// The other adapters of a PEFT multi-adapter save in `dir`: its
@@ -305,20 +306,20 @@ pub fn is_dlm_store(dir: &Path) -> bool {
     // The GAP monitor writes its logs/ into an HF Trainer's output dir
     // (`JsonlSink.for_store(output_dir, ...)`): that stays an HF run, whose
     // checkpoint-N/ folders are its versions.
-    dir.join("adapter").is_dir()
-        || (dir.join("logs").is_dir()
+    read_once::is_dir(&dir.join("adapter"))
+        || (read_once::is_dir(&dir.join("logs"))
             && !crate::formats::logs::wandb_run::is_run_dir(dir)
             && !is_hf_output(dir))
 }
 
 fn is_adapter_root(dir: &Path) -> bool {
-    dir.join("current.txt").is_file() || dir.join("versions").is_dir()
+    read_once::is_file(&dir.join("current.txt")) || read_once::is_dir(&dir.join("versions"))
 }
 
 /// A directory that holds one trained version: an adapter, a model, or
 /// an optimizer state.
 pub fn is_version_dir(dir: &Path) -> bool {
-    dir.join(ADAPTER_WEIGHTS).is_file()
+    read_once::is_file(&dir.join(ADAPTER_WEIGHTS))
         || present(&dir.join(STATE_FILE))
         || present(&dir.join(HF_OPTIMIZER))
         || model_files::holds_model(dir)
@@ -370,7 +371,7 @@ fn current_version(adapter_root: &Path) -> std::result::Result<PathBuf, String> 
             confine::OUTSIDE
         ));
     }
-    if !version.is_dir() {
+    if !read_once::is_dir(&version) {
         return Err(format!(
             "current.txt points at {}, which does not exist",
             crate::io::excerpt::quoted(text.trim())
@@ -383,7 +384,7 @@ fn current_version(adapter_root: &Path) -> std::result::Result<PathBuf, String> 
 pub fn dlm_target(store: &Path, all: bool) -> Target {
     let mut target = Target::new(store, DLM);
     let adapter = store.join("adapter");
-    if !adapter.is_dir() {
+    if !read_once::is_dir(&adapter) {
         return target;
     }
     if let Some(why) = unlistable(&adapter) {

@@ -14,6 +14,7 @@ use crate::formats::logs::loss_log::{self, LossCurve};
 use crate::formats::logs::trainer_state;
 use crate::formats::model_config::{self, OutputClasses};
 use crate::formats::torch_state_dict::read_tensor_header;
+use crate::io::read_once;
 use crate::store::layout::{
     self, checkpoint_kind, Target, FULL, HF_TRAINER, LIGHTNING, LOGS, PEFT, PICKLED_ADAPTER,
     TENSORBOARD, TRAINER_STATE,
@@ -273,7 +274,7 @@ pub fn drift_input_for(store: &Path, layout: &str) -> DriftInput {
 /// GAP monitor's in a trainer's output dir), if any.
 fn monitor_logs(run: &Path) -> Option<Vec<PathBuf>> {
     let logs = run.join("logs");
-    if !logs.is_dir() {
+    if !read_once::is_dir(&logs) {
         return None;
     }
     loss_log::train_logs_in(&logs)
@@ -361,7 +362,7 @@ fn tracker_run(store: &Path) -> Option<PathBuf> {
 fn dlm_drift_input(store: &Path) -> DriftInput {
     let logs_dir = store.join("logs");
     let mut input = DriftInput::new(store, layout::DLM, logs_dir.clone());
-    if !logs_dir.is_dir() {
+    if !read_once::is_dir(&logs_dir) {
         return input;
     }
     let read = loss_log::train_logs_in(&logs_dir).and_then(|files| {
@@ -439,12 +440,12 @@ impl GhostInput {
 /// `trainer_state.json`), else dlm (whose reader reports a missing
 /// `training_state.pt` as such).
 fn version_layout(adapter: &Path) -> &'static str {
-    let hf_files = adapter.join(layout::HF_OPTIMIZER).is_file()
-        || adapter.join(TRAINER_STATE).is_file()
+    let hf_files = read_once::is_file(&adapter.join(layout::HF_OPTIMIZER))
+        || read_once::is_file(&adapter.join(TRAINER_STATE))
         || model_files::holds_model(adapter);
     if adapter.extension().is_some_and(|e| e == "ckpt") {
         LIGHTNING
-    } else if hf_files && !adapter.join(torch_state::STATE_FILE).is_file() {
+    } else if hf_files && !read_once::is_file(&adapter.join(torch_state::STATE_FILE)) {
         HF_TRAINER
     } else {
         layout::DLM
@@ -609,7 +610,7 @@ fn attach_adapter(
     groups: &[Vec<i64>],
 ) {
     let weights = layers::adapter_weights_path(adapter);
-    let header = if weights.exists() {
+    let header = if read_once::exists(&weights) {
         read_tensor_header(&weights)
     } else {
         Err(Error::new(
@@ -704,12 +705,10 @@ pub fn weights_input_for(adapter: &Path, layout: &str) -> WeightsInput {
 /// no weights file at all (a run pushed without its large files): nothing
 /// to judge, unlike a weights file that is there and unreadable.
 fn weights_not_kept(version: &Path) -> bool {
-    version.is_dir()
-        && version
-            .join(crate::formats::adapter_config::CONFIG_FILE)
-            .is_file()
-        && !version.join(layers::ADAPTER_WEIGHTS).exists()
-        && !version.join(PICKLED_ADAPTER).exists()
+    read_once::is_dir(version)
+        && read_once::is_file(&version.join(crate::formats::adapter_config::CONFIG_FILE))
+        && !read_once::exists(&version.join(layers::ADAPTER_WEIGHTS))
+        && !read_once::exists(&version.join(PICKLED_ADAPTER))
 }
 
 /// Why a version has no adapter to judge: a full or log-only checkpoint, or

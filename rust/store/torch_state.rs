@@ -15,6 +15,7 @@ pub use crate::analysis::second_moment::ParamStat;
 use crate::error::{Area, Error, Result};
 use crate::formats::pickle::{UnknownGlobals, Value};
 use crate::formats::torch_save::TorchSave;
+use crate::io::read_once::{self, Kind};
 use crate::io::sidecar;
 use crate::store::optimizer_state::summarize;
 
@@ -53,20 +54,21 @@ pub fn read_training_state(path: &Path) -> Result<TrainingState> {
 }
 
 fn resolve(path: &Path) -> Result<PathBuf> {
-    let meta = std::fs::metadata(path).map_err(|e| Error::io(Area::TrainingState, path, &e))?;
-    if meta.is_dir() {
-        let file = path.join(STATE_FILE);
-        match std::fs::metadata(&file) {
-            Ok(m) if m.is_file() => Ok(file),
-            Ok(_) => Err(Error::new(
-                Area::TrainingState,
-                &file,
-                "is not a regular file",
-            )),
-            Err(e) => Err(Error::io(Area::TrainingState, &file, &e)),
+    // The store's memo answers the common case; a miss asks again for the error.
+    let error = |p: &Path| match std::fs::metadata(p) {
+        Err(e) => Error::io(Area::TrainingState, p, &e),
+        Ok(_) => Error::new(Area::TrainingState, p, "is not a regular file"),
+    };
+    match read_once::kind(path) {
+        Kind::Dir => {
+            let file = path.join(STATE_FILE);
+            match read_once::kind(&file) {
+                Kind::File => Ok(file),
+                _ => Err(error(&file)),
+            }
         }
-    } else {
-        Ok(path.to_path_buf())
+        Kind::Missing => Err(error(path)),
+        Kind::File | Kind::Other => Ok(path.to_path_buf()),
     }
 }
 

@@ -61,6 +61,7 @@ use crate::analysis::layers::{adapter_weights_path, ADAPTER_WEIGHTS, PICKLED_ADA
 use crate::error::{Area, Error, Result};
 use crate::formats::adapter_config::{AdapterConfig, TargetModules, CONFIG_FILE};
 use crate::formats::tensor_data::{FloatTensor, TensorReader, DEFAULT_CHUNK_ELEMS, MAX_GRAM_DIM};
+use crate::io::read_once;
 
 mod factors;
 mod plan;
@@ -307,9 +308,9 @@ pub(crate) fn read_adapter_weights_chunked(
 /// directory's weights are `adapter_model.safetensors`, or
 /// `adapter_model.bin` when only that one is there.
 fn locate(path: &Path) -> Result<(PathBuf, PathBuf)> {
-    if path.is_dir() {
+    if read_once::is_dir(path) {
         let weights = adapter_weights_path(path);
-        if !weights.exists() {
+        if !read_once::exists(&weights) {
             return Err(Error::new(
                 Area::Missing,
                 path,
