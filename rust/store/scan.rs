@@ -22,6 +22,7 @@ use rayon::prelude::*;
 
 use crate::error::{Area, Error, Result};
 use crate::io::confine::{self, Root};
+use crate::io::read_once;
 pub use crate::store::layout::Target;
 use crate::store::layout::{self, natural_path_cmp};
 use crate::store::probe_inputs::{direct_drift_input, drift_input_below};
@@ -167,8 +168,16 @@ impl Walk {
     }
 
     /// Visit `dir`; `ancestors` are the ids on the path from the root.
-    fn visit(&self, dir: &Path, ancestors: &[(u64, u64)], root_dir: &Path) {
-        let meta = match fs::metadata(dir) {
+    /// Look into `dir`; `known`: its metadata when the parent's listing
+    /// already looked it up (one `stat` per directory).
+    fn visit(
+        &self,
+        dir: &Path,
+        known: Option<fs::Metadata>,
+        ancestors: &[(u64, u64)],
+        root_dir: &Path,
+    ) {
+        let meta = match known.map_or_else(|| fs::metadata(dir), Ok) {
             Ok(m) => m,
             Err(e) => {
                 let why = format!("cannot be read ({e}); what it holds is not checked");
@@ -185,7 +194,10 @@ impl Walk {
         if !self.seen.lock().map(|mut s| s.insert(id)).unwrap_or(false) {
             return; // reached twice through links: probe it once
         }
-        let db = layout::mlflow_db_in(dir);
+        // The layout checks ask about the same few paths: one stat each.
+        let (db, classified) = read_once::for_one_store(|| {
+            (layout::mlflow_db_in(dir), layout::classify(dir, self.all))
+        });
         if let Some(db) = &db {
             // The store's runs are stores of their own, whatever else the
             // directory is.
@@ -193,7 +205,7 @@ impl Walk {
                 self.found(target);
             }
         }
-        if let Some(target) = layout::classify(dir, self.all) {
+        if let Some(target) = classified {
             if self.explain {
                 for (path, why) in layout::unclaimed(&target) {
                     self.skip(&path, || why);
@@ -224,9 +236,10 @@ impl Walk {
             };
             let hidden = entry.file_name().to_string_lossy().starts_with('.');
             let path = entry.path();
-            if !path.is_dir() {
-                continue;
-            }
+            let meta = match fs::metadata(&path) {
+                Ok(m) if m.is_dir() => m,
+                _ => continue,
+            };
             let is_link = entry.file_type().is_ok_and(|t| t.is_symlink());
             if hidden {
                 self.skip(&path, || "hidden directory: not searched".into());
@@ -241,7 +254,7 @@ impl Walk {
             } else if is_link && confine::leads_outside(&path) {
                 self.refused(&path, layout::OUTSIDE_ROOT, confine::OUTSIDE.to_string());
             } else {
-                subdirs.push(path);
+                subdirs.push((path, meta));
             }
         }
         if subdirs.is_empty() {
@@ -253,9 +266,10 @@ impl Walk {
         let mut chain = ancestors.to_vec();
         chain.push(id);
         let root = confine::current();
-        subdirs
-            .par_iter()
-            .for_each(|sub| confine::within(root.clone(), || self.visit(sub, &chain, root_dir)));
+        subdirs.par_iter().for_each(|(sub, meta)| {
+            let meta = Some(meta.clone());
+            confine::within(root.clone(), || self.visit(sub, meta, &chain, root_dir))
+        });
     }
 }
 
@@ -376,7 +390,7 @@ pub fn discover_excluding(
             };
             confine::within(confined, || match layout::version_root(root) {
                 Some(target) => walk.found(target),
-                None => walk.visit(root, &[], root),
+                None => walk.visit(root, None, &[], root),
             });
         }
     }
