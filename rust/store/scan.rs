@@ -167,9 +167,9 @@ impl Walk {
         }
     }
 
-    /// Visit `dir`; `ancestors` are the ids on the path from the root.
-    /// Look into `dir`; `known`: its metadata when the parent's listing
-    /// already looked it up (one `stat` per directory).
+    /// Visit `dir`; `ancestors` are the ids on the path from the root;
+    /// `known`: its metadata when the parent's listing already looked it
+    /// up (one `stat` per directory).
     fn visit(
         &self,
         dir: &Path,
