@@ -126,7 +126,9 @@ pub enum Value {
     Set(Vec<Id>),
     Global(Global),
     Storage(Storage),
-    Tensor(Tensor),
+    /// Boxed: a tensor is several times the size of every other value, and
+    /// a state's pickle makes hundreds of small values to one tensor each.
+    Tensor(Box<Tensor>),
     /// A stand-in for a global outside the allow-list, or for whatever
     /// calling or building one would have made (placeholder policy only).
     /// Holds the global's `module.name` (at most 200 characters).
@@ -290,6 +292,9 @@ pub fn unpickle_with(data: &[u8], limits: Limits) -> PResult<Unpickled> {
     unpickle_with_policy(data, limits, UnknownGlobals::Refuse)
 }
 
+/// Most values reserved before a pickle runs (a larger one grows as it goes).
+const VALUES_RESERVED_MAX: usize = 4096;
+
 /// Unpickle `data` within `limits`, treating globals outside the
 /// allow-list as `unknown` says.
 pub fn unpickle_with_policy(
@@ -314,7 +319,9 @@ pub fn unpickle_with_policy(
         pos: 0,
         op_start: 0,
         limits,
-        values: Vec::new(),
+        // About one value per four bytes of pickle (a dlm state's: 2.6 KB,
+        // ~1,000 opcodes); reserved up front, not grown a doubling at a time.
+        values: Vec::with_capacity((data.len() / 4).min(VALUES_RESERVED_MAX)),
         stack: Vec::new(),
         marks: Vec::new(),
         memo: Memo::default(),

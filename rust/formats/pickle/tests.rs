@@ -350,3 +350,14 @@ fn placeholder_mode_never_panics_on_byte_soup() {
         let _ = lenient(bytes);
     });
 }
+
+#[test]
+fn a_value_stays_small() {
+    // A state's pickle makes hundreds of values; a tensor is boxed so each
+    // of them is the size of a storage (48 bytes), not of a tensor (128).
+    assert!(
+        std::mem::size_of::<Value>() <= 48,
+        "{}",
+        std::mem::size_of::<Value>()
+    );
+}

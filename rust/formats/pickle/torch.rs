@@ -55,7 +55,7 @@ impl Machine<'_> {
                     )));
                 }
                 let t = self.tensor(&args, None)?;
-                self.alloc(Value::Tensor(t))?
+                self.alloc(Value::Tensor(Box::new(t)))?
             }
             Global::RebuildTensorV3 => {
                 if !(7..=8).contains(&args.len()) {
@@ -74,7 +74,7 @@ impl Machine<'_> {
                     }
                 };
                 let t = self.tensor(&args, Some(dtype))?;
-                self.alloc(Value::Tensor(t))?
+                self.alloc(Value::Tensor(Box::new(t)))?
             }
             Global::RebuildParameter => {
                 if args.len() != 3 {
