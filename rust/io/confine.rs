@@ -18,12 +18,15 @@
 //! by `open_regular` itself).
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::{Area, Error, Result};
+
+/// Real paths by the bytes of the absolute path they were resolved from (a
+/// path spelled another way is resolved again, never wrongly).
+type RealPaths = rustc_hash::FxHashMap<std::ffi::OsString, PathBuf>;
 
 /// The root a scan stays in: None when nothing is confined.
 pub type Root = Option<Arc<PathBuf>>;
@@ -33,7 +36,7 @@ thread_local! {
     /// Real paths already resolved on this thread (see `real_path`), with
     /// the generation they belong to; None (no caching) unless the thread is
     /// a scan pool's (`cache_real_paths`).
-    static REAL: RefCell<Option<(u64, HashMap<PathBuf, PathBuf>)>> = const { RefCell::new(None) };
+    static REAL: RefCell<Option<(u64, RealPaths)>> = const { RefCell::new(None) };
 }
 
 /// The current generation of the threads' caches of real paths: each scan
@@ -48,7 +51,7 @@ pub fn forget_real_paths() {
 }
 
 /// This thread's cache, emptied first when it is of an older generation.
-fn with_cache<R>(f: impl FnOnce(&mut HashMap<PathBuf, PathBuf>) -> R) -> Option<R> {
+fn with_cache<R>(f: impl FnOnce(&mut RealPaths) -> R) -> Option<R> {
     let now = GENERATION.load(std::sync::atomic::Ordering::SeqCst);
     REAL.with(|r| {
         let mut slot = r.borrow_mut();
@@ -71,7 +74,7 @@ const REAL_CACHE_MAX: usize = 8192;
 /// component from `/` down.
 pub fn cache_real_paths() {
     let now = GENERATION.load(std::sync::atomic::Ordering::SeqCst);
-    REAL.with(|r| *r.borrow_mut() = Some((now, HashMap::new())));
+    REAL.with(|r| *r.borrow_mut() = Some((now, RealPaths::default())));
 }
 
 /// `fs::canonicalize(path)`, through this thread's cache when it has one:
@@ -92,7 +95,7 @@ fn real_path(path: &Path) -> std::io::Result<PathBuf> {
 
 fn resolve_cached(path: &Path) -> std::io::Result<PathBuf> {
     use std::path::Component;
-    if let Some(hit) = with_cache(|m| m.get(path).cloned()).flatten() {
+    if let Some(hit) = with_cache(|m| m.get(path.as_os_str()).cloned()).flatten() {
         return Ok(hit);
     }
     let plain = path
@@ -112,7 +115,7 @@ fn resolve_cached(path: &Path) -> std::io::Result<PathBuf> {
         if map.len() >= REAL_CACHE_MAX {
             map.clear();
         }
-        map.insert(path.to_path_buf(), real.clone());
+        map.insert(path.as_os_str().to_owned(), real.clone());
     });
     Ok(real)
 }

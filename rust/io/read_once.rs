@@ -15,9 +15,11 @@
 //! first read opens the file through `files::open_sized`, which checks it.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
 
 use crate::error::{Area, Result};
 use crate::io::files::{self, Opened};
@@ -35,12 +37,14 @@ const STAGED_WHOLE_MAX: u64 = 64 << 10;
 
 #[derive(Default)]
 struct Memo {
-    files: HashMap<PathBuf, Arc<[u8]>>,
+    // Keyed by the path's bytes: a store's readers build the same paths
+    // the same way, and a path spelled otherwise only costs a second read.
+    files: FxHashMap<OsString, Arc<[u8]>>,
     bytes: usize,
     /// Files found in a directory, by (what was looked for, directory).
-    listings: HashMap<(&'static str, PathBuf), Vec<PathBuf>>,
+    listings: FxHashMap<(&'static str, OsString), Vec<PathBuf>>,
     /// What each path asked about was, by its first `stat`.
-    kinds: HashMap<PathBuf, Kind>,
+    kinds: FxHashMap<OsString, Kind>,
 }
 
 /// Most listings one store's memo holds.
@@ -75,14 +79,14 @@ impl Kind {
 /// store ask whether the same version folder and files exist), a fresh
 /// one outside a store's scope.
 pub fn kind(path: &Path) -> Kind {
-    if let Some(known) = MEMO.with(|m| m.borrow().as_ref()?.kinds.get(path).copied()) {
+    if let Some(known) = MEMO.with(|m| m.borrow().as_ref()?.kinds.get(path.as_os_str()).copied()) {
         return known;
     }
     let found = Kind::of(path);
     MEMO.with(|m| {
         if let Some(memo) = m.borrow_mut().as_mut() {
             if memo.kinds.len() < KINDS_MAX {
-                memo.kinds.insert(path.to_path_buf(), found);
+                memo.kinds.insert(path.as_os_str().to_owned(), found);
             }
         }
     });
@@ -133,7 +137,7 @@ pub enum Content {
 }
 
 fn remembered(path: &Path) -> Option<Arc<[u8]>> {
-    MEMO.with(|m| m.borrow().as_ref()?.files.get(path).cloned())
+    MEMO.with(|m| m.borrow().as_ref()?.files.get(path.as_os_str()).cloned())
 }
 
 fn remember(path: &Path, bytes: &Arc<[u8]>) {
@@ -141,7 +145,8 @@ fn remember(path: &Path, bytes: &Arc<[u8]>) {
         if let Some(memo) = m.borrow_mut().as_mut() {
             if memo.bytes + bytes.len() <= MEMO_MAX {
                 memo.bytes += bytes.len();
-                memo.files.insert(path.to_path_buf(), bytes.clone());
+                memo.files
+                    .insert(path.as_os_str().to_owned(), bytes.clone());
             }
         }
     });
@@ -177,7 +182,7 @@ pub fn listing(
     dir: &Path,
     list: impl FnOnce() -> Result<Vec<PathBuf>>,
 ) -> Result<Vec<PathBuf>> {
-    let key = (what, dir.to_path_buf());
+    let key = (what, dir.as_os_str().to_owned());
     if let Some(found) = MEMO.with(|m| m.borrow().as_ref()?.listings.get(&key).cloned()) {
         return Ok(found);
     }
