@@ -31,6 +31,16 @@ pub mod verdicts;
 #[cfg(feature = "python")]
 mod py;
 
+/// The readers' property tests (`rust/properties/`) run in the unit-test
+/// binary: `cargo test` compiles the crate once, not a second time as the
+/// library of a separate test target. They use the public paths only, as a
+/// user of the crate would, through this alias of the crate's own name.
+#[cfg(test)]
+extern crate self as adapterprobe_core;
+#[cfg(test)]
+#[path = "properties/main.rs"]
+mod properties;
+
 /// The extension allocates through mimalloc: a scan makes millions of small
 /// short-lived allocations on every core (pickle values, evidence, JSON
 /// text), which glibc's allocator serves markedly slower. Local-dynamic TLS,
