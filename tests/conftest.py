@@ -18,6 +18,13 @@ from pathlib import Path
 
 import pytest
 
+# Under pytest-xdist (`-n 2`, as CI runs the suite) each worker's torch and
+# BLAS keep to one thread: two workers of two threads each on two cores
+# would fight over them. Read by torch and OpenBLAS when they load, so it is
+# set before any test module imports them.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / "tools"
 if str(TOOLS) not in sys.path:
