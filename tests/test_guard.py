@@ -253,12 +253,14 @@ def test_the_lightning_callback_lets_a_healthy_run_finish(tmp_path):
 # -- the guard with the GAP monitor's statistics ------------------------------------
 
 
-def test_the_guard_judges_the_monitors_statistics_and_names_the_nan_weights(tmp_path):
-    """A weight goes NaN after step 10's update. With the monitor the guard
-    stops the run at the next sampled step (12) on the monitor's ``nonfinite``
-    FAIL, which names the layers; without it the loss rules stop it at the
-    same step (``nan_masked``: the Trainer logs the NaN loss as 0.0), with no
-    word of where the NaN is."""
+NAN_AFTER = 10  # the step after whose update a weight is set to NaN
+
+
+def nan_weight_run(out: Path, *, monitor_interval: int | None):
+    """A tiny Llama in the real Trainer whose first weight of layer 1 is set
+    to NaN after step NAN_AFTER's update; with ``monitor_interval`` a GAP
+    monitor samples every that many steps and the guard judges its
+    statistics too. Returns ``(guard callback, the Trainer's log history)``."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from test_integrations import TokenData
@@ -269,41 +271,89 @@ def test_the_guard_judges_the_monitors_statistics_and_names_the_nan_weights(tmp_
 
     class BreakAWeight(transformers.TrainerCallback):
         def on_step_end(self, args, state, control, model=None, **kwargs):
-            if state.global_step == 10:
+            if state.global_step == NAN_AFTER:
                 with torch.no_grad():
                     next(model.model.layers[1].parameters()).view(-1)[0] = float("nan")
 
-    def run(out: Path, with_monitor: bool):
-        torch.manual_seed(0)
-        model = tiny_llama()
-        monitor = GAPMonitor(model, interval=2)
-        guard = GuardCallback(monitor=monitor if with_monitor else None)
-        trainer = transformers.Trainer(
-            model=model,
-            args=transformers.TrainingArguments(
-                output_dir=str(out),
-                max_steps=30,
-                per_device_train_batch_size=4,
-                logging_steps=1,
-                learning_rate=1e-3,
-                save_strategy="no",
-                report_to=[],
-                use_cpu=True,
-                disable_tqdm=True,
-            ),
-            train_dataset=TokenData(64, 8, 64),
-            callbacks=[GAPCallback(monitor), BreakAWeight(), guard],
-        )
-        trainer.train()
-        monitor.close()
-        return guard
+    torch.manual_seed(0)
+    model = tiny_llama()
+    monitor = GAPMonitor(model, interval=monitor_interval or 2)
+    guard = GuardCallback(monitor=monitor if monitor_interval else None)
+    trainer = transformers.Trainer(
+        model=model,
+        args=transformers.TrainingArguments(
+            output_dir=str(out),
+            max_steps=30,
+            per_device_train_batch_size=4,
+            logging_steps=1,
+            learning_rate=1e-3,
+            save_strategy="no",
+            report_to=[],
+            use_cpu=True,
+            disable_tqdm=True,
+        ),
+        train_dataset=TokenData(64, 8, 64),
+        callbacks=[GAPCallback(monitor), BreakAWeight(), guard],
+    )
+    trainer.train()
+    monitor.close()
+    return guard, trainer.state.log_history
 
-    watched = run(tmp_path / "watched", True)
-    assert watched.stopped_at == 12, watched.guard and watched.guard.findings
-    nonfinite = [f for f in watched.guard.findings if f["rule"] == "nonfinite"]
-    assert nonfinite and nonfinite[0]["verdict"] == "fail" and nonfinite[0]["step"] == 12
-    assert "NaN/inf params at step 12" in nonfinite[0]["message"]
-    assert "layers.1" in nonfinite[0]["message"]
-    blind = run(tmp_path / "blind", False)
-    assert blind.stopped_at == 12
+
+def first_record_showing_nan(history: list[dict]) -> int | None:
+    """The first step after the NaN whose logged record shows it, as the
+    Trainer logs it: a non-finite gradient norm (with the loss masked to 0.0)
+    or a non-finite loss. Which step that is depends on the machine's float
+    path, so the tests derive it from the run's own log."""
+    for record in history:
+        step = record.get("step", 0)
+        if step <= NAN_AFTER or "loss" not in record:
+            continue
+        values = [record["loss"], record.get("grad_norm", 0.0)]
+        if any(not math.isfinite(v) for v in values if isinstance(v, int | float)):
+            return step
+    return None
+
+
+def first_failure(guard) -> dict:
+    return next(f for f in guard.guard.findings if f["verdict"] == "fail")
+
+
+@pytest.mark.parametrize("interval", [1, 2])
+def test_the_guard_stops_at_the_first_step_that_shows_the_nan_weights(tmp_path, interval):
+    """A weight goes NaN after step 10's update. The guard stops the run at
+    the first step whose record or monitor sample shows it, whichever rule
+    sees it first (on one CPU the masked loss of step 11 does, on another the
+    monitor's sample of step 12); when the monitor sees it, its ``nonfinite``
+    finding names the layer.
+
+    With a sample at every step the monitor's statistics of step 11 see the
+    NaN on every machine, whatever that step's record shows."""
+    watched, history = nan_weight_run(tmp_path / "watched", monitor_interval=interval)
+    first_sample = next(s for s in range(NAN_AFTER + 1, 31) if s % interval == 0)
+    record = first_record_showing_nan(history)
+    assert watched.stopped_at == min(first_sample, record or first_sample), (
+        record,
+        watched.guard.findings,
+    )
+    assert first_failure(watched)["step"] == watched.stopped_at
+    failing = {f["rule"]: f for f in watched.guard.findings if f["verdict"] == "fail"}
+    if watched.stopped_at == first_sample:  # the monitor saw it: its finding names the layer
+        nonfinite = failing["nonfinite"]
+        assert nonfinite["step"] == watched.stopped_at
+        assert f"NaN/inf params at step {watched.stopped_at}" in nonfinite["message"]
+        assert "layers.1" in nonfinite["message"]
+    else:  # only the record showed it: a loss rule stopped the run
+        assert watched.stopped_at == record
+        assert "nonfinite" not in failing and set(failing) & {"nan_masked", "nonfinite_loss"}
+
+
+def test_without_the_monitor_the_loss_rules_stop_on_the_first_record_showing_the_nan(tmp_path):
+    """Without the monitor the loss rules stop the run on the first record
+    showing the NaN (``nan_masked``: the Trainer logs the NaN loss as 0.0),
+    with no word of where the NaN is."""
+    blind, history = nan_weight_run(tmp_path / "blind", monitor_interval=None)
+    record = first_record_showing_nan(history)
+    assert record is not None and blind.stopped_at == record, (history, blind.guard.findings)
+    assert first_failure(blind)["step"] == record
     assert "nonfinite" not in {f["rule"] for f in blind.guard.findings}
