@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Iterator
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import IO, Any, ClassVar
 
 from adapterprobe.cli import positive_int
 from adapterprobe.cli.render import Output, add_output_options, choose_format, print_problems
@@ -19,6 +19,7 @@ examples:
   adapterprobe scan /data --fail-on warn     exit 1 on any warning (for CI)
   adapterprobe scan /data -q                 only the problems and the summary
   adapterprobe scan /data --json -o scan.json   JSON records, written atomically
+  adapterprobe scan /data --save-json scan.json the table, and every record saved as JSON
   adapterprobe scan /data --junit junit.xml  also a JUnit report for the CI's test view
   adapterprobe scan /data --format github    annotations + step summary (automatic
                                              when GITHUB_ACTIONS=true)
@@ -88,9 +89,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "(default: the bundled demo store)",
     )
     add_output_options(p)
+    add_save_option(p)
     add_scan_options(p)
     add_baseline_options(p)
     p.set_defaults(run=run)
+
+
+def add_save_option(p: argparse.ArgumentParser) -> None:
+    """``--save-json``, in the output group: one scan, shown in one format and
+    kept as JSON (the GitHub Action annotates from it and renders its report
+    with ``report --from``)."""
+    groups = [g for g in p._action_groups if g.title == "output"]
+    (groups[0] if groups else p).add_argument(
+        "--save-json",
+        default=None,
+        metavar="FILE",
+        help="also write every record to FILE as --format json does (all of them, whatever "
+        "--only shows), atomically: for `report --from` and --baseline",
+    )
 
 
 def add_baseline_options(p: argparse.ArgumentParser) -> None:
@@ -241,7 +257,8 @@ def scan_records(
         rules=settings.rules,
         options=settings.options,
         progress=bar.update,
-        json=choose_format(getattr(args, "format", None)) in ("json", "jsonl"),
+        json=choose_format(getattr(args, "format", None)) in ("json", "jsonl")
+        or getattr(args, "save_json", None) is not None,
     )
     if getattr(args, "verbose", False):
         batches = report_fetched(batches)
@@ -278,15 +295,19 @@ def nothing_found(roots: list[str], problems: list[tuple[str, str]], args: Any) 
         f"looked for {LAYOUTS}",
         file=sys.stderr,
     )
+    from adapterprobe._fs import atomic_output
+
     if getattr(args, "format", None) == "json":
         output = getattr(args, "output", None)
         if output:
-            from adapterprobe._fs import atomic_output
-
             with atomic_output(output) as out:
                 out.write("[]\n")
         else:
             print("[]")
+    saved = getattr(args, "save_json", None)
+    if saved is not None:
+        with atomic_output(saved) as out:
+            out.write("[]\n")
     return EXIT_NOTHING_FOUND
 
 
@@ -323,11 +344,30 @@ def run_scan(roots: list[str], args: argparse.Namespace) -> int:
         stop()
         return nothing_found(roots, problems, args)
     note_remote_checksums(roots)
-    code = output_of(args, settings.to_dict(args.probes or DEFAULT_PROBES)).write(
-        gate.batches(batches), before_output=stop
-    )
+    output = output_of(args, settings.to_dict(args.probes or DEFAULT_PROBES))
+    saved = getattr(args, "save_json", None)
+    if saved is None:
+        code = output.write(gate.batches(batches), before_output=stop)
+    else:
+        from adapterprobe._fs import atomic_output
+
+        with atomic_output(saved) as out:
+            code = output.write(saving_json(gate.batches(batches), out), before_output=stop)
     print_problems(problems)
     return code  # the writers' Tally counts --fail-on-regression in it
+
+
+def saving_json(batches: Iterable[list[Any]], out: IO[str]) -> Iterator[list[Any]]:
+    """The batches unchanged, each also written to `out` as ``--format json``
+    writes it (``--save-json``: every record, whatever ``--only`` shows)."""
+    from adapterprobe.records import json_chunks
+
+    first = True
+    for batch in batches:
+        out.write("".join(json_chunks(batch, first=first, last=False)))
+        first = False
+        yield batch
+    out.write("[\n]\n" if first else "\n]\n")
 
 
 def run(args: argparse.Namespace) -> int:
