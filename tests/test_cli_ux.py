@@ -345,3 +345,22 @@ def test_check_on_a_tree_says_one_thing_and_points_at_scan(demo_store, tmp_path)
     assert "holds 4 stores below it" in lines[0] and "adapterprobe scan" in lines[0]
     empty = cli("check", str(tmp_path))
     assert empty.returncode == 3 and "nothing to probe" in empty.stderr
+
+
+@pytest.mark.parametrize(
+    ("typed", "meant"),
+    [("--fial-on", "--fail-on"), ("--fromat=json", "--format"), ("--exlude", "--exclude")],
+)
+def test_a_mistyped_option_names_the_one_meant_under_its_subcommand(demo_store, typed, meant):
+    args = [typed, "warn"] if "=" not in typed else [typed]
+    done = cli("scan", str(demo_store), *args)
+    assert done.returncode == 2
+    assert done.stderr.startswith("usage: adapterprobe scan"), done.stderr
+    assert f"unrecognized arguments: {typed}" in done.stderr
+    assert f"did you mean {meant}?" in done.stderr
+
+
+def test_an_option_near_none_is_only_named():
+    done = cli("scan", "--zzzzzz")
+    assert done.returncode == 2 and "unrecognized arguments: --zzzzzz" in done.stderr
+    assert "did you mean" not in done.stderr

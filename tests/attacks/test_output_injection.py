@@ -172,3 +172,18 @@ def test_html_report_runs_nothing_in_a_browser(root, tmp_path):
     with browser.Browser(browser.find_browser()) as b:
         result = b.load(page, screenshot=False)
     assert result.dialogs == [] and result.exceptions == []
+
+
+@pytest.mark.parametrize("payload", ["--x\r::stop-commands::t", "--x\n::add-mask::y", "\x1b[2J"])
+def test_argument_errors_show_what_was_typed_escaped(payload):
+    """argparse's own errors quote the arguments: a carriage return there
+    forged a GitHub workflow command line in the log."""
+    for args in (["scan", payload], [payload], ["scan", "--format", payload]):
+        done = subprocess.run(
+            [sys.executable, "-m", "adapterprobe", *args], capture_output=True, timeout=300
+        )
+        assert done.returncode == 2, args
+        err = done.stderr.decode("utf-8", "replace")
+        assert "Traceback" not in err, err
+        assert "\r" not in err and "\x1b" not in err, (args, err)
+        assert not any(line.startswith("::") for line in err.splitlines()), (args, err)

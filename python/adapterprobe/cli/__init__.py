@@ -11,10 +11,12 @@ extras), 3 nothing found to probe.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from adapterprobe.errors import AdapterProbeError, MissingExtraError, MissingFileError, UsageError
 from adapterprobe.escape import terminal
@@ -60,8 +62,42 @@ def _int_at_least(text: str, least: int) -> int:
     return value
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with its errors fit for a terminal and a CI log: what the
+    user typed is shown escaped, so a carriage return or an escape sequence
+    in an argument cannot forge a line (``::stop-commands::`` in a GitHub
+    log)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {terminal(message)}\n")
+
+
+def nearest_options(parser: argparse.ArgumentParser, typed: Sequence[str]) -> list[str]:
+    """For each unknown ``--option`` typed, the parser's option nearest to it
+    (``--fial-on`` -> ``--fail-on``), if one is near."""
+    known = [s for action in parser._actions for s in action.option_strings]
+    out = []
+    for word in typed:
+        if not word.startswith("-"):
+            continue
+        name = word.split("=", 1)[0]
+        near = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+        if near and near[0] not in out:
+            out.append(near[0])
+    return out
+
+
+def _subcommand(parser: argparse.ArgumentParser, name: str | None) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            chosen: argparse.ArgumentParser = action.choices[name]
+            return chosen
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="adapterprobe",
         description=(
             "Fast, model-free health checks for LoRA adapters and fine-tuning runs. "
@@ -92,7 +128,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if reconfigure is not None:
             reconfigure(errors="backslashreplace")
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        # The subcommand's usage, not the top level's, and the option meant.
+        command = _subcommand(parser, args.command)
+        message = f"unrecognized arguments: {' '.join(unknown)}"
+        near = nearest_options(command, unknown)
+        if near:
+            message += f" (did you mean {' or '.join(near)}?)"
+        command.error(message)
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
