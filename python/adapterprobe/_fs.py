@@ -4,11 +4,37 @@ Everything adapterprobe writes (extracted adapters, libraries, gradient dumps,
 reports) goes through these helpers: content is built under a temporary name
 in the destination's own directory, flushed to disk, and renamed into place.
 
-An output path that is a symbolic link is written through: the link's target is
-replaced and the link keeps pointing at it (renaming the link itself would leave the
-old target behind). An output that cannot be created (its parent is a file, a
-directory cannot be made, the name is a directory where a file should go) is a
-:class:`UsageError` naming the path, never a bare ``OSError``.
+Symbolic links at the output's own name depend on who named it:
+
+- A path the user names (``-o FILE``, ``report -o``, ``compare -o``,
+  ``extract(out_dir)``, a library path) that is a symbolic link is written
+  through: the link's target is replaced and the link keeps pointing at it
+  (renaming the link itself would leave the old target behind). The link is
+  the user's own.
+- A file or folder written whole under a *name adapterprobe chooses* inside a
+  directory it did not make (the guard's ``adapterprobe-guard.json`` in a
+  run's output folder, a GAP side file, a gradient dump's ``step{N}/``) is
+  written with ``replace_link=True``: a link standing at that name is never
+  followed, it is *replaced* by the new regular file or folder (a rename onto
+  the name itself; the link's target is not read, written, moved or deleted).
+  Where another library writes the file (Lightning's ``guard-stop-step{N}.ckpt``)
+  :func:`remove_link` takes the link away first. The directories above may be
+  links; only the last component is never resolved. A run folder resumed from
+  a shared or downloaded checkpoint may carry such a link, and the training
+  process must not overwrite whatever it points at.
+- What is added to instead cannot replace a link without losing what is
+  there, so it refuses one: a file opened for appending under a chosen name
+  (:func:`open_append`: a store's GAP log) refuses a link, or any other
+  non-regular file, at that name with a :class:`UsageError` naming it (the
+  sinks also refuse a link at the side-file folder they add files to).
+
+Cleaning up never goes through a link either: a leftover named like our
+temporaries (``.NAME.PID-XXXX.tmp``, ``.NAME.old-XXXX``) that is a link is
+removed itself (its target untouched) and never renamed back into place.
+
+An output that cannot be created (its parent is a file, a directory cannot be
+made, the name is a directory where a file should go) is a :class:`UsageError`
+naming the path, never a bare ``OSError``.
 """
 
 from __future__ import annotations
@@ -17,11 +43,12 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from adapterprobe._json import json_safe
 from adapterprobe.errors import UsageError
@@ -43,6 +70,38 @@ def resolve_output(path: str | os.PathLike[str]) -> Path:
         return Path(path).absolute().resolve()
     except (OSError, RuntimeError) as exc:  # a symlink loop
         raise UsageError(f"cannot resolve the output path: {exc}", path=path) from exc
+
+
+def chosen_output(path: str | os.PathLike[str]) -> Path:
+    """The absolute path of a name adapterprobe chose: its directories resolved,
+    the last component kept as it is (a link there is not followed)."""
+    given = Path(path).absolute()
+    try:
+        return given.parent.resolve() / given.name
+    except (OSError, RuntimeError) as exc:  # a symlink loop
+        raise UsageError(f"cannot resolve the output path: {exc}", path=path) from exc
+
+
+def _output_path(path: str | os.PathLike[str], replace_link: bool) -> Path:
+    return chosen_output(path) if replace_link else resolve_output(path)
+
+
+def _lstat(path: Path) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except OSError:
+        return None
+
+
+def _is_link(path: Path) -> bool:
+    info = _lstat(path)
+    return info is not None and stat.S_ISLNK(info.st_mode)
+
+
+def _is_real_dir(path: Path) -> bool:
+    """A directory itself, not a link to one."""
+    info = _lstat(path)
+    return info is not None and stat.S_ISDIR(info.st_mode)
 
 
 def _make_parent(target: Path) -> None:
@@ -90,7 +149,9 @@ def clean_leftovers(target: Path) -> None:
     (``.NAME.PID-XXXX.tmp`` whose PID is gone), and settle a swap that a
     kill interrupted: a ``.NAME.old-XXXX`` copy is put back when ``target``
     is missing (the kill came between the two renames) and removed when the
-    new ``target`` is in place."""
+    new ``target`` is in place. A leftover that is a symbolic link is removed
+    itself, never followed and never put back in place: our writers never
+    leave one that should be restored."""
     parent = target.parent
     try:
         entries = list(os.scandir(parent))
@@ -108,7 +169,7 @@ def clean_leftovers(target: Path) -> None:
             if pid_text.isdigit() and not pid_alive(int(pid_text)):
                 _remove(path)
         elif rest.startswith("old-"):
-            if not target.exists():
+            if not _is_link(path) and not os.path.lexists(target):
                 with contextlib.suppress(OSError):
                     os.rename(path, target)
             else:
@@ -116,23 +177,46 @@ def clean_leftovers(target: Path) -> None:
 
 
 def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
+    """Remove ``path`` itself: a directory with what it holds, anything else
+    (a link too, whatever it points at) by its name only."""
+    if _is_real_dir(path):
+        shutil.rmtree(path, ignore_errors=True)  # refuses a link swapped in meanwhile
     else:
         with contextlib.suppress(OSError):
-            path.unlink()
+            os.unlink(path)
+
+
+def remove_link(path: str | os.PathLike[str]) -> bool:
+    """Remove a symbolic link standing at ``path`` (the link, never its target)
+    before another library writes a file under a name adapterprobe chose there;
+    True when there was one."""
+    if not _is_link(Path(path)):
+        return False
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise UsageError(
+            f"cannot remove the symbolic link at the output: {exc.strerror or exc}", path=path
+        ) from exc
+    return True
 
 
 @contextlib.contextmanager
-def _replacing(path: str | os.PathLike[str], *, create_parent: bool) -> Iterator[tuple[int, Path]]:
+def _replacing(
+    path: str | os.PathLike[str], *, create_parent: bool, replace_link: bool = False
+) -> Iterator[tuple[int, Path]]:
     """The one write-then-rename of every file output: yields the descriptor
     of a temporary file beside ``path`` (mode ``0666 & ~umask``) and the
     target; when the block ends without an exception the temporary replaces
     the target, otherwise it is removed (an ``OSError`` becomes a
     :class:`UsageError`). The block writes, fsyncs and closes the descriptor.
-    ``create_parent``: make missing directories, or refuse them."""
-    target = resolve_output(path)
-    if target.is_dir():
+    ``create_parent``: make missing directories, or refuse them.
+    ``replace_link``: a name adapterprobe chose; a link at it is replaced, not
+    written through (see the module's docstring)."""
+    target = _output_path(path, replace_link)
+    if _is_real_dir(target):
         raise UsageError("output is a directory, not a file", path=target)
     if create_parent:
         _make_parent(target)
@@ -178,18 +262,72 @@ def atomic_output(path: str | os.PathLike[str]) -> Iterator[Any]:
         os.fsync(f.fileno())
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically (temp file beside it, fsync, rename)."""
-    with _replacing(path, create_parent=True) as (fd, target), os.fdopen(fd, "wb") as f:
+def atomic_write_bytes(
+    path: str | os.PathLike[str], data: bytes, *, replace_link: bool = False
+) -> Path:
+    """Write ``data`` to ``path`` atomically (temp file beside it, fsync, rename).
+
+    ``replace_link=True`` for a name adapterprobe chose: a symbolic link at
+    ``path`` is replaced by the new file, its target left alone."""
+    with (
+        _replacing(path, create_parent=True, replace_link=replace_link) as (fd, target),
+        os.fdopen(fd, "wb") as f,
+    ):
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
     return target
 
 
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
-    """Write UTF-8 ``text`` to ``path`` atomically."""
-    return atomic_write_bytes(path, text.encode("utf-8", "backslashreplace"))
+def atomic_write_text(
+    path: str | os.PathLike[str], text: str, *, replace_link: bool = False
+) -> Path:
+    """Write UTF-8 ``text`` to ``path`` atomically (``replace_link``: as
+    :func:`atomic_write_bytes`)."""
+    return atomic_write_bytes(
+        path, text.encode("utf-8", "backslashreplace"), replace_link=replace_link
+    )
+
+
+def open_append(path: str | os.PathLike[str]) -> IO[str]:
+    """Open a file under a name adapterprobe chose for appending UTF-8 lines
+    (created ``0666 & ~umask`` when missing). A symbolic link at ``path`` (or a
+    FIFO, a device: anything but a regular file) is refused with a
+    :class:`UsageError` naming it, never written through: ``O_NOFOLLOW`` makes
+    the refusal part of the open itself."""
+    flags = (
+        os.O_WRONLY
+        | os.O_APPEND
+        | os.O_CREAT
+        | getattr(os, "O_NOFOLLOW", 0)
+        | getattr(os, "O_NONBLOCK", 0)  # a FIFO must not block the open
+        | getattr(os, "O_CLOEXEC", 0)
+    )
+    if not hasattr(os, "O_NOFOLLOW") and _is_link(Path(path)):  # Windows: no O_NOFOLLOW
+        raise UsageError("refusing to append through a symbolic link", path=path)
+    not_regular = "refusing to append to something that is not a regular file"
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as exc:
+        info = _lstat(Path(path))
+        if info is not None and stat.S_ISLNK(info.st_mode):  # ELOOP, or EMLINK (FreeBSD)
+            raise UsageError(
+                "refusing to append through a symbolic link at a name adapterprobe chose "
+                "(remove the link)",
+                path=path,
+            ) from exc
+        if info is not None and not stat.S_ISREG(info.st_mode):  # ENXIO: a FIFO, no reader
+            raise UsageError(not_regular, path=path) from exc
+        raise UsageError(f"cannot open the output: {exc.strerror or exc}", path=path) from exc
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UsageError(not_regular, path=path)
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "a", encoding="utf-8")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -237,16 +375,52 @@ def check_disjoint(out: str | os.PathLike[str], inputs: Iterable[str | os.PathLi
             raise UsageError(f"the output sits inside the input {given}", path=target)
 
 
+def _check_dir_output(out: Path, overwrite: bool) -> None:
+    """:func:`check_out_dir`, where a link at ``out`` (a chosen name: never
+    followed) is an existing entry that only ``overwrite`` replaces."""
+    if _is_link(out):
+        if not overwrite:
+            raise UsageError(
+                "output exists and is a symbolic link (overwrite=True replaces the link itself)",
+                path=out,
+            )
+        return
+    check_out_dir(out, overwrite)
+
+
+def replace_dir(staged: Path, out: Path) -> None:
+    """Rename the finished directory ``staged`` to ``out``, replacing what is
+    there by its name: a directory is swapped out (``.NAME.old-XXXX``) and
+    then removed, a symbolic link is renamed and unlinked, never followed. A
+    failed rename puts the old entry back and raises the ``OSError``."""
+    if os.path.lexists(out):
+        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(out, old)
+        try:
+            os.rename(staged, out)
+        except OSError:
+            os.rename(old, out)
+            raise
+        _remove(old)
+    else:
+        os.rename(staged, out)
+
+
 @contextlib.contextmanager
-def atomic_dir(out_dir: str | os.PathLike[str], *, overwrite: bool = False) -> Iterator[Path]:
+def atomic_dir(
+    out_dir: str | os.PathLike[str], *, overwrite: bool = False, replace_link: bool = False
+) -> Iterator[Path]:
     """Yield a temporary directory beside ``out_dir``; on success it is renamed to
     ``out_dir`` (replacing an existing one when ``overwrite``); on error it is removed.
 
-    ``out_dir`` may be a symbolic link: its target is what gets written."""
-    out = resolve_output(out_dir)
+    ``out_dir`` may be a symbolic link: its target is what gets written. With
+    ``replace_link`` (a folder name adapterprobe chose) a link at ``out_dir``
+    is never followed: with ``overwrite`` the new folder replaces the link
+    itself, without it the link is refused."""
+    out = _output_path(out_dir, replace_link)
     if out.parent.is_dir():
         clean_leftovers(out)
-    check_out_dir(out, overwrite)
+    _check_dir_output(out, overwrite)
     _make_parent(out)
     try:
         tmp = Path(
@@ -258,19 +432,9 @@ def atomic_dir(out_dir: str | os.PathLike[str], *, overwrite: bool = False) -> I
         ) from exc
     try:
         yield tmp
-        check_out_dir(out, overwrite)
+        _check_dir_output(out, overwrite)
         try:
-            if out.exists():
-                old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-                os.rename(out, old)
-                try:
-                    os.rename(tmp, out)
-                except OSError:
-                    os.rename(old, out)
-                    raise
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.rename(tmp, out)
+            replace_dir(tmp, out)
         except OSError as exc:
             raise UsageError(
                 f"cannot move the output into place: {exc.strerror or exc}", path=out

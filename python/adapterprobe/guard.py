@@ -221,9 +221,14 @@ class Guard:
         }
 
     def write(self, directory: str | Path, stopped_at: int | None = None) -> Path:
-        """Write :meth:`report` as JSON to ``directory/GUARD_FILE``, atomically."""
+        """Write :meth:`report` as JSON to ``directory/GUARD_FILE``, atomically.
+
+        The name is the guard's own choice inside a folder it did not make (a
+        run's output folder, perhaps resumed from a shared or downloaded
+        checkpoint): a symbolic link standing at it is replaced by the new
+        file, never written through, and what it pointed at is left alone."""
         text = json.dumps(self.report(stopped_at), indent=2, allow_nan=False)
-        return atomic_write_text(Path(directory) / GUARD_FILE, text + "\n")
+        return atomic_write_text(Path(directory) / GUARD_FILE, text + "\n", replace_link=True)
 
     def __repr__(self) -> str:
         return f"Guard({self.verdict}, {self.num_records} records)"

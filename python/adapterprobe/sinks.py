@@ -22,6 +22,14 @@ the names in its metadata), and names that file in the record's ``tensors_file``
 :func:`read_tensor_stats` reads one back as the same flat dict. ``tensors="inline"``
 keeps them in the JSON line instead.
 
+The side files' names, the ``<log stem>.tensors`` folder and a store's
+``logs/train-*.jsonl`` are names this module chooses inside folders it did not
+make (a store may be shared, or downloaded), so a symbolic link standing at one
+is never followed: a side file (written whole) replaces the link itself, and
+the log and the side-file folder (added to) refuse it with a
+:class:`MonitorConfigError` naming the link. A log path the caller names
+(``JsonlSink(path)``) is theirs: a link there is appended through.
+
 This module does not import torch (the TensorBoard sink loads it when built).
 """
 
@@ -34,7 +42,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any, Literal, Protocol, runtime_checkable
 
-from adapterprobe._fs import atomic_write_bytes
+from adapterprobe._fs import atomic_write_bytes, open_append
 from adapterprobe.errors import LogFormatError, MonitorConfigError, UsageError, require
 
 __all__ = ["GapSink", "JsonlSink", "TensorBoardSink", "read_tensor_stats", "step_record"]
@@ -180,6 +188,9 @@ class JsonlSink:
     and a crash must leave every finished line on disk. ``tensors`` says where
     per-tensor statistics go (``"sidecar"``: a safetensors file per step beside the log;
     ``"inline"``: the JSON line); ``digits`` rounds values (None keeps all 17).
+    ``_name_chosen`` (:meth:`for_store`'s): the log's name was chosen here, so a
+    symbolic link (or any non-regular file) at ``path`` is refused, not appended
+    through.
     """
 
     def __init__(
@@ -189,6 +200,7 @@ class JsonlSink:
         banner: Mapping[str, Any] | None = None,
         tensors: Literal["sidecar", "inline"] = "sidecar",
         digits: int | None = 7,
+        _name_chosen: bool = False,
     ):
         if tensors not in ("sidecar", "inline"):
             raise MonitorConfigError(f"tensors must be 'sidecar' or 'inline', got {tensors!r}")
@@ -202,7 +214,12 @@ class JsonlSink:
         self._round = _rounder(digits)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file: IO[str] | None = self.path.open("a", encoding="utf-8")
+            if _name_chosen:
+                self._file: IO[str] | None = open_append(self.path)
+            else:
+                self._file = self.path.open("a", encoding="utf-8")
+        except UsageError as exc:
+            raise MonitorConfigError(f"cannot open GAP log: {exc.reason}", path=exc.path) from exc
         except OSError as exc:
             raise MonitorConfigError(f"cannot open GAP log {self.path}: {exc}") from exc
         if banner is not None:
@@ -219,13 +236,15 @@ class JsonlSink:
     ) -> JsonlSink:
         """A new run log at ``<store>/logs/train-<run_id:06d>-<UTC time>.jsonl``, banner first.
 
-        ``options`` (``tensors``, ``digits``) go to the constructor.
+        ``options`` (``tensors``, ``digits``) go to the constructor. A symbolic
+        link already at the log's name is refused (:class:`MonitorConfigError`
+        naming it), never appended through.
         """
         if isinstance(run_id, bool) or not isinstance(run_id, int) or run_id < 0:
             raise MonitorConfigError(f"run_id must be a non-negative int, got {run_id!r}")
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
         path = Path(store) / "logs" / f"train-{run_id:06d}-{stamp}.jsonl"
-        return cls(path, banner={**(banner or {}), "run_id": run_id}, **options)
+        return cls(path, banner={**(banner or {}), "run_id": run_id}, _name_chosen=True, **options)
 
     @property
     def tensors_dir(self) -> Path:
@@ -245,8 +264,9 @@ class JsonlSink:
                     per_tensor[parts] = value
             if per_tensor:
                 side = self.tensors_dir / f"step{step:08d}.safetensors"
+                self._check_tensors_dir()
                 try:
-                    atomic_write_bytes(side, _side_file_bytes(step, per_tensor))
+                    atomic_write_bytes(side, _side_file_bytes(step, per_tensor), replace_link=True)
                 except (OSError, UsageError) as exc:
                     raise MonitorConfigError(f"cannot write GAP side file {side}: {exc}") from exc
                 record["tensors_file"] = f"{self.tensors_dir.name}/{side.name}"
@@ -255,6 +275,17 @@ class JsonlSink:
             stats = {key: self._round(value) for key, value in stats.items()}
         record["stats"] = stats
         self._write(record)
+
+    def _check_tensors_dir(self) -> None:
+        """The side-file folder is added to, so a link at its name is refused
+        (files would land wherever it points)."""
+        folder = self.tensors_dir
+        if folder.is_symlink():
+            raise MonitorConfigError(
+                "refusing to write GAP side files through a symbolic link at the "
+                "side-file folder (remove the link)",
+                path=folder,
+            )
 
     def write_step(self, record: Mapping[str, Any]) -> None:
         self._write(record)

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from adapterprobe._fs import remove_link
 from adapterprobe.errors import MonitorConfigError, require
 from adapterprobe.guard import GuardCallbackBase
 from adapterprobe.monitor import GAPMonitor
@@ -118,7 +119,9 @@ class GuardCallback(GuardCallbackBase, Callback):
     global rank 0 (also at the end of a run that was not stopped). Under DDP
     each rank's loss is its own batch's: rank 0 decides, and its decision
     is broadcast at each record (one small collective per step), so every
-    rank stops at the same step.
+    rank stops at the same step. Both file names are the guard's own choice in
+    a folder it did not make: a symbolic link standing at either is replaced by
+    the new file, never written through.
     """
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -137,7 +140,10 @@ class GuardCallback(GuardCallbackBase, Callback):
             return
         root = Path(trainer.default_root_dir)
         if self.save_on_stop:
-            trainer.save_checkpoint(str(root / f"guard-stop-step{step}.ckpt"))
+            checkpoint = root / f"guard-stop-step{step}.ckpt"
+            if trainer.is_global_zero:  # the rank that writes it; Lightning follows a link
+                remove_link(checkpoint)
+            trainer.save_checkpoint(str(checkpoint))
         trainer.should_stop = True
         self._write(root, main_process=trainer.is_global_zero)
 

@@ -3,20 +3,25 @@
 A :class:`GradientDump` only says which steps it wants and writes what it is
 handed: the monitor decides when a step is sampled and passes the gradients in,
 so dumps cost nothing on the steps they skip.
+
+The ``step{N}`` folders (and their ``.step{N}.*`` staging names) are names this
+module chooses inside the dump directory, which may be a shared or resumed run
+folder: a symbolic link standing at one is replaced by the new folder, never
+followed, so a dump can neither overwrite nor delete what a planted link points
+at (see :mod:`adapterprobe._fs`).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from adapterprobe._fs import atomic_dir
+from adapterprobe._fs import atomic_dir, remove_link, replace_dir
 from adapterprobe.errors import MonitorConfigError, UsageError, require
 from adapterprobe.monitor.distributed import World
 from adapterprobe.monitor.options import int_option
@@ -30,7 +35,8 @@ class GradientDump:
     ``first_n`` keeps only the leading ``first_n`` entries of every dimension, so that
     huge matrices can be sampled cheaply. Each file holds one tensor, ``"gradient"``,
     with the parameter name and full shape in its metadata. A step directory is built
-    under a temporary name and renamed into place, replacing an earlier one.
+    under a temporary name and renamed into place, replacing an earlier one (or a
+    symbolic link at its name: the link itself, never what it points at).
 
     Under ``torch.distributed`` (see :meth:`write`): with ``first_n`` the global
     gradients are gathered one at a time and rank 0 writes the same files (metadata
@@ -83,7 +89,7 @@ class GradientDump:
         final = self.directory / f"step{step}"
         if world is None:
             try:
-                with atomic_dir(final, overwrite=True) as staging:
+                with atomic_dir(final, overwrite=True, replace_link=True) as staging:
                     for name, grad in grads:
                         self._save_one(staging, step, name, _full(grad))
             except (OSError, UsageError) as exc:
@@ -113,7 +119,7 @@ class GradientDump:
         staging: Path | None = None
         if world.rank == 0:
             try:
-                target = atomic_dir(final, overwrite=True)
+                target = atomic_dir(final, overwrite=True, replace_link=True)
                 staging = target.__enter__()
             except (OSError, UsageError) as exc:
                 error = exc
@@ -144,10 +150,10 @@ class GradientDump:
         error: BaseException | None = None
         if world.rank == 0:
             try:
-                if staging.exists():
+                if not remove_link(staging) and staging.exists():  # a link: itself, not its target
                     shutil.rmtree(staging)
                 staging.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
+            except (OSError, UsageError) as exc:
                 error = exc
         _agree(error, world, step, f"cannot write gradient dump {final}")  # also a barrier
         state = {name: grad.detach() for name, grad in grads}
@@ -158,7 +164,7 @@ class GradientDump:
         error = None
         if world.rank == 0:
             try:
-                _replace_dir(staging, final)
+                replace_dir(staging, final)  # a link at final: replaced, never followed
             except OSError as exc:
                 error = exc
         _agree(error, world, step, f"cannot write gradient dump {final}")
@@ -171,22 +177,6 @@ def _full(grad: torch.Tensor) -> torch.Tensor:
     if full_tensor is not None and type(grad) is not torch.Tensor:
         return full_tensor()
     return grad
-
-
-def _replace_dir(staging: Path, final: Path) -> None:
-    """Move ``staging`` to ``final``, replacing an earlier one."""
-    old = None
-    if final.exists():
-        old = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
-        os.rename(final, old)
-    try:
-        os.rename(staging, final)
-    except OSError:
-        if old is not None:
-            os.rename(old, final)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _agree(error: BaseException | None, world: World, step: int, what: str) -> None:
