@@ -297,11 +297,24 @@ def test_prompt_only_rows_log_zero_but_train(field_root: Path) -> None:
 
 
 def test_lr_too_high(field_root: Path) -> None:
-    values = losses(field_root / "lr-too-high-full-adam1-log1")
+    """AdamW at lr 1 moves every weight by about 1 per step: the weights end tens
+    of times their initial size and the loss climbs far above its start and stays
+    above it. Past the blow-up the run is chaotic (how high it peaks and where it
+    ends differ with the CPU's kernels: peaks of 20 to 36, an end level of 0.8x
+    to 1.9x its start, seen on one machine under different BLAS and ATen kernel
+    paths), so it is held to what every trajectory shows, not to its end level."""
+    run = run_named("lr-too-high-full-adam1-log1")
+    out = field_root / run.name
+    values = losses(out)
     assert all(finite(v) for v in values)
-    assert max(values) >= 4 * values[0]  # ~5 -> over 20
-    assert max(values) >= 20
-    assert head_tail(values)[1] >= 1.3 * values[0]  # still far above its start
+    start = values[0]
+    assert max(values) >= 3 * start  # ~5 -> over 15 (3.8x to 6.8x seen)
+    assert statistics.fmean(values) >= 1.5 * start  # the run's mean far above its start
+    assert sum(v > start for v in values) >= 0.75 * len(values)  # above it most of the run
+    before = field.build_model(run).state_dict()
+    after = weights(out)
+    grown = max(float(after[k].abs().max()) for k in after)
+    assert grown >= 20 * max(float(before[k].abs().max()) for k in after)
 
 
 def _first_nan_norm(out: Path) -> int:

@@ -227,9 +227,16 @@ def test_the_guard_cancels_a_run_whose_lr_climbs_until_it_blows_up(tmp_path, che
     assert stopped is not None and stopped < 60, guard.guard and guard.guard.findings
     trained = [s for s in sorted(metrics) if "train/CE loss" in metrics[s]]
     assert max(trained) <= stopped + 1  # canceled at the next step's check
-    losses = [metrics[s]["train/CE loss"] for s in trained if s <= stopped]
-    # random tokens: the start is a uniform guess's loss, the end far above it
-    assert losses[0] < 1.05 * math.log(VOCAB) < 1.5 * math.log(VOCAB) < losses[-1]
+    losses = {s: metrics[s]["train/CE loss"] for s in trained}
+    # random tokens: the start is a uniform guess's loss ...
+    assert losses[trained[0]] < 1.05 * math.log(VOCAB)
+    # ... and the guard stopped once the run's own log showed a loss far above it
+    # (worse_than_uniform's margin, 1.5 x ln(vocab)), not before. Where on the climb
+    # that comes, and how far past the margin the loss at the stop is, depend on the
+    # CPU's kernels (steps 26 to 33, the loss there 7.4 to 11 against 7.3, seen under
+    # different BLAS and ATen kernel paths): read from the log, not pinned.
+    over = [s for s in trained if losses[s] > 1.5 * math.log(VOCAB)]
+    assert over and over[0] <= stopped, (stopped, losses)
     saved = sorted(p.name for p in (tmp_path / "save").iterdir() if p.name.startswith("step"))
     assert f"step{max(trained)}" in saved  # (step0 is OLMo-core's own, at the start)
     written = json.loads((tmp_path / "save" / "adapterprobe-guard.json").read_text())
