@@ -1,18 +1,29 @@
 """Corrupt and hostile saved scans given to ``scan --baseline`` and
-``report --from``: each is refused with a usage error (exit 2) naming what is
-wrong, never a traceback; a valid one still reads."""
+``report --from``: a record that is not one of this schema is refused with a
+usage error (exit 2) naming what is wrong; inside a record's evidence a
+value of the wrong shape is read as absent (exit 0 or 1); never a
+traceback; a valid one still reads."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
 import sys
+import traceback
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.attacks import fs_attacks as fa
+
+FIXTURE_RUNS = fa.REPO / "tests" / "fixtures" / "realruns"
+#: What each evidence value (and each value one level inside it) is replaced by.
+SHAPES: tuple[Any, ...] = ([1, 2], "x", True, None, {})
 
 
 @pytest.fixture
@@ -139,3 +150,146 @@ def test_extreme_but_valid_values_of_a_saved_scan_render():
     axis = Scale(1e-3, 1e3, 0.0, 100.0, log=True)
     assert axis(0.0) == 0.0 and axis(float("inf")) == 100.0
     assert num(float("inf")) == "inf"
+
+
+# ---------------------------------------------------------------------------
+# Every evidence key of a real scan, in every wrong shape
+
+
+@pytest.fixture(scope="module")
+def key_examples() -> dict[str, dict[str, Any]]:
+    """Per probe, every evidence key a scan of the demo store or of the
+    committed real runs writes, with a value it wrote (a non-empty one
+    where any record had one)."""
+    from adapterprobe.scan import DEMO_STORE
+
+    examples: dict[str, dict[str, Any]] = {}
+    for root in (Path(DEMO_STORE), FIXTURE_RUNS / "corpus", FIXTURE_RUNS / "field"):
+        run = fa.cli("scan", root, "--format", "json")
+        assert run.returncode in (0, 1), run.stderr[-400:]
+        for r in json.loads(run.stdout):
+            seen = examples.setdefault(r["probe"], {})
+            for key, value in (r.get("evidence") or {}).items():
+                if seen.get(key) in (None, [], {}):
+                    seen[key] = value
+    assert {"training_drift", "adapter_weights", "gradient_ghost"} <= set(examples)
+    return examples
+
+
+def _one_level_down(value: Any) -> Iterator[tuple[str, Any, Any]]:
+    """(where, what is there, a function putting a new value there) for the
+    values one level inside ``value``: an object's values (the first six),
+    a list's first item (a list's items are alike)."""
+    if isinstance(value, dict):
+        for k in list(value)[:6]:
+            yield f"[{k!r}]", value[k], lambda new, k=k: {**value, k: new}
+    elif isinstance(value, list) and value:
+        yield "[0]", value[0], lambda new: [new, *value[1:]]
+
+
+def shape_variants(evidence: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``evidence`` with one value replaced by each of :data:`SHAPES`: every
+    key's value, each value one level inside it, and for a list one more
+    level (a ``[step, value]`` pair's items, a finding's fields)."""
+    for key, value in evidence.items():
+        for shape in SHAPES:
+            yield f"{key}={json.dumps(shape)}", {**evidence, key: shape}
+        for where, inner, put in _one_level_down(value):
+            for shape in SHAPES:
+                yield f"{key}{where}={json.dumps(shape)}", {**evidence, key: put(shape)}
+            if not isinstance(value, list):
+                continue
+            for deeper, _, put_deeper in _one_level_down(inner):
+                for shape in SHAPES:
+                    new = put(put_deeper(shape))
+                    yield f"{key}{where}{deeper}={json.dumps(shape)}", {**evidence, key: new}
+            if isinstance(inner, list) and len(inner) > 1:  # a pair's value
+                for shape in SHAPES:
+                    new = put([inner[0], shape, *inner[2:]])
+                    yield f"{key}{where}[1]={json.dumps(shape)}", {**evidence, key: new}
+
+
+def run_in_process(*argv: str | Path) -> tuple[int, str]:
+    """``adapterprobe ARGV`` in this process (a thousand runs of a
+    subprocess would take minutes): the exit code and stderr; an exception
+    that escapes is the traceback the command line would have printed."""
+    from adapterprobe.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main([str(a) for a in argv])
+    except BaseException:  # any escape is the bug looked for
+        return -1, "Traceback\n" + traceback.format_exc()
+    return code, err.getvalue()
+
+
+def test_every_evidence_key_in_every_wrong_shape_reads_as_absent(
+    saved, demo_store, key_examples, tmp_path
+):
+    # Each variant is a real record whose evidence holds every key its probe
+    # writes (the record's own values, the others from the real runs), one
+    # of them in a wrong shape. ``scan --baseline``: the variants sit in the
+    # records the scan's records match (one per record per file);
+    # ``report --from``: each variant is a store of its own, 150 to a page
+    # (every one of them drawn with its charts).
+    _, records = saved
+    slots: dict[str, list[int]] = {}
+    for i, r in enumerate(records):
+        slots.setdefault(r["probe"], []).append(i)
+    variants: list[tuple[str, int, dict[str, Any]]] = []
+    for probe, where in slots.items():
+        template = records[where[0]]
+        own = {k: v for k, v in template["evidence"].items() if v not in ([], {})}
+        full = {**key_examples[probe], **own}  # empty lists: the real runs' items
+        for name, evidence in shape_variants(full):
+            variants.append((f"{probe}: {name}", where[0], evidence))
+    keys = sum(len(examples) for examples in key_examples.values())
+    assert keys > 60 and len(variants) > len(SHAPES) * keys
+
+    baseline_files: list[list[dict[str, Any]]] = []
+    for probe, where in slots.items():
+        mine = [v for v in variants if records[v[1]]["probe"] == probe]
+        for k in range(0, len(mine), len(where)):
+            while len(baseline_files) <= k // len(where):
+                baseline_files.append([dict(r) for r in records])
+            for slot, (_, _, evidence) in zip(where, mine[k : k + len(where)], strict=False):
+                baseline_files[k // len(where)][slot]["evidence"] = evidence
+    path = tmp_path / "saved.json"
+    for i, file_records in enumerate(baseline_files):
+        path.write_text(json.dumps(file_records))
+        code, err = run_in_process("scan", demo_store, "--baseline", path, "--format", "json")
+        assert "Traceback" not in err and code in (0, 1), (i, code, err[-1500:])
+
+    for start in range(0, len(variants), 150):
+        page = []
+        for j, (_, slot, evidence) in enumerate(variants[start : start + 150]):
+            r = records[slot]
+            page.append({**r, "store": f"{r['store']}/v{start + j}", "evidence": evidence})
+        path.write_text(json.dumps(page))
+        code, err = run_in_process("report", "--from", path, "-o", tmp_path / "r.html")
+        assert "Traceback" not in err and code in (0, 1), (start, code, err[-1500:])
+
+
+def test_wrong_shapes_the_baseline_reads_give_no_traceback(saved, demo_store, tmp_path):
+    # Each was a traceback of ``scan --baseline``: ``rank_used`` read as an
+    # object and ``eval_loss_sampled`` iterated, whatever they held.
+    out, records = saved
+    for probe, key, shape in [
+        ("adapter_weights", "rank_used", [1, 2]),
+        ("adapter_weights", "rank_used", "x"),
+        ("adapter_weights", "rank_used", True),
+        ("training_drift", "eval_loss_sampled", True),
+    ]:
+        bad = [
+            {**r, "evidence": {**r["evidence"], key: shape}} if r["probe"] == probe else r
+            for r in records
+        ]
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps(bad))
+        run = fa.cli("scan", demo_store, "--baseline", path, "--format", "json", cwd=out)
+        assert "Traceback" not in run.stderr, (key, shape, run.stderr[-800:])
+        assert run.returncode in (0, 1), (key, shape, run.returncode, run.stderr[-400:])
+        judged = [r["baseline"] for r in json.loads(run.stdout) if r["probe"] == probe]
+        # the value is absent: its check says nothing, the others still run
+        assert judged and all(not b["regressed"] for b in judged), judged

@@ -187,24 +187,100 @@ def compare_updates(case: Path) -> None:
         )
 
 
+def _cli(*argv: str | Path) -> str:
+    """``adapterprobe ARGV`` in this process: its stdout. Exit 2 (a usage
+    error, printed by the command line) is raised as a UsageError so the
+    fuzzer counts it as the error it is; anything that escapes the command
+    line is the traceback a user would see."""
+    import contextlib
+    import io
+
+    from adapterprobe.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([str(a) for a in argv])
+    if code == 2:
+        raise ap.UsageError(err.getvalue()[-500:])
+    if code not in (0, 1, 3):
+        raise RuntimeError(f"adapterprobe {argv[0]} exited {code}: {err.getvalue()[-500:]}")
+    return out.getvalue()
+
+
+def _saved_outputs(path: Path, tmp: Path) -> list[Any]:
+    """The reads of a saved scan: ``scan --baseline`` (the bundled demo
+    store against it, matched by store name, so a scan of the demo store
+    saved anywhere is compared; and every saved record against the saved
+    records, so both sides of a comparison are the mutated ones),
+    ``report --from`` and the other renderings of its records."""
+    from adapterprobe.comparison.baseline import Gate, load_saved_scan, records_from_saved
+    from adapterprobe.records import ScanReport
+    from adapterprobe.scan import DEMO_STORE
+
+    def gate() -> Any:
+        records = records_from_saved(load_saved_scan(path))
+        roots = sorted({r.root for r in records if r.root is not None}) or ["/"]
+        g = Gate(roots, baseline=path, match="name")
+        return [g.record(r).to_dict() for r in records]
+
+    def render() -> Any:
+        report = ScanReport(records_from_saved(load_saved_scan(path)), [], {})
+        report.to_html(tmp / "r.html")
+        report.to_markdown()
+        report.to_csv()
+        report.to_json()
+        report._repr_html_()
+        return str(report)
+
+    return [
+        gate,
+        render,
+        lambda: _cli("scan", DEMO_STORE, "--baseline", path, "--match", "name", "--format", "json"),
+        lambda: _cli("report", "--from", path, "-o", tmp / "cli.html"),
+    ]
+
+
 def saved_scan(case: Path) -> None:
     """A saved scan read back as ``scan --baseline`` and ``report --from`` do."""
     import tempfile
 
-    from adapterprobe.comparison.baseline import Baseline, load_saved_scan, report_from_saved
+    with tempfile.TemporaryDirectory() as tmp:
+        _each(*_saved_outputs(case / "scan.json", Path(tmp)))
 
-    path = case / "scan.json"
 
-    def render() -> Any:
-        with tempfile.TemporaryDirectory() as tmp:
-            out, report = report_from_saved(path, str(Path(tmp) / "r.html"))
-            report.to_markdown()
-            return out
+def tracker_run(case: Path) -> None:
+    """A tracker's run (a W&B offline run directory, an MLflow file store)
+    with one file mutated, scanned as a store and in every output; then its
+    saved scan (``scan --format json``) read back by ``scan --baseline`` of
+    the same case and ``report --from``. An error record is raised as an
+    AdapterProbeError, as :func:`store_scan` does."""
+    import tempfile
 
-    _each(
-        lambda: Baseline(load_saved_scan(path), ["/"], "name").by_store,
-        render,
-    )
+    results: list[Any] = []
+
+    def scan() -> None:
+        report = ap.scan(case, workers=1)
+        report.to_json()
+        report.to_csv()
+        report.to_markdown()
+        report._repr_html_()
+        str(report)
+        results.extend(report)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        saved = Path(tmp) / "saved.json"
+
+        def save() -> None:
+            saved.write_text(_cli("scan", case, "--format", "json", "--workers", "1"))
+
+        def compare() -> str:
+            return _cli("scan", case, "--baseline", saved, "--format", "json", "--workers", "1")
+
+        _each(scan, save, compare, *_saved_outputs(saved, Path(tmp)))
+    for r in results:
+        repr(r)
+        if r.verdict == "error":
+            raise ap.AdapterProbeError(r.message)
 
 
 KERNELS = ("robust_curve", "curve_metrics", "count_spikes", "spike_indices")

@@ -1,4 +1,4 @@
-"""Command line: `python -m tests.fuzz --seconds 60 [--parser NAME ...] [--replay DIR]`.
+"""Command line: `python -m tests.fuzz --seconds 60 [--cases N] [--parser NAME ...] [--replay DIR]`.
 
 Prints, per parser, the cases run, cases per second and the count of each
 outcome; exits 1 when any case was a bug (panic, other-exception, crash,
@@ -79,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--cases", type=int, default=None, help="stop each parser after this many cases"
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=Path(tempfile.gettempdir()) / time.strftime("adapterprobe-fuzz-%Y%m%d-%H%M%S"),
@@ -106,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         workers=args.workers,
         timeout=args.timeout,
         memory=args.memory << 20,
+        max_cases=args.cases,
     )
     bugs = report(stats)
     if bugs:

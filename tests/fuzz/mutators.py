@@ -26,7 +26,7 @@ import zlib
 from collections.abc import Callable
 
 from . import torchpickle
-from .text_mutators import CSV, JSON, JSONL, PEFT
+from .text_mutators import CSV, JSON, JSONL, MLFLOW, PEFT, SAVED_SCAN
 
 Mutator = Callable[[bytes, random.Random], bytes]
 
@@ -830,4 +830,6 @@ FAMILIES: dict[str, dict[str, Mutator]] = {
     "tfevents": TFEVENTS,
     "wandb": WANDB,
     "zip": ZIP,
+    "saved_scan": SAVED_SCAN,
+    "mlflow": MLFLOW,
 }

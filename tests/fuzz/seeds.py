@@ -237,6 +237,43 @@ def _wandb(out: Path, run: Any, seeds: dict[str, list[str]]) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(log, dest)
     seeds["wandb_log"] = ["wandb_log/run-seed.wandb"]
+    seeds[".scan_roots"].append(str(Path(logged.dir).parent.relative_to(out)))
+
+
+#: Where the MLflow file store's seed run lies in a case (see ``_mlflow_files``).
+MLFLOW_RUN = "mlruns/1/0123456789abcdef0123456789abcdef"
+
+
+def _mlflow_files(out: Path, run: Any, seeds: dict[str, list[str]]) -> None:
+    """An MLflow file store (``mlruns/``) written by the real client, as
+    ``mlflow.log_metric`` leaves it: one run with a loss, an eval loss and a
+    learning rate (a metric file each, one ``<ms> <value> <step>`` line a
+    step) and its meta.yaml. MLflow 3 writes new file stores only when
+    told to (``MLFLOW_ALLOW_FILE_STORE``)."""
+    os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    root = out / "mlflow_files" / "mlruns"
+    client = MlflowClient(tracking_uri=root.as_uri())
+    experiment = client.create_experiment("fuzz-seed")
+    logged = client.create_run(experiment, run_name="seed")
+    metrics = []
+    for rec in run.records:
+        metrics.append(Metric("train/loss", rec["loss"], 1_700_000_000_000, rec["step"]))
+        metrics.append(Metric("learning_rate", rec["lr"], 1_700_000_000_000, rec["step"]))
+        if rec["step"] % 2 == 0:
+            metrics.append(Metric("eval_loss", rec["loss"] * 1.1, 1_700_000_000_000, rec["step"]))
+    client.log_batch(logged.info.run_id, metrics=metrics)
+    client.set_terminated(logged.info.run_id)
+    (run_dir,) = [p for p in root.glob(f"*/{logged.info.run_id}") if p.is_dir()]
+    rel = run_dir.relative_to(out)
+    seeds["mlflow_loss"] = [str(rel / "metrics" / "train" / "loss")]
+    seeds["mlflow_eval"] = [str(rel / "metrics" / "eval_loss")]
+    seeds["mlflow_lr"] = [str(rel / "metrics" / "learning_rate")]
+    seeds["mlflow_meta"] = [str(rel / "meta.yaml")]
+    seeds["mlflow_run_name"] = [str(rel / "tags" / "mlflow.runName")]
+    seeds[".scan_roots"].append(str(root.relative_to(out)))
 
 
 def _mlflow_db(out: Path, run: Any, seeds: dict[str, list[str]]) -> None:
@@ -344,25 +381,66 @@ def _sharded_model(out: Path, seeds: dict[str, list[str]]) -> None:
         seeds[f"model_shard_{i}"] = [str((dest / name).relative_to(out))]
 
 
+#: The wrong shapes an evidence value is given in the saved-scan seeds
+#: (issue 51: a list, a string or ``true`` where an object is expected).
+EVIDENCE_SHAPES: tuple[Any, ...] = ([1, 2], "x", True, None, {})
+
+
+def _reshaped(records: list[dict[str, Any]], shape: Any, *, inner: bool) -> list[dict[str, Any]]:
+    """The records with every evidence value (``inner``: every value one
+    level inside each evidence value: an object's values, a list's first
+    item) replaced by ``shape``."""
+    out = []
+    for r in records:
+        evidence = dict(r.get("evidence") or {})
+        for key, value in evidence.items():
+            if not inner:
+                evidence[key] = shape
+            elif isinstance(value, dict):
+                evidence[key] = dict.fromkeys(value, shape)
+            elif isinstance(value, list) and value:
+                evidence[key] = [shape, *value[1:]]
+        out.append({**r, "evidence": evidence})
+    return out
+
+
 def _saved_scan(out: Path, seeds: dict[str, list[str]]) -> None:
-    """What ``scan --format json`` saves, of the store the tiny run wrote
-    (as ``scan --baseline`` and ``report --from`` read it back)."""
-    saved = out / "saved" / "scan.json"
-    saved.parent.mkdir()
-    with saved.open("wb") as f:
-        cmd = [sys.executable, "-m", "adapterprobe", "scan", str(out / "store"), "--format", "json"]
-        subprocess.run(cmd, stdout=f, check=False, timeout=300)
-    json.loads(saved.read_text(encoding="utf-8"))  # the seed is a saved scan
-    seeds["saved_scan"] = [str(saved.relative_to(out))]
+    """What ``scan --format json`` saves (as ``scan --baseline`` and
+    ``report --from`` read it back) of the bundled demo store (what the
+    saved_scan target's ``scan --baseline`` compares with), the store the
+    tiny run wrote and the W&B and MLflow runs; and each of them with its
+    evidence values, and the values inside them, in every wrong shape of
+    :data:`EVIDENCE_SHAPES`."""
+    from adapterprobe.scan import DEMO_STORE
+
+    folder = out / "saved"
+    folder.mkdir()
+    roots = [Path(DEMO_STORE), out / "store", *(out / r for r in seeds.pop(".scan_roots"))]
+    seeds["saved_scan"] = []
+    shaped = []
+    for i, root in enumerate(roots):
+        cmd = [sys.executable, "-m", "adapterprobe", "scan", str(root), "--format", "json"]
+        done = subprocess.run(cmd, capture_output=True, check=False, timeout=300)
+        records = json.loads(done.stdout)  # the seed is a saved scan
+        if not records:
+            raise RuntimeError(f"scan of {root} saved no records: {done.stderr[-500:]!r}")
+        saved = folder / f"scan-{i}.json"
+        saved.write_bytes(done.stdout)
+        seeds["saved_scan"].append(str(saved.relative_to(out)))
+        for k, shape in enumerate(EVIDENCE_SHAPES):
+            for inner in (False, True):
+                path = folder / f"scan-{i}-shape{k}{'-inner' if inner else ''}.json"
+                path.write_text(json.dumps(_reshaped(records, shape, inner=inner)))
+                shaped.append(str(path.relative_to(out)))
+    seeds["saved_scan"] += shaped
 
 
 def build(out: Path) -> dict[str, list[str]]:
     """Write every seed kind whose library is installed under `out`; return the manifest."""
-    seeds: dict[str, list[str]] = {}
+    seeds: dict[str, list[str]] = {".scan_roots": []}
     with _quiet():
         run = _dlm(out, seeds)
         _optimizers(out, run, seeds)
-        _saved_scan(out, seeds)
         with contextlib.suppress(ImportError):
             _sharded_model(out, seeds)
         with contextlib.suppress(ImportError):
@@ -375,7 +453,10 @@ def build(out: Path) -> dict[str, list[str]]:
         with contextlib.suppress(ImportError):
             _mlflow_db(out, run, seeds)
         with contextlib.suppress(ImportError):
+            _mlflow_files(out, run, seeds)
+        with contextlib.suppress(ImportError):
             _lightning(out, seeds)
+        _saved_scan(out, seeds)  # last: it scans the runs written above
     (out / MANIFEST).write_text(json.dumps(seeds, indent=1, sort_keys=True), encoding="utf-8")
     return seeds
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from . import mutators as m
 from .calls import EVENTS_NAME
-from .seeds import SHARDS
+from .seeds import MLFLOW_RUN, SHARDS
 
 FixUp = Callable[[bytes, random.Random], dict[str, bytes]]
 
@@ -63,6 +63,16 @@ def sha256_sidecar(data: bytes, rng: random.Random) -> dict[str, bytes]:
 CALLS = ".calls"
 VERSION = "adapter/versions/v0001/"
 LOG = "logs/train-000001-20250301T090000.jsonl"
+#: A W&B offline run directory as the SDK names it, holding its run log.
+WANDB_RUN = "wandb/offline-run-20250301_090000-seed/run-seed.wandb"
+#: The files of the MLflow file store's run (seeds.MLFLOW_RUN), by seed kind.
+MLFLOW_FILES = (
+    (f"{MLFLOW_RUN}/metrics/train/loss", "mlflow_loss"),
+    (f"{MLFLOW_RUN}/metrics/eval_loss", "mlflow_eval"),
+    (f"{MLFLOW_RUN}/metrics/learning_rate", "mlflow_lr"),
+    (f"{MLFLOW_RUN}/meta.yaml", "mlflow_meta"),
+    (f"{MLFLOW_RUN}/tags/mlflow.runName", "mlflow_run_name"),
+)
 
 TARGETS: dict[str, Target] = {
     t.name: t
@@ -172,7 +182,31 @@ TARGETS: dict[str, Target] = {
             ("generic", "json", "peft"),
             companions=(("adapter_model.safetensors", "safetensors"),),
         ),
-        Target("saved_scan", f"{CALLS}:saved_scan", "scan.json", "saved_scan", ("generic", "json")),
+        Target(
+            "saved_scan",
+            f"{CALLS}:saved_scan",
+            "scan.json",
+            "saved_scan",
+            ("generic", "json", "saved_scan"),
+        ),
+        Target(
+            "wandb_run",
+            f"{CALLS}:tracker_run",
+            WANDB_RUN,
+            "wandb_log",
+            ("generic", "wandb"),
+        ),
+        Target(
+            "mlflow_run",
+            f"{CALLS}:tracker_run",
+            MLFLOW_FILES[0][0],
+            "mlflow_loss",
+            ("generic", "mlflow"),
+            companions=MLFLOW_FILES,
+            alternatives=tuple(
+                Target("", "", path, kind, ("generic", "mlflow")) for path, kind in MLFLOW_FILES
+            ),
+        ),
         Target(
             "store_scan",
             f"{CALLS}:store_scan",

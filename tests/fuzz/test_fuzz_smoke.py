@@ -46,6 +46,8 @@ def test_readers_survive_a_short_fuzz(tmp_path: Path) -> None:
         "compare_updates",
         "compare_config",
         "saved_scan",
+        "wandb_run",
+        "mlflow_run",
     ):
         assert name in stats and stats[name].cases > 0, (name, sorted(stats))
     bugs = {name: s.bugs for name, s in stats.items() if s.bugs}

@@ -422,3 +422,143 @@ def csv_edit(data: bytes, rng: random.Random) -> bytes:
 
 
 CSV: dict[str, Mutator] = {"csv_edit": csv_edit}
+
+
+# ---------------------------------------------------------------------------
+# Saved scans (`scan --format json`): a record's evidence in the wrong shape
+
+#: What an evidence value (or a value inside it) is replaced by: the wrong
+#: shapes a saved scan may hold where its readers expect an object, a number
+#: or a list of pairs (issue 51), and a few more of :data:`REPLACEMENTS`.
+EVIDENCE_SHAPES: tuple[object, ...] = ([1, 2], "x", True, None, {}, [], [[1]], [["x", 1]], -1, 0.5)
+
+
+def _evidence_of(doc: object, rng: random.Random) -> dict | None:  # type: ignore[type-arg]
+    """A random record's evidence object, or None when the text holds none."""
+    if not isinstance(doc, list):
+        return None
+    evidences = [r["evidence"] for r in doc if isinstance(r, dict) and r.get("evidence")]
+    found = [e for e in evidences if isinstance(e, dict)]
+    return rng.choice(found) if found else None
+
+
+def saved_scan_evidence(data: bytes, rng: random.Random) -> bytes:
+    """One evidence key of one record (its value, a value one level inside
+    it, or one more level inside a list's item) replaced by a wrong shape:
+    the key is picked among the record's keys, so every reader of a key is
+    reached, not only the long curves that hold most of the values."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError):
+        return data
+    evidence = _evidence_of(doc, rng)
+    if evidence is None:
+        return data
+    key = rng.choice(sorted(evidence))
+    shape = rng.choice(EVIDENCE_SHAPES + REPLACEMENTS[:14])
+    holder, at = evidence, key
+    for _ in range(rng.choice((0, 1, 1, 2))):
+        inner = holder[at]
+        if isinstance(inner, dict) and inner:
+            holder, at = inner, rng.choice(sorted(inner))
+        elif isinstance(inner, list) and inner:
+            holder, at = inner, rng.randrange(len(inner))
+        else:
+            break
+    holder[at] = shape
+    try:
+        return json.dumps(doc, allow_nan=True).encode()
+    except (ValueError, TypeError, RecursionError):
+        return data
+
+
+def saved_scan_records(data: bytes, rng: random.Random) -> bytes:
+    """A record's evidence swapped with another's (a record judged against
+    evidence of another probe), or a record duplicated or dropped."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError):
+        return data
+    if not isinstance(doc, list) or len(doc) < 2:
+        return data
+    i, j = rng.randrange(len(doc)), rng.randrange(len(doc))
+    op = rng.randrange(3)
+    if op == 0 and isinstance(doc[i], dict) and isinstance(doc[j], dict):
+        doc[i]["evidence"], doc[j]["evidence"] = doc[j].get("evidence"), doc[i].get("evidence")
+    elif op == 1:
+        doc.insert(i, doc[j])
+    else:
+        del doc[i]
+    return json.dumps(doc).encode()
+
+
+SAVED_SCAN: dict[str, Mutator] = {
+    "saved_scan_evidence": saved_scan_evidence,
+    "saved_scan_evidence_2": saved_scan_evidence,
+    "saved_scan_records": saved_scan_records,
+}
+
+
+# ---------------------------------------------------------------------------
+# MLflow file stores: metric files (`<timestamp ms> <value> <step>` lines)
+# and a run's meta.yaml (`key: value` lines)
+
+MLFLOW_TOKENS = (
+    b"nan",
+    b"NaN",
+    b"inf",
+    b"-inf",
+    b"Infinity",
+    b"1e309",
+    b"-0",
+    b"0x10",
+    b"1_0",
+    b"",
+    b"+1",
+    b"1.5e",
+    b"9" * 400,
+    b"18446744073709551616",
+    b"-9223372036854775809",
+    b"\xd9\xa3",
+    b"\xff\xfe",
+    b"\x00",
+    "\u202eevil\u200b".encode(),
+    b"\x1b]0;t\x07",
+)
+
+
+def mlflow_lines(data: bytes, rng: random.Random) -> bytes:
+    """Edit a line's tokens (values, steps, timestamps; a meta.yaml's
+    values) or the lines themselves: duplicated, dropped, out of order,
+    overlong, CRLF, a torn last line, a million points."""
+    lines = data.split(b"\n")
+    i = rng.randrange(len(lines))
+    tokens = lines[i].split(b" ")
+    op = rng.randrange(10)
+    if op <= 2:  # a token from the corners
+        tokens[rng.randrange(len(tokens))] = rng.choice(MLFLOW_TOKENS)
+        lines[i] = b" ".join(tokens)
+    elif op == 3:  # a token dropped or one too many
+        if rng.random() < 0.5 and len(tokens) > 1:
+            del tokens[rng.randrange(len(tokens))]
+        else:
+            tokens.append(rng.choice(MLFLOW_TOKENS))
+        lines[i] = b" ".join(tokens)
+    elif op == 4:
+        lines.insert(i, lines[i])
+    elif op == 5:
+        del lines[i]
+    elif op == 6:
+        lines.reverse()  # steps going backwards
+    elif op == 7:  # an overlong line around the 4 KiB cap
+        lines.insert(i, b"1 " + b"9" * rng.choice((4093, 4094, 70_000)) + b" 1")
+    elif op == 8:
+        return data.replace(b"\n", rng.choice((b"\r\n", b"\r", b"\n\n"))).rstrip(b"\n")
+    else:  # many points: past the cap the points are thinned
+        n = rng.choice((1000, 1000, 70_000, (1 << 20) + 3))
+        body = b"".join(b"1700000000000 %d.5 %d\n" % (k % 7, k) for k in range(n))
+        return body if rng.random() < 0.5 else data + body
+    return b"\n".join(lines)
+
+
+MLFLOW: dict[str, Mutator] = {"mlflow_lines": mlflow_lines, "mlflow_lines_2": mlflow_lines}

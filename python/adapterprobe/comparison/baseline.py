@@ -17,6 +17,17 @@ What counts as a regression (each gives a ``why`` line):
 - adapter_weights: ‖ΔW‖ or the largest rank used fell below ``collapse``
   times the saved value;
 - gradient_ghost: the best validation loss rose by more than ``loss_margin``.
+
+What a saved record may hold: the record itself is checked when read, and
+one that is not a record of this schema (not an object, a field of the
+wrong type, ``evidence`` or ``baseline`` that is not an object, nested
+beyond :data:`MAX_EVIDENCE_DEPTH` or holding an integer beyond 64 bits) is
+refused with a ``UsageError`` naming the record and what is wrong. Inside
+its evidence anything goes: each value is read through the typed accessors
+of :mod:`adapterprobe._evidence`, so a value of the wrong shape (a list, a
+string or ``true`` where an object or a number was written; a pair that is
+not ``[step, number]``) is absent, and a check that needs it says nothing,
+as it does for a key the saved record lacks.
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from adapterprobe._evidence import mapping, number, pairs
 from adapterprobe.errors import MissingFileError, UsageError
 from adapterprobe.records import SCHEMA_VERSION, ScanRecord
 
@@ -317,20 +329,15 @@ class Baseline:
         return saved[-1]
 
 
-def _num(evidence: dict[str, Any], key: str) -> float | None:
-    v = evidence.get(key)
-    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+def _final_eval(evidence: Any) -> float | None:
+    """The eval loss at the last step with a finite one, None without any."""
+    points = pairs(evidence, "eval_loss_sampled")
+    return points[-1][1] if points else None
 
 
-def _final_eval(evidence: dict[str, Any]) -> float | None:
-    points = evidence.get("eval_loss_sampled") or []
-    finite = [
-        float(p[1])
-        for p in points
-        if isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[1], (int, float))
-    ]
-    finite = [v for v in finite if math.isfinite(v)]
-    return finite[-1] if finite else None
+def _rank_used(evidence: Any) -> float | None:
+    """The largest rank used (``rank_used.max``), None when not a number."""
+    return number(mapping(evidence, "rank_used"), "max")
 
 
 def _rose(what: str, old: float | None, new: float | None, margin: float) -> str | None:
@@ -356,33 +363,33 @@ def regressions(new: dict[str, Any], old: dict[str, Any], m: Margins) -> list[st
     before, after = SEVERITY.get(old["verdict"]), SEVERITY.get(new["verdict"])
     if before is not None and after is not None and after > before:
         why.append(f"verdict dropped {old['verdict']} -> {new['verdict']}")
-    e_new, e_old = new.get("evidence") or {}, old.get("evidence") or {}
+    e_new, e_old = new.get("evidence"), old.get("evidence")
     if new["probe"] == "training_drift":
         checks = [
-            _rose("best loss", _num(e_old, "best_loss"), _num(e_new, "best_loss"), m.loss_margin),
-            _rose("final loss", _num(e_old, "tail_loss"), _num(e_new, "tail_loss"), m.loss_margin),
+            _rose(
+                "best loss", number(e_old, "best_loss"), number(e_new, "best_loss"), m.loss_margin
+            ),
+            _rose(
+                "final loss", number(e_old, "tail_loss"), number(e_new, "tail_loss"), m.loss_margin
+            ),
             _rose("eval loss", _final_eval(e_old), _final_eval(e_new), m.loss_margin),
         ]
     elif new["probe"] == "adapter_weights":
-        used_old = (e_old.get("rank_used") or {}).get("max")
-        used_new = (e_new.get("rank_used") or {}).get("max")
         checks = [
             _fell(
-                "‖ΔW‖", _num(e_old, "total_delta_fro"), _num(e_new, "total_delta_fro"), m.collapse
-            ),
-            _fell(
-                "rank used",
-                float(used_old) if isinstance(used_old, (int, float)) else None,
-                float(used_new) if isinstance(used_new, (int, float)) else None,
+                "‖ΔW‖",
+                number(e_old, "total_delta_fro"),
+                number(e_new, "total_delta_fro"),
                 m.collapse,
             ),
+            _fell("rank used", _rank_used(e_old), _rank_used(e_new), m.collapse),
         ]
     elif new["probe"] == "gradient_ghost":
         checks = [
             _rose(
                 "best eval loss",
-                _num(e_old, "best_val_loss"),
-                _num(e_new, "best_val_loss"),
+                number(e_old, "best_val_loss"),
+                number(e_new, "best_val_loss"),
                 m.loss_margin,
             )
         ]

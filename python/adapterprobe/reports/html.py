@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from adapterprobe._evidence import number
 from adapterprobe._fs import atomic_output, resolve_output
 from adapterprobe.reports.probe_charts import (
     DRAWN,
@@ -130,7 +131,7 @@ def _adapter_figures(store: Store, ratio: float, room: int) -> tuple[list[str], 
         if len(figures) >= room:
             skipped += 1
             continue
-        step = as_finite(rec.evidence.get("global_step"))
+        step = number(rec.evidence, "global_step")
         extra = f" · global_step {num(step)}" if step is not None else ""
         figures.append(
             f'<figure class="plot">{body}<figcaption>{badge(rec.verdict, rec.label)} '

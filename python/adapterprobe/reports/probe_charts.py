@@ -4,7 +4,9 @@ adapter_weights' delta energy and modules.
 
 This is the one place that knows which evidence keys a probe writes and how to
 draw them (:data:`DRAWN` lists the keys, so the page does not repeat them as
-facts). It reads evidence through :mod:`adapterprobe.reports.shaping` and draws
+facts). It reads evidence through the typed accessors of
+:mod:`adapterprobe._evidence` (a value of the wrong shape, as a saved scan
+may hold, is absent: the chart is left out, never an error) and draws
 with :mod:`adapterprobe.reports.svg`; where a chart sits on the page is the
 page's business.
 """
@@ -15,15 +17,19 @@ from bisect import bisect_left
 from collections.abc import Mapping
 from typing import Any
 
-from adapterprobe.reports.shaping import (
-    Record,
-    as_finite,
-    layer_values,
-    name_list,
+from adapterprobe._evidence import (
+    as_pairs,
+    layer_numbers,
+    mapping,
+    names,
     natural_key,
-    sorted_steps,
-    xy_pairs,
+    number,
+    objects,
+    pairs,
+    steps,
+    text,
 )
+from adapterprobe.reports.shaping import Record
 from adapterprobe.reports.svg import (
     PALETTE,
     Line,
@@ -98,7 +104,7 @@ PHONE_FONT = 15.0  # the page's CSS draws the loss charts' text this big on a ph
 def loss_points(rec: Record) -> list[tuple[float, float | None]]:
     """training_drift's sampled loss curve as (step, loss) pairs by step, None
     where the loss was not finite."""
-    return xy_pairs(rec.evidence.get("curve_sampled"), allow_null=True)
+    return pairs(rec.evidence, "curve_sampled", allow_null=True)
 
 
 def loss_figure(rec: Record, uid: str, store_name: str) -> str:
@@ -108,16 +114,10 @@ def loss_figure(rec: Record, uid: str, store_name: str) -> str:
     finite = [(x, y) for x, y in curve if y is not None]
     if not finite:
         return ""
-    trend = [
-        (x, y) for x, y in xy_pairs(ev.get("trend_sampled"), allow_null=False) if y is not None
-    ]
-    evals = [
-        (x, y) for x, y in xy_pairs(ev.get("eval_loss_sampled"), allow_null=True) if y is not None
-    ]
-    spikes = sorted_steps(ev.get("spike_steps"))
-    nonfinite = sorted(
-        set(sorted_steps(ev.get("nonfinite_steps"))) | {x for x, y in curve if y is None}
-    )
+    trend = [(x, y) for x, y in pairs(ev, "trend_sampled") if y is not None]
+    evals = [(x, y) for x, y in pairs(ev, "eval_loss_sampled") if y is not None]
+    spikes = steps(ev, "spike_steps")
+    nonfinite = sorted(set(steps(ev, "nonfinite_steps")) | {x for x, y in curve if y is None})
 
     xs = [x for x, _ in curve] + [x for x, _ in trend] + [x for x, _ in evals]
     ys = [y for _, y in finite] + [y for _, y in trend] + [y for _, y in evals]
@@ -182,12 +182,12 @@ def loss_figure(rec: Record, uid: str, store_name: str) -> str:
             + "</g>"
         )
     if in_range:
-        steps = [x for x, _ in finite]
+        finite_x = [x for x, _ in finite]
         marks = []
         for s in in_range[:MAX_MARKS]:
-            i = bisect_left(steps, s)
-            near = [j for j in (i - 1, i) if 0 <= j < len(steps)]
-            j = min(near, key=lambda k: (abs(steps[k] - s), k))
+            i = bisect_left(finite_x, s)
+            near = [j for j in (i - 1, i) if 0 <= j < len(finite_x)]
+            j = min(near, key=lambda k: (abs(finite_x[k] - s), k))
             y = finite[j][1]
             assert y is not None
             marks.append(
@@ -255,7 +255,7 @@ def overlay_figure(runs: list[tuple[str, list[tuple[float, float | None]]]], uid
 def grad_norm_figure(rec: Record, uid: str, store_name: str) -> str:
     """The gradient norm logged beside the loss (log axis when it spans decades),
     with its non-finite steps marked; empty when the logs had none."""
-    points = xy_pairs(rec.evidence.get("grad_norm_sampled"), allow_null=True)
+    points = pairs(rec.evidence, "grad_norm_sampled", allow_null=True)
     finite = [(x, y) for x, y in points if y is not None]
     if len(finite) < 2:
         return ""
@@ -302,13 +302,11 @@ def layer_grad_figure(rec: Record, uid: str, store_name: str) -> str:
     """gap_monitor's per-layer gradient norms over the sampled steps, on a log
     axis, the layer a rule names drawn in red; empty without two points."""
     ev = rec.evidence
-    layers = ev.get("layer_grad_norms")
-    if not isinstance(layers, Mapping):
-        return ""
-    hot = {str(ev.get("exploding_layer") or "")} | set(name_list(ev.get("vanishing_layers")))
+    layers = mapping(ev, "layer_grad_norms")
+    hot = {text(ev, "exploding_layer") or ""} | set(names(ev, "vanishing_layers"))
     lines: list[tuple[str, list[tuple[float, float]]]] = []
     for name, series in layers.items():
-        pts = [(x, y) for x, y in xy_pairs(series, allow_null=True) if y is not None and y > 0]
+        pts = [(x, y) for x, y in as_pairs(series) if y is not None and y > 0]
         if len(pts) >= 2:
             lines.append((str(name), pts))
     if not lines:
@@ -355,47 +353,40 @@ def layer_grad_figure(rec: Record, uid: str, store_name: str) -> str:
 
 def ghost_chart(rec: Record, uid: str, ratio: float) -> str:
     ev = rec.evidence
-    if ev.get("rules") == "robust":
+    if text(ev, "rules") == "robust":
         return _robust_ghost_chart(ev, uid)
-    items = layer_values(ev.get("layer_exp_avg_sq"))
+    items = layer_numbers(ev, "layer_exp_avg_sq")
     if items:
-        flagged = set(name_list(ev.get("flagged_layers")))
+        flagged = set(names(ev, "flagged_layers"))
         low = min(v for _, v in items)
         limit = (low * ratio, f"{num(ratio)}× calmest") if low > 0 else None
         return bar_chart(items, flagged, uid, "Mean Adam exp_avg_sq per layer", "exp_avg_sq", limit)
-    worst = ev.get("worst_layers")
-    if isinstance(worst, (list, tuple)):
-        items = [
-            (str(w.get("layer")), r)
-            for w in worst
-            if isinstance(w, Mapping) and (r := as_finite(w.get("ratio"))) is not None
-        ]
-        items.sort(key=lambda kv: natural_key(kv[0]))
-        if items:
-            flagged = {k for k, v in items if v > ratio}
-            return bar_chart(
-                items,
-                flagged,
-                uid,
-                "exp_avg_sq of the worst layers vs the calmest",
-                "× calmest",
-                (ratio, f"{num(ratio)}× limit"),
-            )
+    items = [
+        (str(w.get("layer")), r)
+        for w in objects(ev, "worst_layers")
+        if (r := number(w, "ratio")) is not None
+    ]
+    items.sort(key=lambda kv: natural_key(kv[0]))
+    if items:
+        flagged = {k for k, v in items if v > ratio}
+        return bar_chart(
+            items,
+            flagged,
+            uid,
+            "exp_avg_sq of the worst layers vs the calmest",
+            "× calmest",
+            (ratio, f"{num(ratio)}× limit"),
+        )
     return ""
 
 
 def _robust_ghost_chart(ev: Mapping[str, Any], uid: str) -> str:
     """rules="robust": each layer against its peers when the layers were
     compared (the outlier limit drawn), else each layer's mean second moment."""
-    flagged = set(name_list(ev.get("flagged_layers")))
-    scores = layer_values(ev.get("layer_ratio_to_peers"))
+    flagged = set(names(ev, "flagged_layers"))
+    scores = layer_numbers(ev, "layer_ratio_to_peers")
     if scores:
-        thresholds = ev.get("thresholds")
-        limit = (
-            as_finite(thresholds.get("layer_outlier_ratio"))
-            if isinstance(thresholds, Mapping)
-            else None
-        )
+        limit = number(mapping(ev, "thresholds"), "layer_outlier_ratio")
         title = "Second moments per layer vs the same tensors in the other layers"
         # A limit far above every bar would flatten them: named, not drawn.
         drawn = limit is not None and max(v for _, v in scores) >= limit / 10
@@ -403,7 +394,7 @@ def _robust_ghost_chart(ev: Mapping[str, Any], uid: str) -> str:
             title += f" (WARN above {num(limit)}×)"
         line = (limit, f"{num(limit)}× limit") if drawn and limit is not None else None
         return bar_chart(scores, flagged, uid, title, "× peers", line)
-    means = layer_values(ev.get("layer_exp_avg_sq"))
+    means = layer_numbers(ev, "layer_exp_avg_sq")
     if means:
         return bar_chart(
             means, flagged, uid, "Mean Adam exp_avg_sq per layer (not compared)", "exp_avg_sq"
@@ -418,30 +409,27 @@ def _robust_ghost_chart(ev: Mapping[str, Any], uid: str) -> str:
 def weights_chart(rec: Record, uid: str) -> str:
     ev = rec.evidence
     out = []
-    items = layer_values(ev.get("layer_delta_energy"))
+    items = layer_numbers(ev, "layer_delta_energy")
     if items:
         out.append(bar_chart(items, set(), uid, "Adapter delta energy per layer", "energy"))
-    top = ev.get("top_modules")
-    if isinstance(top, (list, tuple)):
-        rows = []
-        for item in top[:10]:
-            if not isinstance(item, Mapping):
-                continue
-            share = as_finite(item.get("share"))
-            pct = "—" if share is None else f"{share * 100:.1f}%"
-            width = 0.0 if share is None else max(0.0, min(100.0, share * 100))
-            rows.append(
-                f'<tr><td class="mod">{dotted_name(clip(str(item.get("module", "")), 120))}</td>'
-                f'<td class="share"><span class="sbar" style="width:{width:.0f}%"></span>'
-                f"{pct}</td></tr>"
-            )
-        if rows:
-            out.append(
-                '<table class="mods"><caption>Top modules by share of delta energy</caption>'
-                '<thead><tr><th scope="col">module</th><th scope="col">share</th></tr></thead>'
-                f"<tbody>{''.join(rows)}</tbody></table>"
-            )
-    dead = name_list(ev.get("dead_modules"))
+    rows = []
+    for item in objects(ev, "top_modules")[:10]:
+        share = number(item, "share")
+        pct = "—" if share is None else f"{share * 100:.1f}%"
+        width = 0.0 if share is None else max(0.0, min(100.0, share * 100))
+        module = text(item, "module") or ""
+        rows.append(
+            f'<tr><td class="mod">{dotted_name(clip(module, 120))}</td>'
+            f'<td class="share"><span class="sbar" style="width:{width:.0f}%"></span>'
+            f"{pct}</td></tr>"
+        )
+    if rows:
+        out.append(
+            '<table class="mods"><caption>Top modules by share of delta energy</caption>'
+            '<thead><tr><th scope="col">module</th><th scope="col">share</th></tr></thead>'
+            f"<tbody>{''.join(rows)}</tbody></table>"
+        )
+    dead = names(ev, "dead_modules")
     if dead:
         shown = ", ".join(clip(d, 120) for d in dead[:12])
         more = f" and {len(dead) - 12} more" if len(dead) > 12 else ""

@@ -2,8 +2,10 @@
 
 Records arrive as ``ScanRecord.to_dict()`` mappings (or objects with
 ``to_dict``) from any version and any probe, so everything here reads them
-tolerantly: an odd or missing field gets a safe default and a non-finite or
-non-numeric value is dropped rather than drawn. What comes out is plain data
+tolerantly: an odd or missing field gets a safe default, and evidence is
+read by the rule of :mod:`adapterprobe._evidence` (a value of the wrong
+shape is absent; a non-finite or non-numeric value is dropped rather than
+drawn). What comes out is plain data
 (:class:`Store` groups of :class:`Record`, sorted steps, ``(x, y)`` pairs, layer
 values) for the page and the charts to lay out; no markup is made here.
 """
@@ -11,35 +13,20 @@ values) for the page and the charts to lay out; no markup is made here.
 from __future__ import annotations
 
 import json
-import math
 import os
-import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from adapterprobe._evidence import as_layer_numbers, as_names, as_number, as_pairs, as_steps
+from adapterprobe._evidence import natural_key as natural_key  # re-exported
 
 VERDICTS = ("error", "fail", "warn", "skip", "pass")  # worst first
 SEVERITY = {v: len(VERDICTS) - 1 - i for i, v in enumerate(VERDICTS)}
 GHOST_RATIO = 2.0  # gradient_ghost's default undertrained_layer_ratio
 
 
-def as_finite(value: Any) -> float | None:
-    """A finite float, or None for anything else (bools, strings, NaN, inf)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    f = float(value)
-    return f if math.isfinite(f) else None
-
-
-def natural_key(text: str) -> tuple[Any, ...]:
-    """Sort key that puts layer "10" after layer "9". A run of digits sorts
-    by its length, then its text (never ``int()`` of it: a saved scan's name
-    may hold 5,000 digits, which Python refuses to convert)."""
-    parts = re.split(r"(\d+)", text)
-    return tuple(
-        p if i % 2 == 0 else (len(p.lstrip("0")), p.lstrip("0"), len(p))
-        for i, p in enumerate(parts)
-    )
+as_finite = as_number  # a finite float or None: the one rule (adapterprobe._evidence)
 
 
 # ---------------------------------------------------------------------------
@@ -266,43 +253,12 @@ def adapter_name(rec: Record) -> str:
 # Evidence as series
 
 
-def sorted_steps(value: Any) -> list[float]:
-    """Finite numbers from an evidence list (steps), sorted and deduplicated."""
-    if not isinstance(value, (list, tuple)):
-        return []
-    return sorted({f for v in value if (f := as_finite(v)) is not None})
-
-
-def xy_pairs(value: Any, allow_null: bool) -> list[tuple[float, float | None]]:
-    """``[[x, y], ...]`` evidence as (x, y) tuples; a null y is kept only if allowed."""
-    if not isinstance(value, (list, tuple)):
-        return []
-    out: list[tuple[float, float | None]] = []
-    for item in value:
-        if not isinstance(item, (list, tuple)) or len(item) < 2:
-            continue
-        x, y = as_finite(item[0]), as_finite(item[1])
-        if x is None or (y is None and not allow_null):
-            continue
-        out.append((x, y))
-    out.sort(key=lambda p: p[0])
-    return out
-
-
-def layer_values(value: Any) -> list[tuple[str, float]]:
-    """``{layer: value}`` evidence as (layer, value) pairs in natural layer order,
-    non-finite values dropped."""
-    if not isinstance(value, Mapping):
-        return []
-    items = [(str(k), f) for k, v in value.items() if (f := as_finite(v)) is not None]
-    return sorted(items, key=lambda kv: natural_key(kv[0]))
-
-
-def name_list(value: Any) -> list[str]:
-    """Names (layers, modules) from an evidence list; anything else is dropped."""
-    if not isinstance(value, (list, tuple)):
-        return []
-    return [str(v) for v in value if isinstance(v, (str, int)) and not isinstance(v, bool)]
+# Read with the rule of :mod:`adapterprobe._evidence`: a value of the wrong
+# shape is absent (an empty list), never an error.
+sorted_steps = as_steps  # finite numbers of a list, sorted and deduplicated
+xy_pairs = as_pairs  # [[x, y], ...] as (x, y) tuples by x; a null y only if allowed
+layer_values = as_layer_numbers  # {layer: value} as (layer, value) in natural order
+name_list = as_names  # names (layers, modules) of a list
 
 
 def ghost_ratio(settings: Mapping[str, Any] | None) -> float:
