@@ -84,6 +84,12 @@ class Guard:
     ``observe`` costs a few microseconds (amortised: the record is stored
     in Rust and the rules run on a schedule that grows with the run; see
     ``benches/bench_guard.py``).
+
+    A guard is safe to share between threads: a training loop may call
+    :meth:`observe` while a metrics thread reads :attr:`verdict`,
+    :attr:`findings` or :meth:`result`; each call sees the records of the
+    calls that finished before it. :func:`copy.copy` (and ``deepcopy``) of a
+    guard is an independent guard with the same records so far.
     """
 
     def __init__(
@@ -104,11 +110,28 @@ class Guard:
         if output_kind not in ("vocabulary", "labels"):
             raise UsageError(f"output_kind must be 'vocabulary' or 'labels', got {output_kind!r}")
         self.options = resolved
-        self._core = _core.Guard(
-            resolved, output_classes=output_classes, output_kind=output_kind, max_steps=max_steps
+        self._adopt(
+            _core.Guard(
+                resolved,
+                output_classes=output_classes,
+                output_kind=output_kind,
+                max_steps=max_steps,
+            )
         )
+
+    def _adopt(self, core: _core.Guard) -> None:
+        self._core = core
         # The hot path: the bound Rust method itself, no Python frame between.
-        self.observe = self._core.observe  # type: ignore[method-assign]
+        self.observe = core.observe  # type: ignore[method-assign]
+
+    def __copy__(self) -> Guard:
+        twin = object.__new__(type(self))
+        twin.options = self.options
+        twin._adopt(self._core.copy())
+        return twin
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Guard:
+        return self.__copy__()  # the state is all in Rust, copied whole; options are frozen
 
     def observe(
         self,

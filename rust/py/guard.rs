@@ -2,8 +2,16 @@
 //! `adapterprobe.Guard`. Conversion only; `observe` is the hot path (a
 //! training loop calls it once per logged record), so it takes plain
 //! optional floats and returns a static string.
+//!
+//! Safe across threads: the class is frozen and its state sits behind a
+//! mutex, taken only while the GIL is held and never across a release of
+//! it, so a metrics thread reading `verdict` or calling `result()` while
+//! the training loop calls `observe` waits its turn instead of raising
+//! PyO3's "Already borrowed". `result()` judges a copy with the GIL
+//! released, so training goes on meanwhile.
 
 use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -13,9 +21,18 @@ use crate::formats::model_config::OutputClasses;
 use crate::verdicts::drift::DriftOptions;
 use crate::verdicts::guard;
 
-#[pyclass(module = "adapterprobe._core", name = "Guard")]
+#[pyclass(module = "adapterprobe._core", name = "Guard", frozen)]
 struct Guard {
-    inner: guard::Guard,
+    inner: Mutex<guard::Guard>,
+}
+
+impl Guard {
+    /// The state. A panic cannot leave it half-updated in a way later calls
+    /// could not judge (each call rebuilds what it reports), so a poisoned
+    /// lock is taken as it is.
+    fn state(&self) -> MutexGuard<'_, guard::Guard> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 #[pymethods]
@@ -35,12 +52,22 @@ impl Guard {
         });
         let mut inner = guard::Guard::new(options, classes);
         inner.set_max_steps(max_steps);
-        Guard { inner }
+        Guard {
+            inner: Mutex::new(inner),
+        }
+    }
+
+    /// An independent guard with this one's records and findings so far
+    /// (`copy.copy` and `copy.deepcopy` of `adapterprobe.Guard`).
+    fn copy(&self) -> Guard {
+        Guard {
+            inner: Mutex::new(self.state().clone()),
+        }
     }
 
     #[pyo3(signature = (step, loss=None, grad_norm=None, learning_rate=None, eval_loss=None, reward=None))]
     fn observe(
-        &mut self,
+        &self,
         step: i64,
         loss: Option<f64>,
         grad_norm: Option<f64>,
@@ -48,32 +75,33 @@ impl Guard {
         eval_loss: Option<f64>,
         reward: Option<f64>,
     ) -> &'static str {
-        self.inner
+        self.state()
             .observe(step, loss, grad_norm, learning_rate, eval_loss, reward)
             .as_str()
     }
 
     /// The GAP monitor's statistics of one sampled step; the verdict so far.
-    fn observe_gap(&mut self, step: i64, stats: HashMap<String, f64>) -> &'static str {
+    fn observe_gap(&self, step: i64, stats: HashMap<String, f64>) -> &'static str {
         let mut stats: Vec<(String, f64)> = stats.into_iter().collect();
         stats.sort_by(|a, b| a.0.cmp(&b.0)); // a stable order for the messages
-        self.inner.observe_gap(step, stats).as_str()
+        self.state().observe_gap(step, stats).as_str()
     }
 
     #[getter]
     fn verdict(&self) -> &'static str {
-        self.inner.verdict().as_str()
+        self.state().verdict().as_str()
     }
 
     #[getter]
     fn num_records(&self) -> usize {
-        self.inner.num_records()
+        self.state().num_records()
     }
 
     #[getter]
     fn findings<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let list = PyList::empty(py);
-        for f in self.inner.findings() {
+        let findings = self.state().findings();
+        for f in findings {
             let d = PyDict::new(py);
             d.set_item("rule", f.rule.as_str())?;
             d.set_item("step", f.step)?;
@@ -87,7 +115,8 @@ impl Guard {
     /// Every record seen, judged as `training_drift` judges a logged run:
     /// `(verdict, score, raw, message, evidence)`.
     fn result<'py>(&self, py: Python<'py>) -> PyResult<super::verdicts::JudgedTuple<'py>> {
-        let judged = py.detach(|| self.inner.result());
+        let copy = self.state().clone();
+        let judged = py.detach(move || copy.result());
         judged_tuple(py, &judged)
     }
 }

@@ -59,6 +59,7 @@ pub struct GuardFinding {
 }
 
 /// The online state of one run.
+#[derive(Clone)]
 pub struct Guard {
     options: DriftOptions,
     /// The records as the readers would have assembled them.

@@ -380,6 +380,8 @@ class Guard:
         output_kind: str | None = None,
         max_steps: int | None = None,
     ) -> Guard: ...
+    def copy(self) -> Guard:
+        """An independent guard with this one's records and findings so far."""
     def observe(
         self,
         step: int,
