@@ -14,7 +14,7 @@ use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
 use object_store::path::Path as ObjectPath;
 use object_store::{BackoffConfig, ClientConfigKey, ObjectStore, RetryConfig};
 
-use super::key_filter::{FilteringConnector, Refused};
+use super::key_filter::{FilteringConnector, Refused, DEFAULT_MAX_EMPTY_PAGES};
 use crate::error::{Area, Error, Result};
 
 /// URL schemes read through object stores (S3 and compatibles, GCS, Azure).
@@ -43,6 +43,8 @@ pub struct Remote {
 pub struct Limits {
     pub timeout: Duration,
     pub retries: usize,
+    /// List pages in a row with no key that stop a listing.
+    pub max_empty_pages: u64,
 }
 
 fn env_number(name: &str) -> Result<Option<f64>> {
@@ -66,9 +68,26 @@ impl Limits {
         let timeout = env_number("ADAPTERPROBE_REMOTE_TIMEOUT")?.unwrap_or(DEFAULT_TIMEOUT_S);
         let retries = env_number("ADAPTERPROBE_REMOTE_RETRIES")?
             .map_or(DEFAULT_RETRIES, |r| r.min(20.0) as usize);
+        let max_empty_pages = match std::env::var("ADAPTERPROBE_REMOTE_MAX_EMPTY_PAGES") {
+            Err(_) => DEFAULT_MAX_EMPTY_PAGES,
+            Ok(text) => match text.trim().parse::<u64>() {
+                Ok(n) if (1..=1_000_000).contains(&n) => n,
+                _ => {
+                    return Err(Error::new(
+                        Area::Usage,
+                        "",
+                        format!(
+                            "ADAPTERPROBE_REMOTE_MAX_EMPTY_PAGES must be a whole number of pages \
+                             between 1 and 1000000, got {text:?}"
+                        ),
+                    ))
+                }
+            },
+        };
         Ok(Limits {
             timeout: Duration::from_secs_f64(timeout.max(0.1)),
             retries,
+            max_empty_pages,
         })
     }
 
@@ -144,6 +163,7 @@ pub fn connect(url: &str, limits: &Limits) -> Result<Remote> {
     let refused = Arc::new(Refused::default());
     let filtering = FilteringConnector {
         refused: Arc::clone(&refused),
+        max_empty_pages: limits.max_empty_pages,
     };
     let built: object_store::Result<Arc<dyn ObjectStore>> = match scheme.as_str() {
         "s3" | "s3a" => AmazonS3Builder::from_env()
@@ -177,6 +197,7 @@ pub fn connect(url: &str, limits: &Limits) -> Result<Remote> {
                 connect_timeout,
             )
             .with_retry(limits.retry())
+            .with_http_connector(filtering)
             .build()
             .map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
     };
@@ -280,6 +301,7 @@ mod tests {
         let limits = Limits {
             timeout: Duration::from_secs(1),
             retries: 0,
+            max_empty_pages: DEFAULT_MAX_EMPTY_PAGES,
         };
         let e = connect("http://example.com/x", &limits)
             .err()
@@ -294,6 +316,7 @@ mod tests {
         let limits = Limits {
             timeout: Duration::from_secs(1),
             retries: 0,
+            max_empty_pages: DEFAULT_MAX_EMPTY_PAGES,
         };
         let r = connect("s3://bucket/runs/team/", &limits);
         let r = r.ok().filter(|r| r.prefix.as_ref() == "runs/team");

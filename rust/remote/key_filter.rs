@@ -11,8 +11,13 @@
 //!
 //! Bounds: a page is read into memory only up to [`MAX_PAGE_BYTES`] (a
 //! real page of 1,000 keys is about 300 KB), and the rewrite is one pass
-//! over it.
+//! over it. A server that answers page after page with no key but a fresh
+//! continuation token would keep a listing going until its time limit: the
+//! filter stops it after [`DEFAULT_MAX_EMPTY_PAGES`] such pages in a row
+//! (`ADAPTERPROBE_REMOTE_MAX_EMPTY_PAGES`). The same count runs on Azure's
+//! list pages (`comp=list`), which hold no S3 keys to take out.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -28,6 +33,12 @@ pub const MAX_PAGE_BYTES: usize = 64 << 20;
 
 /// Most refused keys kept (the rest are counted).
 const MAX_REFUSED_KEPT: usize = 10_000;
+
+/// Pages in a row that list no key yet promise more before a listing is
+/// stopped. S3 may answer a short page now and then (keys deleted while it
+/// lists, delete markers of a versioned bucket), but not a hundred empty
+/// ones in a row; a server that does is looping.
+pub const DEFAULT_MAX_EMPTY_PAGES: u64 = 100;
 
 /// Keys taken out of list responses, shared by the connector and the scan.
 #[derive(Debug, Default)]
@@ -58,6 +69,8 @@ impl Refused {
 #[derive(Debug, Clone)]
 pub struct FilteringConnector {
     pub refused: Arc<Refused>,
+    /// Empty pages in a row that stop a listing (see the module doc).
+    pub max_empty_pages: u64,
 }
 
 impl HttpConnector for FilteringConnector {
@@ -66,6 +79,8 @@ impl HttpConnector for FilteringConnector {
         Ok(HttpClient::new(KeyFilter {
             inner,
             refused: Arc::clone(&self.refused),
+            max_empty_pages: self.max_empty_pages,
+            empty_in_a_row: AtomicU64::new(0),
         }))
     }
 }
@@ -74,7 +89,25 @@ impl HttpConnector for FilteringConnector {
 struct KeyFilter {
     inner: HttpClient,
     refused: Arc<Refused>,
+    max_empty_pages: u64,
+    empty_in_a_row: AtomicU64,
 }
+
+#[derive(Debug)]
+struct EmptyPages(u64);
+
+impl std::fmt::Display for EmptyPages {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the server answered {} list pages in a row with no key and a continuation token \
+             for more; stopped (ADAPTERPROBE_REMOTE_MAX_EMPTY_PAGES sets the limit)",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for EmptyPages {}
 
 #[derive(Debug)]
 struct PageTooLarge;
@@ -87,12 +120,33 @@ impl std::fmt::Display for PageTooLarge {
 
 impl std::error::Error for PageTooLarge {}
 
+/// A list request: S3's and GCS's XML `list-type=2`, or Azure's `comp=list`.
 fn is_listing(req: &HttpRequest) -> bool {
     req.method() == http::Method::GET
         && req
             .uri()
             .query()
-            .is_some_and(|q| q.split('&').any(|p| p == "list-type=2"))
+            .is_some_and(|q| q.split('&').any(|p| p == "list-type=2" || p == "comp=list"))
+}
+
+/// Whether a list page names no object and no common prefix, yet says
+/// there is more: S3's `<IsTruncated>true`, or a non-empty continuation
+/// token or Azure `<NextMarker>`. Pages that do not read as text are not
+/// empty (the client judges them).
+pub fn is_empty_page_with_more(page: &[u8]) -> bool {
+    let Ok(text) = std::str::from_utf8(page) else {
+        return false;
+    };
+    let lists_something = ["<Contents>", "<CommonPrefixes>", "<Blob>", "<BlobPrefix>"]
+        .iter()
+        .any(|tag| text.contains(tag));
+    if lists_something {
+        return false;
+    }
+    let token = |tag: &str| tag_text(text, tag).is_some_and(|t| !t.trim().is_empty());
+    text.contains("<IsTruncated>true</IsTruncated>")
+        || token("NextContinuationToken")
+        || token("NextMarker")
 }
 
 #[async_trait]
@@ -112,6 +166,15 @@ impl HttpService for KeyFilter {
                 }
                 page.extend_from_slice(&data);
             }
+        }
+        if is_empty_page_with_more(&page) {
+            let run = self.empty_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
+            if run >= self.max_empty_pages {
+                // Not reset: a retry of this request fails the same way.
+                return Err(HttpError::new(HttpErrorKind::Decode, EmptyPages(run)));
+            }
+        } else {
+            self.empty_in_a_row.store(0, Ordering::Relaxed);
         }
         let (kept, refused) = without_invalid_keys(page);
         if !refused.is_empty() {
@@ -241,6 +304,31 @@ mod tests {
         let (kept, refused) = without_invalid_keys(vec![0xff, 0xfe]);
         assert!(refused.is_empty());
         assert_eq!(kept, vec![0xff, 0xfe]);
+    }
+
+    #[test]
+    fn a_page_is_empty_with_more_only_when_it_lists_nothing_and_promises_more() {
+        let s3 = |body: &str, truncated: bool| {
+            format!(
+                "<ListBucketResult><KeyCount>0</KeyCount><IsTruncated>{truncated}</IsTruncated>\
+                 <NextContinuationToken>t1</NextContinuationToken>{body}</ListBucketResult>"
+            )
+        };
+        assert!(is_empty_page_with_more(s3("", true).as_bytes()));
+        assert!(!is_empty_page_with_more(page(&["a"]).as_bytes()));
+        assert!(!is_empty_page_with_more(
+            s3("<CommonPrefixes><Prefix>a/</Prefix></CommonPrefixes>", true).as_bytes()
+        ));
+        // The last page of a listing: no key and no more.
+        assert!(!is_empty_page_with_more(
+            b"<ListBucketResult><IsTruncated>false</IsTruncated></ListBucketResult>"
+        ));
+        let azure = |marker: &str| {
+            format!("<EnumerationResults><Blobs></Blobs><NextMarker>{marker}</NextMarker></EnumerationResults>")
+        };
+        assert!(is_empty_page_with_more(azure("m2").as_bytes()));
+        assert!(!is_empty_page_with_more(azure("").as_bytes()));
+        assert!(!is_empty_page_with_more(&[0xff, 0xfe]));
     }
 
     #[test]

@@ -60,11 +60,30 @@ def test_endless_pagination_is_bounded_in_time(aws, monkeypatch):
     with hostile_s3(behaviour) as url:
         aws(url)
         monkeypatch.setenv("ADAPTERPROBE_REMOTE_LIST_TIMEOUT", "2")
+        # the time bound alone (the count of empty pages would stop it first)
+        monkeypatch.setenv("ADAPTERPROBE_REMOTE_MAX_EMPTY_PAGES", "1000000")
         start = time.monotonic()
         with pytest.raises(ap.UsageError, match="took longer than 2 s"):
             ap.scan("s3://bkt/runs")
     assert time.monotonic() - start < 20
     assert behaviour.list_requests > 1
+
+
+def test_endless_empty_pages_stop_after_a_bounded_count(aws, monkeypatch):
+    """Empty pages, each with a fresh continuation token: stopped after
+    ADAPTERPROBE_REMOTE_MAX_EMPTY_PAGES of them in a row, well before the
+    listing's time limit (issue 51, item 10; it ran to the 900 s limit)."""
+    behaviour = Behaviour(objects=demo_objects(), endless=True)
+    with hostile_s3(behaviour) as url:
+        aws(url)
+        monkeypatch.setenv("ADAPTERPROBE_REMOTE_MAX_EMPTY_PAGES", "20")
+        with pytest.raises(ap.UsageError, match="20 list pages in a row with no key"):
+            ap.scan("s3://bkt/runs")
+    # the first page lists the keys, then 20 empty ones (no retries here)
+    assert behaviour.list_requests == 21
+    monkeypatch.setenv("ADAPTERPROBE_REMOTE_MAX_EMPTY_PAGES", "0")
+    with pytest.raises(ap.UsageError, match="ADAPTERPROBE_REMOTE_MAX_EMPTY_PAGES must be"):
+        ap.scan("s3://bkt/runs")
 
 
 def test_a_listing_that_starts_over_is_stopped_at_the_first_repeated_key(aws):
