@@ -7,6 +7,7 @@
 //! whether a series is the training loss, a held-out loss or neither.
 
 pub mod csv_log;
+pub mod damage;
 pub mod gap_log;
 pub mod json_line;
 pub mod loss_log;

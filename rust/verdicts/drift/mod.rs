@@ -9,6 +9,7 @@
 //! properties: logging cadence, scale, NaN and climbs). Numbers in messages
 //! are spelled by [`number_text`].
 
+mod damage;
 mod degenerate;
 mod progress;
 mod robust;
@@ -183,6 +184,7 @@ pub fn judge_drift(input: &DriftInput, o: &DriftOptions) -> Judged {
             );
         }
     }
+    damage::say_the_damage(&mut judged, curve);
     name_the_series(&mut judged, curve);
     judged
 }

@@ -15,6 +15,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Area, Error, Result};
+use crate::formats::logs::damage::Damage;
 use crate::formats::logs::json_line::{classify_step, LineKind, StepExtras};
 use crate::formats::logs::{
     csv_log, mlflow_db, mlflow_files, series_names, tfevents, trainer_log, trainer_state, wandb_run,
@@ -61,6 +62,8 @@ pub struct LossCurve {
     /// How the tracker that kept the log names the run (W&B `project/name
     /// (id)`, MLflow `experiment/run name (id)`); empty for plain files.
     pub run: String,
+    /// What the reader could not read and passed over (see [`Damage`]).
+    pub damage: Damage,
 }
 
 /// What a run logs beside its training loss, each series `(step, value)`
@@ -508,6 +511,12 @@ fn only_whitespace(bytes: &[u8], carry: &mut Vec<u8>) -> bool {
 pub trait StepSink: Default + Send {
     fn push_step(&mut self, step: i64, loss: f64, extras: StepExtras);
     fn append(&mut self, other: Self);
+    /// One non-blank line met; `readable`: whether it parsed (a line that
+    /// does not is passed over). Only a sink that counts damage keeps it.
+    #[inline]
+    fn count_line(&mut self, _readable: bool) {}
+    /// The log ends in a line with no line end that does not parse.
+    fn torn_tail(&mut self) {}
 }
 
 /// The loss curve's records alone.
@@ -530,6 +539,11 @@ pub struct StepsWithExtras {
     pub val_loss: Vec<(i64, f64)>,
     pub grad_norm: Vec<(i64, f64)>,
     pub lr: Vec<(i64, f64)>,
+    /// Non-blank lines met, and those that did not parse (passed over).
+    pub lines: u64,
+    pub unreadable_lines: u64,
+    /// Logs read so far that ended in a torn line.
+    pub torn_logs: usize,
 }
 
 impl StepSink for StepsWithExtras {
@@ -551,6 +565,17 @@ impl StepSink for StepsWithExtras {
         self.val_loss.append(&mut other.val_loss);
         self.grad_norm.append(&mut other.grad_norm);
         self.lr.append(&mut other.lr);
+        self.lines += other.lines;
+        self.unreadable_lines += other.unreadable_lines;
+        self.torn_logs += other.torn_logs;
+    }
+    #[inline]
+    fn count_line(&mut self, readable: bool) {
+        self.lines += 1;
+        self.unreadable_lines += u64::from(!readable);
+    }
+    fn torn_tail(&mut self) {
+        self.torn_logs += 1;
     }
 }
 
@@ -585,8 +610,13 @@ fn line_kind(line: &[u8]) -> Option<(LineKind, StepExtras)> {
 fn steps_in<S: StepSink>(lines: &[u8], out: &mut S) {
     let mut start = 0;
     for end in memchr::memchr2_iter(b'\n', b'\r', lines).chain(std::iter::once(lines.len())) {
-        if let Some((LineKind::Step(step, loss), extras)) = line_kind(&lines[start..end]) {
-            out.push_step(step, loss, extras);
+        match line_kind(&lines[start..end]) {
+            Some((LineKind::Step(step, loss), extras)) => {
+                out.count_line(true);
+                out.push_step(step, loss, extras);
+            }
+            Some((kind, _)) => out.count_line(kind != LineKind::Invalid),
+            None => {}
         }
         start = end + 1;
     }
@@ -686,14 +716,32 @@ pub fn read_steps_from<R: Read + Send, S: StepSink>(
                     return Err(lfs::describe_pointer(region)
                         .unwrap_or_else(|| "first line is not valid JSON".into()));
                 }
-                Some((LineKind::Step(step, loss), extras)) => out.push_step(step, loss, extras),
-                _ => {}
+                Some((LineKind::Step(step, loss), extras)) => {
+                    out.count_line(true);
+                    out.push_step(step, loss, extras);
+                }
+                Some(_) => out.count_line(true),
+                None => {}
             }
             first_line_seen = true;
             from += first_end;
         }
         if eof {
-            steps_in_parallel(&buf[from..end], out);
+            // A last line with no line end is the record a crashed or
+            // still-running writer was writing: unreadable, it is a torn
+            // tail, not damage.
+            let whole =
+                memchr::memrchr2(b'\n', b'\r', &buf[from..end]).map_or(from, |p| from + p + 1);
+            steps_in_parallel(&buf[from..whole], out);
+            match line_kind(&buf[whole..end]) {
+                Some((LineKind::Step(step, loss), extras)) => {
+                    out.count_line(true);
+                    out.push_step(step, loss, extras);
+                }
+                Some((LineKind::Invalid, _)) => out.torn_tail(),
+                Some(_) => out.count_line(true),
+                None => {}
+            }
             if blank_first && !carry.is_empty() {
                 return Err(format!("first line is longer than {MAX_LINE} bytes"));
             }
@@ -764,6 +812,7 @@ pub fn assemble(mut records: Vec<(i64, f64)>, files: Vec<PathBuf>) -> LossCurve 
         series: "loss".to_string(),
         torn_files: vec![],
         side: SideSeries::default(),
+        damage: Damage::default(),
     }
 }
 
@@ -772,12 +821,20 @@ pub fn read_loss_curve(files: &[PathBuf]) -> Result<LossCurve> {
     let mut ordered: Vec<PathBuf> = files.to_vec();
     ordered.sort_by(|a, b| a.file_name().cmp(&b.file_name()).then_with(|| a.cmp(b)));
     let mut read = StepsWithExtras::default();
+    let mut torn_files = vec![];
     for path in &ordered {
+        let torn_before = read.torn_logs;
         read_steps(path, &mut read)?;
+        if read.torn_logs > torn_before {
+            torn_files.push(path.clone());
+        }
     }
+    let damage = Damage::of("JSON lines", read.unreadable_lines, read.lines);
     let (records, side) = read.side_series();
     Ok(LossCurve {
         side,
+        damage,
+        torn_files,
         ..assemble(records, ordered)
     })
 }

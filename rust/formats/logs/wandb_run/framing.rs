@@ -53,6 +53,13 @@ pub struct Records<R> {
     pub corrupt: usize,
     /// Records passed over for their size.
     pub oversized: usize,
+    /// Blocks read (the damaged ones included).
+    pub blocks: usize,
+    /// Bytes of the log read, and of those the bytes passed over: the rest
+    /// of a block after a chunk that did not check, the pieces of a record
+    /// whose other pieces were lost, records too large to keep.
+    pub bytes: u64,
+    pub skipped_bytes: u64,
     pub io_error: Option<std::io::Error>,
 }
 
@@ -71,6 +78,9 @@ impl<R: Read> Records<R> {
             torn: false,
             corrupt: 0,
             oversized: 0,
+            blocks: 1,
+            bytes: 0,
+            skipped_bytes: 0,
             io_error: None,
         };
         r.fill_from(CHUNK_HEADER);
@@ -89,6 +99,7 @@ impl<R: Read> Records<R> {
             }
         };
         self.filled = filled;
+        self.bytes += (filled - from) as u64;
         self.last_block = filled < BLOCK;
     }
 
@@ -98,19 +109,29 @@ impl<R: Read> Records<R> {
         }
         self.at = 0;
         self.fill_from(0);
+        self.blocks += usize::from(self.filled > 0);
         self.filled > 0
     }
 
     /// Give up the rest of this block: it held a chunk that did not check.
     fn corrupt_block(&mut self) {
         self.corrupt += 1;
-        self.pending = None;
+        self.drop_pending();
+        self.skipped_bytes += (self.filled - self.at) as u64;
         self.dropping = false;
         self.at = self.filled;
     }
 
+    /// The record being assembled is lost: its bytes so far were passed over.
+    fn drop_pending(&mut self) {
+        if let Some(buf) = self.pending.take() {
+            self.skipped_bytes += buf.len() as u64;
+        }
+    }
+
     fn append(&mut self, data_at: usize, len: usize) {
         if self.dropping {
+            self.skipped_bytes += len as u64;
             return;
         }
         let Some(buf) = self.pending.as_mut() else {
@@ -119,7 +140,8 @@ impl<R: Read> Records<R> {
         if buf.len() + len > MAX_RECORD_BYTES {
             self.oversized += 1;
             self.dropping = true;
-            self.pending = None;
+            self.skipped_bytes += len as u64;
+            self.drop_pending();
             return;
         }
         buf.extend_from_slice(&self.block[data_at..data_at + len]);
@@ -173,7 +195,7 @@ impl<R: Read> Records<R> {
             match kind {
                 FULL => {
                     let out_of_order = self.pending.is_some() || self.dropping;
-                    self.pending = None;
+                    self.drop_pending();
                     self.dropping = false;
                     if out_of_order {
                         self.corrupt += 1;
@@ -185,6 +207,7 @@ impl<R: Read> Records<R> {
                     if self.pending.is_some() || self.dropping {
                         self.corrupt += 1;
                     }
+                    self.drop_pending();
                     self.dropping = false;
                     self.pending = Some(Vec::new());
                     self.append(data_at, len);
@@ -193,6 +216,7 @@ impl<R: Read> Records<R> {
                     if self.pending.is_none() && !self.dropping {
                         // A piece whose first piece was lost.
                         self.corrupt += 1;
+                        self.skipped_bytes += len as u64;
                         continue;
                     }
                     self.append(data_at, len);

@@ -28,6 +28,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Area, Error, Result};
+use crate::formats::logs::damage::Damage;
 use crate::formats::logs::json_line::python_float;
 use crate::formats::logs::loss_log::{self, LossCurve, SideSeries};
 use crate::io::confine;
@@ -73,6 +74,11 @@ pub struct WandbRun {
     /// Blocks with a chunk that did not check, and records too large to keep.
     pub corrupt_blocks: usize,
     pub oversized_records: usize,
+    /// Blocks of the log read, the damaged ones included.
+    pub blocks: usize,
+    /// Bytes of the log read, and those passed over as damaged.
+    pub bytes: u64,
+    pub skipped_bytes: u64,
     /// Points or keys left out at the caps.
     pub capped: bool,
 }
@@ -170,6 +176,9 @@ pub fn parse_run(reader: impl Read) -> (WandbRun, bool) {
     run.torn |= records.torn;
     run.corrupt_blocks = records.corrupt;
     run.oversized_records = records.oversized;
+    run.blocks = records.blocks;
+    run.bytes = records.bytes;
+    run.skipped_bytes = records.skipped_bytes;
     (run, records.io_error.is_some())
 }
 
@@ -318,12 +327,16 @@ pub fn curve_of(run: &WandbRun, log: &Path, key: Option<&str>) -> Result<LossCur
     } else {
         vec![]
     };
+    // Counted in bytes: a damaged block loses the rest of itself and any
+    // record that spans into it, which a count of blocks would overstate.
+    let damage = Damage::of("bytes of the W&B log", run.skipped_bytes, run.bytes);
     Ok(LossCurve {
         source: "wandb".to_string(),
         series: chosen,
         side,
         torn_files: torn,
         run: run.label(),
+        damage,
         ..loss_log::assemble(points, vec![log.to_path_buf()])
     })
 }
