@@ -419,6 +419,8 @@ pub(crate) fn similar_pairs_with(
 
 /// A pair found alike: the two adapters' indices and their similarity.
 type Found = (usize, usize, f64);
+/// The adapters of a pair that could not be read (indices), with why.
+type Lost = Vec<(usize, String)>;
 
 /// Exact similarities of the candidate pairs, kept as `(i, j, similarity)`
 /// only when at or above `threshold` (so a store of copies holds its pairs
@@ -463,14 +465,30 @@ fn exact_pairs(
             .collect()
     } else {
         let open = |i: usize| FactorFile::open(&sketched[i].path).map_err(|e| (i, e.message));
-        let results: Vec<std::result::Result<Option<Found>, (usize, String)>> = candidates
+        let results: Vec<std::result::Result<Option<Found>, Lost>> = candidates
             .par_iter()
             .map(|&(i, j)| {
-                let (x, y) = (open(i)?, open(j)?);
+                let (x, y) = match (open(i), open(j)) {
+                    (Ok(x), Ok(y)) => (x, y),
+                    (x, y) => return Err([x.err(), y.err()].into_iter().flatten().collect()),
+                };
                 let c = compare_adapters(&x, &y, false).map_err(|e| {
-                    // A module that cannot be read names its file.
-                    let side = if e.path == x.path() { i } else { j };
-                    (side, e.message)
+                    // A module that cannot be read names its file; the other
+                    // adapter is then read alone, one module at a time, so
+                    // that its own failure is named too (else it would go
+                    // unnamed when this was its only pair).
+                    let (side, other, k) = if e.path == x.path() {
+                        (i, &y, j)
+                    } else {
+                        (j, &x, i)
+                    };
+                    let mut lost = vec![(side, e.message)];
+                    if let Err(e) =
+                        (0..other.shapes().len()).try_for_each(|m| other.module(m).map(drop))
+                    {
+                        lost.push((k, e.message));
+                    }
+                    lost
                 })?;
                 Ok(keep(i, j, c))
             })
@@ -479,9 +497,7 @@ fn exact_pairs(
         for r in results {
             match r {
                 Ok(p) => pairs.extend(p),
-                Err((i, m)) => {
-                    failed.insert(i, m);
-                }
+                Err(lost) => failed.extend(lost),
             }
         }
         pairs

@@ -256,3 +256,62 @@ fn a_module_claiming_more_than_the_cap_is_an_error_before_any_allocation() {
     let cmp = compare_adapters(&file, &file, false).unwrap_err();
     assert!(cmp.message.contains("claims"), "{}", cmp.message);
 }
+
+/// An adapter whose one module claims a 1 × `MAX_MODULE_VALUES` F16 lora_A
+/// over a sparse file (one non-zero value in A and in B, so its update is
+/// not zero): streamed into a sketch, refused whole by the exact pass.
+fn sparse_huge_adapter(root: &Path, name: &str) -> PathBuf {
+    use std::io::{Seek, SeekFrom, Write};
+
+    use crate::analysis::adapter_weights::MAX_MODULE_VALUES;
+    let dir = root.join(name);
+    fs::create_dir_all(&dir).unwrap();
+    let n = MAX_MODULE_VALUES;
+    let header = format!(
+        r#"{{"base_model.model.layers.0.q_proj.lora_A.weight":{{"dtype":"F16","shape":[1,{n}],"data_offsets":[0,{}]}},"base_model.model.layers.0.q_proj.lora_B.weight":{{"dtype":"F16","shape":[8,1],"data_offsets":[{},{}]}}}}"#,
+        2 * n,
+        2 * n,
+        2 * n + 16
+    );
+    let path = dir.join("adapter_model.safetensors");
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    fs::write(&path, &bytes).unwrap();
+    let mut f = fs::OpenOptions::new().write(true).open(&path).unwrap();
+    let data = bytes.len() as u64;
+    f.set_len(data + 2 * n + 16).unwrap();
+    let one = 0x3c00u16.to_le_bytes(); // 1.0 in F16
+    for at in [data, data + 2 * n] {
+        f.seek(SeekFrom::Start(at)).unwrap();
+        f.write_all(&one).unwrap();
+    }
+    fs::write(
+        dir.join("adapter_config.json"),
+        r#"{"peft_type": "LORA", "r": 1, "lora_alpha": 1, "target_modules": ["q_proj"]}"#,
+    )
+    .unwrap();
+    dir
+}
+
+#[test]
+fn each_adapter_of_a_pair_the_exact_pass_cannot_read_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let paths = vec![
+        sparse_huge_adapter(tmp.path(), "a"),
+        sparse_huge_adapter(tmp.path(), "b"),
+    ];
+    // Both routes: the adapters read once (they fit the cache), and each
+    // pair read per pair (they do not): a pair's first failure must not
+    // leave its other adapter unread and unnamed.
+    for cache in [usize::MAX, 0] {
+        let report = similar_pairs_with(&paths, 0.5, false, 10, cache).unwrap();
+        assert_eq!(report.pairs_exact, 1, "cache {cache}");
+        let mut skipped: Vec<PathBuf> = report.skipped.iter().map(|s| s.path.clone()).collect();
+        skipped.sort();
+        assert_eq!(skipped, paths, "cache {cache}: {:?}", report.skipped);
+        assert!(report
+            .skipped
+            .iter()
+            .all(|s| s.reason.contains("read at once")));
+    }
+}
