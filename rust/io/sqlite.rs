@@ -2,8 +2,10 @@
 //! checked to be a regular file inside the scanned root that starts with
 //! SQLite's header, opened `immutable` (no lock, no journal, no `-wal` or
 //! `-shm` file created: the input is never changed), with the defensive
-//! setting on, small limits on strings and SQL, and a step budget on every
-//! query so a crafted file cannot make one run for ever.
+//! setting on, small limits on strings and SQL, and a step budget per
+//! connection that grows with the file's size (a reader that reads a file
+//! through one connection has one budget per file, linear in its size), so
+//! a crafted file (a recursive view) cannot make a read run for ever.
 //!
 //! `immutable` also means a database left mid-write in WAL mode is read as
 //! its main file holds it, without the newest pages still in `-wal`.
@@ -19,12 +21,22 @@ use crate::io::files::open_regular;
 pub const MAGIC: &[u8; 16] = b"SQLite format 3\0";
 /// Largest database opened.
 pub const MAX_DB_BYTES: u64 = 64 << 30;
-/// Virtual-machine steps a connection's queries may take (checked every
-/// 1,000 steps): reading a million-point metric takes a few tens of
-/// millions.
-const MAX_QUERY_STEPS: u64 = 1_000_000_000;
+/// Virtual-machine steps a connection's queries may take whatever the
+/// file's size (checked every 1,000 steps).
+const BASE_STEPS: u64 = 20_000_000;
+/// Steps a connection may take per byte of the file, beyond
+/// [`BASE_STEPS`]: a full scan of a table takes about ten steps per row,
+/// and a row is at least a few bytes, so a reader that scans each table
+/// once needs under two per byte.
+const STEPS_PER_BYTE: u64 = 16;
 /// Longest string or blob SQLite will hold for us.
 const MAX_VALUE_BYTES: i32 = 1 << 20;
+
+/// The steps a connection to a file of `len` bytes may take: enough for a
+/// reader that scans each of its tables a few times, linear in its size.
+pub fn step_budget(len: u64) -> u64 {
+    BASE_STEPS.saturating_add(len.saturating_mul(STEPS_PER_BYTE))
+}
 
 /// A read-only connection to an untrusted SQLite file.
 pub struct Db {
@@ -95,12 +107,13 @@ impl Db {
             conn,
             path: path.to_path_buf(),
         };
-        db.limit_steps(MAX_QUERY_STEPS);
+        db.limit_steps(step_budget(len));
         Ok(db)
     }
 
     /// Stop any query after about `steps` virtual-machine steps (counted
-    /// over the connection's life from now).
+    /// over the connection's life from now; [`Db::open`] sets
+    /// [`step_budget`] of the file's size).
     pub fn limit_steps(&self, steps: u64) {
         let mut taken = 0u64;
         self.conn.progress_handler(
@@ -112,6 +125,36 @@ impl Db {
         );
     }
 
+    /// Call `each` on every row of `sql` with `params`, one at a time
+    /// (nothing is collected); an error of SQLite's or of `each` stops it.
+    pub fn for_each_row(
+        &self,
+        sql: &str,
+        params: &[&dyn rusqlite::ToSql],
+        mut each: impl FnMut(&rusqlite::Row<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let mut statement = self.conn.prepare(sql).map_err(|e| self.unread(e))?;
+        let mut rows = statement.query(params).map_err(|e| self.unread(e))?;
+        while let Some(r) = rows.next().map_err(|e| self.unread(e))? {
+            each(r)?;
+        }
+        Ok(())
+    }
+
+    /// SQLite's error, as this file's.
+    fn unread(&self, e: rusqlite::Error) -> Error {
+        Error::new(
+            Area::LogFormat,
+            &self.path,
+            format!("could not be read as the expected SQLite tables: {e}"),
+        )
+    }
+
+    /// The path the database was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// The rows of `sql` with `params`, each mapped by `row`, at most
     /// `max_rows` of them (more is an error naming the cap).
     pub fn rows<T>(
@@ -121,13 +164,7 @@ impl Db {
         max_rows: usize,
         mut row: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
     ) -> Result<Vec<T>> {
-        let err = |e: rusqlite::Error| {
-            Error::new(
-                Area::LogFormat,
-                &self.path,
-                format!("could not be read as the expected SQLite tables: {e}"),
-            )
-        };
+        let err = |e: rusqlite::Error| self.unread(e);
         let mut statement = self.conn.prepare(sql).map_err(err)?;
         let mut rows = statement.query(params).map_err(err)?;
         let mut out = vec![];
@@ -224,5 +261,33 @@ mod tests {
                    SELECT count(*) FROM c";
         let e = db.rows(sql, &[], 1, |_| Ok(())).unwrap_err();
         assert!(e.message.contains("interrupt"), "{}", e.message);
+        // Without a limit set, the budget is the file's: small for a small
+        // file.
+        let db = Db::open(&path, Area::LogFormat).unwrap();
+        let len = std::fs::metadata(&path).unwrap().len();
+        assert!(step_budget(len) < 2 * BASE_STEPS);
+        let e = db.for_each_row(sql, &[], |_| Ok(())).unwrap_err();
+        assert!(e.message.contains("interrupt"), "{}", e.message);
+    }
+
+    #[test]
+    fn rows_stream_one_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.db");
+        make_db(&path);
+        let db = Db::open(&path, Area::LogFormat).unwrap();
+        let mut seen = vec![];
+        db.for_each_row("SELECT k FROM t ORDER BY k", &[], |r| {
+            seen.push(r.get::<_, String>(0).unwrap());
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(seen, ["a", "b"]);
+        let e = db
+            .for_each_row("SELECT k FROM t", &[], |_| {
+                Err(Error::new(Area::LogFormat, "", "stop"))
+            })
+            .unwrap_err();
+        assert_eq!(e.message, "stop");
     }
 }
