@@ -315,7 +315,8 @@ def test_one_folded_skip_is_one_record():
     from adapterprobe.tally import Tally
 
     text = summary_text(Tally(), "fail", folded=1)
-    assert "1 skipped record folded" in text and "1 skipped records" not in text
+    assert "1 skipped record folded into its store" in text and "1 skipped records" not in text
+    assert "2 skipped records folded into their stores" in summary_text(Tally(), "fail", folded=2)
 
 
 def test_exclude_keeps_the_walk_out_of_matching_folders(tmp_path):
@@ -364,3 +365,25 @@ def test_an_option_near_none_is_only_named():
     done = cli("scan", "--zzzzzz")
     assert done.returncode == 2 and "unrecognized arguments: --zzzzzz" in done.stderr
     assert "did you mean" not in done.stderr
+
+
+def test_nothing_to_probe_lists_every_layout_a_line(tmp_path):
+    done = cli("scan", str(tmp_path))
+    assert done.returncode == 3
+    lines = done.stderr.strip().splitlines()
+    assert "nothing to probe" in lines[0]
+    listed = [line for line in lines if line.startswith("  - ")]
+    assert len(listed) >= 6 and all(len(line) <= 160 for line in lines), lines
+    for layout in ("dlm", "HF Trainer", "LLaMA-Factory", "Lightning", "W&B", "MLflow"):
+        assert any(layout in line for line in listed), layout
+    assert any("TensorBoard" in line for line in listed)
+    assert any("PEFT" in line for line in listed)
+
+
+def test_similar_on_a_folder_without_adapters_says_one_thing(tmp_path):
+    (tmp_path / "x").mkdir()
+    done = cli("similar", str(tmp_path))
+    assert done.returncode == 3
+    assert done.stderr.strip().splitlines() == [
+        f"adapterprobe: no adapters found under {tmp_path}"
+    ], done.stderr

@@ -23,15 +23,18 @@ from adapterprobe.probes.options import ProbeOptions
 from adapterprobe.records import ScanRecord, ScanReport
 
 DEMO_STORE = Path(__file__).parent / "demo_store"
-#: What discovery recognises as a store, in words (for "nothing found").
-LAYOUTS = (
-    "dlm stores (adapter/ and logs/), HF Trainer output directories (checkpoint-N/ or "
-    "last-checkpoint/ holding an adapter, a full model or only trainer_state.json; "
-    "trainer_state.json or training_args.bin), Lightning runs (*.ckpt or "
-    "metrics.csv), bare PEFT adapter directories (adapter_config.json + "
-    "adapter_model.safetensors, with the <name>/ subfolders of a multi-adapter save) and "
-    "folders of TensorBoard event files"
+#: What discovery recognises as a store, in words, one layout a line (for
+#: "nothing to probe"; docs/formats.md has each with an example tree).
+LAYOUT_LINES = (
+    "dlm stores: adapter/ and logs/train-*.jsonl",
+    "HF Trainer, TRL, LLaMA-Factory and axolotl output directories: checkpoint-N/ or "
+    "last-checkpoint/, trainer_state.json, trainer_log.jsonl, training_args.bin",
+    "Lightning runs: *.ckpt or metrics.csv",
+    "W&B run directories (run-<id>.wandb) and MLflow runs (mlruns/<experiment>/<run>/, mlflow.db)",
+    "folders of TensorBoard event files (events.out.tfevents.*)",
+    "PEFT adapter directories: adapter_config.json and adapter_model.safetensors",
 )
+LAYOUTS = "; ".join(LAYOUT_LINES)
 # Stores gathered per Rust call: big enough to keep every core busy, small
 # enough for a progress bar to move.
 BATCH = 256

@@ -287,12 +287,13 @@ def report_fetched(batches: Iterator[list[Any]]) -> Iterator[list[Any]]:
 def nothing_found(roots: list[str], problems: list[tuple[str, str]], args: Any) -> int:
     from adapterprobe.escape import terminal
     from adapterprobe.records import EXIT_NOTHING_FOUND
-    from adapterprobe.scan import LAYOUTS
+    from adapterprobe.scan import LAYOUT_LINES
 
     print_problems(problems)
+    looked = "".join(f"\n  - {line}" for line in LAYOUT_LINES)
     print(
-        f"adapterprobe: nothing to probe under {', '.join(map(terminal, roots))}: "
-        f"looked for {LAYOUTS}",
+        f"adapterprobe: nothing to probe under {', '.join(map(terminal, roots))}. "
+        f"It looks for:{looked}",
         file=sys.stderr,
     )
     from adapterprobe._fs import atomic_output

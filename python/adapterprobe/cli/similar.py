@@ -79,9 +79,10 @@ def run(args: argparse.Namespace) -> int:
         max_pairs=args.max_pairs,
         all_checkpoints=args.all_checkpoints,
     )
+    nothing = found["adapters"] == 0 and not found["skipped"]
     if args.format == "json":
         sys.stdout.write(json.dumps(found["pairs"], indent=2) + "\n")
-    else:
+    elif not nothing:  # "0 pairs among 0 adapters" says nothing the line below does not
         if found["pairs"]:
             print(f"{'similarity':<10}  adapter A  adapter B")
         for p in found["pairs"]:
@@ -109,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
             f"adapterprobe: skipped {safe_text(s['path'])}: {safe_text(s['reason'])}",
             file=sys.stderr,
         )
-    if found["adapters"] == 0 and not found["skipped"]:
+    if nothing:
         print(f"adapterprobe: no adapters found under {safe_text(args.root)}", file=sys.stderr)
         return EXIT_NOTHING_FOUND
     return 0

@@ -296,7 +296,8 @@ def summary_text(tally: Tally, fail_on: str, width: int = 80, folded: int = 0) -
         notes.append(f"{hidden:,} not shown by -q/--only")
     if folded:
         notes.append(
-            f"{_plural(folded, 'skipped record')} folded into their stores (-v shows them)"
+            f"{_plural(folded, 'skipped record')} folded into "
+            f"{'its store' if folded == 1 else 'their stores'} (-v shows them)"
         )
     extra = f" ({'; '.join(notes)})" if notes else ""
     text = (
