@@ -189,10 +189,15 @@ def test_a_killed_scan_leaves_the_old_output_whole(tmp_path, demo_store):
 
 
 def test_report_output_rules(tmp_path):
-    missing = tmp_path / "nonexist" / "x.html"
+    # A new folder in one that exists is made, as mkdir would ...
+    fresh = tmp_path / "reports" / "x.html"
+    done = cli("report", str(DEMO_STORE), "-o", str(fresh))
+    assert done.returncode == 1 and fresh.is_file(), done.stderr
+    # ... a tree of them is a typo, refused.
+    missing = tmp_path / "nonexist" / "deeper" / "x.html"
     done = cli("report", str(DEMO_STORE), "-o", str(missing))
     assert done.returncode == 2 and "does not exist" in done.stderr
-    assert not missing.parent.exists()
+    assert not missing.parent.parent.exists()
     assert (
         cli(
             "report", str(DEMO_STORE), "-o", str(tmp_path / "r.html"), "--format", "markdown"

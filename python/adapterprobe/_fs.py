@@ -114,12 +114,27 @@ def _make_parent(target: Path) -> None:
 
 
 def _require_parent(target: Path) -> None:
-    """A file output goes into a directory that exists: a typo in ``-o`` must
-    not create directories anywhere (``-o /nonexist/x.html``)."""
-    if not target.parent.is_dir():
+    """A file output goes into a directory that exists, or into a new one
+    made in one that does (``-o reports/r.html``, as ``mkdir`` would), but a
+    typo in ``-o`` must not create a tree of directories anywhere
+    (``-o /nonexist/deeper/x.html`` is refused)."""
+    parent = target.parent
+    if parent.is_dir():
+        return
+    if not parent.parent.is_dir():
         raise UsageError(
-            "the output's directory does not exist (create it first)", path=target.parent
+            "the output's directory does not exist, nor the one above it (create them first)",
+            path=parent,
         )
+    try:
+        parent.mkdir()
+    except FileExistsError:
+        if not parent.is_dir():
+            raise UsageError("the output's directory is not a directory", path=parent) from None
+    except OSError as exc:
+        raise UsageError(
+            f"cannot create the output's directory: {exc.strerror or exc}", path=parent
+        ) from exc
 
 
 def _umask() -> int:

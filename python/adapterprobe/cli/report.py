@@ -22,7 +22,8 @@ layer bars of the optimizer state and of the weights, the verdict reasons and
 the settings used. Healthy stores are folded; big scans are paged, and only
 the stores that get plots keep their curves in memory while the scan runs.
 The file is written atomically with the usual permissions (0666 minus the
-umask); its directory must exist. Exit codes as for `adapterprobe scan`.
+umask); a missing directory is made when the one above it exists. Exit codes
+as for `adapterprobe scan`.
 """
 
 
