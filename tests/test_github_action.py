@@ -281,3 +281,20 @@ def test_the_pre_commit_hook_runs_the_scan_it_declares(workspace: Path) -> None:
     )
     assert done.returncode == 1, done.stderr  # pre-commit fails the commit on it
     assert "FAIL" in done.stdout and "Exit 1" in " ".join(done.stdout.split())
+
+
+def test_the_pre_commit_hook_passes_a_repository_with_nothing_to_scan(tmp_path: Path) -> None:
+    """The common case of a repository that has no runs committed yet: the
+    hook's own args (--allow-empty) make that exit 0, where a bare scan
+    exits 3 and would block every commit."""
+    (hook,) = yaml.safe_load((REPO / ".pre-commit-hooks.yaml").read_text(encoding="utf-8"))
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "train.py").write_text("print('hello')\n")
+    entry = [str(Path(sys.executable).parent / hook["entry"].split()[0]), "scan"]
+    done = subprocess.run(
+        [*entry, *hook["args"]], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert "--allow-empty" in done.stderr and "nothing to probe" in done.stderr
+    bare = subprocess.run([*entry, "."], cwd=tmp_path, capture_output=True, text=True)
+    assert bare.returncode == 3

@@ -105,7 +105,7 @@ def add_junit_option(p: argparse._ActionsContainer) -> None:
 
 
 def add_gate_options(p: argparse.ArgumentParser) -> None:
-    """--rules, --fail-on, --set, --config and --junit."""
+    """--rules, --fail-on, --allow-empty, --set, --config and --junit."""
     gate = p.add_argument_group("verdicts")
     gate.add_argument(
         "--rules",
@@ -120,6 +120,12 @@ def add_gate_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="exit 1 when any verdict is this bad or worse, error included (default: fail); "
         "never turns the gate off: exit 0 whatever the verdicts, errors too",
+    )
+    gate.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="exit 0, not 3, when nothing to probe is found under the roots (a pre-commit "
+        "hook in a repository with no runs committed yet)",
     )
     gate.add_argument(
         "--set",

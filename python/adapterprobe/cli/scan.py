@@ -286,14 +286,17 @@ def report_fetched(batches: Iterator[list[Any]]) -> Iterator[list[Any]]:
 
 def nothing_found(roots: list[str], problems: list[tuple[str, str]], args: Any) -> int:
     from adapterprobe.escape import terminal
-    from adapterprobe.records import EXIT_NOTHING_FOUND
+    from adapterprobe.records import EXIT_NOTHING_FOUND, EXIT_OK
     from adapterprobe.scan import LAYOUT_LINES
 
     print_problems(problems)
-    looked = "".join(f"\n  - {line}" for line in LAYOUT_LINES)
+    allowed = bool(getattr(args, "allow_empty", False))
+    if allowed:
+        looked = " (--allow-empty: exit 0)"
+    else:
+        looked = ". It looks for:" + "".join(f"\n  - {line}" for line in LAYOUT_LINES)
     print(
-        f"adapterprobe: nothing to probe under {', '.join(map(terminal, roots))}. "
-        f"It looks for:{looked}",
+        f"adapterprobe: nothing to probe under {', '.join(map(terminal, roots))}{looked}",
         file=sys.stderr,
     )
     from adapterprobe._fs import atomic_output
@@ -309,7 +312,7 @@ def nothing_found(roots: list[str], problems: list[tuple[str, str]], args: Any) 
     if saved is not None:
         with atomic_output(saved) as out:
             out.write("[]\n")
-    return EXIT_NOTHING_FOUND
+    return EXIT_OK if allowed else EXIT_NOTHING_FOUND
 
 
 def output_of(args: argparse.Namespace, settings: dict[str, Any] | None) -> Output:
