@@ -218,4 +218,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print(report.summary())
+    from adapterprobe.escape import terminal
+
+    for warning in report.warnings:  # on stderr too, where --json leaves it unseen
+        print(f"adapterprobe extract: warning: {terminal(warning)}", file=sys.stderr)
     return 0

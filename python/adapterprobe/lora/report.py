@@ -31,6 +31,10 @@ __all__ = [
 #: Tensor categories, in report order.
 CATEGORIES = ("linear", "embedding", "1-D", "other")
 
+#: A verification that recovers less of the fine-tune's logit change than
+#: this is poor: the adapter does not stand in for the fine-tune.
+POOR_RECOVERY = 0.8
+
 _HINTS = {
     "embedding": "embeddings='save' (--embeddings save) carries them",
     "1-D": "save_1d=True (the default) carries them",
@@ -216,6 +220,22 @@ class ExtractionReport:
         """Skipped tensors that did change (the adapter does not carry them)."""
         return [s for s in self.skipped if s.delta_norm is not None and s.delta_norm > 0]
 
+    @property
+    def warnings(self) -> list[str]:
+        """What to act on, in words: a poor verification (under
+        ``POOR_RECOVERY`` of the logit change) while changed embeddings or
+        output heads were left out names the option that carries them."""
+        recovered = self.logit_change_recovered
+        left = [s.name for s in self.missed_changes if "embeddings='skip'" in s.reason]
+        if recovered is None or recovered >= POOR_RECOVERY or not left:
+            return []
+        names = ", ".join(left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
+        return [
+            f"the adapter recovers only {recovered:.1%} of the fine-tune's logit change, and "
+            f"{len(left)} changed embedding or output-head tensor{'s' if len(left) > 1 else ''} "
+            f"were left out ({names}): --embeddings save (embeddings='save') carries them"
+        ]
+
     def totals(self) -> dict[str, Any]:
         return {
             "modules": self.num_modules,
@@ -251,6 +271,7 @@ class ExtractionReport:
                 "bias": self.bias,
                 "saved": [s.to_dict() for s in self.saved],
                 "skipped": [s.to_dict() for s in self.skipped],
+                "warnings": self.warnings,
             }
         )
 
@@ -304,6 +325,7 @@ class ExtractionReport:
                 + (f", top-1 agreement {agree:.2%}" if agree is not None else "")
                 + f", max |logit diff| {v['max_abs_diff']:.3g}"
             )
+        lines += [f"  warning: {w}" for w in self.warnings]
         if self.modules_to_save:
             lines.append(f"  modules_to_save: {', '.join(self.modules_to_save)}")
         if self.tied:
