@@ -405,3 +405,37 @@ def test_y_titles_clear_the_tick_labels_in_a_browser(chromium, tmp_path, width):
     assert len(charts) >= 4
     for chart in charts:
         assert chart["hits"] == [] and chart["inside"], chart
+
+
+def test_a_masked_zero_loss_does_not_flatten_a_blow_up_onto_a_linear_axis():
+    """A NaN-masked run logs its loss as 0.0; beside a run that blew up to
+    4,000, the healthy curves were flat lines at the bottom of a linear
+    axis (issue 56, item 6). The positive values decide the axis, and a 0 is
+    a gap in its curve."""
+    from adapterprobe.reports.svg import Line, overlay_chart
+
+    healthy = [(float(s), 2.0 * 0.99**s + 0.5) for s in range(1, 200)]
+    blown = [(float(s), 2.0 + 20.0 * s) for s in range(1, 200)]
+    masked = [(float(s), 2.0 if s < 100 else 0.0) for s in range(1, 200)]
+    lines = [Line(name, "#000", pts) for name, pts in (("h", healthy), ("b", blown), ("m", masked))]
+    chart, log = overlay_chart(
+        lines,
+        "t",
+        "t",
+        size=(640, 260),
+        box=(58.0, 14.0, 628.0, 220.0),
+        log_ratio=30.0,
+        max_points=MAX_POINTS,
+    )
+    assert log and "loss (log scale)" in chart
+    # all-positive curves that span less than the ratio stay linear
+    _, flat = overlay_chart(
+        lines[:1],
+        "u",
+        "u",
+        size=(640, 260),
+        box=(58.0, 14.0, 628.0, 220.0),
+        log_ratio=30.0,
+        max_points=MAX_POINTS,
+    )
+    assert not flat

@@ -391,10 +391,12 @@ def overlay_chart(
     font: float = FONT,
 ) -> tuple[str, bool]:
     """Curves on one chart by x, each a path of its own colour titled with
-    its label: the SVG, and whether y is on a log axis (when every finite y
-    is positive and they span a factor of `log_ratio`). Each curve is
-    downsampled to `max_points`; `pad` widens y by that share of its span.
-    ``("", False)`` when no curve has a finite point."""
+    its label: the SVG, and whether y is on a log axis (when the positive
+    finite ys span a factor of `log_ratio`: a blown-up run beside healthy
+    ones; a y of 0 or below, such as a trainer's masked NaN loss, is then a
+    gap in its curve rather than a reason to flatten the others on a linear
+    axis). Each curve is downsampled to `max_points`; `pad` widens y by that
+    share of its span. ``("", False)`` when no curve has a finite point."""
     drawn: list[tuple[Line, list[tuple[float, float | None]]]] = []
     for line in lines:
         pts = [
@@ -408,8 +410,14 @@ def overlay_chart(
         return "", False
     xs = [x for _, pts in drawn for x, _ in pts]
     ys = [y for _, pts in drawn for _, y in pts if y is not None]
+    positive = [y for y in ys if y > 0]
+    log = bool(positive) and max(positive) / min(positive) >= log_ratio
+    if log:
+        drawn = [
+            (line, [(x, y if y is None or y > 0 else None) for x, y in pts]) for line, pts in drawn
+        ]
+        ys = positive
     y_lo, y_hi = min(ys), max(ys)
-    log = y_lo > 0 and y_hi / y_lo >= log_ratio
     sy = Scale(y_lo, y_hi, box[3], box[1], log=log)
     span = (sy.hi - sy.lo) * pad
     sy.lo, sy.hi = sy.lo - span, sy.hi + span
