@@ -430,3 +430,27 @@ def test_annotation_paths_are_relative_to_the_workspace_as_relpath_says(parts, a
         else:
             os.environ["GITHUB_WORKSPACE"] = before
     assert got == (path if rel.startswith("..") else rel)
+
+
+def test_a_drift_annotation_of_an_hf_run_points_at_its_newest_checkpoints_state(tmp_path):
+    """An HF output folder whose trainer state lives only in its checkpoints:
+    file= named the run folder (issue 56, item 6), where GitHub can put no
+    annotation; it names the newest checkpoint's trainer_state.json."""
+    from adapterprobe.reports.github import source_file
+
+    run = tmp_path / "run"
+    for step in (5, 40, 100):
+        (run / f"checkpoint-{step}").mkdir(parents=True)
+        (run / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    (run / "checkpoint-200").mkdir()  # no state in it: not the source
+    (run / "runs").mkdir()
+
+    class Drift:
+        adapter = None
+        store = str(run)
+        probe = "training_drift"
+        message = "m"
+
+    assert source_file(Drift()) == str(run / "checkpoint-100" / "trainer_state.json")
+    (run / "trainer_state.json").write_text("{}")  # a state of its own wins
+    assert source_file(Drift()) == str(run / "trainer_state.json")

@@ -75,10 +75,36 @@ def _newest_log_in(folder: str) -> str | None:
     return None
 
 
+def _newest_checkpoint_state(run: str) -> str | None:
+    """``checkpoint-N/trainer_state.json`` of the largest N in an HF output
+    folder with no trainer state of its own (the Trainer saves one in each
+    checkpoint): the file its training_drift verdict was read from."""
+    best: tuple[int, str] | None = None
+    try:
+        with os.scandir(run) as entries:
+            for entry in entries:
+                step = entry.name.removeprefix("checkpoint-")
+                if step == entry.name or not step.isdigit():
+                    continue
+                state = os.path.join(entry.path, "trainer_state.json")
+                if (best is None or int(step) > best[0]) and os.path.isfile(state):
+                    best = (int(step), state)
+    except (OSError, ValueError):
+        return None
+    return best[1] if best else None
+
+
 def source_file(record: ReportedRecord) -> str:
     """The file a record's verdict came from (for a run's logs folder, its
-    newest log file), else the store directory."""
+    newest log file; for an HF run, the newest checkpoint's trainer state
+    when the run folder has none of its own), else the store directory."""
     place = record.adapter or record.store
+    if record.probe == "training_drift" and not os.path.isfile(
+        os.path.join(place, "trainer_state.json")
+    ):
+        state = _newest_checkpoint_state(place)
+        if state is not None:
+            return state
     for name in SOURCES.get(record.probe, ()):
         candidate = os.path.join(place, name)
         try:  # one stat a candidate, not isdir's and then exists'
