@@ -67,8 +67,29 @@ def short_path(path: str | None, base: str) -> str:
 
 
 def _clip_left(text: str, room: int) -> str:
-    """At most `room` characters, keeping the end (the informative part of a path)."""
-    return text if len(text) <= room else "…" + text[-(room - 1) :]
+    """At most `room` characters (one at least), keeping the end."""
+    if len(text) <= room:
+        return text
+    return "…" + text[len(text) - (room - 1) :] if room > 1 else "…"
+
+
+def _clip_middle(text: str, room: int) -> str:
+    """At most `room` characters of a path, cut in the middle: its start (the
+    run a row is about: two runs' rows differ there, as in
+    ``a/lightning_logs/version_0`` and ``b/lightning_logs/version_0``) and
+    its end (the file) are kept, each cut at a ``/`` where one is near."""
+    if len(text) <= room:
+        return text
+    if room < 12:
+        return _clip_left(text, room)
+    head = text[: max(room // 3, 6)]
+    if "/" in head[2:]:
+        head = head[: head.rindex("/") + 1]
+    tail = text[len(text) - (room - len(head) - 1) :]
+    cut = tail.find("/")
+    if 0 < cut < len(tail) // 2:
+        tail = tail[cut:]
+    return head + "…" + tail
 
 
 def _evidence_text(evidence: dict[str, Any]) -> str:
@@ -122,11 +143,13 @@ def split_path(line: str, width: int) -> list[str]:
     pieces: list[str] = []
     rest = line
     while len(rest) > width:
-        cut = rest.rfind("/", 1, width + 1)
+        # Cut only before the first '/' of a run of them ('a//b' before
+        # '//'), so that no piece ends in a '/'.
+        starts = [i for i in range(1, len(rest)) if rest[i] == "/" and rest[i - 1] != "/"]
+        within = [i for i in starts if i <= width]
+        cut = within[-1] if within else next((i for i in starts if i > width), -1)
         if cut <= 0:
-            cut = rest.find("/", width + 1)
-            if cut <= 0:
-                break
+            break
         pieces.append(rest[:cut])
         rest = rest[cut:]
     pieces.append(rest)
@@ -226,7 +249,7 @@ class TableStream:
                 if adapter:
                     where += f" / {short_path(adapter, store)}"
                 lead = f"{probe:<15} " + ("     " if score is None else f"{score:.2f} ") + " "
-                where = _clip_left(terminal(where), max(10, room - len(lead)))
+                where = _clip_middle(terminal(where), max(10, room - len(lead)))
                 write(f"{self._label(v)}  {lead}{where}\n")
                 for line in self._wrap(message):
                     write(f"{INDENT}{line}\n")
@@ -249,7 +272,7 @@ class TableStream:
             where = short_path(reg.store, base)
             if reg.adapter:
                 where += f" / {short_path(reg.adapter, reg.store)}"
-            write(f"{reg.probe:<15} {_clip_left(terminal(where), max(10, self.width - 16))}\n")
+            write(f"{reg.probe:<15} {_clip_middle(terminal(where), max(10, self.width - 16))}\n")
             for line in self._wrap("; ".join(reg.why)):
                 write(f"{INDENT}{line}\n")
         if tally.regressed > len(tally.regressions):
@@ -275,8 +298,9 @@ class TableStream:
         for _, _, store, verdict in rows:
             counts = tally.store_counts(store)
             parts = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
-            line = f"{terminal(short_path(store, base))}  ({tally.layouts[store]}: {parts})"
-            self.out.write(f"{self._label(verdict)}  {_clip_left(line, room)}\n")
+            tail = f"  ({tally.layouts[store]}: {parts})"
+            name = _clip_middle(terminal(short_path(store, base)), max(10, room - len(tail)))
+            self.out.write(f"{self._label(verdict)}  {name}{tail}\n")
 
 
 def _plural(n: int, word: str) -> str:
