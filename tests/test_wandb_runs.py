@@ -269,3 +269,18 @@ def test_a_wandb_run_beside_checkpoints_is_no_store_of_its_own(tmp_path, monkeyp
     assert Path(record.store) == out and record.layout == "hf-trainer"
     # The checkpoints' trainer_state.json is the richer log, and read first.
     assert record.evidence["log_source"] == "trainer_state", record.message
+
+
+def test_the_table_names_a_tracker_run_by_its_name(runs):
+    """A W&B run's store path holds only its id (offline-run-<time>-<id>):
+    the table's row names the run as W&B does, project/name (id) (issue 56,
+    item 3)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "adapterprobe", "scan", str(runs["diverged"]), "--format", "table"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert done.returncode == 1, done.stderr
+    rows = [line for line in done.stdout.splitlines() if "training_drift" in line]
+    assert rows and "[probe-tests/lr-too-high (" in rows[0], done.stdout

@@ -92,6 +92,15 @@ def _clip_middle(text: str, room: int) -> str:
     return head + "…" + tail
 
 
+def _tracker_run(evidence: dict[str, Any]) -> str | None:
+    """How a W&B or MLflow run is named in its tracker (the record's
+    ``run``: ``project/name (id)``), when the tracker named it: its store
+    path holds only the run's id (``offline-run-...-t203h7ly``, an MLflow
+    run's hex id)."""
+    run = evidence.get("run") if isinstance(evidence, dict) else None
+    return run if isinstance(run, str) and run else None
+
+
 def _evidence_text(evidence: dict[str, Any]) -> str:
     parts = []
     for key, value in evidence.items():
@@ -210,8 +219,8 @@ class TableStream:
             self.tally.add(r, self._visible(r))
             if visible:
                 row = [r.probe, r.store, r.adapter, r.score, r.message]
-                if self.verbose:
-                    row.append(_evidence_text(r.evidence))
+                row.append(_evidence_text(r.evidence) if self.verbose else None)
+                row.append(_tracker_run(r.evidence))
                 self._spill[r.verdict].write(json.dumps(row) + "\n")
 
     def _visible(self, r: Any) -> bool:
@@ -248,6 +257,8 @@ class TableStream:
                 where = short_path(store, base)
                 if adapter:
                     where += f" / {short_path(adapter, store)}"
+                if len(row) > 6 and row[6]:
+                    where += f" [{row[6]}]"  # a tracker's run by its name, not only its id
                 lead = f"{probe:<15} " + ("     " if score is None else f"{score:.2f} ") + " "
                 where = _clip_middle(terminal(where), max(10, room - len(lead)))
                 write(f"{self._label(v)}  {lead}{where}\n")
