@@ -27,8 +27,8 @@ DEMO_STORE = Path(__file__).parent / "demo_store"
 #: "nothing to probe"; docs/formats.md has each with an example tree).
 LAYOUT_LINES = (
     "dlm stores: adapter/ and logs/train-*.jsonl",
-    "HF Trainer, TRL, LLaMA-Factory and axolotl output directories: checkpoint-N/ or "
-    "last-checkpoint/, trainer_state.json, trainer_log.jsonl, training_args.bin",
+    "HF Trainer output directories (also TRL, LLaMA-Factory, axolotl): checkpoint-N/, "
+    "trainer_state.json, trainer_log.jsonl, training_args.bin",
     "Lightning runs: *.ckpt or metrics.csv",
     "W&B run directories (run-<id>.wandb) and MLflow runs (mlruns/<experiment>/<run>/, mlflow.db)",
     "folders of TensorBoard event files (events.out.tfevents.*)",
