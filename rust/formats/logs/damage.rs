@@ -44,21 +44,6 @@ impl Damage {
             self.passed_over as f64 / self.seen as f64
         }
     }
-
-    /// `other` counted in too (logs of one run read one after another). A
-    /// second unit keeps the larger share's unit and counts.
-    pub fn add(&mut self, other: &Damage) {
-        if !other.any() && other.seen == 0 {
-            return;
-        }
-        if self.unit.is_empty() || self.unit == other.unit {
-            self.unit.clone_from(&other.unit);
-            self.passed_over += other.passed_over;
-            self.seen += other.seen;
-        } else if other.share() > self.share() {
-            *self = other.clone();
-        }
-    }
 }
 
 #[cfg(test)]
@@ -66,15 +51,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn shares_and_sums() {
-        let mut d = Damage::default();
-        assert_eq!(d.share(), 0.0);
-        d.add(&Damage::of("JSON lines", 1, 10));
-        d.add(&Damage::of("JSON lines", 0, 30));
-        assert_eq!((d.passed_over, d.seen), (1, 40));
+    fn shares() {
+        let none = Damage::default();
+        assert!(!none.any() && none.share() == 0.0);
+        let d = Damage::of("JSON lines", 1, 40);
         assert!(d.any() && (d.share() - 0.025).abs() < 1e-12);
-        d.add(&Damage::of("bytes of the W&B log", 3, 4));
-        assert_eq!(d.unit, "bytes of the W&B log");
+        // never more passed over than seen
         assert_eq!(Damage::of("x", 5, 2).seen, 5);
     }
 }

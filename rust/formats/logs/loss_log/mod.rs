@@ -610,15 +610,22 @@ fn line_kind(line: &[u8]) -> Option<(LineKind, StepExtras)> {
 fn steps_in<S: StepSink>(lines: &[u8], out: &mut S) {
     let mut start = 0;
     for end in memchr::memchr2_iter(b'\n', b'\r', lines).chain(std::iter::once(lines.len())) {
-        match line_kind(&lines[start..end]) {
-            Some((LineKind::Step(step, loss), extras)) => {
-                out.count_line(true);
-                out.push_step(step, loss, extras);
-            }
-            Some((kind, _)) => out.count_line(kind != LineKind::Invalid),
-            None => {}
-        }
+        take_line(line_kind(&lines[start..end]), out);
         start = end + 1;
+    }
+}
+
+/// One classified line into `out`: counted (an unreadable one as passed
+/// over), and pushed when it is a step record. A blank line is neither.
+#[inline]
+fn take_line<S: StepSink>(line: Option<(LineKind, StepExtras)>, out: &mut S) {
+    match line {
+        Some((LineKind::Step(step, loss), extras)) => {
+            out.count_line(true);
+            out.push_step(step, loss, extras);
+        }
+        Some((kind, _)) => out.count_line(kind != LineKind::Invalid),
+        None => {}
     }
 }
 
@@ -716,12 +723,7 @@ pub fn read_steps_from<R: Read + Send, S: StepSink>(
                     return Err(lfs::describe_pointer(region)
                         .unwrap_or_else(|| "first line is not valid JSON".into()));
                 }
-                Some((LineKind::Step(step, loss), extras)) => {
-                    out.count_line(true);
-                    out.push_step(step, loss, extras);
-                }
-                Some(_) => out.count_line(true),
-                None => {}
+                line => take_line(line, out),
             }
             first_line_seen = true;
             from += first_end;
@@ -734,13 +736,8 @@ pub fn read_steps_from<R: Read + Send, S: StepSink>(
                 memchr::memrchr2(b'\n', b'\r', &buf[from..end]).map_or(from, |p| from + p + 1);
             steps_in_parallel(&buf[from..whole], out);
             match line_kind(&buf[whole..end]) {
-                Some((LineKind::Step(step, loss), extras)) => {
-                    out.count_line(true);
-                    out.push_step(step, loss, extras);
-                }
                 Some((LineKind::Invalid, _)) => out.torn_tail(),
-                Some(_) => out.count_line(true),
-                None => {}
+                line => take_line(line, out),
             }
             if blank_first && !carry.is_empty() {
                 return Err(format!("first line is longer than {MAX_LINE} bytes"));
