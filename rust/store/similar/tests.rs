@@ -230,25 +230,12 @@ fn copies_beyond_max_pairs_are_counted_and_the_most_similar_are_listed() {
 
 #[test]
 fn a_module_claiming_more_than_the_cap_is_an_error_before_any_allocation() {
-    use crate::analysis::adapter_weights::{FactorFile, ModuleSource, MAX_MODULE_VALUES};
+    use crate::analysis::adapter_weights::{FactorFile, ModuleSource};
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("huge");
-    fs::create_dir_all(&dir).unwrap();
-    // A header claiming a 1 × 2^25 F16 lora_A over a file of that length
-    // made of one hole (nothing written): sparse, 2^26 bytes long.
-    let n = MAX_MODULE_VALUES;
-    let header = format!(
-        r#"{{"base_model.model.layers.0.q_proj.lora_A.weight":{{"dtype":"F16","shape":[1,{n}],"data_offsets":[0,{}]}},"base_model.model.layers.0.q_proj.lora_B.weight":{{"dtype":"F16","shape":[8,1],"data_offsets":[{},{}]}}}}"#,
-        2 * n,
-        2 * n,
-        2 * n + 16
-    );
+    // A 1 × 2^25 F16 lora_A over a file of that length made of one hole
+    // (nothing written): sparse, 2^26 bytes long.
+    let dir = sparse_huge_adapter(tmp.path(), "huge", false);
     let path = dir.join("adapter_model.safetensors");
-    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
-    bytes.extend_from_slice(header.as_bytes());
-    fs::write(&path, &bytes).unwrap();
-    let f = fs::OpenOptions::new().write(true).open(&path).unwrap();
-    f.set_len(bytes.len() as u64 + 2 * n + 16).unwrap();
     let file = FactorFile::open(&dir).unwrap();
     let err = file.module(0).unwrap_err();
     assert!(err.message.contains("more than the"), "{}", err.message);
@@ -258,9 +245,10 @@ fn a_module_claiming_more_than_the_cap_is_an_error_before_any_allocation() {
 }
 
 /// An adapter whose one module claims a 1 × `MAX_MODULE_VALUES` F16 lora_A
-/// over a sparse file (one non-zero value in A and in B, so its update is
-/// not zero): streamed into a sketch, refused whole by the exact pass.
-fn sparse_huge_adapter(root: &Path, name: &str) -> PathBuf {
+/// over a sparse file; with `ones`, one non-zero value in A and in B (its
+/// update is not zero: streamed into a sketch, refused whole by the exact
+/// pass), else nothing written at all.
+fn sparse_huge_adapter(root: &Path, name: &str, ones: bool) -> PathBuf {
     use std::io::{Seek, SeekFrom, Write};
 
     use crate::analysis::adapter_weights::MAX_MODULE_VALUES;
@@ -281,7 +269,7 @@ fn sparse_huge_adapter(root: &Path, name: &str) -> PathBuf {
     let data = bytes.len() as u64;
     f.set_len(data + 2 * n + 16).unwrap();
     let one = 0x3c00u16.to_le_bytes(); // 1.0 in F16
-    for at in [data, data + 2 * n] {
+    for at in [data, data + 2 * n].into_iter().filter(|_| ones) {
         f.seek(SeekFrom::Start(at)).unwrap();
         f.write_all(&one).unwrap();
     }
@@ -297,8 +285,8 @@ fn sparse_huge_adapter(root: &Path, name: &str) -> PathBuf {
 fn each_adapter_of_a_pair_the_exact_pass_cannot_read_is_named() {
     let tmp = tempfile::tempdir().unwrap();
     let paths = vec![
-        sparse_huge_adapter(tmp.path(), "a"),
-        sparse_huge_adapter(tmp.path(), "b"),
+        sparse_huge_adapter(tmp.path(), "a", true),
+        sparse_huge_adapter(tmp.path(), "b", true),
     ];
     // Both routes: the adapters read once (they fit the cache), and each
     // pair read per pair (they do not): a pair's first failure must not
