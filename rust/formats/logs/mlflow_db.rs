@@ -38,9 +38,10 @@ use rusqlite::types::ValueRef;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::error::{Area, Error, Result};
-use crate::formats::logs::loss_log::{self, LossCurve, SideSeries};
-use crate::formats::logs::mlflow_files::{self, Thinned, DEFAULT_LOSS_KEYS};
+use crate::formats::logs::loss_log::{self, LossCurve, SideSeries, Thinning};
+use crate::formats::logs::mlflow_files::{self, DEFAULT_LOSS_KEYS};
 use crate::formats::logs::series_names;
+use crate::formats::logs::thinned::Thinned;
 use crate::io::confine;
 use crate::io::excerpt::quoted;
 use crate::io::sqlite::{self, Db};
@@ -415,7 +416,7 @@ fn read_metrics(
                     }
                 };
                 let kept = keep
-                    .then(|| Thinned::new(mlflow_files::MAX_POINTS, |p: &Point| p.2.is_finite()));
+                    .then(|| Thinned::new(mlflow_files::MAX_POINTS, |p: &Point| !p.2.is_finite()));
                 run.series.insert(key.to_string(), kept);
             }
             let Some(Some(series)) = run.series.get_mut(key.as_ref()) else {
@@ -505,18 +506,20 @@ fn curve_of(path: &Path, row: &RunRow, read: RunSeries, key: Option<&str>) -> Re
         "",
     )?;
     let mut kept: FxHashMap<String, Vec<(i64, f64)>> = FxHashMap::default();
+    let mut thinned = None;
     for (k, series) in read.series {
         if let Some(series) = series {
-            let mut points = series
-                .finish()
-                .map_err(|e| {
-                    Error::new(
-                        Area::LogFormat,
-                        path,
-                        mlflow_files::out_of_memory("its metrics", &e),
-                    )
-                })?
-                .points;
+            let finished = series.finish().map_err(|e| {
+                Error::new(
+                    Area::LogFormat,
+                    path,
+                    mlflow_files::out_of_memory("its metrics", &e),
+                )
+            })?;
+            if k == chosen {
+                thinned = Thinning::of(&finished);
+            }
+            let mut points = finished.points;
             points.sort_by_key(|&(step, time, _)| (step, time));
             kept.insert(k, points.into_iter().map(|(s, _, v)| (s, v)).collect());
         }
@@ -535,6 +538,7 @@ fn curve_of(path: &Path, row: &RunRow, read: RunSeries, key: Option<&str>) -> Re
         series: chosen,
         side,
         run: info.label(),
+        thinned,
         ..loss_log::assemble(points, vec![path.to_path_buf()])
     })
 }

@@ -28,7 +28,8 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Area, Error, Result};
 use crate::formats::logs::json_line::{python_float, python_int};
-use crate::formats::logs::loss_log::{self, LossCurve, SideSeries};
+use crate::formats::logs::loss_log::{self, LossCurve, SideSeries, Thinning};
+use crate::formats::logs::thinned::{Kept, Thinned};
 use crate::io::confine;
 use crate::io::files::open_regular;
 
@@ -194,7 +195,8 @@ pub fn read_run_curve(run: &Path, key: Option<&str>) -> Result<LossCurve> {
             "a listed metric file vanished",
         ));
     };
-    let points = read_metric(&path)?;
+    let kept = read_metric_kept(&path, MAX_POINTS)?;
+    let thinned = Thinning::of(&kept);
     let mut side = SideSeries::default();
     let mut failed = None;
     side.fill_from_names(&keys, |k| match read_metric(&path_of(k)?) {
@@ -212,136 +214,9 @@ pub fn read_run_curve(run: &Path, key: Option<&str>) -> Result<LossCurve> {
         series: chosen,
         side,
         run: label_of(run, &meta),
-        ..loss_log::assemble(points, vec![path])
+        thinned,
+        ..loss_log::assemble(kept.points, vec![path])
     })
-}
-
-/// Points of one series kept while it is read, at most `cap` of them
-/// (plus the last): when the cap is reached every other kept point is let
-/// go and from then on every `stride`-th point read is kept, the stride
-/// doubling each time. Non-finite points are kept off the stride too
-/// while they are at most a quarter of the cap (past that they are thinned
-/// like the rest, the first kept); the first and the last point read are
-/// always kept. Each thinning frees at least a quarter of the cap, so
-/// the work stays linear in the points read.
-#[derive(Debug, Clone)]
-pub struct Thinned<T> {
-    kept: Vec<T>,
-    cap: usize,
-    stride: u64,
-    read: u64,
-    /// The last point read, when it was not kept.
-    last: Option<T>,
-    keep_nonfinite: bool,
-    finite: fn(&T) -> bool,
-}
-
-/// What a [`Thinned`] kept.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Kept<T> {
-    /// The points kept, in reading order.
-    pub points: Vec<T>,
-    /// Every `stride`-th point read was kept (1: every point).
-    pub stride: u64,
-    /// Points read.
-    pub read: u64,
-}
-
-impl<T: Copy> Thinned<T> {
-    /// Keep at most `cap` (at least 16) points; `finite` says whether a
-    /// point's value is finite.
-    pub fn new(cap: usize, finite: fn(&T) -> bool) -> Thinned<T> {
-        Thinned {
-            kept: Vec::new(),
-            cap: cap.max(16),
-            stride: 1,
-            read: 0,
-            last: None,
-            keep_nonfinite: true,
-            finite,
-        }
-    }
-
-    /// Points read so far.
-    pub fn read(&self) -> u64 {
-        self.read
-    }
-
-    /// Points kept so far.
-    pub fn len(&self) -> usize {
-        self.kept.len()
-    }
-
-    /// Whether no point is kept yet.
-    pub fn is_empty(&self) -> bool {
-        self.kept.is_empty()
-    }
-
-    fn wanted(&self, index: u64, finite: bool) -> bool {
-        index % self.stride == 0 || (!finite && self.keep_nonfinite)
-    }
-
-    /// Take the next point read; an allocation that fails is an error
-    /// (never an abort).
-    pub fn push(&mut self, point: T) -> std::result::Result<(), std::collections::TryReserveError> {
-        let index = self.read;
-        self.read += 1;
-        let finite = (self.finite)(&point);
-        if !self.wanted(index, finite) {
-            self.last = Some(point);
-            return Ok(());
-        }
-        if self.kept.len() >= self.cap {
-            self.thin();
-            if !self.wanted(index, finite) {
-                self.last = Some(point);
-                return Ok(());
-            }
-        }
-        if self.kept.len() == self.kept.capacity() {
-            let len = self.kept.len();
-            let grown = (len * 2).max(16).min(self.cap).max(len + 1);
-            self.kept.try_reserve_exact(grown - len)?;
-        }
-        self.kept.push(point);
-        self.last = None;
-        Ok(())
-    }
-
-    /// Let every other kept point go (see the type's doc).
-    fn thin(&mut self) {
-        let finite = self.finite;
-        let nonfinite = self.kept.iter().filter(|p| !finite(p)).count();
-        if nonfinite > self.cap / 4 {
-            self.keep_nonfinite = false;
-        }
-        let first_bad = self.kept.iter().position(|p| !finite(p));
-        let last = self.kept.len().saturating_sub(1);
-        let keep_nonfinite = self.keep_nonfinite;
-        let mut at = 0usize;
-        self.kept.retain(|p| {
-            let keep = at % 2 == 0
-                || at == last
-                || Some(at) == first_bad
-                || (keep_nonfinite && !finite(p));
-            at += 1;
-            keep
-        });
-        self.stride = self.stride.saturating_mul(2);
-    }
-
-    /// The points kept, the last point read among them.
-    pub fn finish(mut self) -> std::result::Result<Kept<T>, std::collections::TryReserveError> {
-        if let Some(last) = self.last.take() {
-            self.kept.try_reserve_exact(1)?;
-            self.kept.push(last);
-        }
-        Ok(Kept {
-            points: self.kept,
-            stride: self.stride,
-            read: self.read,
-        })
-    }
 }
 
 /// The message of an allocation that failed while `what` was kept.
@@ -372,7 +247,7 @@ pub fn read_metric_kept(path: &Path, cap: usize) -> Result<Kept<(i64, f64)>> {
             format!("is {len} bytes, more than the {MAX_METRIC_BYTES}-byte limit"),
         ));
     }
-    let mut kept = Thinned::new(cap, |p: &(i64, f64)| p.1.is_finite());
+    let mut kept = Thinned::new(cap, |p: &(i64, f64)| !p.1.is_finite());
     let mut failed = None;
     let mut index = 0usize;
     // A step logged again right after itself replaces its value, as it
@@ -545,38 +420,6 @@ mod tests {
     }
 
     #[test]
-    fn thinning_keeps_the_cap_the_first_the_last_and_the_non_finite() {
-        let mut kept = Thinned::new(64, |p: &(i64, f64)| p.1.is_finite());
-        for i in 0..100_000i64 {
-            let v = if i == 70_001 { f64::NAN } else { i as f64 };
-            kept.push((i, v)).unwrap();
-        }
-        let kept = kept.finish().unwrap();
-        assert!(kept.points.len() <= 65, "{}", kept.points.len());
-        assert!(kept.stride.is_power_of_two() && kept.stride > 1);
-        assert_eq!(kept.read, 100_000);
-        assert_eq!(kept.points[0], (0, 0.0));
-        assert_eq!(kept.points.last(), Some(&(99_999, 99_999.0)));
-        assert!(kept.points.iter().any(|p| p.0 == 70_001 && p.1.is_nan()));
-        assert!(kept.points.windows(2).all(|w| w[0].0 < w[1].0));
-        // A flood of non-finite points is bounded too (the first kept).
-        let mut nan = Thinned::new(64, |p: &(i64, f64)| p.1.is_finite());
-        for i in 0..100_000i64 {
-            nan.push((i, if i < 10 { 1.0 } else { f64::NAN })).unwrap();
-        }
-        let nan = nan.finish().unwrap();
-        assert!(nan.points.len() <= 65, "{}", nan.points.len());
-        assert!(nan.points.iter().any(|p| p.0 == 10));
-        // Under the cap nothing is thinned.
-        let mut few = Thinned::new(64, |p: &(i64, f64)| p.1.is_finite());
-        for i in 0..64i64 {
-            few.push((i, 1.0)).unwrap();
-        }
-        let few = few.finish().unwrap();
-        assert_eq!((few.points.len(), few.stride), (64, 1));
-    }
-
-    #[test]
     fn a_metric_file_is_streamed_and_thinned_past_the_cap() {
         let tmp = tempfile::tempdir().unwrap();
         let mut text = falling(10_000);
@@ -589,6 +432,9 @@ mod tests {
         let kept = read_metric_kept(&path, 64).unwrap();
         assert_eq!(kept.read, 10_002);
         assert!(kept.stride >= 128 && kept.points.len() <= 65);
+        // The curve's counts come from what was read, not what was kept.
+        let thinning = Thinning::of(&kept).unwrap();
+        assert_eq!((thinning.records, thinning.nonfinite), (10_002, 1));
         assert!(kept.points.iter().any(|p| p.0 == 10_000 && p.1.is_nan()));
         assert_eq!(kept.points.last(), Some(&(10_002, 0.5)));
         // Under the cap the file reads as its text parses.

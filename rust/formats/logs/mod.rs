@@ -15,6 +15,7 @@ pub mod mlflow_db;
 pub mod mlflow_files;
 pub mod series_names;
 pub mod tfevents;
+pub mod thinned;
 pub mod trainer_log;
 pub mod trainer_state;
 pub mod wandb_run;

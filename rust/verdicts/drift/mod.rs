@@ -276,6 +276,17 @@ fn span_text(steps: &[i64]) -> String {
     )
 }
 
+/// [`span_text`] of a thinned curve: the records read, and how many
+/// were kept.
+fn thinned_span_text(steps: &[i64], thinned: &loss_log::Thinning) -> String {
+    format!(
+        "over {} steps ({} logged records, 1 in {} kept)",
+        number_text::thousands(step_span(steps)),
+        number_text::thousands(i128::from(thinned.records)),
+        number_text::thousands(i128::from(thinned.stride))
+    )
+}
+
 /// The change from head to tail with its sign: `+0.5%` is a rise.
 fn change_text(head: f64, tail: f64) -> String {
     number_text::signed_percent((tail - head) / head.abs(), 1)

@@ -9,7 +9,7 @@ use super::side::side_findings;
 use super::uniform::{uniform_finding, Levels};
 use super::{
     change_text, curve_sampled, int_value, need, sample_indices, span_text, step_span, steps_text,
-    upper_median, DriftOptions, KIND,
+    thinned_span_text, upper_median, DriftOptions, KIND,
 };
 use crate::analysis::robust_curve::{self, RobustCurve, RobustParams};
 use crate::formats::logs::loss_log::LossCurve;
@@ -156,12 +156,22 @@ pub(super) fn judge(
     robust_curve::check_params(&params).map_err(|e| e.to_string())?;
     let (steps, losses) = (&curve.steps, &curve.losses);
     let num_steps = steps.len();
-    let span = span_text(steps);
+    let span = match &curve.thinned {
+        Some(t) => thinned_span_text(steps, t),
+        None => span_text(steps),
+    };
     let (side, side_evidence) = side_findings(curve, opts.max_eval_rise);
     let mut base = Evidence::new();
     base.put("rules", "robust");
     base.put("num_steps", num_steps);
-    base.put("num_records", num_steps);
+    base.put(
+        "num_records",
+        curve.thinned.map_or(num_steps as u64, |t| t.records),
+    );
+    if let Some(t) = curve.thinned {
+        // Every `stride`-th record was kept (with the non-finite ones).
+        base.put("thinned", t.stride);
+    }
     base.put("step_span", int_value(step_span(steps)));
     base.put("num_log_files", curve.num_files);
     base.put("log_format", curve.source.as_str());
@@ -197,21 +207,32 @@ pub(super) fn judge(
     let mut findings: Vec<Finding> = stopped_early(curve).into_iter().collect();
     if let Some(&last) = nonfinite_steps.last() {
         let last_bad = Some(&last) == steps.last();
-        let share = nonfinite_steps.len() as f64 / num_steps as f64;
+        // A thinned curve keeps its non-finite records beside the sample:
+        // the run's count and share come from what was read.
+        let (count, records) = match curve.thinned {
+            Some(t) => (t.nonfinite.max(1), t.records.max(1)),
+            None => (nonfinite_steps.len() as u64, num_steps as u64),
+        };
+        let share = count as f64 / records as f64;
         let severe = last_bad || share > NONFINITE_FAIL_SHARE;
+        let shown = steps_text(&nonfinite_steps, 6);
+        let unkept = count.saturating_sub(nonfinite_steps.len() as u64);
         findings.push(Finding::new(
             if severe { Verdict::Fail } else { Verdict::Warn },
             "nonfinite_loss",
             format!(
-                "{} NaN/inf losses ({} of records{}) at steps {}",
-                nonfinite_steps.len(),
+                "{count} NaN/inf losses ({} of records{}) at steps {shown}{}",
                 number_text::percent(share, 1),
                 if last_bad {
                     ", the last one included"
                 } else {
                     ""
                 },
-                steps_text(&nonfinite_steps, 6)
+                if unkept > 0 {
+                    format!(", {unkept} more among the records not kept")
+                } else {
+                    String::new()
+                }
             ),
         ));
     }

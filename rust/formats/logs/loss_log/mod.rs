@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Area, Error, Result};
 use crate::formats::logs::damage::Damage;
 use crate::formats::logs::json_line::{classify_step, LineKind, StepExtras};
+use crate::formats::logs::thinned::Kept;
 use crate::formats::logs::{
     csv_log, mlflow_db, mlflow_files, series_names, tfevents, trainer_log, trainer_state, wandb_run,
 };
@@ -64,6 +65,34 @@ pub struct LossCurve {
     pub run: String,
     /// What the reader could not read and passed over (see [`Damage`]).
     pub damage: Damage,
+    /// How the reader thinned a series too long to keep whole (None: every
+    /// record is here).
+    pub thinned: Option<Thinning>,
+}
+
+/// How a loss series too long to keep whole was thinned (see
+/// [`crate::formats::logs::thinned`]): every `stride`-th record was kept,
+/// the non-finite ones beside them, out of `records` read, `nonfinite` of
+/// them NaN or infinite. Counts and shares of the whole run are read from
+/// here, not from the points kept, where non-finite ones are
+/// over-represented.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Thinning {
+    pub stride: u64,
+    pub records: u64,
+    pub nonfinite: u64,
+}
+
+impl Thinning {
+    /// The thinning of a series kept with non-finite points as its notable
+    /// ones (None where nothing was let go).
+    pub fn of<T>(kept: &Kept<T>) -> Option<Thinning> {
+        (kept.stride > 1).then_some(Thinning {
+            stride: kept.stride,
+            records: kept.read,
+            nonfinite: kept.notable_read,
+        })
+    }
 }
 
 /// What a run logs beside its training loss, each series `(step, value)`
@@ -810,6 +839,7 @@ pub fn assemble(mut records: Vec<(i64, f64)>, files: Vec<PathBuf>) -> LossCurve 
         torn_files: vec![],
         side: SideSeries::default(),
         damage: Damage::default(),
+        thinned: None,
     }
 }
 
