@@ -27,11 +27,23 @@
 //! - **The contract.** [`Guard::result`] judges every record seen with the
 //!   offline semantics, so after a run's last record it is exactly what
 //!   `training_drift` says of the same logged run.
+//! - **Bounded.** Up to [`KEEP_RECORDS`] records of each series are kept
+//!   whole, so the contract above is exact for any run that logs fewer
+//!   (a fine-tune logging every step for 65,536 steps). Past it the
+//!   history is thinned as the MLflow readers thin a long metric
+//!   ([`Thinned`]): an even sample of the whole run, its last record, and
+//!   beside the sample every non-finite loss and every loss that jumped
+//!   past `JUMP_TRIGGER` times the judged level (while they are few),
+//!   with exact counts of the records and non-finite losses read.
+//!   Memory, and the cost of one judgement, stay bounded by the cap; the
+//!   schedule counts records read, and judges at least every
+//!   `KEEP_RECORDS / 16` of them.
 
 use std::path::PathBuf;
 
 use crate::formats::logs::gap_log::{GapLog, GapRecord};
-use crate::formats::logs::loss_log::{LossCurve, RunProgress};
+use crate::formats::logs::loss_log::{LossCurve, RunProgress, SideSeries, Thinning};
+use crate::formats::logs::thinned::Thinned;
 use crate::formats::model_config::OutputClasses;
 use crate::store::probe_inputs::{DriftInput, LogsStatus};
 use crate::verdicts::drift::{judge_drift, DriftOptions};
@@ -44,8 +56,11 @@ pub const JUDGE_EVERY_RECORD: usize = 128;
 /// weights have gone NaN; one or two are fp16 loss scaling recovering).
 pub const FINAL_NONFINITE_RUN: usize = 3;
 /// A loss this many times the last judged end level asks for a judgement
-/// before the schedule does.
+/// before the schedule does (and is kept beside a thinned history).
 const JUMP_TRIGGER: f64 = 2.0;
+/// Records of each series kept whole; past it the history is thinned
+/// (see the module doc). A judgement then costs a few milliseconds.
+pub const KEEP_RECORDS: usize = 1 << 16;
 
 /// One finding as the guard reports it: when it was first seen.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,12 +73,180 @@ pub struct GuardFinding {
     pub message: String,
 }
 
+/// A loss record as the history keeps it: step, loss (non-finite as
+/// +inf) and whether it is kept beside a thinned sample (non-finite, or a
+/// jump).
+type LossPoint = (i64, f64, bool);
+
+fn notable_loss(p: &LossPoint) -> bool {
+    p.2
+}
+
+fn nonfinite_point(p: &(i64, f64)) -> bool {
+    !p.1.is_finite()
+}
+
+/// The run's records as the readers would have assembled them (ascending
+/// by step, the last record of a step winning), thinned past `keep`.
+#[derive(Clone)]
+struct History {
+    loss: Thinned<LossPoint>,
+    grad_norm: Thinned<(i64, f64)>,
+    learning_rate: Thinned<(i64, f64)>,
+    eval_loss: Thinned<(i64, f64)>,
+    reward: Thinned<(i64, f64)>,
+    /// Steps with a loss, and those whose loss is not finite.
+    records: u64,
+    nonfinite: u64,
+    /// Non-finite losses in a row at the newest steps.
+    trailing_nonfinite: usize,
+}
+
+impl History {
+    fn new(keep: usize) -> History {
+        History {
+            loss: Thinned::new(keep, notable_loss),
+            grad_norm: Thinned::new(keep, nonfinite_point),
+            learning_rate: Thinned::new(keep, nonfinite_point),
+            eval_loss: Thinned::new(keep, nonfinite_point),
+            reward: Thinned::new(keep, nonfinite_point),
+            records: 0,
+            nonfinite: 0,
+            trailing_nonfinite: 0,
+        }
+    }
+
+    /// Take a loss; `jump` keeps it beside a thinned sample.
+    fn put_loss(&mut self, step: i64, loss: f64, jump: bool) {
+        let bad = !loss.is_finite();
+        let point = (step, if bad { f64::INFINITY } else { loss }, bad || jump);
+        match put(&mut self.loss, point, |p| p.0) {
+            Placed::Newest => {
+                self.records += 1;
+                self.trailing_nonfinite = if bad { self.trailing_nonfinite + 1 } else { 0 };
+            }
+            Placed::ReplacedNewest(before) => {
+                self.nonfinite = self
+                    .nonfinite
+                    .saturating_sub(u64::from(!before.1.is_finite()));
+                let run =
+                    (self.trailing_nonfinite).saturating_sub(usize::from(!before.1.is_finite()));
+                self.trailing_nonfinite = if bad { run + 1 } else { 0 };
+            }
+            Placed::Replaced(before) => {
+                self.nonfinite = self
+                    .nonfinite
+                    .saturating_sub(u64::from(!before.1.is_finite()));
+            }
+            Placed::Inserted => self.records += 1,
+        }
+        self.nonfinite += u64::from(bad);
+    }
+
+    fn put_side(&mut self, step: i64, values: [Option<f64>; 4]) {
+        let [grad_norm, learning_rate, eval_loss, reward] = values;
+        for (series, value) in [
+            (&mut self.grad_norm, grad_norm),
+            (&mut self.learning_rate, learning_rate),
+            (&mut self.eval_loss, eval_loss),
+            (&mut self.reward, reward),
+        ] {
+            if let Some(v) = value {
+                put(series, (step, v), |p| p.0);
+            }
+        }
+    }
+
+    /// The history as the curve a log reader would hand the rules.
+    fn curve(&self) -> LossCurve {
+        let (steps, losses) = self.loss.points().map(|p| (p.0, p.1)).unzip();
+        let side = |t: &Thinned<(i64, f64)>| t.points().copied().collect();
+        LossCurve {
+            source: "guard".into(),
+            series: "loss".into(),
+            steps,
+            losses,
+            side: SideSeries {
+                eval_loss: side(&self.eval_loss),
+                grad_norm: side(&self.grad_norm),
+                learning_rate: side(&self.learning_rate),
+                reward: side(&self.reward),
+                progress: None,
+            },
+            thinned: (self.loss.stride() > 1).then_some(Thinning {
+                stride: self.loss.stride(),
+                records: self.records,
+                nonfinite: self.nonfinite,
+            }),
+            ..LossCurve::default()
+        }
+    }
+
+    /// The newest step of any series.
+    fn last_step(&self) -> Option<i64> {
+        let newest = |t: &Thinned<(i64, f64)>| t.points().last().map(|p| p.0);
+        [
+            self.loss.points().last().map(|p| p.0),
+            newest(&self.eval_loss),
+            newest(&self.grad_norm),
+            newest(&self.reward),
+        ]
+        .into_iter()
+        .flatten()
+        .max()
+    }
+}
+
+/// Where [`put`] placed a point.
+enum Placed<T> {
+    /// After every step so far.
+    Newest,
+    /// Over the newest point, of the same step (what it held).
+    ReplacedNewest(T),
+    /// Over a kept point of an earlier step (what it held).
+    Replaced(T),
+    /// Among the kept points, at an earlier step none held.
+    Inserted,
+}
+
+/// Put `point` at its step (`step_of`): a step after the newest is read
+/// on (and may be thinned away later); the newest step again replaces
+/// it; an earlier step (a resumed run) replaces the kept point of that
+/// step or goes in among the kept points, in step order. A point the
+/// memory for which cannot be had is not kept.
+fn put<T: Copy>(series: &mut Thinned<T>, point: T, step_of: fn(&T) -> i64) -> Placed<T> {
+    let step = step_of(&point);
+    let newest = series.newest_mut();
+    match newest {
+        Some(p) if step_of(p) == step => {
+            let before = *p;
+            *p = point;
+            return Placed::ReplacedNewest(before);
+        }
+        Some(p) if step_of(p) > step => {}
+        _ => {
+            let _ = series.push(point);
+            return Placed::Newest;
+        }
+    }
+    let kept = series.kept_mut();
+    match kept.binary_search_by_key(&step, step_of) {
+        Ok(i) => match kept.get_mut(i) {
+            Some(p) => Placed::Replaced(std::mem::replace(p, point)),
+            None => Placed::Inserted,
+        },
+        Err(i) => {
+            kept.insert(i, point);
+            Placed::Inserted
+        }
+    }
+}
+
 /// The online state of one run.
 #[derive(Clone)]
 pub struct Guard {
     options: DriftOptions,
-    /// The records as the readers would have assembled them.
-    curve: LossCurve,
+    history: History,
     classes: Option<OutputClasses>,
     /// The plan (`max_steps`), judged only by [`Guard::result`]: mid-run
     /// every run is short of its plan.
@@ -91,14 +274,14 @@ impl Guard {
     /// A guard judging by `options`; `classes` is what the loss is a
     /// cross-entropy over, where the caller knows (the model's config).
     pub fn new(options: DriftOptions, classes: Option<OutputClasses>) -> Guard {
-        let curve = LossCurve {
-            source: "guard".into(),
-            series: "loss".into(),
-            ..LossCurve::default()
-        };
+        Guard::keeping(options, classes, KEEP_RECORDS)
+    }
+
+    /// A guard keeping `keep` records of each series whole.
+    pub fn keeping(options: DriftOptions, classes: Option<OutputClasses>, keep: usize) -> Guard {
         Guard {
             options,
-            curve,
+            history: History::new(keep),
             classes,
             max_steps: None,
             judged_at: 0,
@@ -153,30 +336,21 @@ impl Guard {
         self.max_steps = max_steps;
     }
 
-    /// `curve` judged as a logged run's: it is lent to a `DriftInput` for
-    /// the judgement and taken back.
-    fn judge(
-        options: &DriftOptions,
-        curve: &mut LossCurve,
-        classes: &Option<OutputClasses>,
-    ) -> Judged {
+    /// `curve` judged as a logged run's.
+    fn judge(options: &DriftOptions, curve: LossCurve, classes: &Option<OutputClasses>) -> Judged {
         let input = DriftInput {
             store: PathBuf::new(),
             layout: "guard".into(),
             logs_dir: PathBuf::new(),
             files: vec![],
             status: LogsStatus::Curve,
-            curve: Some(std::mem::take(curve)),
+            curve: Some(curve),
             error: None,
             note: None,
             output_classes: classes.clone(),
             guard: None,
         };
-        let judged = judge_drift(&input, options);
-        if let Some(back) = input.curve {
-            *curve = back;
-        }
-        judged
+        judge_drift(&input, options)
     }
 
     /// Take one logged record and return the online verdict so far.
@@ -189,27 +363,20 @@ impl Guard {
         eval_loss: Option<f64>,
         reward: Option<f64>,
     ) -> Verdict {
-        let curve = &mut self.curve;
+        let jump = loss.is_some_and(|v| v > JUMP_TRIGGER * self.last_level);
         if let Some(v) = loss {
-            let stored = if v.is_finite() { v } else { f64::INFINITY };
-            insert_parallel(&mut curve.steps, &mut curve.losses, step, stored);
+            self.history.put_loss(step, v, jump);
         }
-        let side = &mut curve.side;
-        for (series, value) in [
-            (&mut side.grad_norm, grad_norm),
-            (&mut side.learning_rate, learning_rate),
-            (&mut side.eval_loss, eval_loss),
-            (&mut side.reward, reward),
-        ] {
-            if let Some(v) = value {
-                insert_point(series, step, v);
-            }
-        }
-        let n = curve.steps.len();
-        let asks = loss.is_some_and(|v| !v.is_finite() || v > JUMP_TRIGGER * self.last_level)
+        self.history
+            .put_side(step, [grad_norm, learning_rate, eval_loss, reward]);
+        let n = self.num_records();
+        let asks = jump
+            || loss.is_some_and(|v| !v.is_finite())
             || grad_norm.is_some_and(|v| !v.is_finite())
             || eval_loss.is_some();
-        let due = n <= JUDGE_EVERY_RECORD || n * 16 >= self.judged_at * 17;
+        let due = n <= JUDGE_EVERY_RECORD
+            || n * 16 >= self.judged_at * 17
+            || n - self.judged_at.min(n) >= KEEP_RECORDS / 16;
         if due || (asks && n >= self.early_from) {
             self.judge_now(step);
         }
@@ -217,20 +384,14 @@ impl Guard {
     }
 
     fn judge_now(&mut self, step: i64) {
-        let judged = Guard::judge(&self.options, &mut self.curve, &self.classes);
-        let n = self.curve.steps.len();
+        let judged = Guard::judge(&self.options, self.history.curve(), &self.classes);
+        let n = self.num_records();
         self.judged_at = n;
-        self.early_from = n + n / 64;
+        self.early_from = n + (n / 64).min(KEEP_RECORDS / 64);
         if let Some(Value::Float(level)) = judged.evidence.get("tail_loss") {
             self.last_level = *level;
         }
-        let trailing_nonfinite = self
-            .curve
-            .losses
-            .iter()
-            .rev()
-            .take_while(|v| !v.is_finite())
-            .count();
+        let trailing_nonfinite = self.history.trailing_nonfinite;
         let current = carried_forward(&self.findings, &judged, step, |rule, verdict| {
             if verdict == Verdict::Fail && !is_final(rule, trailing_nonfinite) {
                 Verdict::Warn
@@ -269,29 +430,20 @@ impl Guard {
             .collect()
     }
 
-    /// Records taken so far.
+    /// Records taken so far (steps with a loss).
     pub fn num_records(&self) -> usize {
-        self.curve.steps.len()
+        usize::try_from(self.history.records).unwrap_or(usize::MAX)
     }
 
-    /// Every record seen, judged as `training_drift` judges a logged run.
+    /// Every record seen (the history, thinned past [`KEEP_RECORDS`]),
+    /// judged as `training_drift` judges a logged run.
     pub fn result(&self) -> Judged {
-        let mut curve = self.curve.clone();
-        let last = [
-            curve.steps.last(),
-            curve.side.eval_loss.last().map(|p| &p.0),
-            curve.side.grad_norm.last().map(|p| &p.0),
-            curve.side.reward.last().map(|p| &p.0),
-        ]
-        .into_iter()
-        .flatten()
-        .copied()
-        .max();
+        let mut curve = self.history.curve();
         curve.side.progress = self.max_steps.map(|max_steps| RunProgress {
-            global_step: last.unwrap_or(0),
+            global_step: self.history.last_step().unwrap_or(0),
             max_steps,
         });
-        Guard::judge(&self.options, &mut curve, &self.classes)
+        Guard::judge(&self.options, curve, &self.classes)
     }
 }
 
@@ -344,45 +496,6 @@ fn findings_of(judged: &Judged) -> Vec<(String, Verdict, String)> {
             Some((text("rule")?, verdict, text("message")?))
         })
         .collect()
-}
-
-/// Put `(step, value)` into parallel ascending `steps`/`values`, a record
-/// at an existing step replacing it (the readers keep the last record of
-/// a step). Appending is O(1); a step from the past (a resumed run) is a
-/// binary search and an insert.
-fn insert_parallel(steps: &mut Vec<i64>, values: &mut Vec<f64>, step: i64, value: f64) {
-    match steps.last() {
-        None => {}
-        Some(&last) if step > last => {}
-        Some(_) => match steps.binary_search(&step) {
-            Ok(i) => {
-                if let Some(v) = values.get_mut(i) {
-                    *v = value;
-                }
-                return;
-            }
-            Err(i) => {
-                steps.insert(i, step);
-                values.insert(i, value);
-                return;
-            }
-        },
-    }
-    steps.push(step);
-    values.push(value);
-}
-
-/// Put `(step, value)` into an ascending side series (same rule).
-fn insert_point(series: &mut Vec<(i64, f64)>, step: i64, value: f64) {
-    match series.binary_search_by_key(&step, |p| p.0) {
-        Ok(i) => {
-            if let Some(p) = series.get_mut(i) {
-                p.1 = value;
-            }
-        }
-        Err(i) if i == series.len() => series.push((step, value)),
-        Err(i) => series.insert(i, (step, value)),
-    }
 }
 
 #[cfg(test)]
@@ -459,10 +572,162 @@ mod tests {
         g.observe(20, Some(2.0), None, None, None, None);
         g.observe(15, Some(2.4), None, None, None, None);
         g.observe(20, Some(1.9), None, None, None, None);
-        let c = &g.curve;
+        let c = g.history.curve();
         assert_eq!(c.steps, vec![10, 15, 20]);
         assert_eq!(c.losses, vec![3.0, 2.4, 1.9]);
         assert_eq!(c.side.eval_loss, vec![(10, 2.5)]);
+    }
+
+    /// A noisy loss falling slowly over `n` records.
+    fn slow(i: i64, n: i64) -> f64 {
+        2.0 * (-(i as f64) / (n as f64 / 3.0)).exp()
+            + 1.0
+            + 0.05 * ((i * 7919 % 13) as f64 / 6.0 - 1.0)
+    }
+
+    type Run = Box<dyn Fn(i64, i64) -> (Option<f64>, Option<f64>)>;
+
+    /// `(loss, eval_loss)` of each record of the runs a thinned history
+    /// must judge as a whole one does.
+    fn runs() -> Vec<(&'static str, Run)> {
+        vec![
+            ("healthy", Box::new(|i, n| (Some(slow(i, n)), None))),
+            (
+                "climbs in its last third",
+                Box::new(|i, n| {
+                    let over = (i - 2 * n / 3).max(0) as f64 / n as f64;
+                    (Some(slow(i, n) + 12.0 * over), None)
+                }),
+            ),
+            (
+                "one NaN",
+                Box::new(|i, n| (Some(if i == n / 2 { f64::NAN } else { slow(i, n) }), None)),
+            ),
+            (
+                "1% NaN",
+                Box::new(|i, n| (Some(if i % 100 == 7 { f64::NAN } else { slow(i, n) }), None)),
+            ),
+            (
+                "10% NaN",
+                Box::new(|i, n| (Some(if i % 10 == 7 { f64::NAN } else { slow(i, n) }), None)),
+            ),
+            (
+                "NaN from 90%",
+                Box::new(|i, n| {
+                    (
+                        Some(if i >= n * 9 / 10 {
+                            f64::NAN
+                        } else {
+                            slow(i, n)
+                        }),
+                        None,
+                    )
+                }),
+            ),
+            (
+                "one spike",
+                Box::new(|i, n| (Some(if i == n / 2 { 40.0 } else { slow(i, n) }), None)),
+            ),
+            (
+                "eval climbs",
+                Box::new(|i, n| {
+                    let eval = (i % 50 == 0).then(|| 1.5 + 2.0 * i as f64 / n as f64);
+                    (Some(slow(i, n)), eval)
+                }),
+            ),
+        ]
+    }
+
+    /// The online verdict at each record and the final result of `run`
+    /// over `n` records, the history kept whole up to `keep` records.
+    fn replay(run: &Run, n: i64, keep: usize) -> (Guard, Vec<Verdict>) {
+        let mut g = Guard::keeping(DriftOptions::defaults("robust"), None, keep);
+        let online = (1..=n)
+            .map(|i| {
+                let (loss, eval) = run(i, n);
+                g.observe(i, loss, Some(1.0), None, eval, None)
+            })
+            .collect();
+        (g, online)
+    }
+
+    fn rules(judged: &Judged) -> Vec<(String, Verdict)> {
+        let mut rules: Vec<_> = findings_of(judged)
+            .into_iter()
+            .map(|(rule, verdict, _)| (rule, verdict))
+            .collect();
+        rules.sort();
+        rules
+    }
+
+    #[test]
+    fn a_thinned_history_judges_as_the_whole_one_does() {
+        let n = 4_000;
+        for (name, run) in runs() {
+            let (whole, whole_online) = replay(&run, n, usize::MAX);
+            let (thin, thin_online) = replay(&run, n, 256);
+            assert!(thin.history.loss.stride() >= 8, "{name}: not thinned");
+            assert_eq!(whole.history.loss.stride(), 1);
+            let (a, b) = (whole.result(), thin.result());
+            assert_eq!(
+                a.verdict, b.verdict,
+                "{name}: {} | {}",
+                a.message, b.message
+            );
+            assert_eq!(
+                rules(&a),
+                rules(&b),
+                "{name}: {} | {}",
+                a.message,
+                b.message
+            );
+            // The run is stopped by both or neither, and within the stride
+            // of each other.
+            let first_fail = |online: &[Verdict]| online.iter().position(|v| *v == Verdict::Fail);
+            let (a, b) = (first_fail(&whole_online), first_fail(&thin_online));
+            assert_eq!(a.is_some(), b.is_some(), "{name}: stopped at {a:?} | {b:?}");
+            assert_eq!(b.is_some(), name == "NaN from 90%", "{name}: stopped at {b:?}");
+            assert_eq!(whole.num_records(), thin.num_records());
+        }
+    }
+
+    #[test]
+    fn memory_is_bounded_past_the_cap_and_counts_stay_exact() {
+        let mut g = Guard::keeping(DriftOptions::defaults("robust"), None, 256);
+        let n = 200_000;
+        for i in 1..=n {
+            let loss = if i % 1000 == 500 {
+                f64::NAN
+            } else {
+                slow(i, n)
+            };
+            g.observe(i, Some(loss), Some(1.0), Some(1e-4), None, None);
+        }
+        let h = &g.history;
+        assert!(h.loss.points().count() <= 257 + 256 / 4);
+        assert!(h.grad_norm.points().count() <= 257);
+        assert_eq!((h.records, h.nonfinite), (200_000, 200));
+        let judged = g.result();
+        assert_eq!(
+            judged.evidence.get("num_records"),
+            Some(&Value::Int(200_000))
+        );
+        let finding = findings_of(&judged)
+            .into_iter()
+            .find(|f| f.0 == "nonfinite_loss")
+            .unwrap();
+        assert_eq!(finding.1, Verdict::Warn, "{}", finding.2);
+        assert!(
+            finding
+                .2
+                .starts_with("200 NaN/inf losses (0.1% of records)"),
+            "{}",
+            finding.2
+        );
+        // A record of a step seen again replaces it, thinned or not.
+        g.observe(n, Some(0.5), None, None, None, None);
+        assert_eq!(g.history.loss.points().last(), Some(&(n, 0.5, false)));
+        assert_eq!(g.num_records(), 200_000);
     }
 
     #[test]
