@@ -686,7 +686,11 @@ mod tests {
             let first_fail = |online: &[Verdict]| online.iter().position(|v| *v == Verdict::Fail);
             let (a, b) = (first_fail(&whole_online), first_fail(&thin_online));
             assert_eq!(a.is_some(), b.is_some(), "{name}: stopped at {a:?} | {b:?}");
-            assert_eq!(b.is_some(), name == "NaN from 90%", "{name}: stopped at {b:?}");
+            assert_eq!(
+                b.is_some(),
+                name == "NaN from 90%",
+                "{name}: stopped at {b:?}"
+            );
             assert_eq!(whole.num_records(), thin.num_records());
         }
     }
