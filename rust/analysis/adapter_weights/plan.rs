@@ -35,8 +35,14 @@ impl ModuleKind {
     }
 }
 
-/// (module name, role, kind) of a LoRA tensor key; None for other tensors.
+/// (module name, role, kind) of a LoRA tensor key; None for other tensors,
+/// and for the LoRA factors of PEFT's frozen `original_module` copy (a
+/// layer both targeted and in `modules_to_save` keeps them there, never
+/// trained: they are the copy's, not the adapter's).
 pub(super) fn classify(key: &str) -> Option<(&str, Role, Option<ModuleKind>)> {
+    if is_frozen_original(key) {
+        return None;
+    }
     const SUFFIXES: [(&str, Role, Option<ModuleKind>); 6] = [
         (".lora_A.weight", Role::A, Some(ModuleKind::Linear)),
         (".lora_B.weight", Role::B, Some(ModuleKind::Linear)),

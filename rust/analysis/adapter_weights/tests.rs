@@ -686,3 +686,20 @@ fn pickled_twins_report_exactly_as_safetensors() {
     }
     assert_eq!(seen, 6);
 }
+
+/// A classifier both targeted and in `modules_to_save` (PEFT on a
+/// sequence-classification head): the adapter's factors, the trained
+/// copy's, and the frozen copy's that PEFT also saves.
+#[test]
+fn lora_factors_of_the_frozen_original_module_are_no_lora_module() {
+    let key = |m: &str| format!("base_model.model.classifier.{m}lora_A.weight");
+    assert_eq!(
+        super::plan::classify(&key("")).map(|c| c.0),
+        Some("classifier")
+    );
+    assert_eq!(
+        super::plan::classify(&key("modules_to_save.")).map(|c| c.0),
+        Some("classifier.modules_to_save")
+    );
+    assert!(super::plan::classify(&key("original_module.")).is_none());
+}
