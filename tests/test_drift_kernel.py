@@ -258,7 +258,10 @@ def test_every_rule_fires_on_a_curve_made_for_it() -> None:
         (decay(60, 30, 1.0), {}),  # regressed
         (decay(60, 12, 6.0, hump=True), {}),  # unstable
         ([1.0 + 0.05 * i for i in range(40)], {}),  # diverged
-        ([2.0] * 40, {}),  # no progress
+        ([2.0 + 1e-4 * (i % 2) for i in range(40)], {}),  # no progress
+        ([2.0] * 40, {}),  # constant
+        ([0.6931, 0.3, 0.1, 0.0, 0.0], {}),  # a preference loss collapsed
+        (decay(4), {}),  # a run of 3 steps
         (spiky, {}),  # a spike
         ([*decay(30)[:29], math.nan], {}),  # the last loss NaN
         ([math.nan] * 5, {}),  # no finite loss
@@ -304,6 +307,9 @@ def test_every_rule_fires_on_a_curve_made_for_it() -> None:
         "nonfinite_eval_loss",
         "eval_rising",
         "stopped_early",
+        "tiny_run",
+        "constant_loss",
+        "preference_collapse",
         "degenerate_loss",
         "order_jump",
         "reward_fell",

@@ -208,8 +208,8 @@ def test_fail_on_never_passes_the_job_and_extra_args_reach_the_scan(workspace: P
 
 
 # `args` as users write them: (args, the job's exit code on the demo store,
-# the probes the report holds). The demo store has one fail and one warn
-# (training_drift's).
+# the probes the report holds). The demo store's training_drift has a fail
+# (the 5-step smoke test: tiny_run) and a warn.
 EVERY_PROBE = {"adapter_weights", "gradient_ghost", "training_drift"}
 USER_ARGS = [
     ("-q", 1, EVERY_PROBE),
@@ -217,7 +217,8 @@ USER_ARGS = [
     ("-q --only warn,fail", 1, EVERY_PROBE),
     ("--format json", 1, EVERY_PROBE),
     ("--json", 1, EVERY_PROBE),
-    ("--probes training_drift", 0, {"training_drift"}),
+    ("--probes training_drift", 1, {"training_drift"}),
+    ("--probes training_drift --fail-on never", 0, {"training_drift"}),
     ("--fail-on never", 0, EVERY_PROBE),
     ("--probes training_drift --fail-on warn", 1, {"training_drift"}),
 ]

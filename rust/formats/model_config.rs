@@ -69,6 +69,41 @@ pub fn output_classes_in<'a>(dirs: impl IntoIterator<Item = &'a Path>) -> Option
 /// names no softmax head (see the module docs).
 pub fn output_classes(bytes: &[u8]) -> Option<(u64, &'static str)> {
     let config: Value = serde_json::from_slice(bytes).ok()?;
+    output_classes_of(&config)
+}
+
+/// The model config's keys that say K (see the module docs).
+pub const CLASS_KEYS: [&str; 6] = [
+    "architectures",
+    "vocab_size",
+    "num_labels",
+    "id2label",
+    "problem_type",
+    "text_config",
+];
+
+/// K and its kind from a tracker's record of the model config (W&B's
+/// config record, MLflow's params, as HF's callbacks log them): `value`
+/// gives the text logged under each of [`CLASS_KEYS`]. A text is read as
+/// JSON, else as a Python literal's JSON twin (MLflow's `['GPT2LMHeadModel']`),
+/// else as a string.
+pub fn output_classes_logged(
+    value: impl Fn(&str) -> Option<String>,
+) -> Option<(u64, &'static str)> {
+    let mut config = serde_json::Map::new();
+    for key in CLASS_KEYS {
+        let Some(text) = value(key) else { continue };
+        let text = text.trim();
+        let parsed = serde_json::from_str(text)
+            .or_else(|_| serde_json::from_str(&text.replace('\'', "\"")))
+            .unwrap_or_else(|_| Value::String(text.to_string()));
+        config.insert(key.to_string(), parsed);
+    }
+    output_classes_of(&Value::Object(config))
+}
+
+/// K and its kind from a parsed model config.
+fn output_classes_of(config: &Value) -> Option<(u64, &'static str)> {
     let architectures: Vec<&str> = config
         .get("architectures")?
         .as_array()?
@@ -116,6 +151,25 @@ mod tests {
 
     fn classes(text: &str) -> Option<(u64, &'static str)> {
         output_classes(text.as_bytes())
+    }
+
+    #[test]
+    fn a_trackers_record_of_the_config_gives_k() {
+        let wandb = |key: &str| match key {
+            "architectures" => Some(r#"["LlamaForCausalLM"]"#.to_string()),
+            "vocab_size" => Some("32001".to_string()),
+            _ => None,
+        };
+        assert_eq!(output_classes_logged(wandb), Some((32001, "vocabulary")));
+        // MLflow logs each param as text: Python's repr of the list.
+        let mlflow = |key: &str| match key {
+            "architectures" => Some("['BertForSequenceClassification']".to_string()),
+            "num_labels" => Some("7".to_string()),
+            "problem_type" => Some("None".to_string()),
+            _ => None,
+        };
+        assert_eq!(output_classes_logged(mlflow), Some((7, "labels")));
+        assert_eq!(output_classes_logged(|_| None), None);
     }
 
     #[test]

@@ -40,6 +40,7 @@ fn loss_curve_from_records(
                 global_step,
                 max_steps,
             }),
+            ending: None,
         },
         ..loss_log::assemble(records, files)
     }

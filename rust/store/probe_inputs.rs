@@ -157,8 +157,9 @@ impl DriftInput {
     }
 
     /// The same input with `output_classes` read from the `config.json`
-    /// beside the run's logs: in the store, or in the folder of a log file
-    /// (the checkpoint whose `trainer_state.json` was read).
+    /// beside the run's logs (in the store, or in the folder of a log file:
+    /// the checkpoint whose `trainer_state.json` was read), else from the
+    /// tracker's record of the model config (W&B, MLflow).
     fn with_model_config(mut self) -> DriftInput {
         let Some(curve) = &self.curve else {
             return self;
@@ -169,7 +170,9 @@ impl DriftInput {
                 dirs.push(dir);
             }
         }
-        self.output_classes = model_config::output_classes_in(dirs);
+        // The model's own config.json first, then the tracker's record of it.
+        self.output_classes =
+            model_config::output_classes_in(dirs).or_else(|| curve.output_classes.clone());
         self
     }
 

@@ -58,6 +58,8 @@ pub const FINAL_NONFINITE_RUN: usize = 3;
 /// A loss this many times the last judged end level asks for a judgement
 /// before the schedule does (and is kept beside a thinned history).
 const JUMP_TRIGGER: f64 = 2.0;
+/// Rules the guard does not apply mid-run: every run starts short.
+const MID_RUN_UNJUDGED: [&str; 1] = ["tiny_run"];
 /// Records of each series kept whole; past it the history is thinned
 /// (see the module doc). A judgement then costs a few milliseconds.
 pub const KEEP_RECORDS: usize = 1 << 16;
@@ -172,6 +174,7 @@ impl History {
                 learning_rate: side(&self.learning_rate),
                 reward: side(&self.reward),
                 progress: None,
+                ending: None,
             },
             thinned: (self.loss.stride() > 1).then_some(Thinning {
                 stride: self.loss.stride(),
@@ -392,13 +395,15 @@ impl Guard {
             self.last_level = *level;
         }
         let trailing_nonfinite = self.history.trailing_nonfinite;
-        let current = carried_forward(&self.findings, &judged, step, |rule, verdict| {
+        let mut current = carried_forward(&self.findings, &judged, step, |rule, verdict| {
             if verdict == Verdict::Fail && !is_final(rule, trailing_nonfinite) {
                 Verdict::Warn
             } else {
                 verdict
             }
         });
+        // Mid-run every run is a few steps long at first.
+        current.retain(|f| !MID_RUN_UNJUDGED.contains(&f.rule.as_str()));
         self.verdict = match judged.verdict {
             // Too few records, or nothing to judge yet: nothing found.
             Verdict::Skip => Verdict::Pass,

@@ -31,6 +31,7 @@
 //! largest finite double; both are read back as what was logged.
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -42,6 +43,7 @@ use crate::formats::logs::loss_log::{self, LossCurve, SideSeries, Thinning};
 use crate::formats::logs::mlflow_files::{self, DEFAULT_LOSS_KEYS};
 use crate::formats::logs::series_names;
 use crate::formats::logs::thinned::Thinned;
+use crate::formats::model_config::{self, OutputClasses};
 use crate::io::confine;
 use crate::io::excerpt::quoted;
 use crate::io::sqlite::{self, Db};
@@ -185,6 +187,9 @@ struct RunRow {
     deleted: bool,
     /// Why the run cannot be read (a cell of the wrong type), if so.
     problem: Option<String>,
+    /// The params that say the model's outputs (`model_config::CLASS_KEYS`),
+    /// as HF's MLflow callback logged them.
+    params: BTreeMap<String, String>,
 }
 
 /// The store's runs, each id once (its first row), by experiment, start
@@ -258,10 +263,14 @@ fn list_runs(db: &Db) -> Result<Vec<RunRow>> {
                 start_time,
                 deleted,
                 problem,
+                params: BTreeMap::new(),
             });
             Ok(())
         },
     )?;
+    if db.has_table("params") {
+        read_class_params(db, &mut out)?;
+    }
     out.sort_by(|a, b| {
         (a.info.experiment_id, a.start_time, &a.info.run_id).cmp(&(
             b.info.experiment_id,
@@ -270,6 +279,45 @@ fn list_runs(db: &Db) -> Result<Vec<RunRow>> {
         ))
     });
     Ok(out)
+}
+
+/// Longest param value kept (an `id2label` of many labels is long).
+const MAX_PARAM_VALUE: usize = 1 << 20;
+
+/// Put into each row the params that say its model's outputs: one pass
+/// over the `params` rows of those keys.
+fn read_class_params(db: &Db, rows: &mut [RunRow]) -> Result<()> {
+    let index: FxHashMap<String, usize> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.info.run_id.clone(), i))
+        .collect();
+    let keys = model_config::CLASS_KEYS
+        .iter()
+        .map(|k| format!("'{k}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    db.for_each_row(
+        &format!("SELECT run_uuid, key, value FROM params WHERE key IN ({keys})"),
+        &[],
+        |row| {
+            let (Some(id), Some(key), Some(value)) = (
+                cell_text(cell(row, 0)),
+                cell_text(cell(row, 1)),
+                cell_text(cell(row, 2)),
+            ) else {
+                return Ok(()); // a cell of the wrong type: no evidence
+            };
+            if let Some(&i) = index.get(id.as_ref()) {
+                if value.len() <= MAX_PARAM_VALUE {
+                    if let Some(r) = rows.get_mut(i) {
+                        r.params.insert(key.into_owned(), value.into_owned());
+                    }
+                }
+            }
+            Ok(())
+        },
+    )
 }
 
 /// The store's runs that are not deleted, by experiment then start time.
@@ -533,12 +581,21 @@ fn curve_of(path: &Path, row: &RunRow, read: RunSeries, key: Option<&str>) -> Re
     };
     let mut side = SideSeries::default();
     side.fill_from_names(&keys, |k| kept.get(k).cloned());
+    let output_classes =
+        model_config::output_classes_logged(|k| row.params.get(k).cloned()).map(|(count, kind)| {
+            OutputClasses {
+                count,
+                kind: kind.to_string(),
+                path: path.to_path_buf(),
+            }
+        });
     Ok(LossCurve {
         source: "mlflow".to_string(),
         series: chosen,
         side,
         run: info.label(),
         thinned,
+        output_classes,
         ..loss_log::assemble(points, vec![path.to_path_buf()])
     })
 }
@@ -736,6 +793,33 @@ mod tests {
         assert_eq!(e.area, Area::Missing);
         let e = read_run_curve(&path, "r1", Some("nope")).unwrap_err();
         assert_eq!(e.area, Area::Usage);
+    }
+
+    #[test]
+    fn the_params_hf_logged_say_what_the_loss_is_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(DB_NAME);
+        let conn = store(&path);
+        for step in 0..5 {
+            log(&conn, "r1", "loss", step, 600.0 - step as f64, false);
+            log(&conn, "r3", "loss", step, 2.0 - step as f64 / 10.0, false);
+        }
+        conn.execute_batch(
+            "CREATE TABLE params (key TEXT, value TEXT, run_uuid TEXT);
+             INSERT INTO params VALUES ('architectures', '[''GPT2LMHeadModel'']', 'r1'),
+                                       ('vocab_size', '128', 'r1'), ('learning_rate', '10.0', 'r1'),
+                                       ('vocab_size', 7, 'r3');",
+        )
+        .unwrap();
+        drop(conn);
+        let curve = read_run_curve(&path, "r1", None).unwrap();
+        let classes = curve.output_classes.unwrap();
+        assert_eq!((classes.count, classes.kind.as_str()), (128, "vocabulary"));
+        // No architectures logged (and a value of the wrong type): no K.
+        assert_eq!(
+            read_run_curve(&path, "r3", None).unwrap().output_classes,
+            None
+        );
     }
 
     /// A store of `n` runs `r0..`, each logging a falling loss and a

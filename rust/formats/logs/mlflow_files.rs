@@ -30,8 +30,9 @@ use crate::error::{Area, Error, Result};
 use crate::formats::logs::json_line::{python_float, python_int};
 use crate::formats::logs::loss_log::{self, LossCurve, SideSeries, Thinning};
 use crate::formats::logs::thinned::{Kept, Thinned};
+use crate::formats::model_config::{self, OutputClasses};
 use crate::io::confine;
-use crate::io::files::open_regular;
+use crate::io::files::{self, open_regular};
 
 /// A run's metadata file.
 pub const META: &str = "meta.yaml";
@@ -215,7 +216,30 @@ pub fn read_run_curve(run: &Path, key: Option<&str>) -> Result<LossCurve> {
         side,
         run: label_of(run, &meta),
         thinned,
+        output_classes: logged_classes(run),
         ..loss_log::assemble(kept.points, vec![path])
+    })
+}
+
+/// What the loss is a cross-entropy over, from the run's `params/` where
+/// HF's MLflow callback logged the model's config (`architectures`,
+/// `vocab_size`, ...; each a small text file). A param that cannot be read
+/// is no evidence.
+fn logged_classes(run: &Path) -> Option<OutputClasses> {
+    let params = run.join("params");
+    let (count, kind) = model_config::output_classes_logged(|key| {
+        let bytes = files::read_small(
+            &params.join(key),
+            Area::LogFormat,
+            model_config::MAX_CONFIG_BYTES,
+        )
+        .ok()?;
+        Some(String::from_utf8_lossy(&bytes).into_owned())
+    })?;
+    Some(OutputClasses {
+        count,
+        kind: kind.to_string(),
+        path: params,
     })
 }
 
@@ -417,6 +441,21 @@ mod tests {
         (0..n)
             .map(|i| format!("1795815808985 {} {i}\n", 2.0 / (1.0 + i as f64)))
             .collect()
+    }
+
+    #[test]
+    fn the_params_hf_logged_say_what_the_loss_is_over() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = run_with(tmp.path(), &[("loss", &falling(20))]);
+        let params = run.join("params");
+        std::fs::create_dir_all(&params).unwrap();
+        std::fs::write(params.join("architectures"), "['GPT2LMHeadModel']").unwrap();
+        std::fs::write(params.join("vocab_size"), "128").unwrap();
+        let curve = read_run_curve(&run, None).unwrap();
+        let classes = curve.output_classes.unwrap();
+        assert_eq!((classes.count, classes.kind.as_str()), (128, "vocabulary"));
+        std::fs::remove_file(params.join("architectures")).unwrap();
+        assert_eq!(read_run_curve(&run, None).unwrap().output_classes, None);
     }
 
     #[test]

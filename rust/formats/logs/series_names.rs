@@ -139,6 +139,62 @@ pub fn loss_among<'a>(
         .or_else(|| choose_loss(names).map(|(name, _)| name))
 }
 
+/// Words that make a name a reward or a return (`rollout/ep_rew_mean`,
+/// `charts/episodic_return`, `Rewards/mean_episodes`, `episode_reward_mean`).
+const REWARD_WORDS: [&str; 5] = ["reward", "rewards", "rew", "return", "returns"];
+/// Words that make a reward-named series something else: a preference
+/// trainer's implicit rewards (`rewards/chosen`, `rewards/margins`), a
+/// statistic other than the level, or a value estimate.
+const NOT_REWARD_WORDS: [&str; 17] = [
+    "chosen",
+    "rejected",
+    "margin",
+    "margins",
+    "accuracy",
+    "accuracies",
+    "std",
+    "min",
+    "max",
+    "var",
+    "value",
+    "values",
+    "advantage",
+    "advantages",
+    "model",
+    "kl",
+    "penalty",
+];
+/// Words that say a reward series is its mean.
+const MEAN_WORDS: [&str; 3] = ["mean", "avg", "average"];
+
+/// Whether `name` is an RL run's reward or return, read by its words (see
+/// [`REWARD_WORDS`]; never a loss, a setting or a preference statistic).
+pub fn is_reward(name: &str) -> bool {
+    if name.len() > MAX_NAME {
+        return false;
+    }
+    let words = words(name);
+    let has = |list: &[&str]| words.iter().any(|w| list.contains(&w.as_str()));
+    has(&REWARD_WORDS)
+        && !has(&NOT_REWARD_WORDS)
+        && !has(&SETTING_WORDS)
+        && !words.iter().any(|w| is_loss_word(w))
+}
+
+/// The reward among `names` by meaning: a mean before any other, then the
+/// fewest words, the shorter name, the name.
+pub fn reward_among<'a>(names: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    let rank = |name: &str| {
+        let words = words(name);
+        let mean = words.iter().any(|w| MEAN_WORDS.contains(&w.as_str()));
+        (!mean, words.len(), name.len())
+    };
+    names
+        .into_iter()
+        .filter(|n| is_reward(n))
+        .min_by(|a, b| rank(a).cmp(&rank(b)).then_with(|| a.cmp(b)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -258,5 +314,44 @@ mod tests {
                 proptest::prop_assert!(names.iter().all(|n| role(n) == Role::Other));
             }
         }
+    }
+
+    #[test]
+    fn rewards_are_read_by_meaning_across_ecosystems() {
+        for name in [
+            "rollout/ep_rew_mean",
+            "charts/episodic_return",
+            "episode_reward_mean",
+            "env_runners/episode_return_mean",
+            "Rewards/mean_episodes",
+            "train/reward",
+            "objective/rlhf_reward",
+        ] {
+            assert!(is_reward(name), "{name}");
+        }
+        for name in [
+            "rewards/chosen",
+            "rewards/margins",
+            "rewards/accuracies",
+            "reward_std",
+            "reward_model_loss",
+            "loss/value",
+            "Loss/v",
+            "returns/value",
+            "learning_rate",
+        ] {
+            assert!(!is_reward(name), "{name}");
+        }
+        let names = [
+            "rollout/ep_rew_max",
+            "rollout/ep_rew_mean",
+            "episode_reward",
+        ];
+        assert_eq!(reward_among(names), Some("rollout/ep_rew_mean"));
+        assert_eq!(
+            reward_among(["charts/episodic_return", "x"]),
+            Some("charts/episodic_return")
+        );
+        assert_eq!(reward_among(["rewards/chosen", "loss"]), None);
     }
 }

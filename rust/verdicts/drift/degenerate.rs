@@ -1,5 +1,7 @@
 //! `degenerate_loss`: a loss that is exactly 0, or all but 0, from its
-//! first record, with no reward logged beside it.
+//! first record, or exactly 0 at most of its records, with no reward
+//! logged beside it; `constant_loss`: the same value at every record;
+//! `preference_collapse`: a preference loss driven to exactly 0.
 //!
 //! What the failure is: a supervised loss that starts at 0 measures
 //! nothing. Every label was masked, the loss was multiplied by a zero
@@ -18,6 +20,28 @@
 //! unit: a healthy descent logged in a tiny unit (1.8e-6 -> 9.7e-7) still
 //! falls, and is judged as any other curve.
 
+//!
+//! Exactly 0 at most records (more than half, or the only record): a
+//! cross-entropy is exactly 0 only where every prediction is certain, and
+//! trainers log it rounded (HF to 4 decimals), so a run that sits at 0.0
+//! for most of its records had no gradient for most of its training. A
+//! memorising run that reaches 0 late (under half its records) is left to
+//! the trend rules.
+//!
+//! `constant_loss`: five or more records, every one the same non-zero
+//! value to the last bit. Noise of batches moves any real loss, even a
+//! stuck one; an unchanging value is a constant logged in place of the
+//! loss, or a model whose output does not depend on its weights.
+//!
+//! `preference_collapse`: DPO, IPO and their kin start at ln 2 (the policy
+//! equals the reference) and fall as the margin between chosen and
+//! rejected grows. Exactly 0 means the margin ran away (a loss under
+//! 1e-4 logged at 4 decimals: margins past ~9/beta): the policy learned to
+//! tell the pair apart by something other than preference (length, a
+//! formatting tell) or drifted far from the reference. A healthy
+//! preference run ends well above 0. Built for: no false alarm on a DPO
+//! run that ends low but positive.
+
 use super::robust::BARELY_MOVED;
 use crate::formats::logs::loss_log::LossCurve;
 use crate::verdicts::{number_text, Finding, Verdict};
@@ -33,24 +57,48 @@ pub(super) fn degenerate_finding(curve: &LossCurve, drop: f64) -> Option<Finding
     if !curve.side.reward.is_empty() {
         return None;
     }
+    // A loss of 0.0 beside a NaN gradient norm is the trainer masking a
+    // NaN (`nan_masked` names it), not a loss that measured nothing.
+    let masked = |step: i64| {
+        curve
+            .side
+            .grad_norm
+            .binary_search_by_key(&step, |p| p.0)
+            .is_ok_and(|i| {
+                curve
+                    .side
+                    .grad_norm
+                    .get(i)
+                    .is_some_and(|p| !p.1.is_finite())
+            })
+    };
     let finite: Vec<f64> = curve
-        .losses
+        .steps
         .iter()
-        .copied()
-        .filter(|v| v.is_finite())
+        .zip(&curve.losses)
+        .filter(|&(&step, &v)| v.is_finite() && !(v == 0.0 && masked(step)))
+        .map(|(_, &v)| v)
         .collect();
     let zeros = finite.iter().filter(|&&v| v == 0.0).count();
     let tiny = finite
         .iter()
         .all(|&v| (0.0..=DEGENERATE_LEVEL).contains(&v));
     let fell = drop >= BARELY_MOVED;
-    let degenerate =
-        finite.len() >= DEGENERATE_MIN_RECORDS && (zeros == finite.len() || (tiny && !fell));
-    if !degenerate {
-        return None;
+    let n = finite.len();
+    if let Some(collapse) = preference_collapse(&finite) {
+        return Some(collapse);
     }
-    let what = if zeros == finite.len() {
-        format!("exactly 0 at all {} records", finite.len())
+    let mostly_zero = n >= 1 && zeros * 2 > n;
+    let degenerate = mostly_zero || (n >= DEGENERATE_MIN_RECORDS && tiny && !fell);
+    if !degenerate {
+        return constant_loss(&finite);
+    }
+    let what = if zeros == n && n == 1 {
+        "exactly 0 at its only record".to_string()
+    } else if zeros == n {
+        format!("exactly 0 at all {n} records")
+    } else if mostly_zero {
+        format!("exactly 0 at {zeros} of its {n} records")
     } else {
         let largest = finite.iter().copied().fold(0.0, f64::max);
         format!(
@@ -68,4 +116,51 @@ pub(super) fn degenerate_finding(curve: &LossCurve, drop: f64) -> Option<Finding
              trained"
         ),
     ))
+}
+
+/// A loss within this share of ln 2 at its first record starts where a
+/// sigmoid preference loss (DPO, IPO, ...) does.
+const PREFERENCE_START: f64 = 0.01;
+
+/// `preference_collapse` (FAIL): a loss that starts at ln 2 and whose last
+/// record is exactly 0 (see the module doc).
+fn preference_collapse(finite: &[f64]) -> Option<Finding> {
+    let (&first, &last) = (finite.first()?, finite.last()?);
+    let ln2 = std::f64::consts::LN_2;
+    let starts_at_ln2 = ((first - ln2) / ln2).abs() <= PREFERENCE_START;
+    (finite.len() >= 2 && starts_at_ln2 && last == 0.0).then(|| {
+        Finding::new(
+            Verdict::Fail,
+            "preference_collapse",
+            format!(
+                "the loss started at {} (ln 2: a preference loss, policy equal to its \
+                 reference) and ended at exactly 0: the chosen/rejected margin ran away, so \
+                 the policy separates the pairs by a shortcut or has drifted far from its \
+                 reference (beta too small, learning rate too high, pairs that differ by a tell)",
+                number_text::significant(first, 4)
+            ),
+        )
+    })
+}
+
+/// `constant_loss` (FAIL): the same non-zero value at every one of five or
+/// more records (see the module doc).
+fn constant_loss(finite: &[f64]) -> Option<Finding> {
+    let &first = finite.first()?;
+    let constant = finite.len() >= DEGENERATE_MIN_RECORDS
+        && first != 0.0
+        && finite.iter().all(|&v| v.to_bits() == first.to_bits());
+    constant.then(|| {
+        Finding::new(
+            Verdict::Fail,
+            "constant_loss",
+            format!(
+                "the loss is {} at every one of its {} records: no batch moved it, so it \
+                 carries no learning signal (a constant logged in place of the loss, or \
+                 outputs that do not depend on the weights)",
+                number_text::significant(first, 6),
+                finite.len()
+            ),
+        )
+    })
 }

@@ -129,20 +129,29 @@ pub fn judge_drift(input: &DriftInput, o: &DriftOptions) -> Judged {
     };
     let num_steps = curve.steps.len();
     let short = num_steps < o.min_steps;
-    let stopped = (short && o.rules != "sway")
-        .then(|| progress::stopped_early(curve))
-        .flatten();
-    if let Some(finding) = stopped {
+    let stopped = if short && o.rules != "sway" {
+        short_run_findings(curve)
+    } else {
+        vec![]
+    };
+    if !stopped.is_empty() {
         // Too short a curve for the trend rules, but the trainer's own
-        // count says why: judged, not skipped.
+        // count, the steps logged or the only record say why: judged, not
+        // skipped.
         let mut evidence = Evidence::new();
         evidence.put("rules", o.rules.as_str());
         evidence.put("num_steps", num_steps);
         evidence.put("num_log_files", curve.num_files);
-        let message = format!("{}: {}", finding.rule, finding.message);
-        evidence.put("findings", crate::verdicts::findings_value(&[finding]));
-        let mut judged = Judged::bare(KIND, Verdict::Fail, message)
-            .with_score(0.0)
+        let verdict = crate::verdicts::worst(&stopped);
+        let message = stopped
+            .iter()
+            .map(|f| format!("{}: {}", f.rule, f.message))
+            .collect::<Vec<_>>()
+            .join("; ");
+        evidence.put("findings", crate::verdicts::findings_value(&stopped));
+        let score = if verdict == Verdict::Warn { 0.3 } else { 0.0 };
+        let mut judged = Judged::bare(KIND, verdict, message)
+            .with_score(score)
             .with_evidence(evidence);
         name_the_series(&mut judged, curve);
         return judged;
@@ -187,6 +196,20 @@ pub fn judge_drift(input: &DriftInput, o: &DriftOptions) -> Judged {
     damage::say_the_damage(&mut judged, curve);
     name_the_series(&mut judged, curve);
     judged
+}
+
+/// What a curve too short for the trend rules still shows: a run stopped
+/// far short of its plan or of a handful of steps, a loss of exactly 0, a
+/// run that crashed.
+fn short_run_findings(curve: &LossCurve) -> Vec<crate::verdicts::Finding> {
+    let mut findings: Vec<_> = progress::stopped_early(curve)
+        .or_else(|| progress::tiny_run(curve))
+        .into_iter()
+        .collect();
+    findings.extend(degenerate::degenerate_finding(curve, f64::NAN));
+    findings.extend(progress::ended_badly(curve));
+    findings.retain(|f| f.verdict != Verdict::Pass);
+    findings
 }
 
 /// Put the series judged in the evidence (`series`, with the log format as

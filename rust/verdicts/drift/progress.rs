@@ -1,5 +1,7 @@
 //! `stopped_early`: a run that stopped after a handful of optimizer steps
-//! of the many it was set for.
+//! of the many it was set for; `tiny_run`: a run of at most
+//! [`TINY_RUN_STEPS`] optimizer steps, planned or not; `crashed` and
+//! `unfinished`: a run whose tracker recorded an error exit, or no end.
 //!
 //! What the failure is: the trainer was told to take `max_steps` steps and
 //! its state says it took far fewer, so the weights saw almost no training
@@ -15,7 +17,27 @@
 //! (early stopping) or past `STOPPED_EARLY_STEPS` (a checkpoint kept from a
 //! long run has trained enough to judge by its curve).
 
-use crate::formats::logs::loss_log::LossCurve;
+//!
+//! `tiny_run` (FAIL): a run whose trainer says it took at most
+//! `TINY_RUN_STEPS` optimizer steps (else whose last logged step is at most
+//! that) trained nothing worth shipping, whether it crashed there or was
+//! set for so few (a smoke test, `max_steps` left from debugging): a LoRA's
+//! B factors have barely left zero. Built for: no false alarm on a series
+//! logged per epoch (a name with `epoch` in it: five epochs can be a whole
+//! run), whose steps are not optimizer steps.
+
+//!
+//! `crashed` / `unfinished` (WARN): W&B writes an exit record with the
+//! process's exit code when a run ends. A non-zero code is a crash (an
+//! exception, an out-of-memory kill the SDK saw); a log torn inside a
+//! record with no exit record is a run killed hard or still running.
+//! Either way the curve is what the run logged before it ended, not a run
+//! that reached its end, so the verdict is never a clean PASS and says how
+//! far it got. Built for: no false alarm on a run that finished (exit code
+//! 0); a log that ends cleanly between records but lacks its exit record
+//! (a sync that dropped it: one healthy public run) is noted, not warned.
+
+use crate::formats::logs::loss_log::{LossCurve, RunEnd};
 use crate::verdicts::{number_text, Finding, Verdict};
 
 /// Fewer optimizer steps than this is too few to have trained (the seeds'
@@ -40,4 +62,66 @@ pub(super) fn stopped_early(curve: &LossCurve) -> Option<Finding> {
             ),
         )
     })
+}
+
+/// The most optimizer steps of a run judged too short to have trained.
+pub const TINY_RUN_STEPS: i64 = 5;
+
+/// The `tiny_run` finding (see the module doc).
+pub(super) fn tiny_run(curve: &LossCurve) -> Option<Finding> {
+    let (steps, said_by) = match curve.side.progress {
+        Some(p) => (p.global_step, "its trainer state's global_step"),
+        None => {
+            if curve.series.to_ascii_lowercase().contains("epoch") {
+                return None;
+            }
+            let (&first, &last) = (curve.steps.first()?, curve.steps.last()?);
+            if first < 0 {
+                return None;
+            }
+            (last, "its last logged step")
+        }
+    };
+    (0..=TINY_RUN_STEPS).contains(&steps).then(|| {
+        Finding::new(
+            Verdict::Fail,
+            "tiny_run",
+            format!(
+                "the run took {} optimizer step{} ({said_by}): too few to have trained, \
+                 planned or not (a smoke test, a debugging max_steps, or a crash)",
+                steps,
+                if steps == 1 { "" } else { "s" }
+            ),
+        )
+    })
+}
+
+/// The `crashed` or `unfinished` finding (see the module doc).
+pub(super) fn ended_badly(curve: &LossCurve) -> Option<Finding> {
+    let last = curve.steps.last().map_or_else(
+        || "before its first logged loss".to_string(),
+        |s| format!("after step {}", number_text::thousands(i128::from(*s))),
+    );
+    match curve.side.ending.as_ref()? {
+        RunEnd::Finished => None,
+        RunEnd::Crashed(why) => Some(Finding::new(
+            Verdict::Warn,
+            "crashed",
+            format!("the run crashed {last} ({why}): judged on what it logged before it ended"),
+        )),
+        RunEnd::Unfinished(why) => Some(Finding::new(
+            // A log torn mid-record ended with its process; one that ends
+            // between records may have lost only its exit record (noted).
+            if curve.torn_files.is_empty() {
+                Verdict::Pass
+            } else {
+                Verdict::Warn
+            },
+            "unfinished",
+            format!(
+                "{why}: the run was killed {last}, or is still running; judged on what it \
+                 logged so far"
+            ),
+        )),
+    }
 }

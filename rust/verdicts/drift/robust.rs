@@ -4,7 +4,7 @@
 //! "How the robust drift rules are built" states each rule.
 
 use super::degenerate::degenerate_finding;
-use super::progress::stopped_early;
+use super::progress::{ended_badly, stopped_early, tiny_run};
 use super::side::side_findings;
 use super::uniform::{uniform_finding, Levels};
 use super::{
@@ -117,19 +117,33 @@ impl Finish {
         extra: Evidence,
     ) -> Judged {
         findings.extend(self.side);
+        // Findings at PASS are notes: said in the message and kept under
+        // `notes`, never among the findings (each of those is a WARN or a
+        // FAIL): an isolated NaN gradient norm of a run that learned, a
+        // W&B log that lost only its exit record.
+        let (notes, findings): (Vec<Finding>, Vec<Finding>) = findings
+            .into_iter()
+            .partition(|f| f.verdict == Verdict::Pass);
         let verdict = worst(&findings);
         let mut evidence = self.base;
         evidence.put("findings", findings_value(&findings));
+        if !notes.is_empty() {
+            evidence.put("notes", findings_value(&notes));
+        }
         evidence.extend(extra);
+        let noted: String = notes
+            .iter()
+            .map(|f| format!("; noted: {}", f.message))
+            .collect();
         let (score, message) = if verdict == Verdict::Pass {
-            (score, summary.to_string())
+            (score, format!("{summary}{noted}"))
         } else {
             let listed: Vec<String> = findings
                 .iter()
                 .map(|f| format!("{}: {}", f.rule, f.message))
                 .collect();
             let score = if verdict == Verdict::Warn { 0.3 } else { 0.0 };
-            (score, format!("{} ({summary})", listed.join("; ")))
+            (score, format!("{} ({summary}){noted}", listed.join("; ")))
         };
         let mut judged = Judged::bare(KIND, verdict, message)
             .with_score(score)
@@ -204,7 +218,11 @@ pub(super) fn judge(
         ));
     };
 
-    let mut findings: Vec<Finding> = stopped_early(curve).into_iter().collect();
+    let mut findings: Vec<Finding> = stopped_early(curve)
+        .or_else(|| tiny_run(curve))
+        .into_iter()
+        .chain(ended_badly(curve))
+        .collect();
     if let Some(&last) = nonfinite_steps.last() {
         let last_bad = Some(&last) == steps.last();
         // A thinned curve keeps its non-finite records beside the sample:
@@ -250,6 +268,15 @@ pub(super) fn judge(
         );
         return Ok(finish.answer(findings, &summary, 0.0, None, extra));
     }
+    if !curve.side.reward.is_empty() {
+        return Ok(judged_by_reward(
+            curve,
+            findings,
+            nonfinite_steps,
+            &span,
+            finish,
+        ));
+    }
     if !(is_positive_loss(losses) && head > 0.0) {
         let finite: Vec<f64> = losses.iter().copied().filter(|v| v.is_finite()).collect();
         let (first, last) = (
@@ -280,6 +307,43 @@ pub(super) fn judge(
     ))
 }
 
+/// An RL run (it logs a reward): judged by its reward's rules
+/// (`side_findings`) and the loss's NaN/inf only. A value loss grows as
+/// the returns it predicts grow, a policy loss and an entropy bonus move
+/// with the policy; none of them falls as a run improves, so their trend
+/// says nothing of the run (PPO's value loss climbing 3x while the reward
+/// rose 1 -> 50 is a healthy run).
+fn judged_by_reward(
+    curve: &LossCurve,
+    findings: Vec<Finding>,
+    nonfinite_steps: Vec<i64>,
+    span: &str,
+    finish: Finish,
+) -> Judged {
+    let ends = |points: &mut dyn Iterator<Item = f64>| {
+        let finite: Vec<f64> = points.filter(|v| v.is_finite()).collect();
+        (
+            finite.first().copied().unwrap_or(f64::NAN),
+            finite.last().copied().unwrap_or(f64::NAN),
+        )
+    };
+    let (r0, r1) = ends(&mut curve.side.reward.iter().map(|p| p.1));
+    let (l0, l1) = ends(&mut curve.losses.iter().copied());
+    let g4 = |x: f64| number_text::significant(x, 4);
+    let summary = format!(
+        "an RL run, judged by its reward: {} -> {} {span}; its loss {} -> {} is shown, not \
+         judged (value, policy and entropy losses move with the policy, not with progress)",
+        g4(r0),
+        g4(r1),
+        g4(l0),
+        g4(l1)
+    );
+    let mut extra = Evidence::new();
+    extra.put("objective", "rl");
+    extra.put("nonfinite_steps", Value::from(nonfinite_steps));
+    finish.answer(findings, &summary, 0.6, None, extra)
+}
+
 /// The trend, spike and noise rules of a positive loss (`a.head_level > 0`).
 #[allow(clippy::too_many_arguments)]
 fn judge_trend(
@@ -290,7 +354,7 @@ fn judge_trend(
     mut findings: Vec<Finding>,
     nonfinite_steps: Vec<i64>,
     span: &str,
-    finish: Finish,
+    mut finish: Finish,
 ) -> Judged {
     let (steps, losses) = (&curve.steps, &curve.losses);
     let num_steps = steps.len();
@@ -440,6 +504,19 @@ fn judge_trend(
         ));
     }
 
+    // An isolated NaN gradient norm is a WARN beside a loss whose fall is
+    // within what noise alone moves its level: no sign that the updates
+    // it lost were made up.
+    if drop < o.min_relative_drop.max(level_noise) {
+        for f in findings.iter_mut().chain(finish.side.iter_mut()) {
+            if f.rule == "nonfinite_grad_norm" && f.verdict == Verdict::Pass {
+                f.verdict = Verdict::Warn;
+                f.message.push_str(
+                    ", beside a loss whose fall is within its noise (no sign the run learned)",
+                );
+            }
+        }
+    }
     let climbed = ["diverged", "unstable"];
     if !findings.iter().any(|f| climbed.contains(&f.rule)) {
         if let Some(jump) = order_jump(a, steps, o.trend_window) {

@@ -95,10 +95,113 @@ fn a_short_curve_skips_naming_records_and_steps() {
         "3 logged records over 1,501 steps, fewer than min_steps=10: too short a curve to judge"
     );
     assert_eq!(j.evidence.get("num_steps"), Some(&Value::Int(3)));
-    let j = judge_drift(&input(curve(&[3.0, 2.0])), &robust());
+    let j = judge_drift(&input(curve_at(&[100, 200], &[3.0, 2.0])), &robust());
     assert!(j
         .message
-        .starts_with("2 logged records, fewer than min_steps=3"));
+        .starts_with("2 logged records over 101 steps, fewer than min_steps=3"));
+}
+
+#[test]
+fn a_run_of_five_steps_or_fewer_fails_planned_or_not() {
+    // The last logged step says it (no trainer state beside the log).
+    for steps in [&[0i64][..], &[1, 2][..], &[1, 3, 5][..]] {
+        let losses: Vec<f64> = steps.iter().map(|&s| 3.0 - 0.1 * s as f64).collect();
+        let j = judge_drift(&input(curve_at(steps, &losses)), &robust());
+        assert_eq!(j.verdict, Verdict::Fail, "{steps:?}: {}", j.message);
+        assert_eq!(rules(&j), ["tiny_run"], "{}", j.message);
+    }
+    // One step more is judged as any run.
+    let j = judge_drift(&input(curve_at(&[1, 3, 6], &[3.0, 2.8, 2.6])), &robust());
+    assert!(
+        !rules(&j).contains(&"tiny_run".to_string()),
+        "{}",
+        j.message
+    );
+    // Planned for 3 and reached it: still too few (the trainer's count wins).
+    let mut c = curve_at(&[], &[]);
+    c.side.progress = Some(loss_log::RunProgress {
+        global_step: 3,
+        max_steps: 3,
+    });
+    let j = judge_drift(&input(c), &robust());
+    assert_eq!(rules(&j), ["tiny_run"], "{}", j.message);
+    assert!(
+        j.message.contains("3 optimizer steps (its trainer state"),
+        "{}",
+        j.message
+    );
+    // Epochs are not optimizer steps: five epochs can be a whole run.
+    let mut c = curve_at(&[0, 1, 2, 3, 4], &[2.0, 1.5, 1.2, 1.0, 0.9]);
+    c.series = "epoch_loss".into();
+    let j = judge_drift(&input(c), &robust());
+    assert!(
+        !rules(&j).contains(&"tiny_run".to_string()),
+        "{}",
+        j.message
+    );
+}
+
+#[test]
+fn no_learning_signal_fails_a_single_zero_most_zeros_a_constant_and_a_collapsed_preference() {
+    let j = judge_drift(&input(curve_at(&[40], &[0.0])), &robust());
+    assert_eq!(rules(&j), ["degenerate_loss"], "{}", j.message);
+    assert!(
+        j.message.contains("exactly 0 at its only record"),
+        "{}",
+        j.message
+    );
+    // Exactly 0 at more than half the records, after a tiny start.
+    let mut mostly: Vec<f64> = vec![2e-6; 20];
+    mostly.extend([0.0; 30]);
+    let j = judge_drift(&input(curve(&mostly)), &robust());
+    assert_eq!(rules(&j), ["degenerate_loss"], "{}", j.message);
+    assert!(
+        j.message.contains("exactly 0 at 30 of its 50 records"),
+        "{}",
+        j.message
+    );
+    // Zeros the trainer wrote for NaN gradients are nan_masked's, not this rule's.
+    let mut masked = curve(&mostly);
+    masked.side.grad_norm = (20..50).map(|s| (s, f64::NAN)).collect();
+    let j = judge_drift(&input(masked), &robust());
+    assert!(
+        !rules(&j).contains(&"degenerate_loss".to_string()),
+        "{}",
+        j.message
+    );
+    assert!(
+        rules(&j).contains(&"nan_masked".to_string()),
+        "{}",
+        j.message
+    );
+    // The same value to the last bit at every record.
+    let j = judge_drift(&input(curve(&[2.302585; 30])), &robust());
+    assert_eq!(rules(&j), ["constant_loss"], "{}", j.message);
+    // A stuck loss that batches still move is not constant.
+    let stuck: Vec<f64> = (0..30).map(|i| 2.3 + 0.001 * f64::from(i % 3)).collect();
+    let j = judge_drift(&input(curve(&stuck)), &robust());
+    assert!(
+        !rules(&j).contains(&"constant_loss".to_string()),
+        "{}",
+        j.message
+    );
+    // DPO: ln 2 at the start, exactly 0 at the end (TRL logs 4 decimals).
+    let dpo = curve_at(&[1, 10, 20, 30], &[0.6931, 0.1628, 0.0, 0.0]);
+    let j = judge_drift(&input(dpo), &robust());
+    assert!(
+        rules(&j).contains(&"preference_collapse".to_string()),
+        "{}",
+        j.message
+    );
+    assert_eq!(j.verdict, Verdict::Fail);
+    // A DPO run that ends low but positive is judged as any curve.
+    let dpo = curve_at(&[1, 10, 20, 30], &[0.6931, 0.45, 0.31, 0.28]);
+    let j = judge_drift(&input(dpo), &robust());
+    assert!(
+        !rules(&j).contains(&"preference_collapse".to_string()),
+        "{}",
+        j.message
+    );
 }
 
 #[test]
@@ -187,7 +290,7 @@ fn robust_trend_rules_fire() {
     assert_eq!(j.score, Some(0.0));
     assert!(j.raw.is_some_and(|r| r < 0.0));
 
-    let flat = vec![2.0; 40];
+    let flat: Vec<f64> = (0..40).map(|i| 2.0 + 1e-4 * f64::from(i % 2)).collect();
     let j = judge_drift(&input(curve(&flat)), &robust());
     assert_eq!(rules(&j), vec!["no_progress"]);
     assert!(
@@ -255,6 +358,7 @@ fn robust_side_series_findings() {
         learning_rate: (0..40).map(|s| (s, 0.0)).collect(),
         reward: vec![],
         progress: None,
+        ending: None,
     };
     let j = judge_drift(&input(c), &robust());
     assert_eq!(j.verdict, Verdict::Fail);
@@ -266,7 +370,8 @@ fn robust_side_series_findings() {
     );
     assert!(j
         .message
-        .contains("eval loss rose 50% from its best (1 at step 10 -> 1.5 at step 39)"));
+        .contains("eval loss rose 50% from its best (1 at step 10 -> 1.5 at step 39, 30.0% of its fall from 2 \
+         at step 0 given back)"));
     assert_eq!(j.evidence.get("eval_best_step"), Some(&Value::Int(10)));
 }
 
@@ -740,4 +845,112 @@ fn a_loss_that_blew_up_in_its_first_records_and_never_came_back_fails() {
     flat_run.extend(flat(3.6, 0.05, 100));
     let j = judge_drift(&input(curve(&flat_run)), &robust());
     assert!(!rules(&j).contains(&"diverged".into()), "{}", j.message);
+}
+
+#[test]
+fn a_crashed_or_unfinished_run_is_never_a_clean_pass() {
+    let mut c = curve_at(&(1..=40).map(|s| s * 10).collect::<Vec<_>>(), &decaying(40));
+    c.side.ending = Some(loss_log::RunEnd::Finished);
+    assert_eq!(
+        judge_drift(&input(c.clone()), &robust()).verdict,
+        Verdict::Pass
+    );
+    c.side.ending = Some(loss_log::RunEnd::Crashed("exit code 255".into()));
+    let j = judge_drift(&input(c.clone()), &robust());
+    assert_eq!(
+        (j.verdict, rules(&j)),
+        (Verdict::Warn, vec!["crashed".to_string()])
+    );
+    assert!(
+        j.message.contains("after step 400 (exit code 255)"),
+        "{}",
+        j.message
+    );
+    c.side.ending = Some(loss_log::RunEnd::Unfinished("no exit record".into()));
+    c.torn_files = vec![PathBuf::from("/r/run-x.wandb")];
+    let j = judge_drift(&input(c), &robust());
+    assert_eq!(rules(&j), ["unfinished"], "{}", j.message);
+    // Too short for the trend rules, it is still said rather than skipped.
+    let mut short = curve_at(&[100, 200], &[3.0, 2.0]);
+    short.side.ending = Some(loss_log::RunEnd::Crashed("exit code 1".into()));
+    let j = judge_drift(&input(short), &robust());
+    assert_eq!(
+        (j.verdict, rules(&j)),
+        (Verdict::Warn, vec!["crashed".to_string()])
+    );
+}
+
+#[test]
+fn an_eval_rise_is_measured_against_how_far_the_eval_fell() {
+    let mut c = curve(&decaying(100));
+    // Fell 1.07 -> 0.0003, then wiggles at 0.002: +500% of a tiny best,
+    // 0.2% of the fall.
+    let mut evals = vec![(0, 1.07), (10, 0.2), (20, 0.01)];
+    evals.extend((3..12).map(|i| (i * 8, if i < 7 { 0.0003 } else { 0.002 })));
+    c.side.eval_loss = evals;
+    let j = judge_drift(&input(c.clone()), &robust());
+    assert!(
+        !rules(&j).contains(&"eval_rising".to_string()),
+        "{}",
+        j.message
+    );
+    // Seven evals that turn up while training falls: caught on the rising
+    // tail, the logged best kept in the evidence.
+    c.side.eval_loss = [1.2, 1.0, 0.9, 0.95, 1.1, 1.3, 1.45]
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| (i as i64 * 14, v))
+        .collect();
+    let j = judge_drift(&input(c), &robust());
+    assert_eq!(rules(&j), ["eval_rising"], "{}", j.message);
+    assert_eq!(j.evidence.get("eval_best_loss"), Some(&Value::Float(0.9)));
+}
+
+#[test]
+fn an_isolated_nan_gradient_norm_is_said_and_warns_beside_a_flat_loss() {
+    let grad = |n: i64| {
+        (0..n)
+            .map(|s| (s, if s == 20 { f64::NAN } else { 1.0 }))
+            .collect()
+    };
+    let mut learning = curve(&decaying(60));
+    learning.side.grad_norm = grad(60);
+    let j = judge_drift(&input(learning), &robust());
+    assert_eq!(j.verdict, Verdict::Pass, "{}", j.message);
+    assert!(
+        j.message.contains("noted: 1 NaN/inf gradient norm"),
+        "{}",
+        j.message
+    );
+    let mut flat = curve(
+        &(0..60)
+            .map(|i| 2.2 - 0.002 * f64::from(i) + 0.05 * f64::from(i % 3))
+            .collect::<Vec<_>>(),
+    );
+    flat.side.grad_norm = grad(60);
+    let j = judge_drift(&input(flat), &robust());
+    assert_eq!(j.verdict, Verdict::Warn, "{}", j.message);
+    assert!(
+        rules(&j).contains(&"nonfinite_grad_norm".to_string()),
+        "{}",
+        j.message
+    );
+    assert!(
+        j.message
+            .contains("beside a loss whose fall is within its noise"),
+        "{}",
+        j.message
+    );
+}
+
+#[test]
+fn a_log_that_ends_between_records_without_its_exit_record_is_noted() {
+    let mut c = curve(&decaying(40));
+    c.side.ending = Some(loss_log::RunEnd::Unfinished("no exit record".into()));
+    let j = judge_drift(&input(c.clone()), &robust());
+    assert_eq!(j.verdict, Verdict::Pass, "{}", j.message);
+    assert!(j.message.contains("noted: no exit record"), "{}", j.message);
+    c.torn_files = vec![PathBuf::from("/r/run-x.wandb")];
+    let j = judge_drift(&input(c), &robust());
+    assert_eq!(rules(&j), ["unfinished"], "{}", j.message);
 }

@@ -21,6 +21,7 @@ use crate::formats::logs::thinned::Kept;
 use crate::formats::logs::{
     csv_log, mlflow_db, mlflow_files, series_names, tfevents, trainer_log, trainer_state, wandb_run,
 };
+use crate::formats::model_config::OutputClasses;
 use crate::io::lfs;
 use crate::io::read_once;
 use crate::io::walk::files_under;
@@ -68,6 +69,10 @@ pub struct LossCurve {
     /// How the reader thinned a series too long to keep whole (None: every
     /// record is here).
     pub thinned: Option<Thinning>,
+    /// What the loss is a cross-entropy over, where the tracker that kept
+    /// the log recorded the model's config (W&B's config record, MLflow's
+    /// params); a `config.json` on disk is read apart (`model_config`).
+    pub output_classes: Option<OutputClasses>,
 }
 
 /// How a loss series too long to keep whole was thinned (see
@@ -112,6 +117,19 @@ pub struct SideSeries {
     /// How far the run got against its plan, where the log says
     /// (`trainer_state.json`, LLaMA-Factory's `trainer_log.jsonl`).
     pub progress: Option<RunProgress>,
+    /// How the run ended, where its tracker recorded it (W&B's exit record).
+    pub ending: Option<RunEnd>,
+}
+
+/// How a run ended, as the tracker that kept its log recorded it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunEnd {
+    /// It ended normally (exit code 0).
+    Finished,
+    /// It ended in an error; the text says how (`exit code 255`).
+    Crashed(String),
+    /// The log holds no end: the run was killed, or is still running.
+    Unfinished(String),
 }
 
 /// The optimizer steps a run took and the steps it was set to take.
@@ -141,6 +159,7 @@ impl SideSeries {
                 global_step: state.global_step,
                 max_steps,
             }),
+            ending: None,
         }
     }
 
@@ -160,22 +179,19 @@ impl SideSeries {
                 Some(_) => tag.starts_with(name),
                 None => tag == *name,
             })
+            || series_names::is_reward(tag)
     }
 
     /// Fill the series still empty from the side tags an event-file read
     /// kept (see [`SideSeries::is_side_name`]).
     pub fn fill_from_events(&mut self, mut kept: tfevents::TagPoints) {
         let tags: Vec<String> = kept.keys().cloned().collect();
-        self.fill(|names| {
-            let tag = pick(&tags, names)?;
-            Some(by_step(kept.remove(tag)?))
-        });
+        self.fill(&tags, |tag| Some(by_step(kept.remove(tag)?)));
     }
 
     /// Fill the series still empty from the columns of a `metrics.csv`.
     pub fn fill_from_csv(&mut self, path: &Path, columns: &[String]) {
-        self.fill(|names| {
-            let column = pick(columns, names)?;
+        self.fill(columns, |column| {
             let series = csv_log::read_csv_series(path, Some(column)).ok()?;
             Some(by_step(series.points))
         });
@@ -188,19 +204,32 @@ impl SideSeries {
         names: &[String],
         mut read: impl FnMut(&str) -> Option<Vec<(i64, f64)>>,
     ) {
-        self.fill(|wanted| Some(by_step(read(pick(names, wanted)?)?)));
+        self.fill(names, |name| Some(by_step(read(name)?)));
     }
 
-    /// Fill each empty series with what `read` finds under its known names.
-    fn fill(&mut self, mut read: impl FnMut(&[&str]) -> Option<Vec<(i64, f64)>>) {
-        for (series, names) in [
-            (&mut self.eval_loss, &EVAL_LOSS_NAMES[..]),
-            (&mut self.grad_norm, &GRAD_NORM_NAMES[..]),
-            (&mut self.learning_rate, &LEARNING_RATE_NAMES[..]),
-            (&mut self.reward, &REWARD_NAMES[..]),
+    /// Fill each empty series with what `read` gives for the series of
+    /// `available` picked for it: the first of its known names, and for
+    /// the reward, else a reward read by its meaning
+    /// ([`series_names::reward_among`]: SB3's `rollout/ep_rew_mean`,
+    /// CleanRL's `charts/episodic_return`, RLlib's, ...).
+    fn fill(
+        &mut self,
+        available: &[String],
+        mut read: impl FnMut(&str) -> Option<Vec<(i64, f64)>>,
+    ) {
+        let reward_by_meaning = || series_names::reward_among(available.iter().map(String::as_str));
+        for (series, names, reward) in [
+            (&mut self.eval_loss, &EVAL_LOSS_NAMES[..], false),
+            (&mut self.grad_norm, &GRAD_NORM_NAMES[..], false),
+            (&mut self.learning_rate, &LEARNING_RATE_NAMES[..], false),
+            (&mut self.reward, &REWARD_NAMES[..], true),
         ] {
-            if series.is_empty() {
-                *series = read(names).unwrap_or_default();
+            if !series.is_empty() {
+                continue;
+            }
+            let by_meaning = || reward.then(reward_by_meaning).flatten();
+            if let Some(name) = pick(available, names).or_else(by_meaning) {
+                *series = read(name).unwrap_or_default();
             }
         }
     }
@@ -617,6 +646,7 @@ impl StepsWithExtras {
             learning_rate: by_step(self.lr),
             reward: vec![],
             progress: None,
+            ending: None,
         };
         (self.records, side)
     }
@@ -840,6 +870,7 @@ pub fn assemble(mut records: Vec<(i64, f64)>, files: Vec<PathBuf>) -> LossCurve 
         side: SideSeries::default(),
         damage: Damage::default(),
         thinned: None,
+        output_classes: None,
     }
 }
 

@@ -30,7 +30,8 @@ use std::path::{Path, PathBuf};
 use crate::error::{Area, Error, Result};
 use crate::formats::logs::damage::Damage;
 use crate::formats::logs::json_line::python_float;
-use crate::formats::logs::loss_log::{self, LossCurve, SideSeries};
+use crate::formats::logs::loss_log::{self, LossCurve, RunEnd, SideSeries};
+use crate::formats::model_config::{self, OutputClasses};
 use crate::io::confine;
 use crate::io::files::{open_regular, read_full};
 use crate::io::lfs;
@@ -48,6 +49,13 @@ const MAX_KEY_BYTES: usize = 1024;
 
 const RECORD_HISTORY: u64 = 2;
 const RECORD_RUN: u64 = 17;
+/// `RunExitRecord`: written when the run ends (`exit_code`, field 1).
+const RECORD_EXIT: u64 = 18;
+/// `ConfigRecord`: the run's config (`update`, field 1: items of `key` and
+/// `value_json`, field 16), where HF's callback logs the model's config.
+const RECORD_CONFIG: u64 = 5;
+/// Longest config value kept (an `id2label` of many labels is long).
+const MAX_CONFIG_VALUE: usize = 1 << 20;
 
 /// Keys tried first for the training loss, before the keys are read by
 /// their meaning (`series_names`): HF's callback, then the plain names.
@@ -81,6 +89,11 @@ pub struct WandbRun {
     pub skipped_bytes: u64,
     /// Points or keys left out at the caps.
     pub capped: bool,
+    /// The exit code of the run's exit record (None: the log has none).
+    pub exit_code: Option<i64>,
+    /// The config values that say the model's outputs
+    /// (`model_config::CLASS_KEYS`), as JSON text, the last update winning.
+    pub model_config: BTreeMap<String, String>,
 }
 
 impl WandbRun {
@@ -169,6 +182,8 @@ pub fn parse_run(reader: impl Read) -> (WandbRun, bool) {
                     add_row(&mut run, &mut points, row);
                 }
                 (RECORD_RUN, Wire::Bytes(meta)) => read_run_meta(&mut run, meta),
+                (RECORD_EXIT, Wire::Bytes(exit)) => run.exit_code = Some(exit_code(exit)),
+                (RECORD_CONFIG, Wire::Bytes(config)) => read_config(&mut run, config),
                 _ => {}
             }
         }
@@ -180,6 +195,39 @@ pub fn parse_run(reader: impl Read) -> (WandbRun, bool) {
     run.bytes = records.bytes;
     run.skipped_bytes = records.skipped_bytes;
     (run, records.io_error.is_some())
+}
+
+/// The `exit_code` of a `RunExitRecord` (an int32: a negative one is
+/// written as a ten-byte varint; absent, it is protobuf's default 0).
+fn exit_code(exit: &[u8]) -> i64 {
+    Fields::new(exit)
+        .find_map(|(field, value)| match (field, value) {
+            (1, Wire::Varint(n)) => Some(i64::from(n as u32 as i32)),
+            _ => None,
+        })
+        .unwrap_or(0)
+}
+
+/// Keep the config items that say the model's outputs.
+fn read_config(run: &mut WandbRun, config: &[u8]) {
+    for (field, value) in Fields::new(config) {
+        let (1, Wire::Bytes(item)) = (field, value) else {
+            continue;
+        };
+        let (mut key, mut json) = (None, None);
+        for (field, value) in Fields::new(item) {
+            match (field, value) {
+                (1, Wire::Bytes(b)) => key = Some(wire::text(&b[..b.len().min(MAX_KEY_BYTES)])),
+                (16, Wire::Bytes(b)) if b.len() <= MAX_CONFIG_VALUE => json = Some(wire::text(b)),
+                _ => {}
+            }
+        }
+        if let (Some(key), Some(json)) = (key, json) {
+            if model_config::CLASS_KEYS.contains(&key.as_str()) {
+                run.model_config.insert(key, json);
+            }
+        }
+    }
 }
 
 fn read_run_meta(run: &mut WandbRun, meta: &[u8]) {
@@ -322,6 +370,18 @@ pub fn curve_of(run: &WandbRun, log: &Path, key: Option<&str>) -> Result<LossCur
     let points = run.series.get(&chosen).cloned().unwrap_or_default();
     let mut side = SideSeries::default();
     side.fill_from_names(&keys, |k| run.series.get(k).cloned());
+    side.ending = Some(match run.exit_code {
+        Some(0) => RunEnd::Finished,
+        Some(code) => RunEnd::Crashed(format!("the W&B log's exit record says exit code {code}")),
+        None => RunEnd::Unfinished(
+            if run.torn {
+                "the W&B log ends in a torn record with no exit record"
+            } else {
+                "the W&B log has no exit record"
+            }
+            .to_string(),
+        ),
+    });
     let torn = if run.torn {
         vec![log.to_path_buf()]
     } else {
@@ -330,6 +390,14 @@ pub fn curve_of(run: &WandbRun, log: &Path, key: Option<&str>) -> Result<LossCur
     // Counted in bytes: a damaged block loses the rest of itself and any
     // record that spans into it, which a count of blocks would overstate.
     let damage = Damage::of("bytes of the W&B log", run.skipped_bytes, run.bytes);
+    let output_classes =
+        model_config::output_classes_logged(|key| run.model_config.get(key).cloned()).map(
+            |(count, kind)| OutputClasses {
+                count,
+                kind: kind.to_string(),
+                path: log.to_path_buf(),
+            },
+        );
     Ok(LossCurve {
         source: "wandb".to_string(),
         series: chosen,
@@ -337,6 +405,7 @@ pub fn curve_of(run: &WandbRun, log: &Path, key: Option<&str>) -> Result<LossCur
         torn_files: torn,
         run: run.label(),
         damage,
+        output_classes,
         ..loss_log::assemble(points, vec![log.to_path_buf()])
     })
 }

@@ -248,3 +248,74 @@ fn keys_are_capped() {
     assert_eq!(run.series.len(), MAX_KEYS);
     assert!(run.capped);
 }
+
+fn exit_record(code: i64) -> Vec<u8> {
+    let mut exit = key(1, 0);
+    // protobuf writes an int32 sign-extended to 64 bits
+    exit.extend(varint(code as u64));
+    bytes_field(RECORD_EXIT, &exit)
+}
+
+#[test]
+fn the_exit_record_says_how_the_run_ended() {
+    let rows = || {
+        vec![
+            history(&[("loss", "2.0")], Some(1)),
+            history(&[("loss", "1.5")], Some(2)),
+        ]
+    };
+    let ending = |extra: Option<Vec<u8>>| {
+        let mut records = rows();
+        records.extend(extra);
+        let run = parse(&frame(&records));
+        curve_of(&run, Path::new("run-x.wandb"), None)
+            .unwrap()
+            .side
+            .ending
+    };
+    assert_eq!(ending(Some(exit_record(0))), Some(RunEnd::Finished));
+    let Some(RunEnd::Crashed(why)) = ending(Some(exit_record(255))) else {
+        panic!("not a crash")
+    };
+    assert!(why.contains("exit code 255"), "{why}");
+    let Some(RunEnd::Crashed(why)) = ending(Some(exit_record(-9))) else {
+        panic!("not a crash")
+    };
+    assert!(why.contains("exit code -9"), "{why}");
+    assert!(matches!(ending(None), Some(RunEnd::Unfinished(_))));
+}
+
+fn config_record(items: &[(&str, &str)]) -> Vec<u8> {
+    let mut update = Vec::new();
+    for (k, json) in items {
+        let mut item = bytes_field(1, k.as_bytes());
+        item.extend(bytes_field(16, json.as_bytes()));
+        update.extend(bytes_field(1, &item));
+    }
+    bytes_field(RECORD_CONFIG, &update)
+}
+
+#[test]
+fn the_config_record_says_what_the_loss_is_over() {
+    let log = frame(&[
+        config_record(&[
+            ("learning_rate", "10.0"),
+            ("architectures", r#"["LlamaForCausalLM"]"#),
+            ("vocab_size", "128"),
+        ]),
+        history(&[("train/loss", "600.0")], Some(1)),
+        history(&[("train/loss", "500.0")], Some(2)),
+    ]);
+    let run = parse(&log);
+    let curve = curve_of(&run, Path::new("run-x.wandb"), None).unwrap();
+    let classes = curve.output_classes.unwrap();
+    assert_eq!((classes.count, classes.kind.as_str()), (128, "vocabulary"));
+    assert_eq!(classes.path, Path::new("run-x.wandb"));
+    // A run whose config names no softmax head has none.
+    let log = frame(&[
+        config_record(&[("vocab_size", "128")]),
+        history(&[("loss", "1.0")], Some(1)),
+    ]);
+    let curve = curve_of(&parse(&log), Path::new("run-x.wandb"), None).unwrap();
+    assert_eq!(curve.output_classes, None);
+}
