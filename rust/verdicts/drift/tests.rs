@@ -142,6 +142,8 @@ fn a_run_of_five_steps_or_fewer_fails_planned_or_not() {
 }
 
 #[test]
+// 0.6931 is ln 2 as TRL logs it (4 decimals), on purpose.
+#[allow(clippy::approx_constant)]
 fn no_learning_signal_fails_a_single_zero_most_zeros_a_constant_and_a_collapsed_preference() {
     let j = judge_drift(&input(curve_at(&[40], &[0.0])), &robust());
     assert_eq!(rules(&j), ["degenerate_loss"], "{}", j.message);
@@ -175,7 +177,7 @@ fn no_learning_signal_fails_a_single_zero_most_zeros_a_constant_and_a_collapsed_
         j.message
     );
     // The same value to the last bit at every record.
-    let j = judge_drift(&input(curve(&[2.302585; 30])), &robust());
+    let j = judge_drift(&input(curve(&[2.25; 30])), &robust());
     assert_eq!(rules(&j), ["constant_loss"], "{}", j.message);
     // A stuck loss that batches still move is not constant.
     let stuck: Vec<f64> = (0..30).map(|i| 2.3 + 0.001 * f64::from(i % 3)).collect();
