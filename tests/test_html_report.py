@@ -728,3 +728,13 @@ def big_scan_page(demo: list[dict[str, Any]]) -> tuple[str, float, list[dict[str
 @pytest.fixture(scope="module")
 def big_page(demo):
     return big_scan_page(demo)
+
+
+def test_a_drift_record_says_what_the_run_was(demo) -> None:
+    drift = [r for r in demo if r["probe"] == "training_drift" and r["evidence"].get("run_facts")]
+    assert drift, "the demo's drift records carry run_facts"
+    text = drift[0]["evidence"]["run_facts_text"]
+    record = dict(drift[0], evidence={**drift[0]["evidence"], "run_facts_text": text + " <b>x</b>"})
+    page = render_html([record], settings=SETTINGS, generated_at=WHEN)
+    assert "run: " + text.split(" (")[0] in page
+    assert "&lt;b&gt;x&lt;/b&gt;" in page and "<b>x</b>" not in page  # escaped

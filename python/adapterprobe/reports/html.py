@@ -86,6 +86,15 @@ def _count_text(counts: Mapping[str, int]) -> str:
     return " · ".join(f"{n:,} {v}" for v, n in counts.items() if n)
 
 
+def run_line(evidence: Mapping[str, Any]) -> str:
+    """What the run was (``run_facts_text``: how it ended, what it optimised,
+    where each was read), so a verdict is read knowing the run."""
+    text = evidence.get("run_facts_text")
+    if not isinstance(text, str) or not text:
+        return ""
+    return f'<div class="facts">run: {esc(clip(text, 300))}</div>'
+
+
 def facts_line(evidence: Mapping[str, Any], limit: int = 8) -> str:
     """The scalar evidence as one short line, so numbers behind a verdict show."""
     parts = []
@@ -154,7 +163,7 @@ def _reasons(store: Store) -> str:
             f'<td class="c-a{" none" if r.adapter is None else ""}">{esc(adapter_name(r))}</td>'
             f'<td class="c-s">{score}</td><td class="c-m">'
             f"{esc(clip(r.message, MESSAGE_CHARS)) or '<i>no message</i>'}"
-            f"{facts_line(r.evidence)}</td></tr>"
+            f"{run_line(r.evidence)}{facts_line(r.evidence)}</td></tr>"
         )
     rest = store.records[MAX_ROWS:]
     if rest:

@@ -70,6 +70,7 @@ DRAWN = frozenset(
         "top_modules",
         "thresholds",
         "layer_grad_norms",
+        "run_facts_text",  # its own line (html.run_line)
     }
 )
 MAX_LAYER_LINES = 24  # per-layer gradient norm lines drawn (flagged layers first)

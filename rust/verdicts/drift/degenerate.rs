@@ -122,13 +122,17 @@ pub(super) fn degenerate_finding(curve: &LossCurve, drop: f64) -> Option<Finding
 /// sigmoid preference loss (DPO, IPO, ...) does.
 const PREFERENCE_START: f64 = 0.01;
 
+/// Whether a first loss sits where a sigmoid preference loss starts.
+pub(super) fn starts_at_ln2(first: f64) -> bool {
+    let ln2 = std::f64::consts::LN_2;
+    ((first - ln2) / ln2).abs() <= PREFERENCE_START
+}
+
 /// `preference_collapse` (FAIL): a loss that starts at ln 2 and whose last
 /// record is exactly 0 (see the module doc).
 fn preference_collapse(finite: &[f64]) -> Option<Finding> {
     let (&first, &last) = (finite.first()?, finite.last()?);
-    let ln2 = std::f64::consts::LN_2;
-    let starts_at_ln2 = ((first - ln2) / ln2).abs() <= PREFERENCE_START;
-    (finite.len() >= 2 && starts_at_ln2 && last == 0.0).then(|| {
+    (finite.len() >= 2 && starts_at_ln2(first) && last == 0.0).then(|| {
         Finding::new(
             Verdict::Fail,
             "preference_collapse",

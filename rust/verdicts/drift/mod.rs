@@ -11,6 +11,7 @@
 
 mod damage;
 mod degenerate;
+mod facts;
 mod progress;
 mod robust;
 mod side;
@@ -20,6 +21,7 @@ mod tests;
 mod uniform;
 
 use crate::formats::logs::loss_log::{self, LossCurve};
+use crate::formats::model_config::OutputClasses;
 use crate::io::path_text;
 use crate::store::probe_inputs::{DriftInput, LogsStatus};
 use crate::verdicts::evidence::Evidence;
@@ -154,6 +156,7 @@ pub fn judge_drift(input: &DriftInput, o: &DriftOptions) -> Judged {
             .with_score(score)
             .with_evidence(evidence);
         name_the_series(&mut judged, curve);
+        put_the_facts(&mut judged, curve, input.output_classes.as_ref());
         return judged;
     }
     if num_steps < o.min_steps {
@@ -195,7 +198,16 @@ pub fn judge_drift(input: &DriftInput, o: &DriftOptions) -> Judged {
     }
     damage::say_the_damage(&mut judged, curve);
     name_the_series(&mut judged, curve);
+    put_the_facts(&mut judged, curve, classes);
     judged
+}
+
+/// The run's facts in the evidence: `run_facts`, and `run_facts_text`
+/// that says them.
+fn put_the_facts(judged: &mut Judged, curve: &LossCurve, classes: Option<&OutputClasses>) {
+    let (facts, text) = facts::run_facts(curve, classes);
+    judged.evidence.put("run_facts", Value::Map(facts));
+    judged.evidence.put("run_facts_text", text);
 }
 
 /// What a curve too short for the trend rules still shows: a run stopped

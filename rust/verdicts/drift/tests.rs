@@ -956,3 +956,45 @@ fn a_log_that_ends_between_records_without_its_exit_record_is_noted() {
     let j = judge_drift(&input(c), &robust());
     assert_eq!(rules(&j), ["unfinished"], "{}", j.message);
 }
+
+#[test]
+#[allow(clippy::approx_constant)] // 0.6931: ln 2 as TRL logs it
+fn the_run_facts_say_how_it_ended_what_it_optimised_and_where_that_was_read() {
+    let facts = |j: &Judged| match j.evidence.get("run_facts") {
+        Some(Value::Map(m)) => m.clone(),
+        other => panic!("no run_facts: {other:?}"),
+    };
+    let text = |j: &Judged| match j.evidence.get("run_facts_text") {
+        Some(Value::Text(t)) => t.clone(),
+        other => panic!("no run_facts_text: {other:?}"),
+    };
+    let mut c = curve_at(&(1..=40).map(|s| s * 10).collect::<Vec<_>>(), &decaying(40));
+    c.side.ending = Some(loss_log::RunEnd::Finished);
+    let j = judge_drift(&with_classes(c.clone(), 32_000, "vocabulary"), &robust());
+    let f = facts(&j);
+    assert_eq!(f.get("completion"), Some(&Value::from("finished")));
+    assert_eq!(f.get("objective"), Some(&Value::from("causal_lm")));
+    assert_eq!(f.get("classes"), Some(&Value::Int(32_000)));
+    assert_eq!(f.get("logging_every"), Some(&Value::Int(10)));
+    assert_eq!(
+        text(&j),
+        "finished at step 400 (exit code 0); a language model, vocabulary 32,000 from \
+         /r/config.json"
+    );
+    // The trainer's count against its plan; an RL run by its reward.
+    c.side.ending = None;
+    c.side.progress = Some(loss_log::RunProgress {
+        global_step: 400,
+        max_steps: 1000,
+    });
+    c.side.reward = (1..=40).map(|s| (s * 10, 0.5)).collect();
+    let j = judge_drift(&input(c), &robust());
+    assert!(
+        text(&j).starts_with("stopped at step 400 of 1,000 (the trainer state); RL"),
+        "{}",
+        text(&j)
+    );
+    // A preference loss, known by its start.
+    let j = judge_drift(&input(curve(&[0.6931, 0.6, 0.5, 0.45, 0.41])), &robust());
+    assert_eq!(facts(&j).get("objective"), Some(&Value::from("preference")));
+}
