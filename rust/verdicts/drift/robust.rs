@@ -168,13 +168,18 @@ pub(super) fn judge(
         spike_fall_share: opts.spike_fall_share,
     };
     robust_curve::check_params(&params).map_err(|e| e.to_string())?;
+    // `nan_masked` is found on the records as logged; every other rule,
+    // the summary and the chart read a masked 0.0 as the NaN it stands for.
+    let (side, side_evidence) = side_findings(curve, opts.max_eval_rise);
+    let unmasked = unmask(curve);
+    let masked_steps: Vec<i64> = unmasked.as_ref().map_or_else(Vec::new, |(_, s)| s.clone());
+    let curve = unmasked.as_ref().map_or(curve, |(c, _)| c);
     let (steps, losses) = (&curve.steps, &curve.losses);
     let num_steps = steps.len();
     let span = match &curve.thinned {
         Some(t) => thinned_span_text(steps, t),
         None => span_text(steps),
     };
-    let (side, side_evidence) = side_findings(curve, opts.max_eval_rise);
     let mut base = Evidence::new();
     base.put("rules", "robust");
     base.put("num_steps", num_steps);
@@ -223,7 +228,9 @@ pub(super) fn judge(
         .into_iter()
         .chain(ended_badly(curve))
         .collect();
-    if let Some(&last) = nonfinite_steps.last() {
+    // Non-finite losses that are all masked ones are nan_masked's to say.
+    let only_masked = nonfinite_steps.iter().all(|s| masked_steps.contains(s));
+    if let Some(&last) = nonfinite_steps.last().filter(|_| !only_masked) {
         let last_bad = Some(&last) == steps.last();
         // A thinned curve keeps its non-finite records beside the sample:
         // the run's count and share come from what was read.
@@ -305,6 +312,36 @@ pub(super) fn judge(
         &span,
         finish,
     ))
+}
+
+/// The curve with each loss the trainer logged as exactly 0.0 beside a
+/// non-finite gradient norm (HF's NaN masking) read as the NaN it stands
+/// for, and those steps; None where nothing was masked.
+fn unmask(curve: &LossCurve) -> Option<(LossCurve, Vec<i64>)> {
+    let grad = &curve.side.grad_norm;
+    let masked = |step: i64, loss: f64| {
+        loss == 0.0
+            && grad
+                .binary_search_by_key(&step, |p| p.0)
+                .is_ok_and(|i| grad.get(i).is_some_and(|p| !p.1.is_finite()))
+    };
+    let steps: Vec<i64> = curve
+        .steps
+        .iter()
+        .zip(&curve.losses)
+        .filter(|&(&s, &v)| masked(s, v))
+        .map(|(&s, _)| s)
+        .collect();
+    if steps.is_empty() {
+        return None;
+    }
+    let mut c = curve.clone();
+    for (s, v) in c.steps.iter().zip(c.losses.iter_mut()) {
+        if masked(*s, *v) {
+            *v = f64::INFINITY;
+        }
+    }
+    Some((c, steps))
 }
 
 /// An RL run (it logs a reward): judged by its reward's rules
