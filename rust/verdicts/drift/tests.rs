@@ -1000,3 +1000,31 @@ fn the_run_facts_say_how_it_ended_what_it_optimised_and_where_that_was_read() {
     let j = judge_drift(&input(curve(&[0.6931, 0.6, 0.5, 0.45, 0.41])), &robust());
     assert_eq!(facts(&j).get("objective"), Some(&Value::from("preference")));
 }
+
+#[test]
+fn when_k_is_known_only_ln_k_is_a_chance_level() {
+    // A LoRA on an already trained base, flat at 2.07, vocabulary 128.
+    let c = curve(&flat(8f64.ln(), 0.004, 60));
+    let j = judge_drift(&input(c.clone()), &robust());
+    assert!(
+        rules(&j).contains(&"at_chance".to_string()),
+        "{}",
+        j.message
+    );
+    let j = judge_drift(&with_classes(c, 128, "vocabulary"), &robust());
+    assert!(
+        !rules(&j).contains(&"at_chance".to_string()),
+        "{}",
+        j.message
+    );
+    // At ln 128 itself it is at chance.
+    let j = judge_drift(
+        &with_classes(curve(&flat(128f64.ln(), 0.004, 60)), 128, "vocabulary"),
+        &robust(),
+    );
+    assert!(
+        rules(&j).contains(&"at_chance".to_string()),
+        "{}",
+        j.message
+    );
+}
