@@ -273,6 +273,20 @@ def test_a_bare_adapter_is_one_line_and_passes(tmp_path):
     verbose = cli("scan", str(bare), "-v")
     assert sum(line.startswith("SKIP") for line in verbose.stdout.splitlines()) == 2
     assert ap.scan(bare).store_verdicts() == {str(bare): ap.Verdict.PASS}
+    assert "nothing judged" not in done.stdout
+
+
+def test_a_store_where_nothing_was_judged_is_said_not_passed(tmp_path):
+    # Two records far apart: too short a curve to judge, and nothing else.
+    logs = tmp_path / "short" / "logs"
+    logs.mkdir(parents=True)
+    records = ((100, 3.0), (200, 2.5))
+    lines = [json.dumps({"type": "step", "step": s, "loss": v}) for s, v in records]
+    (logs / "train-000001-20260101T000000.jsonl").write_text("\n".join(lines) + "\n")
+    done = cli("scan", str(tmp_path / "short"))
+    said = " ".join(done.stdout.split())  # the summary is wrapped to the terminal
+    assert "Stores by their worst record: 1 skip." in said, said
+    assert "1 store had nothing judged (every record skipped): not a pass." in said
 
 
 def test_store_roll_up_is_skip_only_when_every_record_skipped():

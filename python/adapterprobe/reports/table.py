@@ -335,10 +335,17 @@ def summary_text(tally: Tally, fail_on: str, width: int = 80, folded: int = 0) -
             f"{'its store' if folded == 1 else 'their stores'} (-v shows them)"
         )
     extra = f" ({'; '.join(notes)})" if notes else ""
+    unjudged = tally.stores_by_verdict().get("skip", 0)
+    skipped = (
+        f" {_plural(unjudged, 'store')} had nothing judged (every record skipped): "
+        "not a pass."
+        if unjudged
+        else ""
+    )
     text = (
         f"{_plural(tally.records, 'record')} from {_plural(len(tally.per_store), 'store')}: "
-        f"{records or 'none'}{extra}. Stores by their worst record: {stores or 'none'}. "
-        f"Exit {code}: {reason}."
+        f"{records or 'none'}{extra}. Stores by their worst record: {stores or 'none'}."
+        f"{skipped} Exit {code}: {reason}."
     )
     return "\n".join(textwrap.wrap(text, max(40, width), break_on_hyphens=False))
 
