@@ -337,8 +337,7 @@ def summary_text(tally: Tally, fail_on: str, width: int = 80, folded: int = 0) -
     extra = f" ({'; '.join(notes)})" if notes else ""
     unjudged = tally.stores_by_verdict().get("skip", 0)
     skipped = (
-        f" {_plural(unjudged, 'store')} had nothing judged (every record skipped): "
-        "not a pass."
+        f" {_plural(unjudged, 'store')} had nothing judged (every record skipped): not a pass."
         if unjudged
         else ""
     )
