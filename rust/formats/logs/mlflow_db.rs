@@ -39,7 +39,7 @@ use rusqlite::types::ValueRef;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::error::{Area, Error, Result};
-use crate::formats::logs::loss_log::{self, LossCurve, SideSeries, Thinning};
+use crate::formats::logs::loss_log::{self, LossCurve, RunEnd, SideSeries, Thinning};
 use crate::formats::logs::mlflow_files::{self, DEFAULT_LOSS_KEYS};
 use crate::formats::logs::series_names;
 use crate::formats::logs::thinned::Thinned;
@@ -190,6 +190,8 @@ struct RunRow {
     /// The params that say the model's outputs (`model_config::CLASS_KEYS`),
     /// as HF's MLflow callback logged them.
     params: BTreeMap<String, String>,
+    /// How the run ended, by its `runs.status`.
+    ending: Option<RunEnd>,
 }
 
 /// The store's runs, each id once (its first row), by experiment, start
@@ -264,6 +266,7 @@ fn list_runs(db: &Db) -> Result<Vec<RunRow>> {
                 deleted,
                 problem,
                 params: BTreeMap::new(),
+                ending: None,
             });
             Ok(())
         },
@@ -271,6 +274,7 @@ fn list_runs(db: &Db) -> Result<Vec<RunRow>> {
     if db.has_table("params") {
         read_class_params(db, &mut out)?;
     }
+    read_statuses(db, &mut out);
     out.sort_by(|a, b| {
         (a.info.experiment_id, a.start_time, &a.info.run_id).cmp(&(
             b.info.experiment_id,
@@ -279,6 +283,26 @@ fn list_runs(db: &Db) -> Result<Vec<RunRow>> {
         ))
     });
     Ok(out)
+}
+
+/// Put into each row how its run ended (`runs.status`). A store whose
+/// `runs` has no such column (an old or hand-made one) says nothing.
+fn read_statuses(db: &Db, rows: &mut [RunRow]) {
+    let index: FxHashMap<String, usize> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.info.run_id.clone(), i))
+        .collect();
+    let _ = db.for_each_row("SELECT run_uuid, status FROM runs", &[], |row| {
+        if let (Some(id), Some(status)) = (cell_text(cell(row, 0)), cell_text(cell(row, 1))) {
+            if let Some(r) = index.get(id.as_ref()).and_then(|&i| rows.get_mut(i)) {
+                if r.ending.is_none() {
+                    r.ending = mlflow_files::run_end(&status);
+                }
+            }
+        }
+        Ok(())
+    });
 }
 
 /// Longest param value kept (an `id2label` of many labels is long).
@@ -581,6 +605,7 @@ fn curve_of(path: &Path, row: &RunRow, read: RunSeries, key: Option<&str>) -> Re
     };
     let mut side = SideSeries::default();
     side.fill_from_names(&keys, |k| kept.get(k).cloned());
+    side.ending = row.ending.clone();
     let output_classes =
         model_config::output_classes_logged(|k| row.params.get(k).cloned()).map(|(count, kind)| {
             OutputClasses {
@@ -820,6 +845,17 @@ mod tests {
             read_run_curve(&path, "r3", None).unwrap().output_classes,
             None
         );
+        // This store's runs have no status column: nothing said of the end.
+        assert_eq!(read_run_curve(&path, "r1", None).unwrap().side.ending, None);
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "ALTER TABLE runs ADD COLUMN status TEXT;
+             UPDATE runs SET status = 'FAILED' WHERE run_uuid = 'r1';",
+        )
+        .unwrap();
+        drop(conn);
+        let ending = read_run_curve(&path, "r1", None).unwrap().side.ending;
+        assert!(matches!(ending, Some(RunEnd::Crashed(why)) if why.contains("FAILED")));
     }
 
     /// A store of `n` runs `r0..`, each logging a falling loss and a

@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Area, Error, Result};
 use crate::formats::logs::json_line::{python_float, python_int};
-use crate::formats::logs::loss_log::{self, LossCurve, SideSeries, Thinning};
+use crate::formats::logs::loss_log::{self, LossCurve, RunEnd, SideSeries, Thinning};
 use crate::formats::logs::thinned::{Kept, Thinned};
 use crate::formats::model_config::{self, OutputClasses};
 use crate::io::confine;
@@ -87,6 +87,21 @@ pub fn field(meta: &str, key: &str) -> Option<String> {
 /// A top-level `key: value` of the `meta.yaml` in `dir`, if it reads.
 pub fn meta_field(dir: &Path, key: &str) -> Option<String> {
     field(&read_meta(dir).ok()?, key)
+}
+
+/// How a run ended, from MLflow's run status (`meta.yaml`'s `status:`, a
+/// number; the SQLite store's `runs.status`, a name): FINISHED, FAILED or
+/// KILLED, or RUNNING (a run still going, or one whose process died
+/// before it could say). None for anything else.
+pub fn run_end(status: &str) -> Option<RunEnd> {
+    let said = |name: &str| format!("MLflow's run status is {name}");
+    match status.trim() {
+        "3" | "FINISHED" => Some(RunEnd::Finished),
+        "4" | "FAILED" => Some(RunEnd::Crashed(said("FAILED"))),
+        "5" | "KILLED" => Some(RunEnd::Crashed(said("KILLED"))),
+        "1" | "RUNNING" => Some(RunEnd::Unfinished(said("still RUNNING"))),
+        _ => None,
+    }
 }
 
 /// How a person finds the run whose `meta.yaml` holds `meta`:
@@ -210,6 +225,7 @@ pub fn read_run_curve(run: &Path, key: Option<&str>) -> Result<LossCurve> {
     if let Some(e) = failed {
         return Err(e);
     }
+    side.ending = field(&meta, "status").and_then(|s| run_end(&s));
     Ok(LossCurve {
         source: "mlflow".to_string(),
         series: chosen,
@@ -441,6 +457,21 @@ mod tests {
         (0..n)
             .map(|i| format!("1795815808985 {} {i}\n", 2.0 / (1.0 + i as f64)))
             .collect()
+    }
+
+    #[test]
+    fn the_run_status_says_how_the_run_ended() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = run_with(tmp.path(), &[("loss", &falling(20))]);
+        let ending = |status: &str| {
+            std::fs::write(run.join(META), format!("run_id: abcd\nstatus: {status}\n")).unwrap();
+            read_run_curve(&run, None).unwrap().side.ending
+        };
+        assert_eq!(ending("3"), Some(RunEnd::Finished));
+        assert!(matches!(ending("4"), Some(RunEnd::Crashed(why)) if why.contains("FAILED")));
+        assert!(matches!(ending("5"), Some(RunEnd::Crashed(why)) if why.contains("KILLED")));
+        assert!(matches!(ending("1"), Some(RunEnd::Unfinished(_))));
+        assert_eq!(ending("9"), None);
     }
 
     #[test]
