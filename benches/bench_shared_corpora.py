@@ -1,6 +1,7 @@
 """How the readers and verdicts fare on real public runs nobody here wrote:
-the labelled corpora in ``../shared/corpora`` (public-a, public-b; see their
-README), scanned as a user would scan them.
+the labelled corpora in ``../shared/corpora`` (every folder there with a
+``labels.json``: public-a to public-d; see their README), scanned as a user
+would scan them.
 
     python benches/bench_shared_corpora.py [--corpora DIR] [--rules robust sway] [--width 120]
 
@@ -17,8 +18,9 @@ the seeds' rules, in the same run) and each corpus it prints:
 6. n/a stores (Git LFS pointers, nothing to judge) that got a ``pass``;
 
 each broken down by the store's kind (trainer, lightning, tensorboard, lfs,
-...) and, where a ``trainer_state.json`` says it, the ``logging_steps``
-cadence; then every store counted in 2-6 with its label's reason and the
+...), where a ``trainer_state.json`` says it the ``logging_steps`` cadence,
+and by the run's facts as ``training_drift`` read them (``run_facts``: how
+the run ended, what it optimised); then every store counted in 2-6 with its label's reason and the
 verdicts it got, so a reader can judge each one. Targets (issues 34 and 35):
 0 not found, 0 errors on valid files, 0 false alarms, 0 misses.
 """
@@ -47,6 +49,8 @@ class Store:
     reason: str
     cadence: str
     records: list[tuple[str, str, str]] = field(default_factory=list)  # probe, verdict, message
+    completion: str = "no curve"  # run_facts of its training_drift record
+    objective: str = "no curve"
 
     def verdicts(self) -> set[str]:
         return {v for _, v, _ in self.records}
@@ -115,6 +119,10 @@ def judged(corpus: Path, rules: str) -> tuple[list[Store], float, Counter[str]]:
             continue
         if part in stores:
             stores[part].records.append((record.probe, record.verdict.value, record.message))
+            facts = record.evidence.get("run_facts")
+            if record.probe == "training_drift" and isinstance(facts, dict):
+                stores[part].completion = str(facts.get("completion", "unknown"))
+                stores[part].objective = str(facts.get("objective", "unknown"))
     return list(stores.values()), took, per_probe
 
 
@@ -156,7 +164,7 @@ def show(
     print(f"\n--- {corpus}: {found}/{len(stores)} stores found in {took:.2f} s; records: {probes}")
     for what, (n, of) in tallies(stores).items():
         print(f"  {what:<22} {n:>3} of {of}")
-    for axis in ("kind", "cadence"):
+    for axis in ("kind", "cadence", "completion", "objective"):
         groups: dict[str, list[Store]] = defaultdict(list)
         for s in stores:
             groups[getattr(s, axis)].append(s)

@@ -44,6 +44,7 @@
 
 use super::robust::BARELY_MOVED;
 use crate::formats::logs::loss_log::LossCurve;
+use crate::formats::model_config::OutputClasses;
 use crate::verdicts::{number_text, Finding, Verdict};
 
 /// The largest value a degenerate loss reaches: float noise around 0.
@@ -53,7 +54,11 @@ pub const DEGENERATE_MIN_RECORDS: usize = 5;
 
 /// The FAIL finding of a degenerate loss, if the curve is one; `drop` is
 /// how far its trend fell, as a share of its start (NaN: no level).
-pub(super) fn degenerate_finding(curve: &LossCurve, drop: f64) -> Option<Finding> {
+pub(super) fn degenerate_finding(
+    curve: &LossCurve,
+    drop: f64,
+    classes: Option<&OutputClasses>,
+) -> Option<Finding> {
     if !curve.side.reward.is_empty() {
         return None;
     }
@@ -85,7 +90,9 @@ pub(super) fn degenerate_finding(curve: &LossCurve, drop: f64) -> Option<Finding
         .all(|&v| (0.0..=DEGENERATE_LEVEL).contains(&v));
     let fell = drop >= BARELY_MOVED;
     let n = finite.len();
-    if let Some(collapse) = preference_collapse(&finite) {
+    // A classifier the config names is judged as one, not as DPO.
+    let known_classifier = classes.is_some_and(|c| c.kind == "labels");
+    if let Some(collapse) = preference_collapse(&finite).filter(|_| !known_classifier) {
         return Some(collapse);
     }
     let mostly_zero = n >= 1 && zeros * 2 > n;
@@ -138,9 +145,11 @@ fn preference_collapse(finite: &[f64]) -> Option<Finding> {
             "preference_collapse",
             format!(
                 "the loss started at {} (ln 2: a preference loss, policy equal to its \
-                 reference) and ended at exactly 0: the chosen/rejected margin ran away, so \
-                 the policy separates the pairs by a shortcut or has drifted far from its \
-                 reference (beta too small, learning rate too high, pairs that differ by a tell)",
+                 reference, or a two-class classifier) and ended at exactly 0: the \
+                 chosen/rejected margin ran away, so the policy separates the pairs by a \
+                 shortcut or has drifted far from its reference (beta too small, learning rate \
+                 too high, pairs that differ by a tell); a classifier driven to certainty has \
+                 memorised its data",
                 number_text::significant(first, 4)
             ),
         )

@@ -6,7 +6,8 @@
 //! The facts come from what the files record, each with where it was
 //! read: how the run ended (W&B's exit record, the trainer state's
 //! `global_step` against `max_steps`), what it optimised (a reward logged
-//! beside the loss: RL; a loss starting at ln 2: a preference loss; the
+//! beside the loss: RL; a loss starting at ln 2: a preference loss or a
+//! two-class classifier; the
 //! model config's head: a causal LM or a classifier over K), and which
 //! series it logged, at what cadence.
 
@@ -94,16 +95,20 @@ fn completion(curve: &LossCurve) -> (&'static str, String) {
     }
 }
 
-/// `rl`, `preference`, `causal_lm`, `classification` or `unknown`, and why.
+/// `rl`, `preference_or_binary`, `causal_lm`, `classification` or
+/// `unknown`, and why. A start at ln 2 alone cannot tell DPO from a
+/// two-class classifier (both start there), so it names both.
 fn objective(curve: &LossCurve, classes: Option<&OutputClasses>) -> (&'static str, String) {
     if !curve.side.reward.is_empty() {
         return ("rl", "RL: it logs a reward".to_string());
     }
     let first = curve.losses.iter().copied().find(|v| v.is_finite());
-    if first.is_some_and(starts_at_ln2) {
+    if classes.is_none() && first.is_some_and(starts_at_ln2) {
         return (
-            "preference",
-            "a preference loss: it starts at ln 2 (DPO and kin)".to_string(),
+            "preference_or_binary",
+            "a loss starting at ln 2: a preference loss (DPO and kin) or a two-class \
+             classifier"
+                .to_string(),
         );
     }
     match classes {

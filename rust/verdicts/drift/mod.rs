@@ -132,7 +132,7 @@ pub fn judge_drift(input: &DriftInput, o: &DriftOptions) -> Judged {
     let num_steps = curve.steps.len();
     let short = num_steps < o.min_steps;
     let stopped = if short && o.rules != "sway" {
-        short_run_findings(curve)
+        short_run_findings(curve, input.output_classes.as_ref())
     } else {
         vec![]
     };
@@ -213,12 +213,15 @@ fn put_the_facts(judged: &mut Judged, curve: &LossCurve, classes: Option<&Output
 /// What a curve too short for the trend rules still shows: a run stopped
 /// far short of its plan or of a handful of steps, a loss of exactly 0, a
 /// run that crashed.
-fn short_run_findings(curve: &LossCurve) -> Vec<crate::verdicts::Finding> {
+fn short_run_findings(
+    curve: &LossCurve,
+    classes: Option<&OutputClasses>,
+) -> Vec<crate::verdicts::Finding> {
     let mut findings: Vec<_> = progress::stopped_early(curve)
         .or_else(|| progress::tiny_run(curve))
         .into_iter()
         .collect();
-    findings.extend(degenerate::degenerate_finding(curve, f64::NAN));
+    findings.extend(degenerate::degenerate_finding(curve, f64::NAN, classes));
     findings.extend(progress::ended_badly(curve));
     findings.retain(|f| f.verdict != Verdict::Pass);
     findings

@@ -263,7 +263,7 @@ pub(super) fn judge(
     }
 
     let head = a.head_level;
-    if let Some(degenerate) = degenerate_finding(curve, a.relative_drop()) {
+    if let Some(degenerate) = degenerate_finding(curve, a.relative_drop(), classes) {
         findings.push(degenerate);
         let mut extra = Evidence::new();
         extra.put("objective", "degenerate");

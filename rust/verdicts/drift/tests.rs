@@ -996,9 +996,18 @@ fn the_run_facts_say_how_it_ended_what_it_optimised_and_where_that_was_read() {
         "{}",
         text(&j)
     );
-    // A preference loss, known by its start.
-    let j = judge_drift(&input(curve(&[0.6931, 0.6, 0.5, 0.45, 0.41])), &robust());
-    assert_eq!(facts(&j).get("objective"), Some(&Value::from("preference")));
+    // A start at ln 2: DPO, or a two-class classifier (its config says which).
+    let c = curve(&[0.6931, 0.6, 0.5, 0.45, 0.41]);
+    let j = judge_drift(&input(c.clone()), &robust());
+    assert_eq!(
+        facts(&j).get("objective"),
+        Some(&Value::from("preference_or_binary"))
+    );
+    let j = judge_drift(&with_classes(c, 2, "labels"), &robust());
+    assert_eq!(
+        facts(&j).get("objective"),
+        Some(&Value::from("classification"))
+    );
 }
 
 #[test]
@@ -1024,6 +1033,23 @@ fn when_k_is_known_only_ln_k_is_a_chance_level() {
     );
     assert!(
         rules(&j).contains(&"at_chance".to_string()),
+        "{}",
+        j.message
+    );
+}
+
+#[test]
+fn a_two_class_classifier_the_config_names_is_no_preference_collapse() {
+    let to_zero = curve_at(&[1, 10, 20, 30, 40], &[0.69, 0.3, 0.01, 0.0, 0.0]);
+    let j = judge_drift(&input(to_zero.clone()), &robust());
+    assert!(
+        rules(&j).contains(&"preference_collapse".to_string()),
+        "{}",
+        j.message
+    );
+    let j = judge_drift(&with_classes(to_zero, 2, "labels"), &robust());
+    assert!(
+        !rules(&j).contains(&"preference_collapse".to_string()),
         "{}",
         j.message
     );
