@@ -740,6 +740,20 @@ mod tests {
     }
 
     #[test]
+    fn a_first_record_far_above_ln_k_stops_the_run_at_once() {
+        let classes = OutputClasses {
+            count: 128,
+            kind: "vocabulary".into(),
+            path: PathBuf::from("config.json"),
+        };
+        let mut g = Guard::new(DriftOptions::defaults("robust"), Some(classes));
+        let v = g.observe(10, Some(587.0 * 128f64.ln()), None, None, None, None);
+        assert_eq!(v, Verdict::Fail, "{:?}", g.findings());
+        assert_eq!(g.findings()[0].rule, "worse_than_uniform");
+        assert_eq!(g.findings()[0].step, 10);
+    }
+
+    #[test]
     fn judging_is_spaced_out_on_long_runs() {
         let mut g = robust();
         let mut judged = 0;

@@ -151,6 +151,10 @@ pub fn judge_drift(input: &DriftInput, o: &DriftOptions) -> Judged {
             .collect::<Vec<_>>()
             .join("; ");
         evidence.put("findings", crate::verdicts::findings_value(&stopped));
+        if let Some(c) = &input.output_classes {
+            evidence.put("output_classes", c.count);
+            evidence.put("output_classes_kind", c.kind.as_str());
+        }
         let score = if verdict == Verdict::Warn { 0.3 } else { 0.0 };
         let mut judged = Judged::bare(KIND, verdict, message)
             .with_score(score)
@@ -222,6 +226,9 @@ fn short_run_findings(
         .into_iter()
         .collect();
     findings.extend(degenerate::degenerate_finding(curve, f64::NAN, classes));
+    findings.extend(classes.and_then(|c| {
+        uniform::record_far_above(c, &curve.steps, &curve.losses, &curve.side.eval_loss)
+    }));
     findings.extend(progress::ended_badly(curve));
     findings.retain(|f| f.verdict != Verdict::Pass);
     findings

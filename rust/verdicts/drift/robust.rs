@@ -6,7 +6,7 @@
 use super::degenerate::degenerate_finding;
 use super::progress::{ended_badly, stopped_early, tiny_run};
 use super::side::side_findings;
-use super::uniform::{uniform_finding, Levels};
+use super::uniform::{record_far_above, uniform_finding, Levels};
 use super::{
     change_text, curve_sampled, int_value, need, sample_indices, span_text, step_span, steps_text,
     thinned_span_text, upper_median, DriftOptions, KIND,
@@ -573,6 +573,14 @@ fn judge_trend(
                 .find(|p| p.1.is_finite()),
         };
         findings.extend(uniform_finding(classes, &levels));
+        if !findings.iter().any(|f| f.rule == "worse_than_uniform") {
+            findings.extend(record_far_above(
+                classes,
+                steps,
+                losses,
+                &curve.side.eval_loss,
+            ));
+        }
     }
     // A trend judged diverged, unstable or regressed says more than
     // "stuck"; a stuck run says why it made no progress.

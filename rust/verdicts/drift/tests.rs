@@ -1054,3 +1054,40 @@ fn a_two_class_classifier_the_config_names_is_no_preference_collapse() {
         j.message
     );
 }
+
+#[test]
+fn one_record_far_above_ln_k_fails_at_that_record() {
+    let ln_k = 128f64.ln();
+    // The first record of a run at lr=10: 587x ln K, alone.
+    let j = judge_drift(
+        &with_classes(curve_at(&[10], &[587.0 * ln_k]), 128, "vocabulary"),
+        &robust(),
+    );
+    assert_eq!(
+        (j.verdict, rules(&j)),
+        (Verdict::Fail, vec!["worse_than_uniform".to_string()])
+    );
+    assert!(
+        j.message.contains("the loss at step 10 is"),
+        "{}",
+        j.message
+    );
+    // An eval loss alone can say it.
+    let mut c = curve_at(&[10, 20], &[2.0, 1.9]);
+    c.side.eval_loss = vec![(20, 470.0 * ln_k)];
+    let j = judge_drift(&with_classes(c, 128, "vocabulary"), &robust());
+    assert!(
+        j.message.contains("the eval loss at step 20"),
+        "{}",
+        j.message
+    );
+    // 3x is a start that came back (a WARN at most), not this rule's.
+    let mut falling = vec![3.0 * ln_k];
+    falling.extend(decaying(40).iter().map(|v| v * 0.5));
+    let j = judge_drift(&with_classes(curve(&falling), 128, "vocabulary"), &robust());
+    assert!(
+        !rules(&j).contains(&"worse_than_uniform".to_string()),
+        "{}",
+        j.message
+    );
+}

@@ -33,6 +33,11 @@ use crate::verdicts::{number_text, Finding, Verdict};
 pub const UNIFORM_MARGIN: f64 = 1.5;
 /// A start level above this many times ln(K) blew up before its first record.
 pub const BLOWN_START: f64 = 3.0;
+/// One record (a loss or an eval loss) above this many times ln(K) is a
+/// FAIL at that record, however short the curve: no healthy run logs one
+/// (initialisation scores about 1x; the worst healthy first batch seen,
+/// 1.2x).
+pub const FAR_ABOVE: f64 = 10.0;
 
 /// The levels of the series judged.
 pub(super) struct Levels {
@@ -40,6 +45,66 @@ pub(super) struct Levels {
     pub tail: f64,
     /// The last finite eval loss, if any.
     pub last_eval: Option<(i64, f64)>,
+}
+
+/// `ln(K) = x, the loss of a uniform guess over ...` with where K was read.
+fn reference(classes: &OutputClasses) -> String {
+    let what = if classes.kind == "labels" {
+        format!("its {} labels", number_text::count(classes.count as usize))
+    } else {
+        format!(
+            "its {}-token vocabulary",
+            number_text::thousands(i128::from(classes.count))
+        )
+    };
+    let from = classes.path.file_name().map_or_else(
+        || "the model's config".to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    format!(
+        "ln({}) = {}, the loss of a uniform guess over {what} ({from})",
+        number_text::thousands(i128::from(classes.count)),
+        number_text::significant((classes.count as f64).ln(), 4)
+    )
+}
+
+/// FAIL `worse_than_uniform` at the first record (a loss, else an eval
+/// loss) above `FAR_ABOVE` x ln(K): judged on any curve, one record long
+/// or thousands, so a run at lr=10 whose first logged loss is 587x ln(K)
+/// is stopped there, not three records later.
+pub(super) fn record_far_above(
+    classes: &OutputClasses,
+    steps: &[i64],
+    losses: &[f64],
+    evals: &[(i64, f64)],
+) -> Option<Finding> {
+    if classes.count < 2 {
+        return None;
+    }
+    let uniform = (classes.count as f64).ln();
+    let far = |v: f64| v.is_finite() && v > FAR_ABOVE * uniform;
+    let (subject, step, value) = steps
+        .iter()
+        .zip(losses)
+        .find(|(_, &v)| far(v))
+        .map(|(&s, &v)| ("the loss", s, v))
+        .or_else(|| {
+            evals
+                .iter()
+                .find(|p| far(p.1))
+                .map(|&(s, v)| ("the eval loss", s, v))
+        })?;
+    Some(Finding::new(
+        Verdict::Fail,
+        "worse_than_uniform",
+        format!(
+            "{subject} at step {step} is {}, {}x {}: no healthy run logs a record that far \
+             above a uniform guess, so its weights blew up (a learning rate far too high?)",
+            number_text::significant(value, 4),
+            number_text::fixed(value / uniform, 0),
+            reference(classes)
+        ),
+    ))
 }
 
 /// What the output count says of these levels (None: nothing to report).
@@ -50,19 +115,7 @@ pub(super) fn uniform_finding(classes: &OutputClasses, levels: &Levels) -> Optio
     let uniform = (classes.count as f64).ln();
     let over = |x: f64| x / uniform;
     let g4 = |x: f64| number_text::significant(x, 4);
-    let what = if classes.kind == "labels" {
-        format!("its {} labels", number_text::count(classes.count as usize))
-    } else {
-        format!(
-            "its {}-token vocabulary",
-            number_text::thousands(i128::from(classes.count))
-        )
-    };
-    let reference = format!(
-        "ln({}) = {}, the loss of a uniform guess over {what} (config.json)",
-        number_text::thousands(i128::from(classes.count)),
-        g4(uniform)
-    );
+    let reference = reference(classes);
     let eval_bad = levels
         .last_eval
         .filter(|&(_, v)| v.is_finite() && over(v) > UNIFORM_MARGIN);
