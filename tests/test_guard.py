@@ -258,6 +258,74 @@ def test_the_lightning_callback_lets_a_healthy_run_finish(tmp_path):
     assert trainer.global_step == 200
 
 
+def lightning_lm_run(tmp_path: Path, lr: float, **callback_args):
+    """A tiny next-token model over a vocabulary of 128 (K in its hparams),
+    trained by Adam at ``lr`` in the real Lightning Trainer."""
+    L = pytest.importorskip("lightning")
+    torch = pytest.importorskip("torch")
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from adapterprobe.integrations.lightning import GuardCallback
+
+    class TinyLM(L.LightningModule):
+        def __init__(self, vocab_size: int = 128):
+            super().__init__()
+            self.save_hyperparameters()
+            torch.manual_seed(0)
+            self.embed = nn.Embedding(vocab_size, 32)
+            self.head = nn.Linear(32, vocab_size)
+
+        def training_step(self, batch, batch_idx):
+            (tokens,) = batch
+            logits = self.head(self.embed(tokens[:, :-1]))
+            targets = tokens[:, 1:].reshape(-1)
+            return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets)
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=lr)
+
+    generator = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 128, (512, 16), generator=generator)
+    callback = GuardCallback(**callback_args)
+    trainer = L.Trainer(
+        max_steps=60,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+        callbacks=[callback],
+    )
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # dataloader worker advice
+        trainer.fit(TinyLM(), DataLoader(TensorDataset(tokens), batch_size=8))
+    return trainer, callback
+
+
+def test_the_lightning_callback_knows_k_and_stops_a_blown_up_lm_at_once(tmp_path):
+    """Adam at lr=10 sends a next-token loss over 128 tokens (ln 128 = 4.85) far
+    past a uniform guess within a few steps. K comes from the module's hparams:
+    the guard stops at the first record far above ln K, whatever the curve."""
+    trainer, callback = lightning_lm_run(tmp_path, lr=10.0)
+    assert callback.guard.result().evidence["output_classes"] == 128
+    assert callback.stopped_at is not None, callback.guard.findings
+    assert trainer.global_step < 60
+    (finding,) = [f for f in callback.guard.findings if f["rule"] == "worse_than_uniform"]
+    assert finding["verdict"] == "fail" and finding["step"] == callback.stopped_at
+
+
+def test_the_lightning_callback_takes_k_by_hand_and_lets_a_healthy_lm_finish(tmp_path):
+    trainer, callback = lightning_lm_run(tmp_path / "healthy", lr=1e-3, output_classes=128)
+    assert callback.guard.result().evidence["output_classes"] == 128
+    assert callback.stopped_at is None, callback.guard.findings
+    assert trainer.global_step == 60
+
+
 # -- the guard with the GAP monitor's statistics ------------------------------------
 
 

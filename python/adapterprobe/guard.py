@@ -277,16 +277,23 @@ class GuardCallbackBase:
         rules: str = "robust",
         options: DriftOptions | None = None,
         monitor: Any = None,
+        output_classes: int | None = None,
+        output_kind: str = "vocabulary",
     ) -> None:
         self.stop_on = check_stop_on(stop_on)
         self.save_on_stop = save_on_stop
         self.rules = rules
         self.options = options
         self.monitor = monitor
+        #: K the loss is a cross-entropy over, given by hand; None: read from
+        #: the model the trainer holds, where it says.
+        self.output_classes = output_classes
+        self.output_kind = output_kind
         self.guard: Guard | None = None
         self.stopped_at: int | None = None
         self._gap_seen: int | None = None
-        Guard(rules, options)  # refuse bad rules or options now, not at train time
+        # refuse bad rules, options or classes now, not at train time
+        Guard(rules, options, output_classes=output_classes, output_kind=output_kind)
 
     def _start(
         self,
@@ -295,7 +302,10 @@ class GuardCallbackBase:
         output_kind: str = "vocabulary",
         max_steps: int | None = None,
     ) -> None:
-        """A fresh guard for the run that starts."""
+        """A fresh guard for the run that starts; K given to the callback
+        wins over K read from the model."""
+        if self.output_classes is not None:
+            output_classes, output_kind = self.output_classes, self.output_kind
         self.guard = Guard(
             self.rules,
             self.options,

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from adapterprobe._fs import remove_link
 from adapterprobe.errors import MonitorConfigError, require
-from adapterprobe.guard import GuardCallbackBase
+from adapterprobe.guard import GuardCallbackBase, output_classes_of
 from adapterprobe.monitor import GAPMonitor
 
 if TYPE_CHECKING:
@@ -106,13 +106,48 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
+#: Attributes a LightningModule commonly keeps its wrapped model under.
+_MODEL_ATTRIBUTES = ("model", "net", "backbone", "lm", "transformer")
+#: ``hparams`` keys that say K, and what K counts.
+_HPARAM_CLASSES = (
+    ("vocab_size", "vocabulary"),
+    ("num_labels", "labels"),
+    ("num_classes", "labels"),
+)
+
+
+def module_output_classes(pl_module: Any) -> tuple[int | None, str]:
+    """``(K, kind)`` a LightningModule says: a Hugging Face config on the
+    module or on the model it wraps (``model``, ``net``, ...), read as the
+    HF callback reads one; else ``vocab_size``, ``num_labels`` or
+    ``num_classes`` in its ``hparams`` (``save_hyperparameters``).
+    ``(None, "vocabulary")`` when it says nothing."""
+    holders = [pl_module, *(getattr(pl_module, a, None) for a in _MODEL_ATTRIBUTES)]
+    for holder in holders:
+        config = getattr(holder, "config", None)
+        if config is not None and not isinstance(config, Mapping):
+            classes, kind = output_classes_of(config)
+            if classes is not None:
+                return classes, kind
+    hparams = getattr(pl_module, "hparams", None)
+    if isinstance(hparams, Mapping):
+        for key, kind in _HPARAM_CLASSES:
+            value = hparams.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 2:
+                return value, kind
+    return None, "vocabulary"
+
+
 class GuardCallback(GuardCallbackBase, Callback):
     """Judge a Lightning run online and stop it when the verdict reaches
     ``stop_on`` (``"fail"``: only what no later record can undo; ``"warn"``).
 
     Each finished optimizer step hands its loss (the last micro-batch's, as
     Lightning returns it) and the first optimizer's learning rate to the
-    :class:`~adapterprobe.Guard`; each validation run hands ``val_loss``. On
+    :class:`~adapterprobe.Guard`; each validation run hands ``val_loss``.
+    K, what the loss is a cross-entropy over, is ``output_classes=`` where
+    given, else what the module says (:func:`module_output_classes`), so a
+    loss far above ln K stops the run at its first record. On
     stopping it logs the findings, saves ``guard-stop-step<N>.ckpt`` in the
     trainer's ``default_root_dir`` (``save_on_stop``), sets
     ``trainer.should_stop`` and writes ``adapterprobe-guard.json`` there from
@@ -126,7 +161,8 @@ class GuardCallback(GuardCallbackBase, Callback):
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         max_steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
-        self._start(max_steps=max_steps)
+        classes, kind = module_output_classes(pl_module)
+        self._start(output_classes=classes, output_kind=kind, max_steps=max_steps)
 
     def _observe(self, trainer: Any, **values: float | None) -> None:
         step = int(trainer.global_step)
