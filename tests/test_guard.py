@@ -203,8 +203,6 @@ def lightning_run(tmp_path: Path, lr: float):
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
 
-    from adapterprobe.integrations.lightning import GuardCallback
-
     class Regression(L.LightningModule):
         def __init__(self):
             super().__init__()
@@ -221,9 +219,20 @@ def lightning_run(tmp_path: Path, lr: float):
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(256, 8, generator=generator)
     data = TensorDataset(x, x.sum(dim=1, keepdim=True))
-    callback = GuardCallback()
+    return fit_guarded(L, tmp_path, Regression(), DataLoader(data, batch_size=8), 200)
+
+
+def fit_guarded(L, tmp_path: Path, module, loader, max_steps: int, **callback_args):
+    """``module`` trained on CPU by the real Lightning Trainer for ``max_steps``
+    with a GuardCallback (``callback_args``) and nothing else; the trainer and
+    the callback."""
+    import warnings
+
+    from adapterprobe.integrations.lightning import GuardCallback
+
+    callback = GuardCallback(**callback_args)
     trainer = L.Trainer(
-        max_steps=200,
+        max_steps=max_steps,
         accelerator="cpu",
         devices=1,
         logger=False,
@@ -233,11 +242,9 @@ def lightning_run(tmp_path: Path, lr: float):
         default_root_dir=str(tmp_path),
         callbacks=[callback],
     )
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # dataloader worker advice
-        trainer.fit(Regression(), DataLoader(data, batch_size=8))
+        trainer.fit(module, loader)
     return trainer, callback
 
 
@@ -266,8 +273,6 @@ def lightning_lm_run(tmp_path: Path, lr: float, **callback_args):
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
 
-    from adapterprobe.integrations.lightning import GuardCallback
-
     class TinyLM(L.LightningModule):
         def __init__(self, vocab_size: int = 128):
             super().__init__()
@@ -287,24 +292,8 @@ def lightning_lm_run(tmp_path: Path, lr: float, **callback_args):
 
     generator = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, 128, (512, 16), generator=generator)
-    callback = GuardCallback(**callback_args)
-    trainer = L.Trainer(
-        max_steps=60,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=str(tmp_path),
-        callbacks=[callback],
-    )
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # dataloader worker advice
-        trainer.fit(TinyLM(), DataLoader(TensorDataset(tokens), batch_size=8))
-    return trainer, callback
+    loader = DataLoader(TensorDataset(tokens), batch_size=8)
+    return fit_guarded(L, tmp_path, TinyLM(), loader, 60, **callback_args)
 
 
 def test_the_lightning_callback_knows_k_and_stops_a_blown_up_lm_at_once(tmp_path):
