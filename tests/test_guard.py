@@ -319,6 +319,7 @@ def test_the_lightning_callback_takes_k_by_hand_and_lets_a_healthy_lm_finish(tmp
 
 
 NAN_AFTER = 10  # the step after whose update a weight is set to NaN
+SAVE_EVERY = 4  # checkpoints at 4 and 8 hold good weights; 12 would not
 
 
 def nan_weight_run(out: Path, *, monitor_interval: int | None):
@@ -352,7 +353,8 @@ def nan_weight_run(out: Path, *, monitor_interval: int | None):
             per_device_train_batch_size=4,
             logging_steps=1,
             learning_rate=1e-3,
-            save_strategy="no",
+            save_strategy="steps",
+            save_steps=SAVE_EVERY,
             report_to=[],
             use_cpu=True,
             disable_tqdm=True,
@@ -411,6 +413,28 @@ def test_the_guard_stops_at_the_first_step_that_shows_the_nan_weights(tmp_path, 
     else:  # only the record showed it: a loss rule stopped the run
         assert watched.stopped_at == record
         assert "nonfinite" not in failing and set(failing) & {"nan_masked", "nonfinite_loss"}
+    # The weights are NaN: no checkpoint of them is saved at the stop, and the
+    # verdict file names the newest checkpoint saved before the fault.
+    out = tmp_path / "watched"
+    assert not (out / f"checkpoint-{watched.stopped_at}").exists()
+    written = json.loads((out / "adapterprobe-guard.json").read_text())
+    newest_before = max(s for s in range(SAVE_EVERY, 31, SAVE_EVERY) if s < watched.stopped_at)
+    assert written["last_good_checkpoint"] == f"checkpoint-{newest_before}"
+    assert (out / written["last_good_checkpoint"]).is_dir()
+
+
+def test_a_warn_is_said_once_in_the_log_while_the_run_goes_on(caplog):
+    """A loss above its start is held at WARN online (it may still fall):
+    the callback says it once, when first reported, and does not stop."""
+    from adapterprobe.guard import GuardCallbackBase
+
+    callback = GuardCallbackBase()
+    callback._start()
+    with caplog.at_level("WARNING", logger="adapterprobe.guard"):
+        for step in range(1, 61):
+            assert not callback._must_stop(step, loss=1.0 + 0.05 * step)
+    said = [r.getMessage() for r in caplog.records if "(the run goes on)" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("adapterprobe guard: WARN diverged at step"), said
 
 
 def test_without_the_monitor_the_loss_rules_stop_on_the_first_record_showing_the_nan(tmp_path):

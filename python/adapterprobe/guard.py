@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -233,24 +234,37 @@ class Guard:
                 seen = now
         return guard, changes
 
-    def report(self, stopped_at: int | None = None) -> dict[str, Any]:
+    def report(
+        self, stopped_at: int | None = None, last_good_checkpoint: str | None = None
+    ) -> dict[str, Any]:
         """What a callback writes: the verdict, the records taken, the step
-        the run was stopped at (None: it was not) and the findings."""
-        return {
+        the run was stopped at (None: it was not), the findings, and where it
+        was stopped, the newest checkpoint saved before its first fault
+        (None: none was)."""
+        out: dict[str, Any] = {
             "verdict": self.verdict,
             "num_records": self.num_records,
             "stopped_at": stopped_at,
             "findings": self.findings,
         }
+        if stopped_at is not None:
+            out["last_good_checkpoint"] = last_good_checkpoint
+        return out
 
-    def write(self, directory: str | Path, stopped_at: int | None = None) -> Path:
+    def write(
+        self,
+        directory: str | Path,
+        stopped_at: int | None = None,
+        last_good_checkpoint: str | None = None,
+    ) -> Path:
         """Write :meth:`report` as JSON to ``directory/GUARD_FILE``, atomically.
 
         The name is the guard's own choice inside a folder it did not make (a
         run's output folder, perhaps resumed from a shared or downloaded
         checkpoint): a symbolic link standing at it is replaced by the new
         file, never written through, and what it pointed at is left alone."""
-        text = json.dumps(self.report(stopped_at), indent=2, allow_nan=False)
+        report = self.report(stopped_at, last_good_checkpoint)
+        text = json.dumps(report, indent=2, allow_nan=False)
         return atomic_write_text(Path(directory) / GUARD_FILE, text + "\n", replace_link=True)
 
     def __repr__(self) -> str:
@@ -291,7 +305,11 @@ class GuardCallbackBase:
         self.output_kind = output_kind
         self.guard: Guard | None = None
         self.stopped_at: int | None = None
+        #: Where a stopped run can be resumed from: the newest checkpoint
+        #: saved before its first fault (set by callbacks that know where).
+        self.last_good_checkpoint: str | None = None
         self._gap_seen: int | None = None
+        self._announced: set[str] = set()
         # refuse bad rules, options or classes now, not at train time
         Guard(rules, options, output_classes=output_classes, output_kind=output_kind)
 
@@ -314,7 +332,46 @@ class GuardCallbackBase:
             max_steps=max_steps,
         )
         self.stopped_at = None
+        self.last_good_checkpoint = None
         self._gap_seen = None
+        self._announced = set()
+
+    def _announce_new_findings(self) -> None:
+        """Say each finding once, when first reported, while the run goes
+        on: a WARN is worth a line in the training log, not only in the
+        verdict file."""
+        if self.guard is None:
+            return
+        for finding in self.guard.findings:
+            if finding["rule"] in self._announced or finding["verdict"] not in ("warn", "fail"):
+                continue
+            self._announced.add(finding["rule"])
+            log.warning(
+                "adapterprobe guard: %s %s at step %d (the run goes on): %s",
+                finding["verdict"].upper(),
+                terminal(finding["rule"]),
+                finding["step"],
+                terminal(finding["message"]),
+            )
+
+    def _first_fault_step(self) -> int | None:
+        """The step at which the findings that stopped the run were first
+        seen (the earliest of the FAIL ones, else of any)."""
+        if self.guard is None:
+            return None
+        findings = self.guard.findings
+        fails = [f["step"] for f in findings if f["verdict"] == "fail"]
+        steps = fails or [f["step"] for f in findings]
+        return min(steps) if steps else None
+
+    def _weights_gone_bad(self) -> bool:
+        """Whether what stopped the run says the weights are NaN/inf now
+        (a checkpoint of them would be of no use)."""
+        if self.guard is None:
+            return False
+        return any(
+            f["verdict"] == "fail" and f["rule"] in NAN_WEIGHT_RULES for f in self.guard.findings
+        )
 
     def _must_stop(
         self,
@@ -344,6 +401,7 @@ class GuardCallbackBase:
         if share is not None:
             stop = bool(share(stop))
         if not stop:
+            self._announce_new_findings()
             return False
         self.stopped_at = step
         for finding in self.guard.findings:
@@ -361,4 +419,35 @@ class GuardCallbackBase:
     def _write(self, directory: str | Path, *, main_process: bool) -> None:
         """The verdict file, from the main process only."""
         if self.guard is not None and main_process:
-            self.guard.write(directory, stopped_at=self.stopped_at)
+            self.guard.write(
+                directory,
+                stopped_at=self.stopped_at,
+                last_good_checkpoint=self.last_good_checkpoint,
+            )
+
+
+#: FAIL rules that mean the weights themselves are NaN/inf.
+NAN_WEIGHT_RULES = frozenset({"nan_masked", "nonfinite_loss", "nonfinite"})
+#: Checkpoint folders looked at when naming the last good one.
+MAX_CHECKPOINTS_LISTED = 100_000
+
+
+def last_checkpoint_before(output_dir: str | Path, step: int) -> str | None:
+    """The newest ``checkpoint-N`` folder in ``output_dir`` with ``N`` before
+    ``step`` (the HF Trainer's layout), by name; None when there is none."""
+    best: tuple[int, str] | None = None
+    try:
+        entries = os.scandir(output_dir)
+    except OSError:
+        return None
+    with entries:
+        for i, entry in enumerate(entries):
+            if i >= MAX_CHECKPOINTS_LISTED:
+                break
+            prefix, _, number = entry.name.partition("-")
+            if prefix != "checkpoint" or not number.isdigit() or not entry.is_dir():
+                continue
+            n = int(number)
+            if n < step and (best is None or n > best[0]):
+                best = (n, entry.name)
+    return None if best is None else best[1]

@@ -26,7 +26,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from adapterprobe.errors import MonitorConfigError, require
-from adapterprobe.guard import GuardCallbackBase, output_classes_of
+from adapterprobe.escape import terminal
+from adapterprobe.guard import GuardCallbackBase, last_checkpoint_before, log, output_classes_of
 from adapterprobe.monitor import GAPMonitor
 
 if TYPE_CHECKING:
@@ -154,7 +155,20 @@ class GuardCallback(GuardCallbackBase, TrainerCallback):
         if not stop:
             return
         control.should_training_stop = True
-        if self.save_on_stop:
+        first_fault = self._first_fault_step()
+        if first_fault is not None:
+            self.last_good_checkpoint = last_checkpoint_before(args.output_dir, first_fault)
+            log.warning(
+                "adapterprobe guard: the newest checkpoint saved before step %d, where it first "
+                "went wrong: %s",
+                first_fault,
+                terminal(self.last_good_checkpoint or "none"),
+            )
+        if self.save_on_stop and self._weights_gone_bad():
+            log.warning(
+                "adapterprobe guard: not saving a checkpoint at the stop: the weights are NaN/inf"
+            )
+        elif self.save_on_stop:
             control.should_save = True
         self._write(args.output_dir, main_process=state.is_world_process_zero)
 
