@@ -250,11 +250,13 @@ def fit_guarded(L, tmp_path: Path, module, loader, max_steps: int, **callback_ar
 
 def test_the_lightning_callback_stops_a_run_whose_loss_went_nan(tmp_path):
     """SGD at lr=50: the loss overflows to inf/NaN within a few steps; three
-    non-finite records in a row and the guard stops the run, with a checkpoint."""
+    non-finite records in a row and the guard stops the run, and saves no
+    checkpoint of the NaN weights."""
     trainer, callback = lightning_run(tmp_path, lr=50.0)
     assert callback.stopped_at is not None and callback.stopped_at < 200, callback.guard.findings
     assert trainer.global_step < 200
-    assert (tmp_path / f"guard-stop-step{callback.stopped_at}.ckpt").is_file()
+    # the weights are NaN/inf: no checkpoint of them
+    assert not (tmp_path / f"guard-stop-step{callback.stopped_at}.ckpt").exists()
     written = json.loads((tmp_path / "adapterprobe-guard.json").read_text())
     assert written["verdict"] == "fail" and written["stopped_at"] == callback.stopped_at
 

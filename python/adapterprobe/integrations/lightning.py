@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from adapterprobe._fs import remove_link
 from adapterprobe.errors import MonitorConfigError, require
-from adapterprobe.guard import GuardCallbackBase, output_classes_of
+from adapterprobe.guard import GuardCallbackBase, log, output_classes_of
 from adapterprobe.monitor import GAPMonitor
 
 if TYPE_CHECKING:
@@ -145,11 +145,13 @@ class GuardCallback(GuardCallbackBase, Callback):
     Each finished optimizer step hands its loss (the last micro-batch's, as
     Lightning returns it) and the first optimizer's learning rate to the
     :class:`~adapterprobe.Guard`; each validation run hands ``val_loss``.
+    A checkpoint is saved at the stop unless the weights are NaN/inf then.
     K, what the loss is a cross-entropy over, is ``output_classes=`` where
     given, else what the module says (:func:`module_output_classes`), so a
     loss far above ln K stops the run at its first record. On
     stopping it logs the findings, saves ``guard-stop-step<N>.ckpt`` in the
-    trainer's ``default_root_dir`` (``save_on_stop``), sets
+    trainer's ``default_root_dir`` (``save_on_stop``; not of NaN/inf weights,
+    which every rank agrees on), sets
     ``trainer.should_stop`` and writes ``adapterprobe-guard.json`` there from
     global rank 0 (also at the end of a run that was not stopped). Under DDP
     each rank's loss is its own batch's: rank 0 decides, and its decision
@@ -175,7 +177,15 @@ class GuardCallback(GuardCallbackBase, Callback):
         if not self._must_stop(step, share=share, **values):
             return
         root = Path(trainer.default_root_dir)
-        if self.save_on_stop:
+        # Every rank must agree on saving (it is a collective): rank 0 decides.
+        nan_weights = self._weights_gone_bad()
+        if share is not None:
+            nan_weights = share(nan_weights)
+        if self.save_on_stop and nan_weights:
+            log.warning(
+                "adapterprobe guard: not saving a checkpoint at the stop: the weights are NaN/inf"
+            )
+        elif self.save_on_stop:
             checkpoint = root / f"guard-stop-step{step}.ckpt"
             if trainer.is_global_zero:  # the rank that writes it; Lightning follows a link
                 remove_link(checkpoint)

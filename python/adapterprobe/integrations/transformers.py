@@ -143,9 +143,10 @@ class GuardCallback(GuardCallbackBase, TrainerCallback):
             value = logs.get(key)
             return float(value) if isinstance(value, int | float) else None
 
+        share = _rank_zero_decides()
         stop = self._must_stop(
             state.global_step,
-            share=_rank_zero_decides(),
+            share=share,
             loss=number("loss"),
             grad_norm=number("grad_norm"),
             learning_rate=number("learning_rate"),
@@ -164,7 +165,11 @@ class GuardCallback(GuardCallbackBase, TrainerCallback):
                 first_fault,
                 terminal(self.last_good_checkpoint or "none"),
             )
-        if self.save_on_stop and self._weights_gone_bad():
+        # Every rank must agree on saving (it is a collective): rank 0 decides.
+        nan_weights = self._weights_gone_bad()
+        if share is not None:
+            nan_weights = share(nan_weights)
+        if self.save_on_stop and nan_weights:
             log.warning(
                 "adapterprobe guard: not saving a checkpoint at the stop: the weights are NaN/inf"
             )
