@@ -171,7 +171,9 @@ def test_hf_guard_under_ddp_stops_every_rank_at_the_same_step(tmp_path):
     stopped = results[0]["stopped_at"]
     assert stopped is not None and stopped < 80
     assert results == [{"stopped_at": stopped, "global_step": stopped}] * 2
-    assert (tmp_path / "out" / f"checkpoint-{stopped}").is_dir()
+    from test_guard import checkpoint_at_stop_as_it_should_be
+
+    checkpoint_at_stop_as_it_should_be(tmp_path / "out", stopped)
     written = json.loads((tmp_path / "out" / "adapterprobe-guard.json").read_text())
     assert written["stopped_at"] == stopped and written["verdict"] == "fail"
 

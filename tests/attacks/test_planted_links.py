@@ -116,20 +116,22 @@ def test_the_guard_does_not_put_a_planted_old_copy_back_in_place(tmp_path):
 
 @pytest.mark.slow
 def test_the_lightning_callback_replaces_planted_links_in_a_resumed_run_folder(tmp_path):
-    """The real Lightning Trainer, stopped by the guard (SGD at lr=50), in a
-    folder that carries links under both names the guard writes: the verdict
-    file and every ``guard-stop-step<N>.ckpt`` it could choose."""
+    """The real Lightning Trainer, stopped by the guard (a next-token model at
+    Adam lr=10: far above ln K, with finite weights, so a checkpoint is saved
+    at the stop), in a folder that carries links under both names the guard
+    writes: the verdict file and every ``guard-stop-step<N>.ckpt`` it could
+    choose."""
     pytest.importorskip("lightning")
-    from test_guard import lightning_run
+    from test_guard import lightning_lm_run
 
     file_victim = victim_file(tmp_path)
     dir_victim = victim_dir(tmp_path)
     run = tmp_path / "run"
     run.mkdir()
     (run / GUARD_FILE).symlink_to(file_victim)
-    for step in range(201):
+    for step in range(61):
         (run / f"guard-stop-step{step}.ckpt").symlink_to(dir_victim, target_is_directory=True)
-    _, callback = lightning_run(run, lr=50.0)
+    _, callback = lightning_lm_run(run, lr=10.0)
     stopped = callback.stopped_at
     assert stopped is not None
     assert file_victim.read_text() == VICTIM_TEXT
