@@ -191,6 +191,18 @@ impl Db {
         )
         .is_ok_and(|r| !r.is_empty())
     }
+
+    /// Whether `table` has a column called `column` (an old or hand-made
+    /// store may lack one a newer release added).
+    pub fn has_column(&self, table: &str, column: &str) -> bool {
+        self.rows(
+            "SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2",
+            &[&table, &column],
+            1,
+            |_| Ok(()),
+        )
+        .is_ok_and(|r| !r.is_empty())
+    }
 }
 
 #[cfg(test)]
@@ -213,6 +225,8 @@ mod tests {
         let before = std::fs::read(&path).unwrap();
         let db = Db::open(&path, Area::LogFormat).unwrap();
         assert!(db.has_table("t") && !db.has_table("nope"));
+        assert!(db.has_column("t", "v") && !db.has_column("t", "status"));
+        assert!(!db.has_column("nope", "v"));
         let rows = db
             .rows("SELECT k, v FROM t ORDER BY k", &[], 10, |r| {
                 Ok((r.get::<_, String>(0)?, r.get::<_, f64>(1)?))

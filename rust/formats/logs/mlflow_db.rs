@@ -212,69 +212,72 @@ fn list_runs(db: &Db) -> Result<Vec<RunRow>> {
     let mut seen: FxHashSet<String> = FxHashSet::default();
     let mut out: Vec<RunRow> = vec![];
     let mut active = 0usize;
-    db.for_each_row(
-        "SELECT run_uuid, name, experiment_id, lifecycle_stage, start_time FROM runs",
-        &[],
-        |row| {
-            let id = cell_text(cell(row, 0)).unwrap_or_default();
-            if seen.contains(id.as_ref()) {
-                return Ok(());
+    // `runs.status` says how a run ended; a store without the column says
+    // nothing of it.
+    let with_status = db.has_column("runs", "status");
+    let query = if with_status {
+        "SELECT run_uuid, name, experiment_id, lifecycle_stage, start_time, status FROM runs"
+    } else {
+        "SELECT run_uuid, name, experiment_id, lifecycle_stage, start_time FROM runs"
+    };
+    db.for_each_row(query, &[], |row| {
+        let id = cell_text(cell(row, 0)).unwrap_or_default();
+        if seen.contains(id.as_ref()) {
+            return Ok(());
+        }
+        let deleted = matches!(cell(row, 3), ValueRef::Text(b"deleted"));
+        if !deleted {
+            if active >= MAX_RUNS {
+                return Err(Error::new(
+                    Area::LogFormat,
+                    db.path(),
+                    format!("holds more than {MAX_RUNS} runs where this reader reads at most that"),
+                ));
             }
-            let deleted = matches!(cell(row, 3), ValueRef::Text(b"deleted"));
-            if !deleted {
-                if active >= MAX_RUNS {
-                    return Err(Error::new(
-                        Area::LogFormat,
-                        db.path(),
-                        format!(
-                            "holds more than {MAX_RUNS} runs where this reader reads at most that"
-                        ),
+            active += 1;
+        } else if seen.len() >= 2 * MAX_RUNS {
+            return Ok(()); // deleted runs past the cap: only read by name
+        }
+        let mut problem = None;
+        let experiment_id = match cell(row, 2) {
+            ValueRef::Integer(i) => i,
+            ValueRef::Null => 0,
+            other => {
+                let parsed = cell_text(other).and_then(|t| t.trim().parse::<i64>().ok());
+                parsed.unwrap_or_else(|| {
+                    problem = Some(format!(
+                        "its row of runs holds {} where the experiment_id belongs",
+                        cell_kind(other)
                     ));
-                }
-                active += 1;
-            } else if seen.len() >= 2 * MAX_RUNS {
-                return Ok(()); // deleted runs past the cap: only read by name
+                    0
+                })
             }
-            let mut problem = None;
-            let experiment_id = match cell(row, 2) {
-                ValueRef::Integer(i) => i,
-                ValueRef::Null => 0,
-                other => {
-                    let parsed = cell_text(other).and_then(|t| t.trim().parse::<i64>().ok());
-                    parsed.unwrap_or_else(|| {
-                        problem = Some(format!(
-                            "its row of runs holds {} where the experiment_id belongs",
-                            cell_kind(other)
-                        ));
-                        0
-                    })
-                }
-            };
-            let start_time = match cell(row, 4) {
-                ValueRef::Integer(i) => Some(i),
-                _ => None,
-            };
-            seen.insert(id.to_string());
-            out.push(RunRow {
-                info: RunInfo {
-                    run_id: id.into_owned(),
-                    name: cell_text(cell(row, 1)).unwrap_or_default().into_owned(),
-                    experiment_id,
-                    experiment: experiments.get(&experiment_id).cloned().unwrap_or_default(),
-                },
-                start_time,
-                deleted,
-                problem,
-                params: BTreeMap::new(),
-                ending: None,
-            });
-            Ok(())
-        },
-    )?;
+        };
+        let start_time = match cell(row, 4) {
+            ValueRef::Integer(i) => Some(i),
+            _ => None,
+        };
+        seen.insert(id.to_string());
+        out.push(RunRow {
+            info: RunInfo {
+                run_id: id.into_owned(),
+                name: cell_text(cell(row, 1)).unwrap_or_default().into_owned(),
+                experiment_id,
+                experiment: experiments.get(&experiment_id).cloned().unwrap_or_default(),
+            },
+            start_time,
+            deleted,
+            problem,
+            params: BTreeMap::new(),
+            ending: with_status
+                .then(|| cell_text(cell(row, 5)).and_then(|t| mlflow_files::run_end(&t)))
+                .flatten(),
+        });
+        Ok(())
+    })?;
     if db.has_table("params") {
         read_class_params(db, &mut out)?;
     }
-    read_statuses(db, &mut out);
     out.sort_by(|a, b| {
         (a.info.experiment_id, a.start_time, &a.info.run_id).cmp(&(
             b.info.experiment_id,
@@ -283,26 +286,6 @@ fn list_runs(db: &Db) -> Result<Vec<RunRow>> {
         ))
     });
     Ok(out)
-}
-
-/// Put into each row how its run ended (`runs.status`). A store whose
-/// `runs` has no such column (an old or hand-made one) says nothing.
-fn read_statuses(db: &Db, rows: &mut [RunRow]) {
-    let index: FxHashMap<String, usize> = rows
-        .iter()
-        .enumerate()
-        .map(|(i, r)| (r.info.run_id.clone(), i))
-        .collect();
-    let _ = db.for_each_row("SELECT run_uuid, status FROM runs", &[], |row| {
-        if let (Some(id), Some(status)) = (cell_text(cell(row, 0)), cell_text(cell(row, 1))) {
-            if let Some(r) = index.get(id.as_ref()).and_then(|&i| rows.get_mut(i)) {
-                if r.ending.is_none() {
-                    r.ending = mlflow_files::run_end(&status);
-                }
-            }
-        }
-        Ok(())
-    });
 }
 
 /// Longest param value kept (an `id2label` of many labels is long).
