@@ -53,7 +53,9 @@ pub const DEGENERATE_LEVEL: f64 = 1e-5;
 pub const DEGENERATE_MIN_RECORDS: usize = 5;
 
 /// The FAIL finding of a degenerate loss, if the curve is one; `drop` is
-/// how far its trend fell, as a share of its start (NaN: no level).
+/// how far its trend fell, as a share of its start (NaN: no level). The
+/// curve's masked zeros are read as NaN already (`side::unmask`): they are
+/// `nan_masked`'s, not a loss that measured nothing.
 pub(super) fn degenerate_finding(
     curve: &LossCurve,
     drop: f64,
@@ -62,27 +64,11 @@ pub(super) fn degenerate_finding(
     if !curve.side.reward.is_empty() {
         return None;
     }
-    // A loss of 0.0 beside a NaN gradient norm is the trainer masking a
-    // NaN (`nan_masked` names it), not a loss that measured nothing.
-    let masked = |step: i64| {
-        curve
-            .side
-            .grad_norm
-            .binary_search_by_key(&step, |p| p.0)
-            .is_ok_and(|i| {
-                curve
-                    .side
-                    .grad_norm
-                    .get(i)
-                    .is_some_and(|p| !p.1.is_finite())
-            })
-    };
     let finite: Vec<f64> = curve
-        .steps
+        .losses
         .iter()
-        .zip(&curve.losses)
-        .filter(|&(&step, &v)| v.is_finite() && !(v == 0.0 && masked(step)))
-        .map(|(_, &v)| v)
+        .copied()
+        .filter(|v| v.is_finite())
         .collect();
     let zeros = finite.iter().filter(|&&v| v == 0.0).count();
     let tiny = finite

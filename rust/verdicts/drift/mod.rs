@@ -132,7 +132,12 @@ pub fn judge_drift(input: &DriftInput, o: &DriftOptions) -> Judged {
     let num_steps = curve.steps.len();
     let short = num_steps < o.min_steps;
     let stopped = if short && o.rules != "sway" {
-        short_run_findings(curve, input.output_classes.as_ref())
+        // Masked zeros are NaN here too, never a loss of 0 (see side::unmask).
+        let unmasked = side::unmask(curve);
+        short_run_findings(
+            unmasked.as_ref().map_or(curve, |(c, _)| c),
+            input.output_classes.as_ref(),
+        )
     } else {
         vec![]
     };

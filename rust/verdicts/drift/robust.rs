@@ -5,7 +5,7 @@
 
 use super::degenerate::degenerate_finding;
 use super::progress::{ended_badly, stopped_early, tiny_run};
-use super::side::side_findings;
+use super::side::{side_findings, unmask};
 use super::uniform::{record_far_above, uniform_finding, Levels};
 use super::{
     change_text, curve_sampled, int_value, need, sample_indices, span_text, step_span, steps_text,
@@ -312,36 +312,6 @@ pub(super) fn judge(
         &span,
         finish,
     ))
-}
-
-/// The curve with each loss the trainer logged as exactly 0.0 beside a
-/// non-finite gradient norm (HF's NaN masking) read as the NaN it stands
-/// for, and those steps; None where nothing was masked.
-fn unmask(curve: &LossCurve) -> Option<(LossCurve, Vec<i64>)> {
-    let grad = &curve.side.grad_norm;
-    let masked = |step: i64, loss: f64| {
-        loss == 0.0
-            && grad
-                .binary_search_by_key(&step, |p| p.0)
-                .is_ok_and(|i| grad.get(i).is_some_and(|p| !p.1.is_finite()))
-    };
-    let steps: Vec<i64> = curve
-        .steps
-        .iter()
-        .zip(&curve.losses)
-        .filter(|&(&s, &v)| masked(s, v))
-        .map(|(&s, _)| s)
-        .collect();
-    if steps.is_empty() {
-        return None;
-    }
-    let mut c = curve.clone();
-    for (s, v) in c.steps.iter().zip(c.losses.iter_mut()) {
-        if masked(*s, *v) {
-            *v = f64::INFINITY;
-        }
-    }
-    Some((c, steps))
 }
 
 /// An RL run (it logs a reward): judged by its reward's rules

@@ -44,7 +44,6 @@ pub const REWARD_FALL_MIN: f64 = 0.1;
 pub(super) fn side_findings(curve: &LossCurve, max_eval_rise: f64) -> (Vec<Finding>, Evidence) {
     let mut findings = Vec::new();
     let mut evidence = Evidence::new();
-    let (steps, losses) = (&curve.steps, &curve.losses);
 
     let grad = &curve.side.grad_norm;
     if !grad.is_empty() {
@@ -52,11 +51,7 @@ pub(super) fn side_findings(curve: &LossCurve, max_eval_rise: f64) -> (Vec<Findi
         evidence.put("grad_norm_sampled", points(&s.sampled));
         let (bad, n) = (&s.nonfinite_steps, s.len);
         // The Trainer's NaN masking: NaN gradients, and the loss logged as 0.0.
-        let masked: Vec<i64> = bad
-            .iter()
-            .copied()
-            .filter(|&b| loss_at(steps, losses, b) == Some(0.0))
-            .collect();
+        let masked = masked_steps(curve);
         let last_bad = bad.last().is_some() && bad.last() == s.sampled.last().map(|p| &p.0);
         let share = bad.len() as f64 / n as f64;
         if !masked.is_empty() {
@@ -345,9 +340,38 @@ fn eval_levels(finite: &[(i64, f64)]) -> Vec<(i64, f64)> {
 }
 
 /// The loss logged at `step` (steps are distinct).
-fn loss_at(steps: &[i64], losses: &[f64], step: i64) -> Option<f64> {
-    let i = steps.binary_search(&step).ok()?;
-    losses.get(i).copied()
+/// The steps whose loss the trainer logged as exactly 0.0 beside a
+/// non-finite gradient norm: HF's NaN masking (`nan_masked`).
+pub(super) fn masked_steps(curve: &LossCurve) -> Vec<i64> {
+    let grad = &curve.side.grad_norm;
+    let grad_bad = |step: i64| {
+        grad.binary_search_by_key(&step, |p| p.0)
+            .is_ok_and(|i| grad.get(i).is_some_and(|p| !p.1.is_finite()))
+    };
+    curve
+        .steps
+        .iter()
+        .zip(&curve.losses)
+        .filter(|&(&s, &v)| v == 0.0 && grad_bad(s))
+        .map(|(&s, _)| s)
+        .collect()
+}
+
+/// The curve with each masked loss (see [`masked_steps`]) read as the NaN
+/// it stands for, and those steps; None where nothing was masked. Every
+/// rule but `nan_masked`, and the summary and the chart, read this one.
+pub(super) fn unmask(curve: &LossCurve) -> Option<(LossCurve, Vec<i64>)> {
+    let steps = masked_steps(curve);
+    if steps.is_empty() {
+        return None;
+    }
+    let mut c = curve.clone();
+    for (s, v) in c.steps.iter().zip(c.losses.iter_mut()) {
+        if steps.binary_search(s).is_ok() {
+            *v = f64::INFINITY;
+        }
+    }
+    Some((c, steps))
 }
 
 /// Whether the training loss is lower around `last` than around `first`
