@@ -459,3 +459,15 @@ def test_without_the_monitor_the_loss_rules_stop_on_the_first_record_showing_the
     assert record is not None and blind.stopped_at == record, (history, blind.guard.findings)
     assert first_failure(blind)["step"] == record
     assert "nonfinite" not in {f["rule"] for f in blind.guard.findings}
+
+
+def test_the_last_good_checkpoint_is_the_newest_checkpoint_folder_before_the_fault(tmp_path):
+    from adapterprobe.guard import last_checkpoint_before
+
+    for name in ("checkpoint-4", "checkpoint-8", "checkpoint-12", "checkpoint-²", "checkpoint-x"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "checkpoint-9").write_text("not a folder")
+    assert last_checkpoint_before(tmp_path, 10) == "checkpoint-8"
+    assert last_checkpoint_before(tmp_path, 13) == "checkpoint-12"
+    assert last_checkpoint_before(tmp_path, 4) is None
+    assert last_checkpoint_before(tmp_path / "missing", 10) is None

@@ -201,6 +201,29 @@ def _remove(path: Path) -> None:
             os.unlink(path)
 
 
+#: Entries of a folder looked at when listing its ``checkpoint-N`` folders.
+MAX_LISTED_ENTRIES = 100_000
+
+
+def checkpoint_folders(folder: str | os.PathLike[str]) -> list[tuple[int, str]]:
+    """``(N, path)`` of each ``checkpoint-N`` entry of ``folder`` (the HF
+    Trainer's layout; N in ASCII digits), in listing order, at most
+    :data:`MAX_LISTED_ENTRIES` entries looked at; none where the folder
+    cannot be read. Whether each is a folder is the caller's to check."""
+    found: list[tuple[int, str]] = []
+    try:
+        with os.scandir(folder) as entries:
+            for i, entry in enumerate(entries):
+                if i >= MAX_LISTED_ENTRIES:
+                    break
+                number = entry.name.removeprefix("checkpoint-")
+                if number != entry.name and number.isascii() and number.isdigit():
+                    found.append((int(number), entry.path))
+    except OSError:
+        return []
+    return found
+
+
 def remove_link(path: str | os.PathLike[str]) -> bool:
     """Remove a symbolic link standing at ``path`` (the link, never its target)
     before another library writes a file under a name adapterprobe chose there;

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import adapterprobe._core as _core
-from adapterprobe._fs import atomic_write_text
+from adapterprobe._fs import atomic_write_text, checkpoint_folders
 from adapterprobe.errors import UsageError
 from adapterprobe.escape import terminal
 from adapterprobe.probes.drift import KIND, DriftOptions
@@ -364,14 +364,21 @@ class GuardCallbackBase:
         steps = fails or [f["step"] for f in findings]
         return min(steps) if steps else None
 
-    def _weights_gone_bad(self) -> bool:
-        """Whether what stopped the run says the weights are NaN/inf now
-        (a checkpoint of them would be of no use)."""
-        if self.guard is None:
-            return False
-        return any(
+    def _saves_at_stop(self, share: Callable[[bool], bool] | None = None) -> bool:
+        """Whether to save a checkpoint at the stop: ``save_on_stop``, unless
+        what stopped the run says the weights are NaN/inf (a checkpoint of
+        them would be of no use; said in the log). Saving is a collective
+        under DDP, so every rank takes rank 0's answer (``share``)."""
+        nan_weights = self.guard is not None and any(
             f["verdict"] == "fail" and f["rule"] in NAN_WEIGHT_RULES for f in self.guard.findings
         )
+        if share is not None:
+            nan_weights = share(nan_weights)
+        if self.save_on_stop and nan_weights:
+            log.warning(
+                "adapterprobe guard: not saving a checkpoint at the stop: the weights are NaN/inf"
+            )
+        return self.save_on_stop and not nan_weights
 
     def _must_stop(
         self,
@@ -428,26 +435,12 @@ class GuardCallbackBase:
 
 #: FAIL rules that mean the weights themselves are NaN/inf.
 NAN_WEIGHT_RULES = frozenset({"nan_masked", "nonfinite_loss", "nonfinite"})
-#: Checkpoint folders looked at when naming the last good one.
-MAX_CHECKPOINTS_LISTED = 100_000
 
 
 def last_checkpoint_before(output_dir: str | Path, step: int) -> str | None:
     """The newest ``checkpoint-N`` folder in ``output_dir`` with ``N`` before
     ``step`` (the HF Trainer's layout), by name; None when there is none."""
-    best: tuple[int, str] | None = None
-    try:
-        entries = os.scandir(output_dir)
-    except OSError:
+    before = [(n, p) for n, p in checkpoint_folders(output_dir) if n < step and os.path.isdir(p)]
+    if not before:
         return None
-    with entries:
-        for i, entry in enumerate(entries):
-            if i >= MAX_CHECKPOINTS_LISTED:
-                break
-            prefix, _, number = entry.name.partition("-")
-            if prefix != "checkpoint" or not number.isdigit() or not entry.is_dir():
-                continue
-            n = int(number)
-            if n < step and (best is None or n > best[0]):
-                best = (n, entry.name)
-    return None if best is None else best[1]
+    return os.path.basename(max(before, key=lambda c: c[0])[1])

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from adapterprobe._fs import remove_link
 from adapterprobe.errors import MonitorConfigError, require
-from adapterprobe.guard import GuardCallbackBase, log, output_classes_of
+from adapterprobe.guard import GuardCallbackBase, output_classes_of
 from adapterprobe.monitor import GAPMonitor
 
 if TYPE_CHECKING:
@@ -177,15 +177,7 @@ class GuardCallback(GuardCallbackBase, Callback):
         if not self._must_stop(step, share=share, **values):
             return
         root = Path(trainer.default_root_dir)
-        # Every rank must agree on saving (it is a collective): rank 0 decides.
-        nan_weights = self._weights_gone_bad()
-        if share is not None:
-            nan_weights = share(nan_weights)
-        if self.save_on_stop and nan_weights:
-            log.warning(
-                "adapterprobe guard: not saving a checkpoint at the stop: the weights are NaN/inf"
-            )
-        elif self.save_on_stop:
+        if self._saves_at_stop(share):
             checkpoint = root / f"guard-stop-step{step}.ckpt"
             if trainer.is_global_zero:  # the rank that writes it; Lightning follows a link
                 remove_link(checkpoint)

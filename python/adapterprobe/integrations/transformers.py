@@ -165,15 +165,7 @@ class GuardCallback(GuardCallbackBase, TrainerCallback):
                 first_fault,
                 terminal(self.last_good_checkpoint or "none"),
             )
-        # Every rank must agree on saving (it is a collective): rank 0 decides.
-        nan_weights = self._weights_gone_bad()
-        if share is not None:
-            nan_weights = share(nan_weights)
-        if self.save_on_stop and nan_weights:
-            log.warning(
-                "adapterprobe guard: not saving a checkpoint at the stop: the weights are NaN/inf"
-            )
-        elif self.save_on_stop:
+        if self._saves_at_stop(share):
             control.should_save = True
         self._write(args.output_dir, main_process=state.is_world_process_zero)
 

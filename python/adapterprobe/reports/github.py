@@ -19,6 +19,7 @@ import stat
 from collections.abc import Iterable
 from typing import IO
 
+from adapterprobe._fs import checkpoint_folders
 from adapterprobe.escape import annotation_message, annotation_property
 from adapterprobe.probes.result import Verdict
 from adapterprobe.tally import ReportedRecord, regression_of
@@ -80,17 +81,10 @@ def _newest_checkpoint_state(run: str) -> str | None:
     folder with no trainer state of its own (the Trainer saves one in each
     checkpoint): the file its training_drift verdict was read from."""
     best: tuple[int, str] | None = None
-    try:
-        with os.scandir(run) as entries:
-            for entry in entries:
-                step = entry.name.removeprefix("checkpoint-")
-                if step == entry.name or not step.isdigit():
-                    continue
-                state = os.path.join(entry.path, "trainer_state.json")
-                if (best is None or int(step) > best[0]) and os.path.isfile(state):
-                    best = (int(step), state)
-    except (OSError, ValueError):
-        return None
+    for step, path in checkpoint_folders(run):
+        state = os.path.join(path, "trainer_state.json")
+        if (best is None or step > best[0]) and os.path.isfile(state):
+            best = (step, state)
     return best[1] if best else None
 
 
