@@ -285,11 +285,7 @@ pub(super) fn judge(
         ));
     }
     if !(is_positive_loss(losses) && head > 0.0) {
-        let finite: Vec<f64> = losses.iter().copied().filter(|v| v.is_finite()).collect();
-        let (first, last) = (
-            finite.first().copied().unwrap_or(f64::NAN),
-            finite.last().copied().unwrap_or(f64::NAN),
-        );
+        let (first, last) = finite_ends(losses.iter().copied());
         let summary = format!(
             "objective {} -> {} {span}; not a positive loss (it goes negative or starts at or \
              near 0: an RL, KL or log-ratio objective?), so only NaN/inf and the side series are \
@@ -314,6 +310,13 @@ pub(super) fn judge(
     ))
 }
 
+/// The first and the last finite value (NaN where there is none).
+fn finite_ends(values: impl Iterator<Item = f64>) -> (f64, f64) {
+    let mut finite = values.filter(|v| v.is_finite());
+    let first = finite.next().unwrap_or(f64::NAN);
+    (first, finite.last().unwrap_or(first))
+}
+
 /// An RL run (it logs a reward): judged by its reward's rules
 /// (`side_findings`) and the loss's NaN/inf only. A value loss grows as
 /// the returns it predicts grow, a policy loss and an entropy bonus move
@@ -327,15 +330,8 @@ fn judged_by_reward(
     span: &str,
     finish: Finish,
 ) -> Judged {
-    let ends = |points: &mut dyn Iterator<Item = f64>| {
-        let finite: Vec<f64> = points.filter(|v| v.is_finite()).collect();
-        (
-            finite.first().copied().unwrap_or(f64::NAN),
-            finite.last().copied().unwrap_or(f64::NAN),
-        )
-    };
-    let (r0, r1) = ends(&mut curve.side.reward.iter().map(|p| p.1));
-    let (l0, l1) = ends(&mut curve.losses.iter().copied());
+    let (r0, r1) = finite_ends(curve.side.reward.iter().map(|p| p.1));
+    let (l0, l1) = finite_ends(curve.losses.iter().copied());
     let g4 = |x: f64| number_text::significant(x, 4);
     let summary = format!(
         "an RL run, judged by its reward: {} -> {} {span}; its loss {} -> {} is shown, not \
