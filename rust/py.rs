@@ -19,7 +19,8 @@ use crate::analysis::metrics;
 use crate::analysis::robust_curve::{self, RobustCurve, RobustParams, SpikeEvent};
 use crate::analysis::series;
 use crate::error::{Area, Error};
-use crate::formats::logs::loss_log::{self, LossCurve};
+use crate::formats::logs::curve::LossCurve;
+use crate::formats::logs::{dlm_log, loss_log};
 use crate::formats::safetensors_header::{self, Header, TensorInfo};
 use crate::store::optimizer_state::{self, OptimizerState};
 use crate::store::scan::{
@@ -439,7 +440,7 @@ fn read_loss_curve(
             "a list of dlm .jsonl files has only the series \"loss\"",
         ));
     }
-    py.detach(|| loss_log::read_loss_curve(&files))
+    py.detach(|| dlm_log::read_loss_curve(&files))
 }
 
 /// Read an optimizer state without torch: HF `optimizer.pt`, a Lightning

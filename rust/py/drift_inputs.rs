@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use pyo3::prelude::*;
 
 use crate::error::{Area, Error};
-use crate::formats::logs::loss_log::{self, LossCurve, RunProgress, SideSeries};
+use crate::formats::logs::curve::{self, LossCurve, RunProgress, SideSeries};
 use crate::store::probe_inputs::{DriftInput, LogsStatus};
 
 /// A loss curve from `(step, loss)` records in reading order and the side
@@ -32,17 +32,17 @@ fn loss_curve_from_records(
     LossCurve {
         source,
         side: SideSeries {
-            eval_loss: loss_log::by_step(eval_loss),
-            grad_norm: loss_log::by_step(grad_norm),
-            learning_rate: loss_log::by_step(learning_rate),
-            reward: loss_log::by_step(reward),
+            eval_loss: curve::by_step(eval_loss),
+            grad_norm: curve::by_step(grad_norm),
+            learning_rate: curve::by_step(learning_rate),
+            reward: curve::by_step(reward),
             progress: progress.map(|(global_step, max_steps)| RunProgress {
                 global_step,
                 max_steps,
             }),
             ending: None,
         },
-        ..loss_log::assemble(records, files)
+        ..curve::assemble(records, files)
     }
 }
 

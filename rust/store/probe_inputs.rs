@@ -10,8 +10,9 @@ use crate::analysis::attribution::{self, Attribution};
 use crate::analysis::full_weights::{self, FullWeights};
 use crate::analysis::layers::{self, LayerGrouping};
 use crate::error::{Area, Error, Result};
-use crate::formats::logs::loss_log::{self, LossCurve};
+use crate::formats::logs::curve::LossCurve;
 use crate::formats::logs::trainer_state;
+use crate::formats::logs::{dlm_log, loss_log};
 use crate::formats::model_config::{self, OutputClasses};
 use crate::formats::torch_state_dict::read_tensor_header;
 use crate::io::read_once;
@@ -280,7 +281,7 @@ fn monitor_logs(run: &Path) -> Option<Vec<PathBuf>> {
     if !read_once::is_dir(&logs) {
         return None;
     }
-    loss_log::train_logs_in(&logs)
+    dlm_log::train_logs_in(&logs)
         .ok()
         .filter(|files| !files.is_empty())
 }
@@ -309,7 +310,7 @@ fn drift_input_of_layout(store: &Path, layout: &str) -> DriftInput {
                 None => match (tracker_run(store), monitor_logs(store)) {
                     (Some(run), _) => input.read(loss_log::read_curve_from(&run, None)),
                     // the step lines the GAP monitor's sink wrote beside its records
-                    (None, Some(files)) => input.read(loss_log::read_loss_curve(&files)),
+                    (None, Some(files)) => input.read(dlm_log::read_loss_curve(&files)),
                     (None, None) => input.none(
                         LogsStatus::NoFiles,
                         format!(
@@ -368,12 +369,12 @@ fn dlm_drift_input(store: &Path) -> DriftInput {
     if !read_once::is_dir(&logs_dir) {
         return input;
     }
-    let read = loss_log::train_logs_in(&logs_dir).and_then(|files| {
+    let read = dlm_log::train_logs_in(&logs_dir).and_then(|files| {
         input.files = files;
         if input.files.is_empty() {
             Ok(None)
         } else {
-            loss_log::read_loss_curve(&input.files).map(Some)
+            dlm_log::read_loss_curve(&input.files).map(Some)
         }
     });
     match read {

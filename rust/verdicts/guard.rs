@@ -41,8 +41,8 @@
 
 use std::path::PathBuf;
 
+use crate::formats::logs::curve::{LossCurve, RunProgress, SideSeries, Thinning};
 use crate::formats::logs::gap_log::{GapLog, GapRecord};
-use crate::formats::logs::loss_log::{LossCurve, RunProgress, SideSeries, Thinning};
 use crate::formats::logs::thinned::Thinned;
 use crate::formats::model_config::OutputClasses;
 use crate::store::probe_inputs::{DriftInput, LogsStatus};

@@ -18,8 +18,8 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Area, Error, Result};
+use crate::formats::logs::dlm_log::MAX_LINE;
 use crate::formats::logs::json_line::{to_loss, to_step, unescape, Scalar, Scanner};
-use crate::formats::logs::loss_log::MAX_LINE;
 use crate::io::read_once;
 
 /// Statistics kept from one record (a 7B model's summary has a few thousand).

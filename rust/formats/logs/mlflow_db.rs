@@ -39,7 +39,7 @@ use rusqlite::types::ValueRef;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::error::{Area, Error, Result};
-use crate::formats::logs::loss_log::{self, LossCurve, RunEnd, SideSeries, Thinning};
+use crate::formats::logs::curve::{self, LossCurve, RunEnd, SideSeries, Thinning};
 use crate::formats::logs::mlflow_files::{self, DEFAULT_LOSS_KEYS};
 use crate::formats::logs::series_names;
 use crate::formats::logs::thinned::Thinned;
@@ -74,7 +74,7 @@ pub struct RunInfo {
 impl RunInfo {
     /// `experiment/run name (run id)`.
     pub fn label(&self) -> String {
-        loss_log::run_label(&self.experiment, &self.name, &self.run_id)
+        curve::run_label(&self.experiment, &self.name, &self.run_id)
     }
 }
 
@@ -552,7 +552,7 @@ fn curve_of(path: &Path, row: &RunRow, read: RunSeries, key: Option<&str>) -> Re
     }
     let mut keys: Vec<String> = read.series.keys().cloned().collect();
     keys.sort();
-    let chosen = loss_log::choose_run_series(
+    let chosen = curve::choose_run_series(
         &keys,
         key,
         &DEFAULT_LOSS_KEYS,
@@ -604,7 +604,7 @@ fn curve_of(path: &Path, row: &RunRow, read: RunSeries, key: Option<&str>) -> Re
         run: info.label(),
         thinned,
         output_classes,
-        ..loss_log::assemble(points, vec![path.to_path_buf()])
+        ..curve::assemble(points, vec![path.to_path_buf()])
     })
 }
 
@@ -796,7 +796,11 @@ mod tests {
         assert!(curve.losses[5].is_infinite() && curve.losses[6].is_infinite());
         assert_eq!(curve.side.learning_rate.len(), 5);
         let e = read_run_curve(&path, "r3", None).unwrap_err();
-        assert!(loss_log::is_no_loss_series(&e), "{}", e.message);
+        assert!(
+            crate::formats::logs::loss_log::is_no_loss_series(&e),
+            "{}",
+            e.message
+        );
         let e = read_run_curve(&path, "nope", None).unwrap_err();
         assert_eq!(e.area, Area::Missing);
         let e = read_run_curve(&path, "r1", Some("nope")).unwrap_err();

@@ -27,8 +27,8 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Area, Error, Result};
+use crate::formats::logs::curve::{self, LossCurve, RunEnd, SideSeries, Thinning};
 use crate::formats::logs::json_line::{python_float, python_int};
-use crate::formats::logs::loss_log::{self, LossCurve, RunEnd, SideSeries, Thinning};
 use crate::formats::logs::thinned::{Kept, Thinned};
 use crate::formats::model_config::{self, OutputClasses};
 use crate::io::confine;
@@ -119,7 +119,7 @@ fn label_of(run: &Path, meta: &str) -> String {
         .parent()
         .and_then(|e| meta_field(e, "name"))
         .unwrap_or_default();
-    loss_log::run_label(&experiment, &name, &id)
+    curve::run_label(&experiment, &name, &id)
 }
 
 /// How a person finds the run: `experiment/run name (run id)`, from the
@@ -197,7 +197,7 @@ pub fn read_run_curve(run: &Path, key: Option<&str>) -> Result<LossCurve> {
     let files = metric_files(run)?;
     let keys: Vec<String> = files.iter().map(|(k, _)| k.clone()).collect();
     let chosen =
-        loss_log::choose_run_series(&keys, key, &DEFAULT_LOSS_KEYS, run, "the MLflow run", "")?;
+        curve::choose_run_series(&keys, key, &DEFAULT_LOSS_KEYS, run, "the MLflow run", "")?;
     let path_of = |k: &str| {
         files
             .iter()
@@ -233,7 +233,7 @@ pub fn read_run_curve(run: &Path, key: Option<&str>) -> Result<LossCurve> {
         run: label_of(run, &meta),
         thinned,
         output_classes: logged_classes(run),
-        ..loss_log::assemble(kept.points, vec![path])
+        ..curve::assemble(kept.points, vec![path])
     })
 }
 

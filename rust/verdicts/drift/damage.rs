@@ -13,7 +13,7 @@
 //! sector lost) keeps its verdict. A torn last record is a run still
 //! writing or cut short, not damage: it is said, never counted.
 
-use crate::formats::logs::loss_log::LossCurve;
+use crate::formats::logs::curve::LossCurve;
 use crate::verdicts::evidence::Evidence;
 use crate::verdicts::{number_text, Judged, Value, Verdict};
 

@@ -43,7 +43,7 @@
 //! run that ends low but positive.
 
 use super::robust::BARELY_MOVED;
-use crate::formats::logs::loss_log::LossCurve;
+use crate::formats::logs::curve::LossCurve;
 use crate::formats::model_config::OutputClasses;
 use crate::verdicts::{number_text, Finding, Verdict};
 

@@ -12,7 +12,7 @@
 //! series it logged, at what cadence.
 
 use super::degenerate::starts_at_ln2;
-use crate::formats::logs::loss_log::{LossCurve, RunEnd};
+use crate::formats::logs::curve::{LossCurve, RunEnd};
 use crate::formats::model_config::OutputClasses;
 use crate::io::path_text;
 use crate::verdicts::evidence::Evidence;

@@ -20,7 +20,7 @@ mod sway;
 mod tests;
 mod uniform;
 
-use crate::formats::logs::loss_log::{self, LossCurve};
+use crate::formats::logs::curve::{self, LossCurve};
 use crate::formats::model_config::OutputClasses;
 use crate::io::path_text;
 use crate::store::probe_inputs::{DriftInput, LogsStatus};
@@ -253,7 +253,7 @@ fn name_the_series(judged: &mut Judged, curve: &LossCurve) {
     if !curve.run.is_empty() {
         judged.evidence.put("run", curve.run.as_str());
     }
-    if loss_log::is_held_out(&curve.series) {
+    if curve::is_held_out(&curve.series) {
         judged.message = format!(
             "judged on the held-out loss {} (no training loss is logged): {}",
             crate::io::excerpt::quoted(&curve.series),
@@ -328,7 +328,7 @@ fn span_text(steps: &[i64]) -> String {
 
 /// [`span_text`] of a thinned curve: the records read, and how many
 /// were kept.
-fn thinned_span_text(steps: &[i64], thinned: &loss_log::Thinning) -> String {
+fn thinned_span_text(steps: &[i64], thinned: &curve::Thinning) -> String {
     format!(
         "over {} steps ({} logged records, 1 in {} kept)",
         number_text::thousands(step_span(steps)),

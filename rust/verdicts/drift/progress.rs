@@ -37,7 +37,7 @@
 //! 0); a log that ends cleanly between records but lacks its exit record
 //! (a sync that dropped it: one healthy public run) is noted, not warned.
 
-use crate::formats::logs::loss_log::{LossCurve, RunEnd};
+use crate::formats::logs::curve::{LossCurve, RunEnd};
 use crate::verdicts::{number_text, Finding, Verdict};
 
 /// Fewer optimizer steps than this is too few to have trained (the seeds'

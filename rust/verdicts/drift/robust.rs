@@ -12,7 +12,7 @@ use super::{
     thinned_span_text, upper_median, DriftOptions, KIND,
 };
 use crate::analysis::robust_curve::{self, RobustCurve, RobustParams};
-use crate::formats::logs::loss_log::LossCurve;
+use crate::formats::logs::curve::LossCurve;
 use crate::formats::model_config::OutputClasses;
 use crate::verdicts::evidence::Evidence;
 use crate::verdicts::{findings_value, number_text, worst, Finding, Judged, Value, Verdict};

@@ -5,7 +5,7 @@
 
 use super::{number_text, steps_text, upper_median, CURVE_SAMPLE_CAP};
 use crate::analysis::series;
-use crate::formats::logs::loss_log::LossCurve;
+use crate::formats::logs::curve::LossCurve;
 use crate::verdicts::evidence::Evidence;
 use crate::verdicts::{Finding, Value, Verdict};
 

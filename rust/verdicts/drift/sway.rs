@@ -6,7 +6,7 @@ use std::cmp::Ordering;
 
 use super::{curve_sampled, need, DriftOptions, KIND};
 use crate::analysis::metrics;
-use crate::formats::logs::loss_log::LossCurve;
+use crate::formats::logs::curve::LossCurve;
 use crate::verdicts::evidence::Evidence;
 use crate::verdicts::{number_text, Judged, Value, Verdict};
 

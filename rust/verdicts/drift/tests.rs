@@ -2,7 +2,7 @@ use std::path::{Path, PathBuf};
 
 use super::*;
 use crate::error::{Area, Error};
-use crate::formats::logs::loss_log::{assemble, SideSeries};
+use crate::formats::logs::curve::{self, assemble, SideSeries};
 
 fn curve(losses: &[f64]) -> LossCurve {
     curve_at(&(0..losses.len() as i64).collect::<Vec<_>>(), losses)
@@ -119,7 +119,7 @@ fn a_run_of_five_steps_or_fewer_fails_planned_or_not() {
     );
     // Planned for 3 and reached it: still too few (the trainer's count wins).
     let mut c = curve_at(&[], &[]);
-    c.side.progress = Some(loss_log::RunProgress {
+    c.side.progress = Some(curve::RunProgress {
         global_step: 3,
         max_steps: 3,
     });
@@ -582,7 +582,7 @@ fn with_classes(curve: LossCurve, count: u64, kind: &str) -> DriftInput {
 
 #[test]
 fn a_run_that_stopped_a_handful_of_steps_in_fails_even_when_short() {
-    use crate::formats::logs::loss_log::RunProgress;
+    use crate::formats::logs::curve::RunProgress;
     let progress = |global_step, max_steps| {
         Some(RunProgress {
             global_step,
@@ -854,12 +854,12 @@ fn a_loss_that_blew_up_in_its_first_records_and_never_came_back_fails() {
 #[test]
 fn a_crashed_or_unfinished_run_is_never_a_clean_pass() {
     let mut c = curve_at(&(1..=40).map(|s| s * 10).collect::<Vec<_>>(), &decaying(40));
-    c.side.ending = Some(loss_log::RunEnd::Finished);
+    c.side.ending = Some(curve::RunEnd::Finished);
     assert_eq!(
         judge_drift(&input(c.clone()), &robust()).verdict,
         Verdict::Pass
     );
-    c.side.ending = Some(loss_log::RunEnd::Crashed("exit code 255".into()));
+    c.side.ending = Some(curve::RunEnd::Crashed("exit code 255".into()));
     let j = judge_drift(&input(c.clone()), &robust());
     assert_eq!(
         (j.verdict, rules(&j)),
@@ -870,13 +870,13 @@ fn a_crashed_or_unfinished_run_is_never_a_clean_pass() {
         "{}",
         j.message
     );
-    c.side.ending = Some(loss_log::RunEnd::Unfinished("no exit record".into()));
+    c.side.ending = Some(curve::RunEnd::Unfinished("no exit record".into()));
     c.torn_files = vec![PathBuf::from("/r/run-x.wandb")];
     let j = judge_drift(&input(c), &robust());
     assert_eq!(rules(&j), ["unfinished"], "{}", j.message);
     // Too short for the trend rules, it is still said rather than skipped.
     let mut short = curve_at(&[100, 200], &[3.0, 2.0]);
-    short.side.ending = Some(loss_log::RunEnd::Crashed("exit code 1".into()));
+    short.side.ending = Some(curve::RunEnd::Crashed("exit code 1".into()));
     let j = judge_drift(&input(short), &robust());
     assert_eq!(
         (j.verdict, rules(&j)),
@@ -950,7 +950,7 @@ fn an_isolated_nan_gradient_norm_is_said_and_warns_beside_a_flat_loss() {
 #[test]
 fn a_log_that_ends_between_records_without_its_exit_record_is_noted() {
     let mut c = curve(&decaying(40));
-    c.side.ending = Some(loss_log::RunEnd::Unfinished("no exit record".into()));
+    c.side.ending = Some(curve::RunEnd::Unfinished("no exit record".into()));
     let j = judge_drift(&input(c.clone()), &robust());
     assert_eq!(j.verdict, Verdict::Pass, "{}", j.message);
     assert!(j.message.contains("noted: no exit record"), "{}", j.message);
@@ -971,7 +971,7 @@ fn the_run_facts_say_how_it_ended_what_it_optimised_and_where_that_was_read() {
         other => panic!("no run_facts_text: {other:?}"),
     };
     let mut c = curve_at(&(1..=40).map(|s| s * 10).collect::<Vec<_>>(), &decaying(40));
-    c.side.ending = Some(loss_log::RunEnd::Finished);
+    c.side.ending = Some(curve::RunEnd::Finished);
     let j = judge_drift(&with_classes(c.clone(), 32_000, "vocabulary"), &robust());
     let f = facts(&j);
     assert_eq!(f.get("completion"), Some(&Value::from("finished")));
@@ -985,7 +985,7 @@ fn the_run_facts_say_how_it_ended_what_it_optimised_and_where_that_was_read() {
     );
     // The trainer's count against its plan; an RL run by its reward.
     c.side.ending = None;
-    c.side.progress = Some(loss_log::RunProgress {
+    c.side.progress = Some(curve::RunProgress {
         global_step: 400,
         max_steps: 1000,
     });

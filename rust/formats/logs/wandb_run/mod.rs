@@ -28,9 +28,9 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Area, Error, Result};
+use crate::formats::logs::curve::{self, LossCurve, RunEnd, SideSeries};
 use crate::formats::logs::damage::Damage;
 use crate::formats::logs::json_line::python_float;
-use crate::formats::logs::loss_log::{self, LossCurve, RunEnd, SideSeries};
 use crate::formats::model_config::{self, OutputClasses};
 use crate::io::confine;
 use crate::io::files::{open_regular, read_full};
@@ -100,7 +100,7 @@ impl WandbRun {
     /// How a person finds the run: `project/name (id)`, parts left out
     /// where the log has none.
     pub fn label(&self) -> String {
-        loss_log::run_label(&self.project, &self.name, &self.id)
+        curve::run_label(&self.project, &self.name, &self.id)
     }
 }
 
@@ -359,7 +359,7 @@ pub fn read_run_curve(dir: &Path, key: Option<&str>) -> Result<LossCurve> {
 /// The curve of a run read from `log`.
 pub fn curve_of(run: &WandbRun, log: &Path, key: Option<&str>) -> Result<LossCurve> {
     let keys: Vec<String> = run.series.keys().cloned().collect();
-    let chosen = loss_log::choose_run_series(
+    let chosen = curve::choose_run_series(
         &keys,
         key,
         &DEFAULT_LOSS_KEYS,
@@ -406,7 +406,7 @@ pub fn curve_of(run: &WandbRun, log: &Path, key: Option<&str>) -> Result<LossCur
         run: run.label(),
         damage,
         output_classes,
-        ..loss_log::assemble(points, vec![log.to_path_buf()])
+        ..curve::assemble(points, vec![log.to_path_buf()])
     })
 }
 

@@ -201,7 +201,11 @@ fn the_curve_takes_the_loss_by_its_meaning_and_the_side_series() {
 fn a_run_without_a_loss_says_so() {
     let run = parse(&frame(&[history(&[("accuracy", "0.5")], Some(1))]));
     let e = curve_of(&run, Path::new("run-x.wandb"), None).unwrap_err();
-    assert!(loss_log::is_no_loss_series(&e), "{}", e.message);
+    assert!(
+        crate::formats::logs::loss_log::is_no_loss_series(&e),
+        "{}",
+        e.message
+    );
     assert!(e.message.contains("accuracy"));
 }
 
