@@ -68,8 +68,10 @@ def test_reseeded_and_higher_lr_runs_differ_and_show_their_curves(runs: Path) ->
         assert curve["sample"]
     level = hilr["loss_level"]
     key = "best_trend_loss" if level["smoothed"] else "best_loss"
-    assert level["loss"] == max(a["curve"][key], b["curve"][key])
-    assert all(step is not None for step in level["steps"].values())
+    chosen = [i for i in (a, b) if i["curve"]["training_drift"] == level["verdict"]]
+    assert level["from"] == [i["label"] for i in chosen]
+    assert level["loss"] == max(i["curve"][key] for i in chosen)
+    assert all(level["steps"][i["label"]] is not None for i in chosen)
 
 
 def test_a_final_adapter_at_the_top_of_an_output_dir_shows_its_runs_losses(
@@ -188,3 +190,89 @@ def test_hf_runs_are_also_aligned_by_epoch(runs: Path, demo_store: Path) -> None
     mixed = compare(runs / "seed0", demo_store / "healthy").to_dict()
     assert mixed["aligned_by"] == ["step"]
     assert "epoch" not in mixed["items"][1]["curve"]
+
+
+# Full fine-tunes of the field corpus: a healthy one, one at Adam lr=1 whose
+# loss blew up, one at lr=1e-9 that never moved, one that overfits.
+FULL_RUNS = [
+    "full-b2-log1",
+    "lr-too-high-full-adam1-log1",
+    "no-progress-full-lr1e-9-b4-log1",
+    "overfit-full-32seq-eval20",
+]
+
+
+def test_full_fine_tunes_say_each_reason_once_and_are_timed_to_a_healthy_level(
+    field_root: Path,
+) -> None:
+    """Issue 56, item 6: four full fine-tunes printed six "not compared"
+    lines and one "no adapter weights" line per store, and "step to level"
+    timed the runs to the blown-up run's level, which the healthy run
+    "reached" at its first step."""
+    c = compare(*(field_root / n for n in FULL_RUNS))
+    data = c.to_dict()
+    table = c.to_table()
+    lines = table.splitlines()
+    assert [line for line in lines if "not compared" in line] == [
+        "6 pairs not compared (A vs B, A vs C, A vs D, …): "
+        "both sides need adapter weights to compare updates"
+    ], table
+    assert [line for line in lines if "no adapter weights" in line] == [
+        "A, B, C, D: no adapter weights in this store"
+    ], table
+    # Each run's verdict is the scan's; the level comes from the best verdict present.
+    verdicts = {
+        label: ap.training_drift(field_root / name).verdict.value
+        for label, name in zip("ABCD", FULL_RUNS, strict=True)
+    }
+    assert {i["label"]: i["curve"]["training_drift"] for i in data["items"]} == verdicts
+    assert verdicts["A"] == "pass" and verdicts["B"] != "pass", verdicts
+    level = data["loss_level"]
+    assert level["verdict"] == "pass"
+    assert level["from"] == [k for k, v in verdicts.items() if v == "pass"]
+    assert level["left_out"] == {k: v for k, v in verdicts.items() if v != "pass"}
+    curves = {i["label"]: i["curve"] for i in data["items"]}
+    assert level["smoothed"]
+    assert level["loss"] == max(curves[k]["best_trend_loss"] for k in level["from"])
+    # A healthy run falls to the level; it is not there at its first record.
+    for label in level["from"]:
+        assert level["steps"][label] > curves[label]["first_step"], level
+    assert "the runs that PASS training_drift (A); not set by B (" in " ".join(table.split())
+    # A run whose trend never gets that low says so.
+    for it in data["items"]:
+        if level["steps"][it["label"]] is None:
+            row = next(line for line in lines if line.startswith(f"{it['label']} "))
+            assert "not reached" in row
+    markdown, page = c.to_markdown(), c.to_html()
+    assert markdown.count("not compared") == 1 and page.count("not compared") == 1
+    assert page.count("no adapter weights") == 1
+
+
+def test_a_diverged_run_does_not_set_the_level(corpus: tuple[Path, dict[str, str]]) -> None:
+    root, labels = corpus
+    assert labels["lr-too-high-diverge"] != "healthy" and labels["healthy-short"] == "healthy"
+    data = compare(root / "healthy-short", root / "lr-too-high-diverge").to_dict()
+    healthy, diverged = (i["curve"] for i in data["items"])
+    assert diverged["training_drift"] == "fail" and healthy["training_drift"] == "pass"
+    level = data["loss_level"]
+    assert level["from"] == ["A"] and level["left_out"] == {"B": "fail"}
+    assert level["loss"] == healthy["best_trend_loss"] != diverged["best_trend_loss"]
+    assert level["steps"]["A"] > healthy["first_step"]
+
+
+def test_no_level_when_every_run_fails_and_the_reason_is_said(
+    corpus: tuple[Path, dict[str, str]], field_root: Path
+) -> None:
+    root, _ = corpus
+    c = compare(field_root / "too-few-steps-full-log1", root / "lr-too-high-diverge")
+    data = c.to_dict()
+    assert [i["curve"]["training_drift"] for i in data["items"]] == ["fail", "fail"]
+    assert data["loss_level"] is None
+    assert data["loss_level_none"] == (
+        "no loss level to time the runs to: none of their loss curves passes "
+        "training_drift or only warns (A FAIL, B FAIL)"
+    )
+    table = c.to_table()
+    assert data["loss_level_none"] in table and "\nloss level " not in table
+    rows = table.splitlines()[1:3]
+    assert all(row.split()[-5] == "-" for row in rows), table  # step to level: none

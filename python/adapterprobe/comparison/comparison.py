@@ -34,6 +34,9 @@ from adapterprobe.comparison.sources import (
     step_to_level,
 )
 from adapterprobe.errors import AdapterProbeError, UsageError
+from adapterprobe.probes.drift import DriftOptions, judge_drift
+from adapterprobe.probes.options import resolve as resolve_options
+from adapterprobe.probes.result import Verdict
 
 LABELS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
@@ -81,6 +84,60 @@ def _item(side: Side) -> dict[str, Any]:
     return item
 
 
+#: The verdicts a run's loss curve may have to set the level the others are
+#: timed to, best first.
+LEVEL_VERDICTS = (Verdict.PASS, Verdict.WARN)
+
+
+def _loss_level(
+    sides: list[Side], items: list[dict[str, Any]]
+) -> tuple[dict[str, Any] | None, str | None]:
+    """The loss level every run is timed to, and the step each first reached
+    it; or None and why there is none.
+
+    The level is the highest best loss (of the smoothed trend, where every
+    curve has one) among the runs whose training_drift verdict is the best
+    one present, PASS before WARN: a run that FAILs (diverged, NaN, too few
+    steps) or that stalled high would set a level the healthy runs "reach"
+    at their first step. Each curve's verdict is in its item
+    (``curve["training_drift"]``)."""
+    options = resolve_options(DriftOptions, None, None, {})
+    verdicts: dict[str, Verdict] = {}
+    for side, item in zip(sides, items, strict=True):
+        if item["curve"] is None:
+            continue
+        verdict = judge_drift(side.drift, options).verdict if side.drift is not None else None
+        item["curve"]["training_drift"] = None if verdict is None else verdict.value
+        if verdict is not None:
+            verdicts[side.label] = verdict
+    chosen = next((v for v in LEVEL_VERDICTS if v in verdicts.values()), None)
+    if chosen is None:
+        judged = ", ".join(f"{label} {v.value.upper()}" for label, v in verdicts.items())
+        return None, (
+            "no loss level to time the runs to: none of their loss curves passes "
+            "training_drift or only warns" + (f" ({judged})" if judged else "")
+        )
+    curves = {i["label"]: i["curve"] for i in items if verdicts.get(i["label"]) is chosen}
+    # The smoothed trend where every curve has one, else the raw losses.
+    trend = all(c["best_trend_loss"] is not None for c in curves.values())
+    key = "best_trend_loss" if trend else "best_loss"
+    bests = [c[key] for c in curves.values() if c[key] is not None]
+    if not bests:
+        return None, "no loss level to time the runs to: no finite best loss"
+    target = max(bests)
+    return {
+        "loss": target,
+        "smoothed": trend,
+        "verdict": chosen.value,
+        "from": sorted(curves),
+        "left_out": {label: v.value for label, v in verdicts.items() if label not in curves},
+        "steps": {
+            s.label: step_to_level(s.curve, target, trend=trend) if s.curve is not None else None
+            for s in sides
+        },
+    }, None
+
+
 def build(paths: list[str | os.PathLike[str]], *, angles: bool = True) -> dict[str, Any]:
     """The comparison of `paths` as plain data (see the module doc)."""
     if len(paths) < 2:
@@ -91,25 +148,7 @@ def build(paths: list[str | os.PathLike[str]], *, angles: bool = True) -> dict[s
     items = [_item(s) for s in sides]
     pairs = [_pair(x, y, angles) for x, y in combinations(sides, 2)]
     curves = [i["curve"] for i in items if i["curve"] is not None]
-    level: dict[str, Any] | None = None
-    if len(curves) >= 2:
-        # The highest best level of the smoothed curves (raw losses when a
-        # curve has no trend): every run reaches it; when, is the comparison.
-        trend = all(c["best_trend_loss"] is not None for c in curves)
-        key = "best_trend_loss" if trend else "best_loss"
-        bests = [c[key] for c in curves if c[key] is not None]
-        if bests:
-            target = max(bests)
-            level = {
-                "loss": target,
-                "smoothed": trend,
-                "steps": {
-                    s.label: step_to_level(s.curve, target, trend=trend)
-                    if s.curve is not None
-                    else None
-                    for s in sides
-                },
-            }
+    level, no_level = _loss_level(sides, items) if len(curves) >= 2 else (None, None)
     first = pairs[0]
     return {
         "similarity": first["similarity"],
@@ -119,6 +158,7 @@ def build(paths: list[str | os.PathLike[str]], *, angles: bool = True) -> dict[s
         "items": items,
         "pairs": pairs,
         "loss_level": level,
+        "loss_level_none": no_level,
         "aligned_by": ["step"]
         + [axis for axis in ("epoch", "tokens") if curves and all(axis in c for c in curves)],
     }

@@ -26,6 +26,12 @@ def _at(value: Any, step: Any) -> str:
     return "-" if value is None else f"{_f(value)} @ {step}"
 
 
+def _to_level(level: dict[str, Any], item: dict[str, Any], step: Any) -> str:
+    if not level or item["curve"] is None:
+        return "-"
+    return "not reached" if step is None else _f(step)
+
+
 def _item_rows(data: dict[str, Any]) -> list[list[str]]:
     level = data.get("loss_level") or {}
     rows = []
@@ -40,7 +46,7 @@ def _item_rows(data: dict[str, Any]) -> list[list[str]]:
                 _at(c.get("best_loss"), c.get("best_step")),
                 _at(c.get("final_loss"), c.get("final_step")),
                 _at(c.get("best_eval_loss"), c.get("best_eval_step")),
-                "-" if not level else _f(to_level),
+                _to_level(level, it, to_level),
                 _f(a.get("rank")),
                 _f(a.get("rank_used_max")),
                 _f(a.get("delta_fro")),
@@ -83,18 +89,68 @@ def _module_rows(modules: list[dict[str, Any]]) -> list[list[str]]:
     return rows
 
 
+#: Pairs named in a line that says several were not compared, at most.
+PAIRS_NAMED = 3
+
+
+def pair_errors(pairs: list[dict[str, Any]]) -> list[str]:
+    """One line per reason the pairs that were not compared give: four
+    full fine-tunes (no adapter weights) make six pairs with one reason,
+    said once."""
+    by_reason: dict[str, list[str]] = {}
+    for p in pairs:
+        if p.get("error"):
+            by_reason.setdefault(p["error"], []).append(f"{p['a']} vs {p['b']}")
+    lines = []
+    for reason, names in by_reason.items():
+        if len(names) == 1:
+            lines.append(f"{names[0]}: not compared: {reason}")
+            continue
+        shown = ", ".join(names[:PAIRS_NAMED]) + (", …" if len(names) > PAIRS_NAMED else "")
+        lines.append(f"{len(names)} pairs not compared ({shown}): {reason}")
+    return lines
+
+
+def item_notes(items: list[dict[str, Any]]) -> list[str]:
+    """Each note once, after the labels of the items that carry it
+    ("A, B, C: no adapter weights in this store")."""
+    by_note: dict[str, list[str]] = {}
+    for it in items:
+        for note in it["notes"]:
+            labels = by_note.setdefault(note, [])
+            if it["label"] not in labels:
+                labels.append(it["label"])
+    return [f"{', '.join(labels)}: {note}" for note, labels in by_note.items()]
+
+
+def level_line(data: dict[str, Any]) -> str | None:
+    """What the "step to level" column times the runs to, or why it is
+    empty."""
+    level = data.get("loss_level")
+    if not level:
+        return data.get("loss_level_none")
+    smoothed = "smoothed " if level.get("smoothed") else ""
+    chosen = ", ".join(level["from"])
+    source = f"of the runs that {level['verdict'].upper()} training_drift ({chosen})"
+    left = level.get("left_out") or {}
+    if left:
+        source += "; not set by " + ", ".join(
+            f"{label} ({verdict.upper()})" for label, verdict in left.items()
+        )
+    return (
+        f"loss level {_f(level['loss'])}: the highest best {smoothed}loss {source}; "
+        "first reached at the steps shown"
+    )
+
+
 def _summary_lines(data: dict[str, Any]) -> list[str]:
     lines = []
-    level = data.get("loss_level")
+    level = level_line(data)
     if level:
-        lines.append(
-            f"loss level {_f(level['loss'])} (the highest best "
-            f"{'smoothed ' if level.get('smoothed') else ''}loss) first reached at the "
-            "steps shown"
-        )
+        lines.append(level)
+    lines += pair_errors(data["pairs"])
     for p in data["pairs"]:
         if p.get("error"):
-            lines.append(f"{p['a']} vs {p['b']}: not compared: {p['error']}")
             continue
         shared = p.get("shared_modules", len(p["modules"]))
         left = len(p["left_out"])
@@ -103,9 +159,7 @@ def _summary_lines(data: dict[str, Any]) -> list[str]:
             f"{p['a']} vs {p['b']}: similarity {_f(p['similarity'])} "
             f"over {shared} shared modules{tail}"
         )
-    for it in data["items"]:
-        for note in it["notes"]:
-            lines.append(f"{it['label']}: {note}")
+    lines += item_notes(data["items"])
     return lines
 
 

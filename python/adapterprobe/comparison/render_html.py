@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from adapterprobe.comparison.render import item_notes, level_line, pair_errors
 from adapterprobe.reports.svg import PALETTE, Line, bar_chart, esc, num, overlay_chart
 
 W, H = 640, 300
@@ -140,11 +141,11 @@ def _items_table(data: dict[str, Any]) -> str:
 
 
 def _pairs_list(data: dict[str, Any]) -> str:
-    out = []
+    level = level_line(data)
+    out = [f"<li>{esc(level)}</li>"] if level else []
+    out += [f"<li>{esc(line)}</li>" for line in pair_errors(data["pairs"])]
     for p in data["pairs"]:
-        if p.get("error"):
-            out.append(f"<li>{esc(p['a'])} vs {esc(p['b'])}: {esc(p['error'])}</li>")
-        else:
+        if not p.get("error"):
             left = len(p["left_out"])
             out.append(
                 f"<li>{esc(p['a'])} vs {esc(p['b'])}: similarity <b>{_cell(p['similarity'])}</b> "
@@ -152,8 +153,7 @@ def _pairs_list(data: dict[str, Any]) -> str:
                 + (f", {left} left out" if left else "")
                 + "</li>"
             )
-    for it in data["items"]:
-        out += [f'<li class="note">{esc(it["label"])}: {esc(n)}</li>' for n in it["notes"]]
+    out += [f'<li class="note">{esc(line)}</li>' for line in item_notes(data["items"])]
     for x in data["left_out"]:
         out.append(f'<li class="note">left out {esc(x["module"])}: {esc(x["reason"])}</li>')
     return f"<ul>{''.join(out)}</ul>"

@@ -36,6 +36,9 @@ class Side:
     adapter: Path | None = None
     curve: Any = None  # _core.LossCurve
     notes: list[str] = field(default_factory=list)
+    #: The gathered training_drift input the curve belongs to (a
+    #: ``DriftInput``), judged to choose the level the runs are timed to.
+    drift: Any = None
 
 
 def _holds_adapter(path: Path) -> bool:
@@ -49,6 +52,11 @@ def _try_curve(source: Path, side: Side) -> None:
         side.curve = _core.read_loss_curve(source)
     except AdapterProbeError as exc:
         side.notes.append(f"no loss curve: {exc}")
+        return
+    try:
+        side.drift = _core.drift_input(source)
+    except AdapterProbeError as exc:
+        side.notes.append(f"loss curve not judged: {exc}")
 
 
 def resolve(path: str | os.PathLike[str], label: str) -> Side:
@@ -89,6 +97,7 @@ def resolve(path: str | os.PathLike[str], label: str) -> Side:
     drift = _core.drift_input(target.store)
     if drift.curve is not None:
         side.curve = drift.curve
+        side.drift = drift
     elif drift.error is not None:
         side.notes.append(f"no loss curve: {drift.error}")
     elif drift.note:
