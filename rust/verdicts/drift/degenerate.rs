@@ -42,7 +42,7 @@
 //! preference run ends well above 0. Built for: no false alarm on a DPO
 //! run that ends low but positive.
 
-use super::robust::BARELY_MOVED;
+use super::stuck::BARELY_MOVED;
 use crate::formats::logs::curve::LossCurve;
 use crate::formats::model_config::OutputClasses;
 use crate::verdicts::{number_text, Finding, Verdict};

@@ -12,12 +12,16 @@
 mod damage;
 mod degenerate;
 mod facts;
+mod jump;
 mod progress;
 mod robust;
 mod side;
+mod spikes;
+mod stuck;
 mod sway;
 #[cfg(test)]
 mod tests;
+mod trend;
 mod uniform;
 
 use crate::formats::logs::curve::{self, LossCurve};
