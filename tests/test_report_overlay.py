@@ -131,37 +131,72 @@ def test_the_overlay_needs_no_script_and_runs_none(demo):
     assert dom.find("button", type="reset")  # "Show all": a form reset, no script
 
 
-def test_at_most_n_runs_and_a_line_on_the_rest(demo):
+def worst_verdicts(records: list[dict[str, Any]], drawn: list[str]) -> list[int]:
+    """The severity of each drawn store's worst judged record."""
+    stores = by_store(records)
+    names = {s[len("/data/adapters/") :]: s for s in stores}
+    return [
+        max(report.SEVERITY[r["verdict"]] for r in stores[names[n]] if r["verdict"] != "skip")
+        for n in drawn
+    ]
+
+
+def test_at_most_n_runs_the_worst_and_the_healthy_beside_them(demo):
+    """Issue 56, item 6: of 40 runs, half of them needing attention, the
+    overlay drew the 12 worst and no healthy run to compare them with."""
     records = synthetic(demo, 40)
     dom = Dom(render_html(records, generated_at=WHEN))
     paths = run_paths(dom)
     assert len(paths) == OVERLAY_RUNS == 12
     assert len(legend(dom)) == OVERLAY_RUNS and len(dom.find("input", cls="sr")) == OVERLAY_RUNS
-    # Problem stores first, in the page's order, then healthy ones.
-    order = page_order(dom)
+    # The runs needing attention in the page's order, worst first, then the
+    # first healthy runs in the page's order.
+    order = [s[len("/data/adapters/") :] for s in page_order(dom)]
     drawn = [p.text for p in paths]
-    stores = by_store(records)
-    names = {s[len("/data/adapters/") :]: s for s in stores}
-    assert drawn == [s[len("/data/adapters/") :] for s in order[:OVERLAY_RUNS]]
-    worst = [
-        max(report.SEVERITY[r["verdict"]] for r in stores[names[n]] if r["verdict"] != "skip")
-        for n in drawn
-    ]
-    assert worst == sorted(worst, reverse=True) and worst[0] >= report.SEVERITY["warn"]
+    worst = worst_verdicts(records, order)
+    problems = [n for n, w in zip(order, worst, strict=True) if w >= report.SEVERITY["warn"]]
+    healthy = [n for n, w in zip(order, worst, strict=True) if w < report.SEVERITY["warn"]]
+    assert len(problems) > OVERLAY_RUNS and len(healthy) >= report.OVERLAY_HEALTHY
+    kept = OVERLAY_RUNS - report.OVERLAY_HEALTHY
+    assert drawn == problems[:kept] + healthy[: report.OVERLAY_HEALTHY]
+    assert worst_verdicts(records, drawn[:kept]) == sorted(
+        worst_verdicts(records, drawn[:kept]), reverse=True
+    )
+    assert max(worst_verdicts(records, drawn[kept:])) < report.SEVERITY["warn"]
+    assert min(worst_verdicts(records, drawn[:kept])) >= report.SEVERITY["warn"]
     for path in paths:  # 512-step curves, downsampled
         assert 0 < len(path_vertices(path.attrs["d"])) <= MAX_POINTS
     (note,) = dom.find("p", cls="ov-out")
     assert note.text.startswith("12 of 40 runs drawn, 28 left out: at most 12 curves")
-    assert "needing attention first, worst first, then healthy ones" in note.text
+    assert "needing attention in the order of the stores below, worst first" in note.text
+    assert "at least 3 healthy runs where there are any" in note.text
     assert "Training loss of the runs (40)" in overlay(dom).text
+
+
+def test_few_runs_needing_attention_leave_the_room_to_healthy_ones(demo):
+    records = synthetic(demo, 40)
+    stores = by_store(records)
+    bad = [s for s, rs in stores.items() if any(r["verdict"] in ("warn", "fail") for r in rs)]
+    records = [r for r in records if r["store"] not in bad[2:]]
+    dom = Dom(render_html(records, generated_at=WHEN))
+    paths = run_paths(dom)
+    assert len(paths) == OVERLAY_RUNS
+    drawn = [p.text for p in paths]
+    order = [s[len("/data/adapters/") :] for s in page_order(dom)]
+    assert drawn == order[:OVERLAY_RUNS]
+    assert {"/data/adapters/" + n for n in drawn[:2]} == set(bad[:2])
 
 
 def test_plot_limit_bounds_the_runs_looked_at(demo):
     records = synthetic(demo, 40)
     dom = Dom(render_html(records, generated_at=WHEN, plot_limit=5))
-    assert len(run_paths(dom)) == 5
+    paths = run_paths(dom)
+    assert len(paths) == 5 + report.OVERLAY_HEALTHY
+    order = [s[len("/data/adapters/") :] for s in page_order(dom)]
+    assert [p.text for p in paths][:5] == order
+    assert max(worst_verdicts(records, [p.text for p in paths][5:])) < report.SEVERITY["warn"]
     (note,) = dom.find("p", cls="ov-out")
-    assert "5 of 40 runs drawn, 35 left out" in note.text
+    assert "8 of 40 runs drawn, 32 left out" in note.text
     assert "among the 5 stores drawn with charts" in note.text
     dom = Dom(render_html(records, generated_at=WHEN, plot_limit=0))
     assert not dom.find("svg", cls="overlay")
@@ -234,8 +269,12 @@ def test_only_the_drawn_stores_evidence_is_read(demo):
         for r in synthetic(demo, 300)
     ]
     dom = Dom(render_html(records, generated_at=WHEN, plot_limit=20))
-    assert len(run_paths(dom)) == OVERLAY_RUNS
-    assert reads and reads <= set(page_order(dom)) and len(page_order(dom)) == 20
+    drawn = {"/data/adapters/" + p.text for p in run_paths(dom)}
+    assert len(drawn) == OVERLAY_RUNS
+    # Beyond the stores drawn with charts, only the healthy runs drawn.
+    charted = set(page_order(dom))
+    assert reads and len(charted) == 20
+    assert reads - charted == drawn - charted and len(drawn - charted) == report.OVERLAY_HEALTHY
     reads.clear()
     render_html(records, generated_at=WHEN, plot_limit=0)
     assert not reads
@@ -254,7 +293,7 @@ def test_a_streamed_report_draws_the_same_overlay(demo, tmp_path):
     )
     streamed = Dom(path.read_text(encoding="utf-8"))
     assert [p.attrs["d"] for p in run_paths(streamed)] == [p.attrs["d"] for p in run_paths(whole)]
-    assert len(run_paths(streamed)) == 8
+    assert len(run_paths(streamed)) == 8 + report.OVERLAY_HEALTHY  # the healthy ones kept too
 
 
 # ---------------------------------------------------------------------------

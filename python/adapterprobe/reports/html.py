@@ -343,29 +343,62 @@ def _drift_curve(store: Store) -> tuple[Record, list[tuple[float, float | None]]
     return None
 
 
-def overlay_section(stores: list[Store], plotted: list[Store]) -> str:
+#: Curves of the overlay kept for healthy runs (a store with every record
+#: passed or skipped), beside the runs needing attention: the worst runs
+#: alone leave nothing to compare them with.
+OVERLAY_HEALTHY = 3
+
+
+def _healthy_run(store: Store) -> bool:
+    """A store the overlay may draw as a healthy run: no warn or worse, and
+    a judged loss curve with a finite value."""
+    return store.worst < PROBLEM and _drift_curve(store) is not None
+
+
+def overlay_section(stores: list[Store], plotted: list[Store], healthy: list[Store]) -> str:
     """The training loss of the runs (stores whose training_drift record
     judged a loss curve) overlaid on one chart, with a picker that needs no
     script (a checkbox per run; CSS hides the line of an unchecked one);
     empty for fewer than two runs.
 
-    At most OVERLAY_RUNS curves are drawn, taken from `plotted` (the stores
-    the page draws charts for, in the page's order: their evidence is kept
-    and read anyway), so no other store's evidence is read; a line says how
-    many runs were left out and by which rule."""
+    At most OVERLAY_RUNS curves are drawn: the runs needing attention among
+    `plotted` (the stores the page draws charts for, in the page's order:
+    their evidence is kept and read anyway), worst first, and beside them at
+    least OVERLAY_HEALTHY healthy runs where there are any, taken from
+    `healthy` (the healthy stores in the page's order). Of the healthy stores
+    the page draws no charts for, the evidence of at most OVERLAY_HEALTHY runs
+    is read (a streamed page keeps theirs: :class:`StoreCollector`'s
+    ``healthy``). No curve is drawn when the page draws no charts. A line says
+    how many runs were left out and by which rule."""
     runs = sum(1 for s in stores if _is_run(s))
     if runs < 2:
         return ""
-    picked: list[tuple[Store, Record, list[tuple[float, float | None]]]] = []
     no_curve = 0
-    for store in plotted:
-        if len(picked) == OVERLAY_RUNS:
+    # Healthy runs first: as many as the chart holds from the stores drawn
+    # with charts, at most OVERLAY_HEALTHY from the others.
+    charted = {id(s) for s in plotted}
+    well: list[tuple[Store, Record, list[tuple[float, float | None]]]] = []
+    for store in healthy if plotted else []:
+        if len(well) == OVERLAY_RUNS or (id(store) not in charted and len(well) >= OVERLAY_HEALTHY):
             break
         found = _drift_curve(store)
         if found is not None:
-            picked.append((store, *found))
+            well.append((store, *found))
         elif _is_run(store):
             no_curve += 1
+    room = OVERLAY_RUNS - min(len(well), OVERLAY_HEALTHY)
+    worst: list[tuple[Store, Record, list[tuple[float, float | None]]]] = []
+    for store in plotted:
+        if len(worst) == room:
+            break
+        if store.worst < PROBLEM:
+            continue
+        found = _drift_curve(store)
+        if found is not None:
+            worst.append((store, *found))
+        elif _is_run(store):
+            no_curve += 1
+    picked = worst + well[: OVERLAY_RUNS - len(worst)]
     figure = overlay_figure([(s.name, points) for s, _, points in picked], OVERLAY_ID)
     out = [
         '<section id="overlay" aria-labelledby="overlay-h">'
@@ -392,16 +425,16 @@ def overlay_section(stores: list[Store], plotted: list[Store]) -> str:
     left = runs - len(picked)
     if left:
         scope = (
-            f" among the {len(plotted):,} stores drawn with charts"
+            f" (runs needing attention among the {len(plotted):,} stores drawn with charts)"
             if len(plotted) < len(stores)
             else ""
         )
         missing = f"; {no_curve:,} of the runs looked at had no finite loss" if no_curve else ""
         out.append(
             f'<p class="note ov-out">{len(picked):,} of {runs:,} runs drawn, {left:,} left out: '
-            f"at most {OVERLAY_RUNS} curves are drawn, taking the runs in the order of the "
-            f"stores below (needing attention first, worst first, then healthy ones){scope}"
-            f"{missing}.</p>"
+            f"at most {OVERLAY_RUNS} curves are drawn, the runs needing attention in the order "
+            f"of the stores below, worst first{scope}, and beside them at least "
+            f"{OVERLAY_HEALTHY} healthy runs where there are any{missing}.</p>"
         )
     out.append("</section>")
     return "".join(out)
@@ -717,7 +750,7 @@ def render_stores(
     folded, rest = healthy[:left], healthy[left:]
 
     body: list[str] = [summary_section(stores, settings, when)]
-    overlay = overlay_section(stores, detailed + folded)
+    overlay = overlay_section(stores, detailed + folded, healthy)
     if overlay:
         body.append(overlay)
     body.append(
@@ -792,7 +825,12 @@ def write_streamed_html(
     """Write the page for records that arrive in batches (a scan), keeping
     only the evidence of the stores that get plots (:class:`StoreCollector`).
     Returns the path and the stores (their records without evidence)."""
-    collector = StoreCollector(plot_limit)
+    # The overlay draws a few healthy runs beside the worst (none without charts).
+    collector = StoreCollector(
+        plot_limit,
+        healthy=OVERLAY_HEALTHY if plot_limit > 0 else 0,
+        healthy_run=_healthy_run,
+    )
     for batch in batches:
         collector.add(batch)
     stores = collector.stores()

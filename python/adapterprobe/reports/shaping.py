@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,10 +172,20 @@ class StoreCollector:
     ``keep`` worst stores: the evidence (loss curves, layer values) of every
     other store is dropped as soon as it is known not to be drawn, so memory
     grows with the number of stores (a few records' messages each), not with
-    their evidence."""
+    their evidence. The evidence of the first ``healthy`` stores in that
+    order for which ``healthy_run`` holds is kept too (the report's overlay
+    draws a few healthy runs beside the worst)."""
 
-    def __init__(self, keep: int) -> None:
+    def __init__(
+        self,
+        keep: int,
+        *,
+        healthy: int = 0,
+        healthy_run: Callable[[Store], bool] | None = None,
+    ) -> None:
         self.keep = max(0, keep)
+        self.healthy = max(0, healthy) if healthy_run is not None else 0
+        self._healthy_run = healthy_run
         self._stores: dict[str, Store] = {}
         self._drawn: list[Store] = []
         self._current: Store | None = None
@@ -201,10 +211,16 @@ class StoreCollector:
 
     def _prune(self) -> None:
         self._drawn.sort(key=badness)
-        for store in self._drawn[self.keep :]:
-            for rec in store.records:
-                rec.evidence = {}
-        del self._drawn[self.keep :]
+        kept = self._drawn[: self.keep]
+        if self.healthy and self._healthy_run is not None:
+            runs = (s for s in self._drawn[self.keep :] if self._healthy_run(s))
+            kept += [s for _, s in zip(range(self.healthy), runs, strict=False)]
+        ids = {id(s) for s in kept}
+        for store in self._drawn:
+            if id(store) not in ids:
+                for rec in store.records:
+                    rec.evidence = {}
+        self._drawn = sorted(kept, key=badness)
 
     def stores(self) -> list[Store]:
         """Every store, named, its records sorted (see :func:`group_stores`)."""
