@@ -278,6 +278,96 @@ def test_the_lightning_callback_lets_a_healthy_run_finish(tmp_path):
     assert trainer.global_step == 200
 
 
+def lightning_csv_run(tmp_path: Path, lr: float):
+    """The Regression run of ``lightning_run`` for 40 steps, logging its loss
+    at every step and ``val_loss`` every 10 through Lightning's CSVLogger,
+    with the guard; the callback and the run's folder (``metrics.csv``)."""
+    import warnings
+
+    L = pytest.importorskip("lightning")
+    torch = pytest.importorskip("torch")
+    from lightning.pytorch.loggers import CSVLogger
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from adapterprobe.integrations.lightning import GuardCallback
+
+    class Regression(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = nn.functional.mse_loss(self.net(x), y)
+            self.log("train_loss", loss)
+            return loss
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            self.log("val_loss", nn.functional.mse_loss(self.net(x), y))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=lr)
+
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(256, 8, generator=generator)
+    data = TensorDataset(x, x.sum(dim=1, keepdim=True))
+    callback = GuardCallback()
+    trainer = L.Trainer(
+        max_steps=40,
+        accelerator="cpu",
+        devices=1,
+        logger=CSVLogger(tmp_path),
+        log_every_n_steps=1,
+        val_check_interval=10,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+        callbacks=[callback],
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # dataloader worker advice
+        trainer.fit(Regression(), DataLoader(data, batch_size=8), DataLoader(data, batch_size=64))
+    return callback, tmp_path / "lightning_logs" / "version_0"
+
+
+def csv_steps(run: Path, column: str) -> list[int]:
+    """The steps of metrics.csv's rows that hold `column`, as Lightning wrote them."""
+    import csv
+
+    with (run / "metrics.csv").open(newline="", encoding="utf-8") as f:
+        return [int(row["step"]) for row in csv.DictReader(f) if row.get(column)]
+
+
+@pytest.mark.parametrize("lr", [0.01, 50.0], ids=["healthy", "nan"])
+def test_the_lightning_guard_names_the_steps_metrics_csv_shows(tmp_path, lr):
+    """Issue 56, item 6: the guard said NaN at steps 51, 52, 53 where the scan
+    of the same run's metrics.csv said 50, 51, 52 (Lightning logs optimizer
+    step k at k - 1, while trainer.global_step is k by on_train_batch_end)."""
+    callback, run = lightning_csv_run(tmp_path, lr)
+    guarded = callback.guard.result()
+    scanned = ap.training_drift(run)
+    train = csv_steps(run, "train_loss")
+    assert train[0] == 0 and train == sorted(set(train))
+    assert [s for s, _ in guarded.evidence["curve_sampled"]] == train
+    assert [s for s, _ in scanned.evidence["curve_sampled"]] == train
+    assert guarded.evidence["nonfinite_steps"] == scanned.evidence["nonfinite_steps"]
+    if lr == 0.01:
+        validated = csv_steps(run, "val_loss")
+        assert [s for s, _ in guarded.evidence["eval_loss_sampled"]] == validated == [9, 19, 29]
+        assert callback.stopped_at is None and guarded.verdict == scanned.verdict
+        return
+    # The NaN run: stopped at the last step metrics.csv holds, saying the same steps.
+    assert callback.stopped_at == train[-1] < 39
+    assert guarded.evidence["nonfinite_steps"], guarded.message
+    (finding,) = [f for f in callback.guard.findings if f["rule"] == "nonfinite_loss"]
+    assert finding["message"] in scanned.message, (finding, scanned.message)
+    assert guarded.verdict == scanned.verdict == "fail"
+
+
 def lightning_lm_run(tmp_path: Path, lr: float, **callback_args):
     """A tiny next-token model over a vocabulary of 128 (K in its hparams),
     trained by Adam at ``lr`` in the real Lightning Trainer."""

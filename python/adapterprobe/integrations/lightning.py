@@ -18,6 +18,9 @@ the global statistics.
 ``GuardCallback`` judges each optimizer step's loss (and the validation loss,
 ``val_loss`` in ``trainer.callback_metrics``) with :class:`adapterprobe.Guard` and
 stops the run with ``trainer.should_stop`` when the verdict reaches ``stop_on``.
+Its steps are the ones Lightning's loggers write (:func:`logged_step`: the ``step``
+column of CSVLogger's ``metrics.csv``, 0 for the first optimizer step), so what the
+guard says names the same steps as a scan of that run's ``metrics.csv``.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ if TYPE_CHECKING:
 else:
     Callback = require("lightning.pytorch", "lightning").Callback
 
-__all__ = ["GAPCallback", "GuardCallback"]
+__all__ = ["GAPCallback", "GuardCallback", "logged_step"]
 
 
 class GAPCallback(Callback):
@@ -138,6 +141,22 @@ def module_output_classes(pl_module: Any) -> tuple[int | None, str]:
     return None, "vocabulary"
 
 
+def logged_step(trainer: Any) -> int:
+    """The step Lightning's loggers give what is logged now: the optimizer
+    steps taken before the current batch's (``fit_loop.epoch_loop.
+    _batches_that_stepped``, what the logger connector passes to every
+    logger, CSVLogger's ``metrics.csv`` ``step`` column among them; 0 for the
+    first optimizer step). The loss of optimizer step k, and a validation
+    run after it, are logged at k - 1, while ``trainer.global_step`` is
+    already k in ``on_train_batch_end`` and ``on_validation_end``. A Lightning
+    without that counter gives ``global_step``."""
+    loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+    stepped = getattr(loop, "_batches_that_stepped", None)
+    if isinstance(stepped, int) and not isinstance(stepped, bool):
+        return stepped
+    return int(trainer.global_step)
+
+
 class GuardCallback(GuardCallbackBase, Callback):
     """Judge a Lightning run online and stop it when the verdict reaches
     ``stop_on`` (``"fail"``: only what no later record can undo; ``"warn"``).
@@ -159,15 +178,23 @@ class GuardCallback(GuardCallbackBase, Callback):
     rank stops at the same step. Both file names are the guard's own choice in
     a folder it did not make: a symbolic link standing at either is replaced by
     the new file, never written through.
+
+    Steps are the ones Lightning's loggers write (:func:`logged_step`, 0 for
+    the first optimizer step), so the guard's findings, ``stopped_at`` and
+    ``guard-stop-step<N>.ckpt`` name the steps ``metrics.csv`` shows, and its
+    verdict at the end is the one a scan of that ``metrics.csv`` gives for the
+    same records. Like that scan it judges no plan (``max_steps``): the
+    guard's plan is counted in optimizer steps taken, which the last logged
+    step of this numbering is one short of, so a finished run would read as
+    stopped one step early.
     """
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        max_steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
         classes, kind = module_output_classes(pl_module)
-        self._start(output_classes=classes, output_kind=kind, max_steps=max_steps)
+        self._start(output_classes=classes, output_kind=kind)
 
     def _observe(self, trainer: Any, **values: float | None) -> None:
-        step = int(trainer.global_step)
+        step = logged_step(trainer)
         share = None
         if trainer.world_size > 1:  # each rank has its own loss: rank 0's decision holds
 
