@@ -268,8 +268,15 @@ def test_nothing_to_scan_fails_the_job_with_the_reason(workspace: Path) -> None:
     assert "::error title=adapterprobe::scan exited 3" in job.printed
 
 
+def pre_commit_hook(hook_id: str) -> dict[str, Any]:
+    """The hook of that id in ``.pre-commit-hooks.yaml``."""
+    hooks = yaml.safe_load((REPO / ".pre-commit-hooks.yaml").read_text(encoding="utf-8"))
+    (hook,) = [h for h in hooks if h["id"] == hook_id]
+    return hook
+
+
 def test_the_pre_commit_hook_runs_the_scan_it_declares(workspace: Path) -> None:
-    (hook,) = yaml.safe_load((REPO / ".pre-commit-hooks.yaml").read_text(encoding="utf-8"))
+    hook = pre_commit_hook("adapterprobe-scan")
     assert hook["id"] == "adapterprobe-scan" and hook["pass_filenames"] is False
     entry = hook["entry"].split()
     assert shutil.which(entry[0], path=str(Path(sys.executable).parent)), entry
@@ -288,7 +295,7 @@ def test_the_pre_commit_hook_passes_a_repository_with_nothing_to_scan(tmp_path: 
     """The common case of a repository that has no runs committed yet: the
     hook's own args (--allow-empty) make that exit 0, where a bare scan
     exits 3 and would block every commit."""
-    (hook,) = yaml.safe_load((REPO / ".pre-commit-hooks.yaml").read_text(encoding="utf-8"))
+    hook = pre_commit_hook("adapterprobe-scan")
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "train.py").write_text("print('hello')\n")
     entry = [str(Path(sys.executable).parent / hook["entry"].split()[0]), "scan"]

@@ -320,3 +320,93 @@ def settings_of(resolved: Mapping[str, ProbeOptions], probes: Sequence[str]) -> 
         values.pop("rules", None)
         out[name] = values
     return out
+
+
+#: Folder levels below the top a path of :func:`stores_of` is looked up
+#: through at most (the walk searches no deeper either).
+MAX_DEPTH = 64
+
+
+class StoresOf(tuple[list[str], list[str], list[str]]):
+    """:func:`stores_of`'s answer: ``(roots, in_none, outside)``: the roots
+    to scan, each once (a store folder, or an MLflow database file, whose
+    runs are its stores), in the order first met; the paths in no store; the
+    paths not under the top."""
+
+    __slots__ = ()
+
+    @property
+    def roots(self) -> list[str]:
+        return self[0]
+
+    @property
+    def in_none(self) -> list[str]:
+        return self[1]
+
+    @property
+    def outside(self) -> list[str]:
+        return self[2]
+
+
+def stores_of(
+    paths: Sequence[str | os.PathLike[str]], *, top: str | os.PathLike[str] = "."
+) -> StoresOf:
+    """The stores that hold `paths` (such as the files a commit touches), as
+    a scan of `top` finds them, so that only those are scanned.
+
+    The walk of a scan stops at the first folder of a known layout, so the
+    store holding a path is the topmost folder on the way down from `top`
+    to it that is a store (each folder on the way judged alone, from its own
+    listing: ``discover`` told to enter none of its subfolders); an MLflow
+    database (``mlflow.db``) holds its runs. A path below a hidden folder,
+    or deeper than ``MAX_DEPTH`` levels, is in no store, as the walk does
+    not go there; so is one whose folders are all plain ones. A path that no
+    longer exists (a deleted file) is looked up through the folders of it
+    that do. Paths are taken as given (``os.path.abspath``, no links
+    resolved); links inside the store are confined to `top`, as in a scan
+    of it."""
+    base = os.path.abspath(top)
+    answers: dict[str, list[Any]] = {}
+
+    def targets_of(folder: str) -> list[Any]:
+        if folder not in answers:
+            found = _core.discover([folder], exclude=["*"], bounds=[base])
+            answers[folder] = list(found.targets)
+        return answers[folder]
+
+    roots: list[str] = []
+    in_none: list[str] = []
+    outside: list[str] = []
+    for given in paths:
+        path = os.path.abspath(given)
+        if path != base and not path.startswith(base.rstrip(os.sep) + os.sep):
+            outside.append(os.fsdecode(given))
+            continue
+        parts = Path(path).relative_to(base).parts
+        folders = [base] + [os.path.join(base, *parts[:i]) for i in range(1, len(parts))]
+        if parts and os.path.isdir(path):
+            folders.append(path)
+        root = None
+        for depth, folder in enumerate(folders):
+            if depth > MAX_DEPTH or not os.path.isdir(folder):
+                break
+            if depth and os.path.basename(folder).startswith("."):
+                break  # the walk enters no hidden folder
+            held = [Path(t.store) for t in targets_of(folder)]
+            here = Path(folder)
+            # A folder that is a store (at the top: also one version of a
+            # store above it, as a scan of the top takes it), or the MLflow
+            # database that is the path itself.
+            if any(s == here or (depth == 0 and here.is_relative_to(s)) for s in held):
+                root = folder
+            elif any(s.is_relative_to(path) and s != Path(path) for s in held):
+                root = path
+            if root is not None:
+                break
+        if root is None:
+            in_none.append(os.fsdecode(given))
+            continue
+        named = os.path.normpath(os.path.join(top, os.path.relpath(root, base)))
+        if named not in roots:
+            roots.append(named)
+    return StoresOf((roots, in_none, outside))

@@ -24,6 +24,8 @@ examples:
   adapterprobe scan /data --format github    annotations + step summary (automatic
                                              when GITHUB_ACTIONS=true)
   adapterprobe scan /data --all-versions     every version, not just the newest
+  adapterprobe scan --stores-of -- FILE...   only the stores holding these files (a
+                                             pre-commit hook's staged files)
   adapterprobe scan s3://bucket/runs -v      a bucket prefix, read by range (also gs://, az://)
   adapterprobe scan --hf-cache               the Hugging Face hub cache, stores as org/name@rev
   adapterprobe scan /data --set training_drift.spike_z=8 --set adapter_weights.max_top_share=0.95
@@ -87,6 +89,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="ROOT",
         help="store, adapter version or checkpoint dir, or any directory holding stores "
         "(default: the bundled demo store)",
+    )
+    p.add_argument(
+        "--stores-of",
+        action="store_true",
+        help="the ROOTs are files (e.g. those a commit touches, from a pre-commit hook): scan "
+        "the store holding each, once, as a scan of the working directory finds it; a file in "
+        "no store is passed over, and none in a store is exit 0",
     )
     add_output_options(p)
     add_save_option(p)
@@ -375,7 +384,52 @@ def saving_json(batches: Iterable[list[Any]], out: IO[str]) -> Iterator[list[Any
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "stores_of", False):
+        return run_stores_of(args.roots, args)
     return run_scan(args.roots, args)
+
+
+def run_stores_of(files: list[str], args: argparse.Namespace) -> int:
+    """``scan --stores-of FILE...``: the stores holding the files, found
+    from the working directory (:func:`adapterprobe.scan.stores_of`), each
+    scanned once; exit 0 when no file is in a store."""
+    from adapterprobe.errors import UsageError
+    from adapterprobe.escape import terminal
+    from adapterprobe.records import EXIT_OK
+    from adapterprobe.remote import URL_SCHEMES, scheme_of
+    from adapterprobe.scan import stores_of
+
+    if getattr(args, "exclude", None):
+        raise UsageError(
+            "--exclude does not apply with --stores-of, which scans only the stores holding "
+            "the files given: leave the files out instead (pre-commit: the hook's exclude:)"
+        )
+    if getattr(args, "hf_cache", False):
+        raise UsageError("--hf-cache does not apply with --stores-of")
+    urls = [f for f in files if scheme_of(f) in URL_SCHEMES]
+    if urls:
+        raise UsageError(f"--stores-of takes local files, not {terminal(urls[0])}")
+    found = stores_of(files)
+    if found.outside:
+        shown = ", ".join(terminal(f) for f in found.outside[:3])
+        more = f" and {len(found.outside) - 3} more" if len(found.outside) > 3 else ""
+        print(
+            f"adapterprobe: not under the working directory, passed over: {shown}{more}",
+            file=sys.stderr,
+        )
+    if not found.roots:
+        given = (
+            "no file given"
+            if not files
+            else f"none of the {len(files)} file{'' if len(files) == 1 else 's'} given is in a "
+            "store"
+        )
+        print(f"adapterprobe: {given}: nothing to scan (exit 0)", file=sys.stderr)
+        return EXIT_OK
+    if getattr(args, "verbose", False):
+        for root in found.roots:
+            print(f"adapterprobe: scanning the store {terminal(root)}", file=sys.stderr)
+    return run_scan(found.roots, args)
 
 
 def note_remote_checksums(roots: list[str]) -> None:
