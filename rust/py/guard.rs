@@ -49,6 +49,7 @@ impl Guard {
             count,
             kind: output_kind.unwrap_or_else(|| "vocabulary".into()),
             path: std::path::PathBuf::new(),
+            source: "the model's config".to_string(),
         });
         let mut inner = guard::Guard::new(options, classes);
         inner.set_max_steps(max_steps);

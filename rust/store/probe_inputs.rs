@@ -157,10 +157,13 @@ impl DriftInput {
         self
     }
 
-    /// The same input with `output_classes` read from the `config.json`
-    /// beside the run's logs (in the store, or in the folder of a log file:
-    /// the checkpoint whose `trainer_state.json` was read), else from the
-    /// tracker's record of the model config (W&B, MLflow).
+    /// The same input with `output_classes` read from what lies beside the
+    /// run's logs (in the store, or in the folder of a log file: the
+    /// checkpoint whose `trainer_state.json` was read): a `config.json`, a
+    /// base model's config, `hparams.yaml` (see
+    /// [`model_config::output_classes_near`]); else from what the logs
+    /// carry (W&B's config record, MLflow's params, TensorBoard's
+    /// `model_config` text).
     fn with_model_config(mut self) -> DriftInput {
         let Some(curve) = &self.curve else {
             return self;
@@ -173,7 +176,7 @@ impl DriftInput {
         }
         // The model's own config.json first, then the tracker's record of it.
         self.output_classes =
-            model_config::output_classes_in(dirs).or_else(|| curve.output_classes.clone());
+            model_config::output_classes_near(&dirs).or_else(|| curve.output_classes.clone());
         self
     }
 

@@ -745,6 +745,7 @@ mod tests {
             count: 128,
             kind: "vocabulary".into(),
             path: PathBuf::from("config.json"),
+            source: "config.json".to_string(),
         };
         let mut g = Guard::new(DriftOptions::defaults("robust"), Some(classes));
         let v = g.observe(10, Some(587.0 * 128f64.ln()), None, None, None, None);

@@ -406,7 +406,9 @@ class Guard:
 
 @final
 class OutputClasses:
-    """What a saved model's loss is a cross-entropy over (its ``config.json``)."""
+    """What a model's loss is a cross-entropy over, and where that was read
+    (its ``config.json``, a base model's, a tracker's record of it,
+    TensorBoard's ``model_config`` text, Lightning's ``hparams.yaml``)."""
 
     @property
     def count(self) -> int: ...
@@ -414,6 +416,8 @@ class OutputClasses:
     def kind(self) -> str: ...
     @property
     def path(self) -> Path: ...
+    @property
+    def source(self) -> str: ...
 
 @final
 class ParamSlot:

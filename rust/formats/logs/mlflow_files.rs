@@ -256,6 +256,7 @@ fn logged_classes(run: &Path) -> Option<OutputClasses> {
         count,
         kind: kind.to_string(),
         path: params,
+        source: "MLflow's params".to_string(),
     })
 }
 

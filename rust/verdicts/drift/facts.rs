@@ -13,7 +13,7 @@
 
 use super::degenerate::starts_at_ln2;
 use crate::formats::logs::curve::{LossCurve, RunEnd};
-use crate::formats::model_config::OutputClasses;
+use crate::formats::model_config::{self, OutputClasses};
 use crate::io::path_text;
 use crate::verdicts::evidence::Evidence;
 use crate::verdicts::{number_text, Value};
@@ -113,7 +113,11 @@ fn objective(curve: &LossCurve, classes: Option<&OutputClasses>) -> (&'static st
     }
     match classes {
         Some(c) => {
-            let from = path_text::display(&c.path);
+            let from = if c.source == model_config::CONFIG_JSON {
+                path_text::display(&c.path)
+            } else {
+                c.source.clone()
+            };
             if c.kind == "vocabulary" {
                 (
                     "causal_lm",

@@ -161,8 +161,7 @@ pub fn judge_drift(input: &DriftInput, o: &DriftOptions) -> Judged {
             .join("; ");
         evidence.put("findings", crate::verdicts::findings_value(&stopped));
         if let Some(c) = &input.output_classes {
-            evidence.put("output_classes", c.count);
-            evidence.put("output_classes_kind", c.kind.as_str());
+            put_classes(&mut evidence, c);
         }
         let score = if verdict == Verdict::Warn { 0.3 } else { 0.0 };
         let mut judged = Judged::bare(KIND, verdict, message)
@@ -196,8 +195,7 @@ pub fn judge_drift(input: &DriftInput, o: &DriftOptions) -> Judged {
     let mut judged =
         robust::judge(curve, o, classes).unwrap_or_else(|e| Judged::bare(KIND, Verdict::Error, e));
     if let Some(c) = classes {
-        judged.evidence.put("output_classes", c.count);
-        judged.evidence.put("output_classes_kind", c.kind.as_str());
+        put_classes(&mut judged.evidence, c);
     }
     if let Some(g) = &input.guard {
         judged.evidence.put("guard_verdict", g.verdict.as_str());
@@ -217,6 +215,14 @@ pub fn judge_drift(input: &DriftInput, o: &DriftOptions) -> Judged {
 
 /// The run's facts in the evidence: `run_facts`, and `run_facts_text`
 /// that says them.
+/// `output_classes` (K), `output_classes_kind` and `output_classes_source`
+/// (where K was read, in words).
+fn put_classes(evidence: &mut Evidence, c: &OutputClasses) {
+    evidence.put("output_classes", c.count);
+    evidence.put("output_classes_kind", c.kind.as_str());
+    evidence.put("output_classes_source", c.source.as_str());
+}
+
 fn put_the_facts(judged: &mut Judged, curve: &LossCurve, classes: Option<&OutputClasses>) {
     let (facts, text) = facts::run_facts(curve, classes);
     judged.evidence.put("run_facts", Value::Map(facts));

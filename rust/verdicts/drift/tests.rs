@@ -575,6 +575,7 @@ fn with_classes(curve: LossCurve, count: u64, kind: &str) -> DriftInput {
             count,
             kind: kind.into(),
             path: PathBuf::from("/r/config.json"),
+            source: "config.json".to_string(),
         }),
         ..input(curve)
     }

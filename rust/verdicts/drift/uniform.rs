@@ -57,10 +57,7 @@ fn reference(classes: &OutputClasses) -> String {
             number_text::thousands(i128::from(classes.count))
         )
     };
-    let from = classes.path.file_name().map_or_else(
-        || "the model's config".to_string(),
-        |n| n.to_string_lossy().into_owned(),
-    );
+    let from = &classes.source;
     format!(
         "ln({}) = {}, the loss of a uniform guess over {what} ({from})",
         number_text::thousands(i128::from(classes.count)),

@@ -17,6 +17,7 @@ use crate::formats::logs::dlm_log::{read_loss_curve, train_logs_in};
 use crate::formats::logs::{
     csv_log, mlflow_db, mlflow_files, tfevents, trainer_log, trainer_state, wandb_run,
 };
+use crate::formats::model_config::{self, OutputClasses};
 use crate::io::lfs;
 use crate::io::walk::files_under;
 
@@ -331,8 +332,12 @@ pub fn read_curve_from(source: &Path, tag: Option<&str>) -> Result<LossCurve> {
                 tfevents::read_scalar_series_and(&files, tag, &SideSeries::is_side_name)?;
             let mut side = SideSeries::default();
             side.fill_from_events(kept);
-            read(&series.tag, series.points, series.files, series.torn_files)
-                .map(|c| LossCurve { side, ..c })
+            let output_classes = classes_of_events(&series);
+            read(&series.tag, series.points, series.files, series.torn_files).map(|c| LossCurve {
+                side,
+                output_classes,
+                ..c
+            })
         }
         LogSource::Csv => {
             let path = files.first().map_or(source, PathBuf::as_path);
@@ -402,6 +407,7 @@ pub fn read_hf_run_curve(run: &Path) -> Result<LossCurve> {
         files.push(path);
     }
     let mut series_name = "loss".to_string();
+    let mut output_classes = None;
     if !events.is_empty() {
         match tfevents::read_scalar_series_and(&events, None, &SideSeries::is_side_name) {
             // A held-out loss found by its name is no addition to the
@@ -411,6 +417,7 @@ pub fn read_hf_run_curve(run: &Path) -> Result<LossCurve> {
                 if files.is_empty() {
                     series_name.clone_from(&series.tag);
                 }
+                output_classes = classes_of_events(&series);
                 side.fill_from_events(kept);
                 points.extend(series.points);
                 files.extend(series.files);
@@ -431,7 +438,20 @@ pub fn read_hf_run_curve(run: &Path) -> Result<LossCurve> {
         series: series_name,
         torn_files: torn,
         side,
+        output_classes,
         ..assemble(points, files)
+    })
+}
+
+/// K from the `model_config` text an HF run's event files carry.
+fn classes_of_events(series: &tfevents::ScalarSeries) -> Option<OutputClasses> {
+    let (path, text) = series.model_config.as_ref()?;
+    let (count, kind) = model_config::output_classes(text)?;
+    Some(OutputClasses {
+        count,
+        kind: kind.to_string(),
+        path: path.clone(),
+        source: "the TensorBoard model_config text".to_string(),
     })
 }
 

@@ -595,6 +595,7 @@ fn curve_of(path: &Path, row: &RunRow, read: RunSeries, key: Option<&str>) -> Re
                 count,
                 kind: kind.to_string(),
                 path: path.to_path_buf(),
+                source: "MLflow's params".to_string(),
             }
         });
     Ok(LossCurve {

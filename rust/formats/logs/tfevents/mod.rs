@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Area, Error, Result};
 use crate::formats::logs::series_names;
+use crate::formats::model_config::MAX_CONFIG_BYTES;
 use crate::io::files::open_regular;
 use crate::io::lfs;
 use crate::io::walk::files_under;
@@ -56,8 +57,14 @@ const MAX_GROUP_DEPTH: usize = 32;
 const HEADER_BYTES: u64 = 12;
 const FOOTER_BYTES: u64 = 4;
 
+/// Tags of the model's config as a text summary: the HF Trainer's
+/// `add_text("model_config", ...)` (torch's writer appends
+/// `/text_summary`).
+pub const MODEL_CONFIG_TAGS: [&str; 2] = ["model_config/text_summary", "model_config"];
+
 /// DataType enum values of TensorFlow's `types.proto`.
 const DT_FLOAT: u64 = 1;
+const DT_STRING: u64 = 7;
 const DT_DOUBLE: u64 = 2;
 
 /// The points of one scalar tag, read from one or more event files.
@@ -80,6 +87,10 @@ pub struct ScalarSeries {
     pub files: Vec<PathBuf>,
     /// Files that ended inside a record (read up to it).
     pub torn_files: Vec<PathBuf>,
+    /// The text of the `model_config` text summary the HF Trainer's
+    /// TensorBoard callback writes (the model's `config.json`), and the
+    /// file that holds it; the last one read wins.
+    pub model_config: Option<(PathBuf, Vec<u8>)>,
 }
 
 /// Whether a file name is a TensorBoard event file's.
@@ -154,6 +165,7 @@ pub fn read_scalar_series_and(
         tags: collector.tags.into_iter().collect(),
         files: ordered.into_iter().cloned().collect(),
         torn_files,
+        model_config: collector.model_config.take(),
     };
     Ok((series, collector.also_points))
 }
@@ -468,6 +480,8 @@ struct SummaryValue<'a> {
     tag: &'a [u8],
     plugin: Option<&'a [u8]>,
     reading: Option<Reading>,
+    /// The text of a string tensor, read only for [`MODEL_CONFIG_TAGS`].
+    text: Option<&'a [u8]>,
 }
 
 /// What one `Summary.Value` holds.
@@ -592,6 +606,20 @@ fn tensor_scalar(tensor: &[u8]) -> Decode<Option<f64>> {
     })
 }
 
+/// The first string of a DT_STRING `TensorProto` (a text summary's text).
+fn tensor_text(tensor: &[u8]) -> Decode<Option<&[u8]>> {
+    let (mut dtype, mut text) = (0u64, None);
+    let mut fields = Fields::new(tensor);
+    while let Some((number, wire)) = fields.next_field()? {
+        match (number, wire) {
+            (1, Wire::Varint(d)) => dtype = d,
+            (8, Wire::Bytes(b)) if text.is_none() => text = Some(b),
+            _ => {}
+        }
+    }
+    Ok(text.filter(|_| dtype == DT_STRING))
+}
+
 /// Call `found` with the step and each value of one serialized `Event`.
 fn event_values<'a>(event: &'a [u8], found: &mut impl FnMut(i64, SummaryValue<'a>)) -> Decode<()> {
     // `step` may follow `summary` on the wire: find it first.
@@ -618,12 +646,18 @@ fn event_values<'a>(event: &'a [u8], found: &mut impl FnMut(i64, SummaryValue<'a
                 Some(Wire::Bytes(tensor)) => tensor_scalar(tensor)?.map(Reading::Tensor),
                 _ => None,
             };
+            let is_config = MODEL_CONFIG_TAGS.iter().any(|t| t.as_bytes() == v.tag);
+            let text = match v.kind {
+                Some(Wire::Bytes(tensor)) if is_config => tensor_text(tensor)?,
+                _ => None,
+            };
             found(
                 step,
                 SummaryValue {
                     tag: v.tag,
                     plugin: v.plugin,
                     reading,
+                    text,
                 },
             );
         }
@@ -643,6 +677,10 @@ struct Collector<'w> {
     tags: BTreeSet<String>,
     /// Tags whose metadata names a plugin other than scalars.
     not_scalar: HashSet<Vec<u8>>,
+    /// The file being read, and the model config text found (see
+    /// [`ScalarSeries::model_config`]).
+    file: PathBuf,
+    model_config: Option<(PathBuf, Vec<u8>)>,
 }
 
 impl<'w> Collector<'w> {
@@ -654,10 +692,18 @@ impl<'w> Collector<'w> {
             also_points: BTreeMap::new(),
             tags: BTreeSet::new(),
             not_scalar: HashSet::new(),
+            file: PathBuf::new(),
+            model_config: None,
         }
     }
 
     fn record(&mut self, step: i64, value: &SummaryValue) -> std::result::Result<(), String> {
+        if let Some(text) = value.text {
+            // A record is capped at MAX_RECORD_BYTES; a config is far smaller.
+            if text.len() as u64 <= MAX_CONFIG_BYTES {
+                self.model_config = Some((self.file.clone(), text.to_vec()));
+            }
+        }
         if let Some(plugin) = value.plugin {
             if !plugin.is_empty() && plugin != b"scalars" && !self.not_scalar.contains(value.tag) {
                 if self.not_scalar.len() >= MAX_TAGS {
@@ -699,6 +745,7 @@ impl<'w> Collector<'w> {
 /// Read one event file into `collector`.
 fn read_file(path: &Path, collector: &mut Collector) -> Result<Ending> {
     let err = |msg: String| Error::new(Area::LogFormat, path, msg);
+    collector.file = path.to_path_buf();
     let file = open_regular(path, Area::LogFormat)?;
     let file_len = file
         .metadata()

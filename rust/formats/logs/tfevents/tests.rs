@@ -608,3 +608,70 @@ fn a_loss_tag_outside_the_defaults_is_read_by_its_meaning() {
         "{e}"
     );
 }
+
+/// An Event with one text summary, as torch's `SummaryWriter.add_text`
+/// writes it (a DT_STRING tensor under the `text` plugin).
+fn text_event(step: i64, tag: &str, text: &str) -> Vec<u8> {
+    let mut plugin_data = vec![];
+    field_bytes(1, b"text", &mut plugin_data);
+    let mut metadata = vec![];
+    field_bytes(1, &plugin_data, &mut metadata);
+    let mut tensor = vec![];
+    tensor.push(1 << 3);
+    varint(DT_STRING, &mut tensor);
+    field_bytes(8, text.as_bytes(), &mut tensor);
+    let mut v = vec![];
+    field_bytes(1, tag.as_bytes(), &mut v);
+    field_bytes(8, &tensor, &mut v);
+    field_bytes(9, &metadata, &mut v);
+    let mut summary = vec![];
+    field_bytes(1, &v, &mut summary);
+    let mut event = vec![];
+    event.push(2 << 3);
+    varint(step as u64, &mut event);
+    field_bytes(5, &summary, &mut event);
+    event
+}
+
+#[test]
+fn the_model_config_text_is_kept_beside_the_scalars() {
+    // The HF Trainer's own event file: a config without `architectures`.
+    let hf = fixture("hf_run/runs/Jan01_00-00-00_fixturehost");
+    let series = read_scalar_series(&event_files(&hf).unwrap(), None).unwrap();
+    let (path, text) = series.model_config.expect("the HF run's model_config text");
+    assert!(path.starts_with(&hf));
+    let config: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    assert_eq!(config["vocab_size"], 64);
+    // Written as add_text writes it, the last one read wins; other text
+    // tags and a non-string tensor are not taken for it.
+    let dir = tempfile::tempdir().unwrap();
+    let mut bytes = frame(&simple_event(1, "train/loss", 3.0));
+    bytes.extend(frame(&text_event(
+        0,
+        "model_config/text_summary",
+        "{\"old\": 1}",
+    )));
+    bytes.extend(frame(&text_event(
+        0,
+        "args/text_summary",
+        "{\"vocab_size\": 9}",
+    )));
+    bytes.extend(frame(&text_event(
+        0,
+        "model_config/text_summary",
+        "{\"vocab_size\": 128}",
+    )));
+    let path = write(dir.path(), "events.out.tfevents.1.host", &bytes);
+    let series = read_one(&path, None).unwrap();
+    assert_eq!(series.points, vec![(1, 3.0)]);
+    assert_eq!(
+        series.model_config.unwrap().1,
+        b"{\"vocab_size\": 128}".to_vec()
+    );
+    let only_scalars = write(
+        dir.path(),
+        "events.out.tfevents.2.host",
+        &frame(&simple_event(1, "loss", 2.0)),
+    );
+    assert_eq!(read_one(&only_scalars, None).unwrap().model_config, None);
+}

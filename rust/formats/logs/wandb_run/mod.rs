@@ -396,6 +396,7 @@ pub fn curve_of(run: &WandbRun, log: &Path, key: Option<&str>) -> Result<LossCur
                 count,
                 kind: kind.to_string(),
                 path: log.to_path_buf(),
+                source: "W&B's config record".to_string(),
             },
         );
     Ok(LossCurve {
