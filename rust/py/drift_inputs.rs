@@ -36,6 +36,7 @@ fn loss_curve_from_records(
             grad_norm: curve::by_step(grad_norm),
             learning_rate: curve::by_step(learning_rate),
             reward: curve::by_step(reward),
+            margins: vec![],
             progress: progress.map(|(global_step, max_steps)| RunProgress {
                 global_step,
                 max_steps,

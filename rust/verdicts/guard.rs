@@ -173,6 +173,8 @@ impl History {
                 grad_norm: side(&self.grad_norm),
                 learning_rate: side(&self.learning_rate),
                 reward: side(&self.reward),
+                // The guard is not fed margins: a runaway is judged offline.
+                margins: vec![],
                 progress: None,
                 ending: None,
             },

@@ -97,6 +97,9 @@ pub struct SideSeries {
     /// The mean reward of an RL objective (`reward`, `train/reward`,
     /// `rewards/mean`, ...).
     pub reward: Vec<(i64, f64)>,
+    /// A preference trainer's mean reward margin between chosen and
+    /// rejected answers (TRL's DPO family: `rewards/margins`).
+    pub margins: Vec<(i64, f64)>,
     /// How far the run got against its plan, where the log says
     /// (`trainer_state.json`, LLaMA-Factory's `trainer_log.jsonl`).
     pub progress: Option<RunProgress>,
@@ -138,6 +141,7 @@ impl SideSeries {
             grad_norm: by_step(state.grad_norm_points.clone()),
             learning_rate: by_step(state.learning_rate_points.clone()),
             reward: by_step(state.reward_points.clone()),
+            margins: by_step(state.margin_points.clone()),
             progress: state.max_steps.map(|max_steps| RunProgress {
                 global_step: state.global_step,
                 max_steps,
@@ -154,6 +158,7 @@ impl SideSeries {
             &GRAD_NORM_NAMES[..],
             &LEARNING_RATE_NAMES[..],
             &REWARD_NAMES[..],
+            &MARGIN_NAMES[..],
         ];
         lists
             .iter()
@@ -206,6 +211,7 @@ impl SideSeries {
             (&mut self.grad_norm, &GRAD_NORM_NAMES[..], false),
             (&mut self.learning_rate, &LEARNING_RATE_NAMES[..], false),
             (&mut self.reward, &REWARD_NAMES[..], true),
+            (&mut self.margins, &MARGIN_NAMES[..], false),
         ] {
             if !series.is_empty() {
                 continue;
@@ -252,6 +258,10 @@ pub const REWARD_NAMES: [&str; 8] = [
     "reward_mean",
     "mean_reward",
 ];
+
+/// Names of a preference trainer's mean reward margin: TRL's DPO family
+/// as the Trainer's log, TensorBoard and W&B carry it.
+pub const MARGIN_NAMES: [&str; 3] = ["rewards/margins", "train/rewards/margins", "margins"];
 
 /// The first of `names` present in `available` (a name ending in `-` is a
 /// prefix, matched against the available names in their order).

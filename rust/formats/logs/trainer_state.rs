@@ -57,6 +57,9 @@ pub struct TrainerState {
     /// `(step, reward)` of the entries that carry TRL's mean `reward` (GRPO,
     /// RLOO, online DPO), non-finite kept.
     pub reward_points: Vec<(i64, f64)>,
+    /// `(step, margin)` of the entries that carry a preference trainer's
+    /// mean reward margin (TRL's DPO family: `rewards/margins`).
+    pub margin_points: Vec<(i64, f64)>,
 }
 
 /// Read the `trainer_state.json` at `path`.
@@ -274,6 +277,7 @@ fn log_history(s: &mut Scanner, state: &mut TrainerState) -> Parsed<()> {
     state.grad_norm_points.clear();
     state.learning_rate_points.clear();
     state.reward_points.clear();
+    state.margin_points.clear();
     s.eat(b'[')?;
     s.ws();
     if s.peek() == Some(b']') {
@@ -297,9 +301,11 @@ fn log_entry(s: &mut Scanner, index: usize, state: &mut TrainerState) -> Parsed<
     }
     let (mut step, mut loss, mut eval_loss) = (None, None, None);
     let (mut grad_norm, mut learning_rate, mut reward) = (None, None, None);
+    let mut margin = None;
     members(s, |s, name| {
         match name {
             "reward" => reward = Some(s.scalar()?),
+            "rewards/margins" => margin = Some(s.scalar()?),
             "step" => step = Some(s.scalar()?),
             "loss" => loss = Some(s.scalar()?),
             "eval_loss" => eval_loss = Some(s.scalar()?),
@@ -325,6 +331,9 @@ fn log_entry(s: &mut Scanner, index: usize, state: &mut TrainerState) -> Parsed<
         }
         if let Some(v) = learning_rate.as_ref().and_then(to_loss) {
             state.learning_rate_points.push((step, v));
+        }
+        if let Some(v) = margin.as_ref().and_then(to_loss) {
+            state.margin_points.push((step, v));
         }
     }
     if let Some(v) = reward.as_ref().and_then(to_loss) {
@@ -402,6 +411,17 @@ mod tests {
 
     fn parse_err(text: &str) -> String {
         parse_trainer_state(text).unwrap_err()
+    }
+
+    #[test]
+    fn dpos_margins_are_read_beside_the_loss() {
+        let text = r#"{"global_step": 2, "log_history": [
+            {"step": 1, "loss": 0.6931, "rewards/margins": 0.0, "rewards/chosen": 0.0},
+            {"step": 2, "loss": 0.4, "rewards/margins": 1.5},
+            {"step": 3, "eval_loss": 0.5, "eval_rewards/margins": 9.0}
+        ]}"#;
+        let state = parse_trainer_state(text).unwrap();
+        assert_eq!(state.margin_points, vec![(1, 0.0), (2, 1.5)]);
     }
 
     #[test]

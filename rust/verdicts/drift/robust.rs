@@ -383,9 +383,19 @@ fn judge_trend(
                 .rev()
                 .copied()
                 .find(|p| p.1.is_finite()),
+            best_eval: curve
+                .side
+                .eval_loss
+                .iter()
+                .copied()
+                .filter(|p| p.1.is_finite())
+                .reduce(|a, b| if b.1 < a.1 { b } else { a }),
         };
         findings.extend(uniform_finding(classes, &levels));
-        if !findings.iter().any(|f| f.rule == "worse_than_uniform") {
+        if !findings
+            .iter()
+            .any(|f| f.rule == "worse_than_uniform" || f.rule == "overfit")
+        {
             findings.extend(record_far_above(
                 classes,
                 steps,
@@ -396,7 +406,13 @@ fn judge_trend(
     }
     // A trend judged diverged, unstable or regressed says more than
     // "stuck"; a stuck run says why it made no progress.
-    let trend_rules = ["diverged", "unstable", "regressed", "worse_than_uniform"];
+    let trend_rules = [
+        "diverged",
+        "unstable",
+        "regressed",
+        "worse_than_uniform",
+        "overfit",
+    ];
     if !findings.iter().any(|f| trend_rules.contains(&f.rule)) {
         let k = classes.map(|c| c.count);
         if let Some(stuck) = stuck_finding(curve, a, num_steps, k) {

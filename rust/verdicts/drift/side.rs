@@ -3,6 +3,7 @@
 //! for most of the run), an RL objective's reward (exactly 0 throughout)
 //! and the eval loss (non-finite, rising while the training loss falls).
 
+use super::degenerate::margins_runaway;
 use super::{number_text, steps_text, upper_median, CURVE_SAMPLE_CAP};
 use crate::analysis::series;
 use crate::formats::logs::curve::LossCurve;
@@ -148,6 +149,13 @@ pub(super) fn side_findings(curve: &LossCurve, max_eval_rise: f64) -> (Vec<Findi
         } else if let Some(fell) = reward_fell(rewards) {
             findings.push(fell);
         }
+    }
+
+    let margins = &curve.side.margins;
+    if !margins.is_empty() {
+        let s = series::summarize(margins, CURVE_SAMPLE_CAP);
+        evidence.put("margins_sampled", points(&s.sampled));
+        findings.extend(margins_runaway(margins));
     }
 
     let evals = &curve.side.eval_loss;

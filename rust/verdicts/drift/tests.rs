@@ -361,6 +361,7 @@ fn robust_side_series_findings() {
             .collect(),
         learning_rate: (0..40).map(|s| (s, 0.0)).collect(),
         reward: vec![],
+        margins: vec![],
         progress: None,
         ending: None,
     };
@@ -1088,6 +1089,93 @@ fn one_record_far_above_ln_k_fails_at_that_record() {
     let j = judge_drift(&with_classes(curve(&falling), 128, "vocabulary"), &robust());
     assert!(
         !rules(&j).contains(&"worse_than_uniform".to_string()),
+        "{}",
+        j.message
+    );
+}
+
+#[test]
+fn preference_margins_that_run_away_warn_and_single_digits_do_not() {
+    let steps: Vec<i64> = (1..=12).map(|i| i * 10).collect();
+    let losses = [
+        std::f64::consts::LN_2,
+        0.6,
+        0.5,
+        0.42,
+        0.36,
+        0.3,
+        0.26,
+        0.22,
+        0.19,
+        0.17,
+        0.15,
+        0.14,
+    ];
+    let with_margins = |ends: f64| {
+        let mut c = curve_at(&steps, &losses);
+        c.side.margins = steps
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| (s, ends * i as f64 / 11.0))
+            .collect();
+        c
+    };
+    let healthy = judge_drift(&input(with_margins(4.4)), &robust());
+    assert!(
+        !rules(&healthy).contains(&"margins_runaway".to_string()),
+        "{}",
+        healthy.message
+    );
+    assert!(healthy.evidence.get("margins_sampled").is_some());
+    let away = judge_drift(&input(with_margins(141.0)), &robust());
+    assert!(
+        rules(&away).contains(&"margins_runaway".to_string()),
+        "{}",
+        away.message
+    );
+    assert_eq!(away.verdict, Verdict::Warn);
+    // One wild last record is not the end level (the median of the last three).
+    let mut one = with_margins(4.4);
+    one.side.margins.last_mut().unwrap().1 = 500.0;
+    let j = judge_drift(&input(one), &robust());
+    assert!(
+        !rules(&j).contains(&"margins_runaway".to_string()),
+        "{}",
+        j.message
+    );
+}
+
+#[test]
+fn an_eval_past_ln_k_beside_a_fitted_training_loss_is_overfitting_not_a_blow_up() {
+    // The run: train falls to 0.014, eval 5.13 -> 7.58 over K = 128.
+    let steps: Vec<i64> = (1..=40).map(|i| i * 5).collect();
+    let losses: Vec<f64> = (0..40)
+        .map(|i| 4.8 * (-(i as f64) / 6.0).exp() + 0.014)
+        .collect();
+    let mut c = curve_at(&steps, &losses);
+    c.side.eval_loss = vec![(40, 5.13), (80, 5.6), (120, 6.4), (160, 7.1), (200, 7.58)];
+    let j = judge_drift(&with_classes(c.clone(), 128, "vocabulary"), &robust());
+    assert_eq!(j.verdict, Verdict::Fail, "{}", j.message);
+    let r = rules(&j);
+    assert!(r.contains(&"overfit".to_string()), "{}", j.message);
+    assert!(
+        !r.contains(&"worse_than_uniform".to_string()),
+        "{}",
+        j.message
+    );
+    assert!(j.message.contains("5.13 at step 40"), "{}", j.message);
+    assert!(
+        !j.message.contains("learning rate far too high"),
+        "{}",
+        j.message
+    );
+    // A training loss that did not fit its data beside the same eval: blown up.
+    let noisy: Vec<f64> = (0..40).map(|i| 4.0 + 0.1 * (i % 3) as f64).collect();
+    let mut flat = curve_at(&steps, &noisy);
+    flat.side.eval_loss = c.side.eval_loss.clone();
+    let j = judge_drift(&with_classes(flat, 128, "vocabulary"), &robust());
+    assert!(
+        rules(&j).contains(&"worse_than_uniform".to_string()),
         "{}",
         j.message
     );

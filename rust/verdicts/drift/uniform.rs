@@ -12,6 +12,9 @@
 //!
 //! - FAIL `worse_than_uniform`: the loss's end level, or the last eval
 //!   loss, above `UNIFORM_MARGIN` x ln(K).
+//! - FAIL `overfit` in its place when only the eval loss is past the
+//!   margin and the training loss fits its data (under `FITS_TRAINING` x
+//!   ln(K)): memorisation, not a blow-up, is the cause named.
 //! - WARN `blown_up_start`: the start level above `BLOWN_START` x ln(K)
 //!   while the end is sane (it blew up and came back; look at the weights).
 //!
@@ -45,7 +48,15 @@ pub(super) struct Levels {
     pub tail: f64,
     /// The last finite eval loss, if any.
     pub last_eval: Option<(i64, f64)>,
+    /// The lowest finite eval loss logged, if any.
+    pub best_eval: Option<(i64, f64)>,
 }
+
+/// A training loss that ends below this share of ln(K) has learned its
+/// training data: an eval loss past the margin beside it (and under
+/// `FAR_ABOVE` x ln(K), past which no model is merely overconfident) is
+/// overfitting, not weights that blew up (those fit no data).
+pub const FITS_TRAINING: f64 = 0.5;
 
 /// `ln(K) = x, the loss of a uniform guess over ...` with where K was read.
 fn reference(classes: &OutputClasses) -> String {
@@ -104,6 +115,36 @@ pub(super) fn record_far_above(
     ))
 }
 
+/// FAIL `overfit`: the eval loss past the margin while the training loss
+/// fits its data (under [`FITS_TRAINING`] x ln(K)): the model is
+/// confidently wrong on held-out data because it memorised the training
+/// set; the cause named is overfitting, with the best eval logged (where
+/// to stop), not a learning rate that blew the weights up.
+fn overfit(step: i64, eval: f64, uniform: f64, levels: &Levels, reference: &str) -> Finding {
+    let g4 = |x: f64| number_text::significant(x, 4);
+    let best = levels
+        .best_eval
+        .map(|(s, v)| {
+            format!(
+                "; its best eval was {} at step {s}, the point to stop at",
+                g4(v)
+            )
+        })
+        .unwrap_or_default();
+    Finding::new(
+        Verdict::Fail,
+        "overfit",
+        format!(
+            "the eval loss at step {step} is {}, {}x {reference}, while the training loss \
+             ends at {}: the model memorised its training data and is confidently wrong on \
+             held-out data (overfitting, not a blow-up){best}",
+            g4(eval),
+            number_text::fixed(eval / uniform, 1),
+            g4(levels.tail)
+        ),
+    )
+}
+
 /// What the output count says of these levels (None: nothing to report).
 pub(super) fn uniform_finding(classes: &OutputClasses, levels: &Levels) -> Option<Finding> {
     if classes.count < 2 {
@@ -119,6 +160,9 @@ pub(super) fn uniform_finding(classes: &OutputClasses, levels: &Levels) -> Optio
     if over(levels.tail) > UNIFORM_MARGIN || eval_bad.is_some() {
         let (subject, value) = match eval_bad {
             Some((step, v)) if over(levels.tail) <= UNIFORM_MARGIN => {
+                if over(levels.tail) < FITS_TRAINING && over(v) <= FAR_ABOVE {
+                    return Some(overfit(step, v, uniform, levels, &reference));
+                }
                 (format!("the eval loss at step {step} is"), v)
             }
             _ => ("the loss ends at".to_string(), levels.tail),

@@ -237,6 +237,7 @@ impl StepsWithExtras {
             grad_norm: by_step(self.grad_norm),
             learning_rate: by_step(self.lr),
             reward: vec![],
+            margins: vec![],
             progress: None,
             ending: None,
         };
