@@ -2,8 +2,9 @@
 (``.pre-commit-hooks.yaml``), run without GitHub: each ``run`` step of the
 action is executed in order with its ``${{ ... }}`` expressions filled in
 as the runner fills them, on a copy of the demo store (the ``uses`` steps,
-setup-python and upload-artifact, are GitHub's own; the install step builds
-this checkout, which the test environment has already installed). Each
+setup-python, the cache and upload-artifact, are GitHub's own; the install
+steps, run in tests/test_github_action_install.py, put adapterprobe where
+the test environment has it already). Each
 step's ``$GITHUB_OUTPUT`` is read as the runner reads it, and every
 ``adapterprobe`` command a step runs is logged (the action scans once)."""
 
@@ -27,18 +28,26 @@ ACTION = yaml.safe_load((REPO / "action.yml").read_text(encoding="utf-8"))
 EXPRESSION = re.compile(r"\$\{\{\s*([^}]*?)\s*\}\}")
 STEPS: list[dict[str, Any]] = ACTION["runs"]["steps"]
 SCAN_STEP = next(s for s in STEPS if s.get("id") == "scan")
+# The steps that install adapterprobe (tests/test_github_action_install.py
+# runs them); the test environment has it installed already.
+INSTALL_STEPS = ("install", "build")
 GATE_STEP = next(s for s in STEPS if s.get("name") == "gate")
 BIN = Path(sys.executable).parent
 
 
-def fill(text: str, inputs: dict[str, str], outputs: dict[str, str]) -> str:
-    """``${{ inputs.x }}``, ``${{ github.action_path }}`` and
-    ``${{ steps.scan.outputs.x }}`` as the runner substitutes them."""
+def fill(
+    text: str, inputs: dict[str, str], outputs: dict[str, str], action_ref: str = "main"
+) -> str:
+    """``${{ inputs.x }}``, ``${{ github.action_path }}``,
+    ``${{ github.action_ref }}`` (the ref the workflow named the action at)
+    and ``${{ steps.scan.outputs.x }}`` as the runner substitutes them."""
 
     def value(m: re.Match[str]) -> str:
         name = m.group(1)
         if name == "github.action_path":
             return str(REPO)
+        if name == "github.action_ref":
+            return action_ref
         if name.startswith("inputs."):
             return inputs[name.removeprefix("inputs.")]
         if name.startswith("steps.scan.outputs."):
@@ -113,7 +122,11 @@ class Runner:
         }
 
     def step(
-        self, step: dict[str, Any], inputs: dict[str, str], outputs: dict[str, str]
+        self,
+        step: dict[str, Any],
+        inputs: dict[str, str],
+        outputs: dict[str, str],
+        action_ref: str = "main",
     ) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
         """Run one ``run`` step; (the process, the outputs it set)."""
         assert step["shell"] == "bash"
@@ -121,7 +134,7 @@ class Runner:
         env = {
             **self.env,
             "GITHUB_OUTPUT": str(self.github_output),
-            **{k: fill(v, inputs, outputs) for k, v in step.get("env", {}).items()},
+            **{k: fill(v, inputs, outputs, action_ref) for k, v in step.get("env", {}).items()},
         }
         done = subprocess.run(
             [
@@ -161,7 +174,7 @@ def run_action(workspace: Path, **given: str) -> Job:
     outputs: dict[str, str] = {}
     printed = ""
     for step in STEPS:
-        if "uses" in step or step.get("name") == "install adapterprobe":
+        if "uses" in step or step.get("id") in INSTALL_STEPS:
             continue
         done, set_here = runner.step(step, inputs, outputs)
         if step is SCAN_STEP:
