@@ -284,3 +284,56 @@ def test_the_table_names_a_tracker_run_by_its_name(runs):
     assert done.returncode == 1, done.stderr
     rows = [line for line in done.stdout.splitlines() if "training_drift" in line]
     assert rows and "[probe-tests/lr-too-high (" in rows[0], done.stdout
+
+
+def test_a_run_reported_to_wandb_and_mlflow_is_one_run_judged_once(tmp_path, monkeypatch):
+    """The HF Trainer started in a project folder with output_dir="out",
+    reporting to W&B (offline) and MLflow (file store), both in the project
+    folder as by default: one run on disk three times. The scan judges the
+    output folder, and each tracker run is a skip that names it, since the
+    output_dir its callback logged is that folder (issue 52, item 1)."""
+    pytest.importorskip("mlflow")
+    import mlflow
+
+    project = tmp_path / "project"
+    project.mkdir()
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (project / "mlruns").as_uri())
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "probe-tests")
+    try:
+        hf_train(
+            Path("out"),
+            monkeypatch,
+            report_to=["wandb", "mlflow"],
+            save_strategy="steps",
+            save_steps=12,
+        )
+    finally:
+        mlflow.end_run()
+        mlflow.set_tracking_uri(None)
+    monkeypatch.setenv("WANDB_DIR", str(project))  # hf_train put W&B under out/: move it
+    (project / "out" / "wandb").rename(project / "wandb")
+    records = list(ap.scan(project, probes=["training_drift"]))
+    by_layout = {r.layout: r for r in records}
+    assert set(by_layout) == {"hf-trainer", "wandb", "mlflow"}, [r.store for r in records]
+    folder = by_layout["hf-trainer"]
+    assert Path(folder.store).name == "out"
+    assert folder.verdict.value != "skip", folder.message
+    also = folder.evidence["also_logged_as"]
+    assert any(a.startswith("W&B: probe-tests/hf-tiny") for a in also), also
+    assert any(a.startswith("MLflow: probe-tests/hf-tiny") for a in also), also
+    for layout in ("wandb", "mlflow"):
+        twin = by_layout[layout]
+        assert twin.verdict.value == "skip", twin.message
+        assert twin.evidence["same_run_as"] == folder.store
+        assert "the same run as" in twin.message
+    # The summary counts them as judged elsewhere, not as stores never judged.
+    done = subprocess.run(
+        [sys.executable, "-m", "adapterprobe", "scan", str(project), "--probes", "training_drift"],
+        capture_output=True,
+        text=True,
+    )
+    summary = " ".join(done.stdout.split())
+    assert "2 tracker runs judged as the output folder they logged" in summary, done.stdout
+    assert "had nothing judged" not in summary, done.stdout

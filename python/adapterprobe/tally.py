@@ -9,7 +9,7 @@ class.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import NamedTuple, Protocol
 
 from adapterprobe.errors import UsageError
@@ -130,6 +130,9 @@ class Tally:
         self.counts: Counter[str] = Counter()
         self.per_store: dict[str, list[int]] = {}
         self.layouts: dict[str, str] = {}
+        #: Tracker runs judged as the HF output folder they logged (their
+        #: own record a skip naming it: ``same_run_as``).
+        self.same_run: set[str] = set()
 
     def add(self, record: RecordLike, shown: bool = True) -> None:
         self.records += 1
@@ -142,6 +145,10 @@ class Tally:
             counts = self.per_store[store] = [0] * len(_VERDICT_ORDER)
             self.layouts[store] = record.layout
         counts[_INDEX_OF[verdict]] += 1
+        if _VALUE_OF[verdict] == "skip":
+            evidence = getattr(record, "evidence", None)
+            if isinstance(evidence, Mapping) and evidence.get("same_run_as"):
+                self.same_run.add(store)
         if getattr(record, "baseline", None) is None:
             return  # never compared: the common case, kept to one attribute read
         why = regression_of(record)

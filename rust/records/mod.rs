@@ -12,6 +12,7 @@
 
 pub mod assemble;
 pub mod json;
+pub mod same_run;
 
 use std::ffi::OsString;
 
@@ -85,7 +86,9 @@ pub fn scan_records(targets: &[Target], options: &ScanOptions, json: bool) -> Ve
             records
         })
         .collect();
-    per_target.into_iter().flatten().collect()
+    let mut records: Vec<Record> = per_target.into_iter().flatten().collect();
+    same_run::fold_tracker_runs(&mut records, json);
+    records
 }
 
 /// The records `make` returns for target `t`; should it panic (a bug: no

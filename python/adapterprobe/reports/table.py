@@ -334,8 +334,14 @@ def summary_text(tally: Tally, fail_on: str, width: int = 80, folded: int = 0) -
             f"{_plural(folded, 'skipped record')} folded into "
             f"{'its store' if folded == 1 else 'their stores'} (-v shows them)"
         )
+    same_run = sum(tally.store_verdict(s) == Verdict.SKIP for s in tally.same_run)
+    if same_run:
+        notes.append(
+            f"{_plural(same_run, 'tracker run')} judged as the output folder "
+            f"{'it' if same_run == 1 else 'they'} logged"
+        )
     extra = f" ({'; '.join(notes)})" if notes else ""
-    unjudged = tally.stores_by_verdict().get("skip", 0)
+    unjudged = tally.stores_by_verdict().get("skip", 0) - same_run
     skipped = (
         f" {_plural(unjudged, 'store')} had nothing judged (every record skipped): not a pass."
         if unjudged

@@ -56,6 +56,10 @@ pub struct LossCurve {
     /// the log recorded the model's config (W&B's config record, MLflow's
     /// params); a `config.json` on disk is read apart (`model_config`).
     pub output_classes: Option<OutputClasses>,
+    /// The output folder the trainer wrote to, as the tracker recorded its
+    /// arguments (HF's W&B and MLflow callbacks log `output_dir`): how a
+    /// scan tells that a tracker run and an HF output folder are one run.
+    pub output_dir: Option<String>,
 }
 
 /// How a loss series too long to keep whole was thinned (see
@@ -263,6 +267,19 @@ pub const REWARD_NAMES: [&str; 8] = [
 /// as the Trainer's log, TensorBoard and W&B carry it.
 pub const MARGIN_NAMES: [&str; 3] = ["rewards/margins", "train/rewards/margins", "margins"];
 
+/// The name under which HF's tracker callbacks log the Trainer's output
+/// folder (W&B's config, MLflow's params).
+pub const OUTPUT_DIR_KEY: &str = "output_dir";
+
+/// The text of a logged `output_dir` (JSON text, as W&B keeps its config
+/// values, or plain text, as MLflow keeps params), None when empty or too
+/// long to be a path.
+pub fn output_dir_of(logged: &str) -> Option<String> {
+    let text = logged.trim();
+    let text = serde_json::from_str::<String>(text).unwrap_or_else(|_| text.to_string());
+    (!text.is_empty() && text.len() <= 4096 && !text.contains('\0')).then_some(text)
+}
+
 /// The first of `names` present in `available` (a name ending in `-` is a
 /// prefix, matched against the available names in their order).
 fn pick<'a>(available: &'a [String], names: &[&str]) -> Option<&'a str> {
@@ -427,5 +444,6 @@ pub fn assemble(mut records: Vec<(i64, f64)>, files: Vec<PathBuf>) -> LossCurve 
         damage: Damage::default(),
         thinned: None,
         output_classes: None,
+        output_dir: None,
     }
 }

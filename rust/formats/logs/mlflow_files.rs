@@ -233,6 +233,13 @@ pub fn read_run_curve(run: &Path, key: Option<&str>) -> Result<LossCurve> {
         run: label_of(run, &meta),
         thinned,
         output_classes: logged_classes(run),
+        output_dir: files::read_small(
+            &run.join("params").join(curve::OUTPUT_DIR_KEY),
+            Area::LogFormat,
+            4096,
+        )
+        .ok()
+        .and_then(|b| curve::output_dir_of(&String::from_utf8_lossy(&b))),
         ..curve::assemble(kept.points, vec![path])
     })
 }

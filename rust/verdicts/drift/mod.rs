@@ -263,6 +263,9 @@ fn name_the_series(judged: &mut Judged, curve: &LossCurve) {
     if !curve.run.is_empty() {
         judged.evidence.put("run", curve.run.as_str());
     }
+    if let Some(dir) = &curve.output_dir {
+        judged.evidence.put("trainer_output_dir", dir.as_str());
+    }
     if curve::is_held_out(&curve.series) {
         judged.message = format!(
             "judged on the held-out loss {} (no training loss is logged): {}",

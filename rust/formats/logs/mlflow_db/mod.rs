@@ -301,6 +301,7 @@ fn read_class_params(db: &Db, rows: &mut [RunRow]) -> Result<()> {
         .collect();
     let keys = model_config::CLASS_KEYS
         .iter()
+        .chain([&curve::OUTPUT_DIR_KEY])
         .map(|k| format!("'{k}'"))
         .collect::<Vec<_>>()
         .join(", ");
@@ -605,6 +606,10 @@ fn curve_of(path: &Path, row: &RunRow, read: RunSeries, key: Option<&str>) -> Re
         run: info.label(),
         thinned,
         output_classes,
+        output_dir: row
+            .params
+            .get(curve::OUTPUT_DIR_KEY)
+            .and_then(|v| curve::output_dir_of(v)),
         ..curve::assemble(points, vec![path.to_path_buf()])
     })
 }

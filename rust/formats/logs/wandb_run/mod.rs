@@ -223,7 +223,7 @@ fn read_config(run: &mut WandbRun, config: &[u8]) {
             }
         }
         if let (Some(key), Some(json)) = (key, json) {
-            if model_config::CLASS_KEYS.contains(&key.as_str()) {
+            if model_config::CLASS_KEYS.contains(&key.as_str()) || key == curve::OUTPUT_DIR_KEY {
                 run.model_config.insert(key, json);
             }
         }
@@ -407,6 +407,10 @@ pub fn curve_of(run: &WandbRun, log: &Path, key: Option<&str>) -> Result<LossCur
         run: run.label(),
         damage,
         output_classes,
+        output_dir: run
+            .model_config
+            .get(curve::OUTPUT_DIR_KEY)
+            .and_then(|v| curve::output_dir_of(v)),
         ..curve::assemble(points, vec![log.to_path_buf()])
     })
 }
