@@ -337,3 +337,24 @@ def test_a_run_reported_to_wandb_and_mlflow_is_one_run_judged_once(tmp_path, mon
     summary = " ".join(done.stdout.split())
     assert "2 tracker runs judged as the output folder they logged" in summary, done.stdout
     assert "had nothing judged" not in summary, done.stdout
+
+
+def test_a_bare_adapter_folder_with_its_log_is_judged_on_the_log_too(tmp_path):
+    """A PEFT adapter saved with its W&B run in the same folder (WANDB_DIR
+    set to it, no trainer state): the weights are not all that is judged;
+    the run's log is read and its climb FAILs (issue 52, item 4)."""
+    peft = pytest.importorskip("peft")
+    pytest.importorskip("transformers")
+    from test_monitor import tiny_llama
+
+    adapter = tmp_path / "adapter"
+    model = peft.get_peft_model(tiny_llama(), peft.LoraConfig(r=4, target_modules=["q_proj"]))
+    model.save_pretrained(adapter)
+    record = list(ap.scan(adapter, probes=["training_drift"]))[0]
+    assert record.layout == "peft" and record.verdict.value == "skip"
+    assert "no training log is saved with it" in record.message
+    log_run(adapter, "climbing", [{"train/loss": 1.0 + 0.05 * i} for i in range(40)])
+    (record,) = list(ap.scan(adapter, probes=["training_drift"]))
+    assert record.layout == "peft", record.store
+    assert record.evidence.get("log_source") == "wandb", record.message
+    assert record.verdict.value == "fail", record.message

@@ -349,13 +349,28 @@ fn drift_input_of_layout(store: &Path, layout: &str) -> DriftInput {
                 _ => input.read(loss_log::read_curve(store, None)),
             }
         }
-        PEFT => DriftInput::new(store, layout, store.to_path_buf()).none(
-            LogsStatus::NoLogsDir,
-            format!(
-                "{} is a bare PEFT adapter directory: no training log is saved with it",
-                store.display()
-            ),
-        ),
+        // A bare adapter folder is judged on its weights; a log saved in it
+        // (a metrics.csv, event files, a trainer_log.jsonl, a tracker run)
+        // is read too, and one that cannot be read is an error naming why,
+        // never passed over in silence.
+        PEFT => {
+            let input = DriftInput::new(store, layout, store.to_path_buf());
+            match (loss_log::detect_log_source(store), tracker_run(store)) {
+                (Ok(_), _) => input.read(loss_log::read_curve(store, None)),
+                (Err(_), Some(run)) => input.read(loss_log::read_curve_from(&run, None)),
+                (Err(e), None) if e.area == Area::Missing || e.area == Area::LogFormat => input
+                    .none(
+                        LogsStatus::NoLogsDir,
+                        format!(
+                            "{} is a bare PEFT adapter directory: no training log is saved \
+                             with it (no trainer state, TensorBoard events, metrics.csv or \
+                             tracker run in it)",
+                            store.display()
+                        ),
+                    ),
+                (Err(e), None) => input.read(Err(e)),
+            }
+        }
         _ => dlm_drift_input(store),
     }
 }
