@@ -150,7 +150,7 @@ impl SideSeries {
                 global_step: state.global_step,
                 max_steps,
             }),
-            ending: None,
+            ending: state.closed.then_some(RunEnd::Finished),
         }
     }
 

@@ -60,6 +60,10 @@ pub struct TrainerState {
     /// `(step, margin)` of the entries that carry a preference trainer's
     /// mean reward margin (TRL's DPO family: `rewards/margins`).
     pub margin_points: Vec<(i64, f64)>,
+    /// Whether `log_history` holds the Trainer's closing entry (the one
+    /// with `train_runtime`, written when `train()` returns): the run
+    /// ended normally, at its plan or stopped on purpose.
+    pub closed: bool,
 }
 
 /// Read the `trainer_state.json` at `path`.
@@ -278,6 +282,7 @@ fn log_history(s: &mut Scanner, state: &mut TrainerState) -> Parsed<()> {
     state.learning_rate_points.clear();
     state.reward_points.clear();
     state.margin_points.clear();
+    state.closed = false;
     s.eat(b'[')?;
     s.ws();
     if s.peek() == Some(b']') {
@@ -304,6 +309,10 @@ fn log_entry(s: &mut Scanner, index: usize, state: &mut TrainerState) -> Parsed<
     let mut margin = None;
     members(s, |s, name| {
         match name {
+            "train_runtime" => {
+                state.closed = true;
+                s.skip_value(3)?;
+            }
             "reward" => reward = Some(s.scalar()?),
             "rewards/margins" => margin = Some(s.scalar()?),
             "step" => step = Some(s.scalar()?),
@@ -422,6 +431,12 @@ mod tests {
         ]}"#;
         let state = parse_trainer_state(text).unwrap();
         assert_eq!(state.margin_points, vec![(1, 0.0), (2, 1.5)]);
+        assert!(!state.closed);
+        let closed = r#"{"global_step": 2, "log_history": [
+            {"step": 2, "loss": 0.4},
+            {"step": 2, "train_runtime": 12.5, "train_loss": 0.5}
+        ]}"#;
+        assert!(parse_trainer_state(closed).unwrap().closed);
     }
 
     #[test]

@@ -80,6 +80,15 @@ fn completion(curve: &LossCurve) -> (&'static str, String) {
                 number_text::thousands(i128::from(p.max_steps))
             ),
         ),
+        (Some(RunEnd::Finished), Some(p)) => (
+            "ended_early",
+            format!(
+                "ended at step {} of {}, closed by the Trainer (an early stop, not a crash; \
+                 the trainer state)",
+                number_text::thousands(i128::from(p.global_step)),
+                number_text::thousands(i128::from(p.max_steps))
+            ),
+        ),
         (_, Some(p)) => (
             "stopped",
             format!(

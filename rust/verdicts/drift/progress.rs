@@ -50,13 +50,20 @@ pub(super) fn stopped_early(curve: &LossCurve) -> Option<Finding> {
     let p = curve.side.progress?;
     let stopped = (0..STOPPED_EARLY_STEPS).contains(&p.global_step)
         && p.global_step.saturating_mul(2) <= p.max_steps;
+    // The Trainer's closing entry says train() returned: stopped on
+    // purpose (an early-stopping callback), not killed.
+    let why = if curve.side.ending == Some(RunEnd::Finished) {
+        "the Trainer closed it there (an early-stopping callback or should_training_stop?)"
+    } else {
+        "it crashed, ran out of memory or was stopped"
+    };
     stopped.then(|| {
         Finding::new(
             Verdict::Fail,
             "stopped_early",
             format!(
                 "the run stopped at optimizer step {} of the {} it was set for (max_steps): \
-                 too few steps to have trained; it crashed, ran out of memory or was stopped",
+                 too few steps to have trained; {why}",
                 number_text::thousands(i128::from(p.global_step)),
                 number_text::thousands(i128::from(p.max_steps))
             ),

@@ -611,8 +611,25 @@ fn a_run_that_stopped_a_handful_of_steps_in_fails_even_when_short() {
     // With a long enough log the finding joins the others.
     let mut long = curve(&decaying(40));
     long.side.progress = progress(40, 5000);
+    let j = judge_drift(&input(long.clone()), &robust());
+    assert_eq!(rules(&j), ["stopped_early"], "{}", j.message);
+    assert!(j.message.contains("it crashed"), "{}", j.message);
+    // The Trainer's closing entry: ended on purpose, said so, still too few.
+    long.side.ending = Some(curve::RunEnd::Finished);
     let j = judge_drift(&input(long), &robust());
     assert_eq!(rules(&j), ["stopped_early"], "{}", j.message);
+    assert!(
+        j.message.contains("the Trainer closed it there"),
+        "{}",
+        j.message
+    );
+    let Some(Value::Map(facts)) = j.evidence.get("run_facts") else {
+        panic!("no run_facts");
+    };
+    assert_eq!(
+        facts.get("completion"),
+        Some(&Value::Text("ended_early".into()))
+    );
 }
 
 #[test]
