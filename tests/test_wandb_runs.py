@@ -350,7 +350,7 @@ def test_a_bare_adapter_folder_with_its_log_is_judged_on_the_log_too(tmp_path):
     adapter = tmp_path / "adapter"
     model = peft.get_peft_model(tiny_llama(), peft.LoraConfig(r=4, target_modules=["q_proj"]))
     model.save_pretrained(adapter)
-    record = list(ap.scan(adapter, probes=["training_drift"]))[0]
+    (record, *_) = ap.scan(adapter, probes=["training_drift"])
     assert record.layout == "peft" and record.verdict.value == "skip"
     assert "no training log is saved with it" in record.message
     log_run(adapter, "climbing", [{"train/loss": 1.0 + 0.05 * i} for i in range(40)])

@@ -75,9 +75,8 @@ pub fn output_classes_in<'a>(dirs: impl IntoIterator<Item = &'a Path>) -> Option
 /// LoRA (`adapter_config.json`) or a training config (LLaMA-Factory's
 /// `model_name_or_path`, axolotl's `base_model`, in a YAML file there)
 /// names, when that model is a local folder or sits in the Hugging Face
-/// cache; else a Lightning `hparams.yaml`'s `vocab_size`, `num_labels` or
-/// `num_classes` (the order the Lightning guard reads its module's
-/// hparams in).
+/// cache; else a Lightning `hparams.yaml`'s `vocab_size` (as the Lightning
+/// guard reads its module's hparams; see [`HPARAM_CLASSES`]).
 pub fn output_classes_near(dirs: &[&Path]) -> Option<OutputClasses> {
     output_classes_in(dirs.iter().copied())
         .or_else(|| dirs.iter().find_map(|d| base_model_classes(d)))
@@ -96,12 +95,12 @@ const MODEL_PATH_KEYS: [&str; 3] = [
     "model_name_or_path",
     "base_model",
 ];
-/// A Lightning `hparams.yaml`'s keys for K, in the order they are tried.
-const HPARAM_CLASSES: [(&str, &str); 3] = [
-    ("vocab_size", "vocabulary"),
-    ("num_labels", "labels"),
-    ("num_classes", "labels"),
-];
+/// A Lightning `hparams.yaml`'s keys for K: only a vocabulary. A module
+/// with `vocab_size` in its hparams is trained on next-token cross-entropy;
+/// `num_classes` also sizes detectors and segmenters whose loss is no
+/// softmax over K (a healthy YOLO of 20 classes in the shared corpora logs
+/// 45 early on, 15x ln 20), so a classifier's K comes from an HF config.
+const HPARAM_CLASSES: [(&str, &str); 1] = [("vocab_size", "vocabulary")];
 
 /// K from the config of the model `dir`'s adapter or training config
 /// names (see [`output_classes_near`]).
@@ -495,7 +494,7 @@ mod tests {
     }
 
     #[test]
-    fn lightning_hparams_give_k_in_the_guards_order() {
+    fn lightning_hparams_give_a_vocabulary_only() {
         let dir = tempfile::tempdir().unwrap();
         let hp = dir.path().join("hparams.yaml");
         write(&hp, "lr: 10.0\nnum_classes: 5\nvocab_size: 128\n");
@@ -504,10 +503,13 @@ mod tests {
             (found.count, found.kind.as_str(), found.source.as_str()),
             (128, "vocabulary", "hparams.yaml")
         );
-        write(&hp, "model:\n  num_labels: \"7\"  # quoted\n");
+        write(&hp, "model:\n  vocab_size: \"7\"  # quoted\n");
         assert_eq!(output_classes_near(&[dir.path()]).unwrap().count, 7);
         for says_nothing in [
-            "num_classes: 1\n",
+            // a detector's classes are no cross-entropy over K
+            "num_classes: 20\nloss_criterion: YoloLoss\n",
+            "num_labels: 7\n",
+            "vocab_size: 1\n",
             "vocab_size: -3\n",
             "vocab_size: 1e9\n",
             "- vocab_size: 9\n",

@@ -112,18 +112,20 @@ def _number(value: Any) -> float | None:
 #: Attributes a LightningModule commonly keeps its wrapped model under.
 _MODEL_ATTRIBUTES = ("model", "net", "backbone", "lm", "transformer")
 #: ``hparams`` keys that say K, and what K counts.
-_HPARAM_CLASSES = (
-    ("vocab_size", "vocabulary"),
-    ("num_labels", "labels"),
-    ("num_classes", "labels"),
-)
+# Only a vocabulary: a module with ``vocab_size`` in its hparams is trained
+# on next-token cross-entropy, while ``num_classes`` also sizes detectors and
+# segmenters whose loss is no softmax over K (a YOLO with 20 classes logs a
+# loss of 45 when healthy). A classifier's K comes from its HF config.
+_HPARAM_CLASSES = (("vocab_size", "vocabulary"),)
 
 
 def module_output_classes(pl_module: Any) -> tuple[int | None, str]:
     """``(K, kind)`` a LightningModule says: a Hugging Face config on the
     module or on the model it wraps (``model``, ``net``, ...), read as the
     HF callback reads one; else ``vocab_size``, ``num_labels`` or
-    ``num_classes`` in its ``hparams`` (``save_hyperparameters``).
+    ``num_classes`` in its ``hparams`` (``save_hyperparameters``): only
+    ``vocab_size`` there, since ``num_classes`` also sizes detectors whose
+    loss is no cross-entropy over K.
     ``(None, "vocabulary")`` when it says nothing."""
     holders = [pl_module, *(getattr(pl_module, a, None) for a in _MODEL_ATTRIBUTES)]
     for holder in holders:
