@@ -79,6 +79,10 @@ pub const HF_TRAINER: &str = "hf-trainer";
 pub const LIGHTNING: &str = "lightning";
 pub const PEFT: &str = "peft";
 pub const TENSORBOARD: &str = "tensorboard";
+/// A training log kept as a CSV by another framework than Lightning:
+/// Keras's CSVLogger (`epoch,loss,val_loss,...`, under any file name),
+/// Ultralytics' `results.csv` (with its `args.yaml`).
+pub const CSV_LOG: &str = "csv-log";
 /// A run of MLflow's file store: `mlruns/<experiment id>/<run id>/`.
 pub const MLFLOW: &str = "mlflow";
 /// A W&B run directory: `wandb/run-<date>-<id>/` (or `offline-run-...`).
@@ -612,6 +616,8 @@ pub fn tracker_runs(dir: &Path) -> Vec<PathBuf> {
 pub fn mlflow_db_targets(db: &Path) -> Vec<Target> {
     use crate::formats::logs::mlflow_db;
     match mlflow_db::runs(db) {
+        // A store of no runs is one store whose record says so.
+        Ok(runs) if runs.is_empty() => vec![Target::new(db, MLFLOW).kind_set()],
         Ok(runs) => runs
             .iter()
             .map(|run| Target::new(&mlflow_db::run_path(db, run), MLFLOW).kind_set())
@@ -626,10 +632,26 @@ pub fn mlflow_db_targets(db: &Path) -> Vec<Target> {
 /// when it holds one. Its tables are not checked here: a damaged store is
 /// found, and its target says why it cannot be read.
 pub fn mlflow_db_in(dir: &Path) -> Option<PathBuf> {
-    let db = dir.join(crate::formats::logs::mlflow_db::DB_NAME);
-    (fs::metadata(&db).is_ok_and(|m| m.is_file()) && crate::io::sqlite::is_sqlite(&db))
-        .then_some(db)
+    use crate::formats::logs::mlflow_db;
+    let db = dir.join(mlflow_db::DB_NAME);
+    if fs::metadata(&db).is_ok_and(|m| m.is_file()) && crate::io::sqlite::is_sqlite(&db) {
+        return Some(db);
+    }
+    // Another name (`mlruns.db`, `tracking.db`): told by its tables.
+    let mut named: Vec<PathBuf> = entries(dir)
+        .into_iter()
+        .filter(|(name, p)| name.ends_with(".db") && fs::metadata(p).is_ok_and(|m| m.is_file()))
+        .map(|(_, p)| p)
+        .collect();
+    named.sort();
+    named
+        .into_iter()
+        .take(MAX_DB_FILES_LOOKED_AT)
+        .find(|p| mlflow_db::is_store(p))
 }
+
+/// Most `*.db` files of one folder opened to find an MLflow store.
+pub const MAX_DB_FILES_LOOKED_AT: usize = 8;
 
 // ---- TensorBoard only ----
 
@@ -642,9 +664,15 @@ pub fn tensorboard_target(dir: &Path) -> Target {
     Target::new(dir, TENSORBOARD).kind_set()
 }
 
+/// The training-log CSV of a `csv-log` store (see [`CSV_LOG`]).
+pub fn training_csv(dir: &Path) -> Option<PathBuf> {
+    let files = entries(dir).into_iter().map(|(_, p)| p);
+    crate::formats::logs::csv_log::training_csv_in(files)
+}
+
 /// The target a directory is, when it is one of the layouts (checked in
 /// this order: dlm, HF Trainer, Lightning, bare PEFT, an MLflow run, a W&B
-/// run, TensorBoard); None to look deeper.
+/// run, TensorBoard, a training-log CSV); None to look deeper.
 pub fn classify(dir: &Path, all: bool) -> Option<Target> {
     if is_dlm_store(dir) {
         Some(dlm_target(dir, all))
@@ -660,6 +688,8 @@ pub fn classify(dir: &Path, all: bool) -> Option<Target> {
         Some(Target::new(dir, WANDB).kind_set())
     } else if is_tensorboard_dir(dir) {
         Some(tensorboard_target(dir))
+    } else if training_csv(dir).is_some() {
+        Some(Target::new(dir, CSV_LOG).kind_set())
     } else {
         None
     }

@@ -326,6 +326,16 @@ fn drift_input_of_layout(store: &Path, layout: &str) -> DriftInput {
                 Some(_) => input.read(loss_log::read_hf_run_curve(store)),
             }
         }
+        layout::CSV_LOG => {
+            let input = DriftInput::new(store, layout, store.to_path_buf());
+            match layout::training_csv(store) {
+                Some(csv) => input.read(loss_log::read_curve_from(&csv, None)),
+                None => input.none(
+                    LogsStatus::NoFiles,
+                    format!("no training-log CSV in {}", store.display()),
+                ),
+            }
+        }
         LIGHTNING | TENSORBOARD | layout::MLFLOW | layout::WANDB => {
             let input = DriftInput::new(store, layout, store.to_path_buf());
             match loss_log::detect_log_source(store) {

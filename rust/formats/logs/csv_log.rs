@@ -66,6 +66,101 @@ pub struct CsvSeries {
     pub columns: Vec<String>,
     /// Whether a malformed, unterminated last line was dropped.
     pub torn_last_line: bool,
+    /// The column the steps were read from: `step`, `epoch` (Keras's
+    /// CSVLogger, Ultralytics), or empty (the row number).
+    pub step_column: String,
+    /// Rows that are not data (a merge's conflict markers), passed over.
+    pub skipped_rows: u64,
+    /// Data rows read.
+    pub rows: u64,
+}
+
+/// A column name that stands for the sum of the columns it matches: a
+/// loss logged in parts (Ultralytics: `train/box_loss`, `train/cls_loss`,
+/// `train/dfl_loss`, whose sum is the loss it minimises).
+pub const SUMMED_COLUMNS: [&str; 2] = ["train/*_loss", "val/*_loss"];
+
+/// The columns a [`SUMMED_COLUMNS`] pattern (`prefix*suffix`) matches.
+fn matching(pattern: &str, columns: &[String]) -> Vec<usize> {
+    let Some((prefix, suffix)) = pattern.split_once('*') else {
+        return vec![];
+    };
+    columns
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.len() > prefix.len() + suffix.len())
+        .filter(|(_, c)| c.starts_with(prefix) && c.ends_with(suffix))
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// The [`SUMMED_COLUMNS`] patterns that match two or more of `columns`.
+pub fn summed_columns(columns: &[String]) -> Vec<String> {
+    SUMMED_COLUMNS
+        .iter()
+        .filter(|p| matching(p, columns).len() >= 2)
+        .map(|p| p.to_string())
+        .collect()
+}
+
+/// Bytes of a CSV read to tell from its header whether it is a training
+/// log (a header row is a few hundred bytes).
+pub const HEADER_PEEK: u64 = 16 << 10;
+
+/// Whether a CSV's first line names a training log: a `step` or `epoch`
+/// column and a loss by its meaning (`loss`, `train_loss`, `val_loss`,
+/// or a loss in parts such as Ultralytics' `train/*_loss`). Keras's
+/// CSVLogger (`epoch,accuracy,loss,val_accuracy,val_loss`) and
+/// Ultralytics' `results.csv` are; a table of data is not.
+pub fn is_training_log_header(first_line: &str) -> bool {
+    let columns: Vec<String> = first_line
+        .trim_start_matches('\u{feff}')
+        .split(',')
+        .map(|c| c.trim().trim_matches('"').to_string())
+        .collect();
+    // Keras's History names, even without the epoch column (a CSVLogger
+    // fed by hand, or its rows appended by another writer).
+    let keras = ["loss", "val_loss"]
+        .iter()
+        .all(|name| columns.iter().any(|c| c == name));
+    let counts = keras || columns.iter().any(|c| c == "epoch" || c == "step");
+    let loss = series_names::loss_among(&DEFAULT_LOSS_COLUMNS, columns.iter().map(String::as_str))
+        .is_some()
+        || !summed_columns(&columns).is_empty();
+    counts && loss
+}
+
+/// The training-log CSV in `dir` other than Lightning's `metrics.csv` (read
+/// elsewhere): the first `*.csv` by name, of at most `MAX_CSV_LOOKED_AT`,
+/// whose header [`is_training_log_header`].
+pub fn training_csv_in(files: impl IntoIterator<Item = PathBuf>) -> Option<PathBuf> {
+    let mut csvs: Vec<PathBuf> = files
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|x| x.eq_ignore_ascii_case("csv")))
+        .filter(|p| p.file_name().is_some_and(|n| n != "metrics.csv"))
+        .collect();
+    csvs.sort();
+    csvs.into_iter().take(MAX_CSV_LOOKED_AT).find(|path| {
+        let Ok(file) = open_regular(path, Area::LogFormat) else {
+            return false;
+        };
+        let mut head = Vec::new();
+        if file.take(HEADER_PEEK).read_to_end(&mut head).is_err() {
+            return false;
+        }
+        let text = String::from_utf8_lossy(&head);
+        text.lines().next().is_some_and(is_training_log_header)
+    })
+}
+
+/// Most CSV files of one folder whose header is looked at.
+pub const MAX_CSV_LOOKED_AT: usize = 8;
+
+/// Whether a row's first cell is a merge's conflict marker.
+fn is_conflict_marker(first: &[u8]) -> bool {
+    [&b"<<<<<<<"[..], b"=======", b">>>>>>>", b"|||||||"]
+        .iter()
+        .any(|m| first.starts_with(m))
 }
 
 /// Read `column` (or the default loss column) of the CSV file at `path`.
@@ -394,8 +489,9 @@ fn series_from<R: Read>(
         .current
         .iter()
         .map(|cell| {
+            // Ultralytics pads its names with spaces to align them.
             std::str::from_utf8(cell)
-                .map(str::to_owned)
+                .map(|c| c.trim().to_owned())
                 .map_err(|_| format!("the header row (line {}) is not UTF-8 text", header.line))
         })
         .collect::<std::result::Result<Vec<String>, String>>()?;
@@ -403,7 +499,9 @@ fn series_from<R: Read>(
     let find = |name: &str| columns.iter().rposition(|c| c == name);
     // Without a step column (a hand-written logger) rows are read in order,
     // the row number standing for the step; a Git LFS pointer is no CSV.
-    let step_index = find("step");
+    // Keras's CSVLogger and Ultralytics count epochs.
+    let step_column = ["step", "epoch"].into_iter().find(|c| find(c).is_some());
+    let step_index = step_column.and_then(find);
     if step_index.is_none()
         && lfs::may_begin_pointer(columns.first().map_or(&b""[..], |c| c.as_bytes()))
     {
@@ -412,16 +510,22 @@ fn series_from<R: Read>(
             columns.first().cloned().unwrap_or_default(),
         ));
     }
-    let (column, value_index) = match column {
+    let parts = |pattern: &str| Some(matching(pattern, &columns)).filter(|m| m.len() >= 2);
+    let (column, value_indices) = match column {
         Some(name) => (
             name.to_string(),
-            find(name).ok_or_else(|| {
-                let name = crate::io::excerpt::quoted(name);
-                format!("has no column {name}; columns: {}", listed(&columns))
-            })?,
+            find(name)
+                .map(|i| vec![i])
+                .or_else(|| parts(name).filter(|_| SUMMED_COLUMNS.contains(&name)))
+                .ok_or_else(|| {
+                    let name = crate::io::excerpt::quoted(name);
+                    format!("has no column {name}; columns: {}", listed(&columns))
+                })?,
         ),
         None => series_names::loss_among(&DEFAULT_LOSS_COLUMNS, columns.iter().map(String::as_str))
-            .and_then(|name| find(name).map(|i| (name.to_string(), i)))
+            .filter(|_| parts(SUMMED_COLUMNS[0]).is_none())
+            .and_then(|name| find(name).map(|i| (name.to_string(), vec![i])))
+            .or_else(|| parts(SUMMED_COLUMNS[0]).map(|m| (SUMMED_COLUMNS[0].to_string(), m)))
             .ok_or_else(|| {
                 format!(
                     "{NO_LOSS_COLUMN} (none named as a training or held-out loss); columns: {}; \
@@ -432,18 +536,29 @@ fn series_from<R: Read>(
     };
     let mut points = vec![];
     let mut torn_last_line = false;
+    let (mut skipped_rows, mut data_rows) = (0u64, 0u64);
     while let Some(row) = rows.next()? {
-        let value_cell = rows.cell(value_index);
-        let point = if value_cell.is_empty() {
+        if is_conflict_marker(rows.cell(0)) {
+            skipped_rows += 1;
+            continue;
+        }
+        data_rows += 1;
+        let point = if value_indices.iter().any(|&i| rows.cell(i).is_empty()) {
             Ok(None)
         } else {
-            match step_index {
-                Some(i) => parse_point(rows.cell(i), value_cell, &column, row.line).map(Some),
-                None => {
-                    let step = i64::try_from(points.len()).unwrap_or(i64::MAX);
-                    parse_value(value_cell, &column, row.line).map(|v| Some((step, v)))
+            let mut parts = value_indices.iter().map(|&i| rows.cell(i));
+            let first = parts.next().unwrap_or_default();
+            let step = |at: usize| match step_index {
+                Some(i) => parse_point(rows.cell(i), first, &column, row.line).map(|p| p.0),
+                None => Ok(i64::try_from(at).unwrap_or(i64::MAX)),
+            };
+            step(points.len()).and_then(|step| {
+                let mut total = 0.0;
+                for cell in value_indices.iter().map(|&i| rows.cell(i)) {
+                    total += parse_value(cell, &column, row.line)?;
                 }
-            }
+                Ok(Some((step, total)))
+            })
         };
         let malformed = row.open_quote || rows.cells() < columns.len() || point.is_err();
         if !row.terminated && malformed {
@@ -460,6 +575,9 @@ fn series_from<R: Read>(
         points,
         columns,
         torn_last_line,
+        step_column: step_column.unwrap_or_default().to_string(),
+        skipped_rows,
+        rows: data_rows,
     })
 }
 
@@ -593,8 +711,11 @@ mod tests {
         let e = parse(b"step,acc\n1,2\n", None).unwrap_err();
         assert!(e.contains("has no loss column"), "{e}");
         // Without a step column, rows in order; blank cells keep no number.
-        let series = parse(b"epoch,loss,acc\n1,2,0\n2,,1\n3,1.5,1\n", None).unwrap();
+        let series = parse(b"loss,acc\n2,0\n,1\n1.5,1\n", None).unwrap();
         assert_eq!(series.points, vec![(0, 2.0), (1, 1.5)]);
+        // An epoch column (Keras, Ultralytics) counts when there is no step.
+        let series = parse(b"epoch,loss,acc\n1,2,0\n2,,1\n3,1.5,1\n", None).unwrap();
+        assert_eq!(series.points, vec![(1, 2.0), (3, 1.5)]);
         // A loss by its meaning when no default column is there; a held-out
         // loss when it is the only loss.
         assert_eq!(
@@ -711,5 +832,56 @@ mod tests {
         assert!(e.to_string().contains("metrics.csv: line 2"), "{e}");
         let e = read_csv_series(&dir.path().join("nope.csv"), None).unwrap_err();
         assert_eq!(e.area, Area::Missing);
+    }
+
+    #[test]
+    fn keras_and_ultralytics_logs_are_read_by_meaning() {
+        // Keras's CSVLogger: epochs, `loss` and `val_loss`.
+        let keras = b"epoch,accuracy,loss,val_accuracy,val_loss\n0,0.7,1.93,0.79,1.42\n1,0.8,1.34,0.81,1.27\n";
+        let s = parse(keras, None).unwrap();
+        assert_eq!(
+            (s.column.as_str(), s.step_column.as_str()),
+            ("loss", "epoch")
+        );
+        assert_eq!(s.points, vec![(0, 1.93), (1, 1.34)]);
+        // Ultralytics: names padded with spaces, the loss in parts (their
+        // sum is the loss), and a merge's conflict markers among the rows.
+        let yolo = b"  epoch,  train/box_loss,  train/cls_loss,  val/box_loss,  val/cls_loss\n\
+              1,   1.0,   2.0,   0.5,   0.25\n\
+<<<<<<< HEAD\n\
+              2,   0.5,   1.0,   0.25,   0.125\n\
+=======\n\
+>>>>>>> other\n";
+        let s = parse(yolo, None).unwrap();
+        assert_eq!(s.column, "train/*_loss");
+        assert_eq!(s.points, vec![(1, 3.0), (2, 1.5)]);
+        assert_eq!((s.skipped_rows, s.rows), (3, 2));
+        assert_eq!(summed_columns(&s.columns), ["train/*_loss", "val/*_loss"]);
+        let val = parse(yolo, Some("val/*_loss")).unwrap();
+        assert_eq!(val.points, vec![(1, 0.75), (2, 0.375)]);
+        // A pattern is no column name for any other caller.
+        assert!(parse(yolo, Some("train/*")).is_err());
+    }
+
+    #[test]
+    fn a_training_log_is_told_from_a_data_table_by_its_header() {
+        for log in [
+            "epoch,accuracy,loss,val_accuracy,val_loss",
+            "\u{feff}epoch,loss",
+            "loss,acc,val_loss,val_acc",
+            "  epoch,  train/box_loss,  train/cls_loss,  metrics/mAP50(B)",
+            "step,train_loss",
+        ] {
+            assert!(is_training_log_header(log), "{log}");
+        }
+        for table in [
+            "id,name,price",
+            "epoch,accuracy",
+            "loss,accuracy",
+            "x,y,loss_weight",
+            "",
+        ] {
+            assert!(!is_training_log_header(table), "{table}");
+        }
     }
 }

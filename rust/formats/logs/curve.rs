@@ -60,6 +60,10 @@ pub struct LossCurve {
     /// arguments (HF's W&B and MLflow callbacks log `output_dir`): how a
     /// scan tells that a tracker run and an HF output folder are one run.
     pub output_dir: Option<String>,
+    /// Whether the steps count epochs, not optimizer steps (a Keras
+    /// CSVLogger's or Ultralytics' `epoch` column, or the rows of a CSV
+    /// without a step column): five epochs can be a whole run.
+    pub per_epoch: bool,
 }
 
 /// How a loss series too long to keep whole was thinned (see
@@ -183,7 +187,11 @@ impl SideSeries {
 
     /// Fill the series still empty from the columns of a `metrics.csv`.
     pub fn fill_from_csv(&mut self, path: &Path, columns: &[String]) {
-        self.fill(columns, |column| {
+        // A held-out loss logged in parts (Ultralytics' val/*_loss) is read
+        // as their sum.
+        let mut columns = columns.to_vec();
+        columns.extend(csv_log::summed_columns(&columns));
+        self.fill(&columns, |column| {
             let series = csv_log::read_csv_series(path, Some(column)).ok()?;
             Some(by_step(series.points))
         });
@@ -230,7 +238,7 @@ impl SideSeries {
 
 /// Names trainers give the held-out loss: HF (trainer state, TensorBoard),
 /// Lightning's common `self.log` names (also with on_epoch's suffix).
-pub const EVAL_LOSS_NAMES: [&str; 8] = [
+pub const EVAL_LOSS_NAMES: [&str; 9] = [
     "eval_loss",
     "eval/loss",
     "val_loss",
@@ -239,6 +247,7 @@ pub const EVAL_LOSS_NAMES: [&str; 8] = [
     "validation_loss",
     "val_loss_epoch",
     "eval_loss_epoch",
+    "val/*_loss",
 ];
 /// Names of the global gradient norm (HF, and common hand-written loggers).
 pub const GRAD_NORM_NAMES: [&str; 4] = [
@@ -445,5 +454,6 @@ pub fn assemble(mut records: Vec<(i64, f64)>, files: Vec<PathBuf>) -> LossCurve 
         thinned: None,
         output_classes: None,
         output_dir: None,
+        per_epoch: false,
     }
 }

@@ -79,7 +79,7 @@ pub(super) fn tiny_run(curve: &LossCurve) -> Option<Finding> {
     let (steps, said_by) = match curve.side.progress {
         Some(p) => (p.global_step, "its trainer state's global_step"),
         None => {
-            if curve.series.to_ascii_lowercase().contains("epoch") {
+            if curve.per_epoch || curve.series.to_ascii_lowercase().contains("epoch") {
                 return None;
             }
             let (&first, &last) = (curve.steps.first()?, curve.steps.last()?);
@@ -89,18 +89,44 @@ pub(super) fn tiny_run(curve: &LossCurve) -> Option<Finding> {
             (last, "its last logged step")
         }
     };
+    // A tracker's step is whatever the loop logged with (an epoch under
+    // Keras's autolog, a GAN's per-epoch means): only where the steps are
+    // known to count optimizer steps is a short log a FAIL.
+    let counted = curve.side.progress.is_some() || counts_optimizer_steps(curve);
     (0..=TINY_RUN_STEPS).contains(&steps).then(|| {
-        Finding::new(
-            Verdict::Fail,
-            "tiny_run",
-            format!(
-                "the run took {} optimizer step{} ({said_by}): too few to have trained, \
-                 planned or not (a smoke test, a debugging max_steps, or a crash)",
-                steps,
-                if steps == 1 { "" } else { "s" }
-            ),
-        )
+        let plural = if steps == 1 { "" } else { "s" };
+        if counted {
+            Finding::new(
+                Verdict::Fail,
+                "tiny_run",
+                format!(
+                    "the run took {steps} optimizer step{plural} ({said_by}): too few to have \
+                     trained, planned or not (a smoke test, a debugging max_steps, or a crash)"
+                ),
+            )
+        } else {
+            Finding::new(
+                Verdict::Warn,
+                "tiny_run",
+                format!(
+                    "the log ends at step {steps} ({said_by}): if its steps are optimizer \
+                     steps, too few to have trained; this log does not say (a tracker's \
+                     steps can be epochs)"
+                ),
+            )
+        }
     })
+}
+
+/// Whether the curve's steps are known to be optimizer steps: dlm's and
+/// the HF Trainer's own logs, and the `train/loss` the Trainer reports to
+/// TensorBoard, W&B and MLflow at its global step. Lightning's
+/// `metrics.csv` step column is its global step too.
+fn counts_optimizer_steps(curve: &LossCurve) -> bool {
+    let source = curve.source.as_str();
+    let own_log = source == "dlm" || source.starts_with("trainer_state") || source == "trainer_log";
+    let lightning_csv = source == "csv" && !curve.per_epoch;
+    own_log || lightning_csv || curve.series == "train/loss"
 }
 
 /// The `crashed` or `unfinished` finding (see the module doc).

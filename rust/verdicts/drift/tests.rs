@@ -1197,3 +1197,17 @@ fn an_eval_past_ln_k_beside_a_fitted_training_loss_is_overfitting_not_a_blow_up(
         j.message
     );
 }
+
+#[test]
+fn a_short_tracker_log_of_unknown_steps_warns_where_optimizer_steps_fail() {
+    let mut c = curve_at(&[0, 1, 2, 3, 4], &[2.87, 2.1, 1.7, 1.4, 1.29]);
+    c.source = "mlflow".into();
+    c.series = "generator_loss".into();
+    let j = judge_drift(&input(c.clone()), &robust());
+    assert_eq!(rules(&j), ["tiny_run"], "{}", j.message);
+    assert_eq!(j.verdict, Verdict::Warn, "{}", j.message);
+    // The Trainer's train/loss is logged at its global step: a FAIL.
+    c.series = "train/loss".into();
+    let j = judge_drift(&input(c), &robust());
+    assert_eq!(j.verdict, Verdict::Fail, "{}", j.message);
+}

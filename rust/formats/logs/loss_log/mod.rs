@@ -13,6 +13,7 @@ use crate::error::{Area, Error, Result};
 use crate::formats::logs::curve::{
     assemble, is_held_out, LossCurve, SideSeries, DLM_SOURCE, NO_LOSS_DETAIL,
 };
+use crate::formats::logs::damage::Damage;
 use crate::formats::logs::dlm_log::{read_loss_curve, train_logs_in};
 use crate::formats::logs::{
     csv_log, mlflow_db, mlflow_files, tfevents, trainer_log, trainer_state, wandb_run,
@@ -210,11 +211,13 @@ fn one_run_of_db(db: &Path, tag: Option<&str>) -> Result<LossCurve> {
     let runs = mlflow_db::runs(db)?;
     match runs.as_slice() {
         [one] => mlflow_db::read_run_curve(db, &one.run_id, tag),
+        // Readable, and empty: nothing to judge, said as such (a skip).
         [] => Err(Error::new(
             Area::LogFormat,
             db,
-            "the MLflow store holds no run that is not deleted",
-        )),
+            "the MLflow store holds 0 runs (none that is not deleted): nothing to judge",
+        )
+        .with(NO_LOSS_DETAIL, "true")),
         several => Err(Error::new(
             Area::Usage,
             db,
@@ -349,7 +352,20 @@ pub fn read_curve_from(source: &Path, tag: Option<&str>) -> Result<LossCurve> {
             };
             let mut side = SideSeries::default();
             side.fill_from_csv(path, &series.columns);
-            read(&series.column, series.points, files, torn).map(|c| LossCurve { side, ..c })
+            let damage = Damage::of(
+                "CSV rows",
+                series.skipped_rows,
+                series.rows + series.skipped_rows,
+            );
+            // Epochs, or rows of a log without a step column (one per epoch
+            // in Keras's): not optimizer steps.
+            let per_epoch = series.step_column != "step";
+            read(&series.column, series.points, files, torn).map(|c| LossCurve {
+                side,
+                damage,
+                per_epoch,
+                ..c
+            })
         }
     }
 }

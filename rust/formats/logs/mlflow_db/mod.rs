@@ -340,6 +340,12 @@ pub fn runs(path: &Path) -> Result<Vec<RunInfo>> {
     Ok(rows.into_iter().map(|r| r.info).collect())
 }
 
+/// Whether `path` is an SQLite file with MLflow's `runs` and `metrics`
+/// tables, whatever its name (`mlflow.db`, `mlruns.db`, ...).
+pub fn is_store(path: &Path) -> bool {
+    sqlite::is_sqlite(path) && open_store(path).is_ok()
+}
+
 fn open_store(path: &Path) -> Result<Db> {
     let db = Db::open(path, Area::LogFormat)?;
     if !["runs", "metrics"].iter().all(|t| db.has_table(t)) {

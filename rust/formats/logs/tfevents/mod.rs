@@ -95,7 +95,8 @@ pub struct ScalarSeries {
 
 /// Whether a file name is a TensorBoard event file's.
 pub fn is_event_file_name(name: &str) -> bool {
-    name.starts_with("events.out.tfevents.")
+    // CatBoost's TensorBoard writer names its file without the suffix.
+    name.starts_with("events.out.tfevents.") || name == "events.out.tfevents"
 }
 
 /// Event files at `source`: the file itself, or those found up to
