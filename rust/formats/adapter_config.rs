@@ -135,6 +135,12 @@ pub struct AdapterConfig {
     /// named (`gaussian`, `pissa`, `olora`, `loftq`, ...). A value of
     /// another type is `unknown` (only the factor-scale rule reads it).
     pub init_lora_weights: String,
+    /// Whether the config has `enable_lora` (the alpaca-lora era's
+    /// `MergedLinear`: one LoRA over a fused projection such as BLOOM's
+    /// `query_key_value`, its `lora_A` stacking a rank-`r` factor per
+    /// enabled part and its `lora_B` a grouped 1-D convolution). Its
+    /// factors are not `B·A` matrices of one module.
+    pub merged_linear: bool,
 }
 
 /// A module's rank, alpha and the scale PEFT applies to `B·A`.
@@ -163,6 +169,7 @@ impl AdapterConfig {
             base_model_name_or_path: None,
             rank_pattern: Vec::new(),
             alpha_pattern: Vec::new(),
+            merged_linear: false,
         }
     }
 
@@ -308,6 +315,7 @@ struct RawConfig {
     base_model_name_or_path: Option<Value>,
     rank_pattern: Option<OrderedObject>,
     alpha_pattern: Option<OrderedObject>,
+    enable_lora: Option<Value>,
 }
 
 /// A JSON object kept in file order (serde_json's map sorts its keys), or
@@ -391,6 +399,7 @@ enum Field {
     BaseModelNameOrPath,
     RankPattern,
     AlphaPattern,
+    EnableLora,
     #[serde(other)]
     Other,
 }
@@ -425,6 +434,7 @@ impl<'de> Deserialize<'de> for RawConfig {
                         }
                         Field::RankPattern => c.rank_pattern = Some(map.next_value()?),
                         Field::AlphaPattern => c.alpha_pattern = Some(map.next_value()?),
+                        Field::EnableLora => c.enable_lora = Some(map.next_value()?),
                         Field::Other => {
                             map.next_value::<IgnoredAny>()?;
                         }
@@ -592,6 +602,7 @@ impl RawConfig {
             )?,
             rank_pattern: patterns(&self.rank_pattern, "rank_pattern", positive_int)?,
             alpha_pattern: patterns(&self.alpha_pattern, "alpha_pattern", finite_number)?,
+            merged_linear: matches!(&self.enable_lora, Some(Value::Array(parts)) if !parts.is_empty()),
         })
     }
 }

@@ -137,6 +137,7 @@ fn make_config_summary(
         rank_pattern: Vec::new(),
         alpha_pattern: Vec::new(),
         init_lora_weights,
+        merged_linear: false,
     }
 }
 

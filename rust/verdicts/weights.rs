@@ -227,6 +227,21 @@ pub fn judge_weights(
     if let Some(method) = config.peft_type.as_deref().filter(|t| *t != "LORA") {
         return judge_other_method(w, method, base);
     }
+    if config.merged_linear {
+        // The non-finite check above read every tensor; the factors are
+        // grouped per part of a fused projection, no B·A per module.
+        let message = format!(
+            "an old PEFT MergedLinear adapter (enable_lora in its config, alpaca-lora era): its \
+             {} tensors are finite, but its factors are stacked per part of a fused projection \
+             (lora_A one rank-{} block per enabled part, lora_B a grouped 1-D convolution), \
+             not one B·A per module, so dW is not judged",
+            w.other_tensors.len(),
+            config.r
+        );
+        let mut evidence = base;
+        evidence.put("merged_linear", true);
+        return Judged::bare(KIND, Verdict::Skip, message).with_evidence(evidence);
+    }
     if modules.is_empty() {
         let message = format!(
             "no LoRA factors in {} (only {} other tensors), so there is no dW to judge",

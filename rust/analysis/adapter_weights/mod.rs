@@ -188,6 +188,9 @@ pub struct ConfigSummary {
     /// `true` (PEFT's default init), `false`, the method named
     /// (`gaussian`, `pissa`, ...), or `unknown`.
     pub init_lora_weights: String,
+    /// An old PEFT `MergedLinear` adapter (`enable_lora`): grouped
+    /// factors, no `B·A` per module.
+    pub merged_linear: bool,
 }
 
 /// The whole report of one adapter's weights.
@@ -345,6 +348,7 @@ fn summary(c: &AdapterConfig) -> ConfigSummary {
         modules_to_save: c.modules_to_save.clone(),
         base_model_name_or_path: c.base_model_name_or_path.clone(),
         init_lora_weights: c.init_lora_weights.clone(),
+        merged_linear: c.merged_linear,
         rank_pattern: c
             .rank_pattern
             .iter()

@@ -116,6 +116,12 @@ impl OpenAdapter {
     pub(super) fn open_lora(path: &Path) -> Result<Self> {
         let open = Self::open(path)?;
         match &open.config {
+            Some(c) if c.merged_linear => Err(Error::new(
+                Area::Weights,
+                &c.path,
+                "an old PEFT MergedLinear adapter (enable_lora): its factors are stacked per \
+                 part of a fused projection, not one B·A per module, so they are not compared",
+            )),
             Some(c) if !c.is_lora() => Err(Error::new(
                 Area::Weights,
                 &c.path,
@@ -139,8 +145,10 @@ impl OpenAdapter {
         };
         let data = open_tensor_file(&weights_path)?;
         let plan = match &config {
-            // Another PEFT method: every tensor is judged as a plain tensor.
-            Some(c) if !c.is_lora() => Plan {
+            // Another PEFT method, or an old MergedLinear LoRA (grouped
+            // factors, no B·A per module): every tensor is judged as a
+            // plain tensor.
+            Some(c) if !c.is_lora() || c.merged_linear => Plan {
                 modules: Vec::new(),
                 others: data
                     .header()

@@ -48,6 +48,7 @@ fn config() -> ConfigSummary {
         rank_pattern: vec![],
         alpha_pattern: vec![],
         init_lora_weights: "true".into(),
+        merged_linear: false,
     }
 }
 
