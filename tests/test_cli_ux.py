@@ -384,6 +384,27 @@ def test_nothing_to_probe_lists_every_layout_a_line(tmp_path):
     assert any("PEFT" in line for line in listed)
 
 
+def test_nothing_to_probe_names_the_files_it_saw_and_lfs_pointers(tmp_path):
+    """A folder of files no layout reads says which (issue 54, item 5): a
+    Git LFS pointer left by a clone without ``git lfs pull`` is named as
+    one; exit 3 stays."""
+    pointer = (
+        "version https://git-lfs.github.com/spec/v1\noid sha256:" + "ab" * 32 + "\nsize 16777216\n"
+    )
+    (tmp_path / "adapter_model.bin").write_text(pointer)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "README.txt").write_text("hello")
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    done = cli("scan", str(tmp_path))
+    assert done.returncode == 3
+    seen = done.stderr.split("reads none of them:\n")[1].rstrip().splitlines()
+    assert seen[0].startswith("  - adapter_model.bin: a Git LFS pointer"), seen
+    assert "git lfs pull" in seen[0]
+    assert seen[1].startswith("  - notes/README.txt (5 bytes)"), seen
+    assert not any(".git" in line for line in seen)
+
+
 def test_similar_on_a_folder_without_adapters_says_one_thing(tmp_path):
     (tmp_path / "x").mkdir()
     done = cli("similar", str(tmp_path))

@@ -30,8 +30,10 @@ LAYOUT_LINES = (
     "HF Trainer output directories (also TRL, LLaMA-Factory, axolotl): checkpoint-N/, "
     "trainer_state.json, trainer_log.jsonl, training_args.bin",
     "Lightning runs: *.ckpt or metrics.csv",
-    "W&B run directories (run-<id>.wandb) and MLflow runs (mlruns/<experiment>/<run>/, mlflow.db)",
+    "W&B run directories (run-<id>.wandb) and MLflow runs (mlruns/<experiment>/<run>/, "
+    "mlflow.db or another SQLite *.db with MLflow's tables)",
     "folders of TensorBoard event files (events.out.tfevents.*)",
+    "training-log CSVs: Keras's CSVLogger (epoch,loss,val_loss,...), Ultralytics' results.csv",
     "PEFT adapter directories: adapter_config.json and adapter_model.safetensors",
 )
 LAYOUTS = "; ".join(LAYOUT_LINES)

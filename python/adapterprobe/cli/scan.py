@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import IO, Any, ClassVar
 
 from adapterprobe.cli import positive_int
@@ -293,6 +295,49 @@ def report_fetched(batches: Iterator[list[Any]]) -> Iterator[list[Any]]:
         )
 
 
+#: Files named under "nothing to probe", per root: enough to say what is
+#: there without listing a whole disk.
+SEEN_FILES_SHOWN = 12
+#: Entries looked at per root (a bound on the walk, hidden folders skipped).
+SEEN_ENTRIES_LOOKED_AT = 2_000
+_LFS_POINTER = b"version https://git-lfs.github.com/spec/"
+
+
+def seen_files(root: str) -> list[str]:
+    """What a local root holds that no layout reads, one line a file (at
+    most ``SEEN_FILES_SHOWN``): its path under the root and, for a Git LFS
+    pointer, that it is one (the file itself was never pulled)."""
+    from adapterprobe.escape import terminal
+
+    base = Path(root)
+    if not base.is_dir():
+        return []
+    lines: list[str] = []
+    looked = 0
+    for folder, dirs, files in os.walk(base):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(files):
+            looked += 1
+            if looked > SEEN_ENTRIES_LOOKED_AT or len(lines) >= SEEN_FILES_SHOWN:
+                return lines
+            path = Path(folder, name)
+            shown = terminal(str(path.relative_to(base)))
+            try:
+                with open(path, "rb") as f:
+                    head = f.read(len(_LFS_POINTER))
+                size = path.stat().st_size
+            except OSError:
+                lines.append(f"{shown}: unreadable")
+                continue
+            if head == _LFS_POINTER:
+                lines.append(
+                    f"{shown}: a Git LFS pointer ({size} bytes), not the file: run `git lfs pull`"
+                )
+            else:
+                lines.append(f"{shown} ({size} bytes): not a format adapterprobe reads")
+    return lines
+
+
 def nothing_found(roots: list[str], problems: list[tuple[str, str]], args: Any) -> int:
     from adapterprobe.escape import terminal
     from adapterprobe.records import EXIT_NOTHING_FOUND, EXIT_OK
@@ -308,6 +353,13 @@ def nothing_found(roots: list[str], problems: list[tuple[str, str]], args: Any) 
         f"adapterprobe: nothing to probe under {', '.join(map(terminal, roots))}{looked}",
         file=sys.stderr,
     )
+    seen = [line for root in roots for line in seen_files(root)]
+    if seen:
+        print(
+            "adapterprobe: it saw these files, and reads none of them:"
+            + "".join(f"\n  - {line}" for line in seen),
+            file=sys.stderr,
+        )
     from adapterprobe._fs import atomic_output
 
     if getattr(args, "format", None) == "json":
