@@ -1211,3 +1211,29 @@ fn a_short_tracker_log_of_unknown_steps_warns_where_optimizer_steps_fail() {
     let j = judge_drift(&input(c), &robust());
     assert_eq!(j.verdict, Verdict::Fail, "{}", j.message);
 }
+
+#[test]
+fn a_small_fall_within_the_noise_is_no_progress_and_a_real_one_is() {
+    // 100 records wandering around 3.0 with 5% noise a record, the first
+    // ones a little higher by chance; and a real 4% fall under less noise.
+    let wobble = |i: usize| 0.15 * (((i * 7919) % 13) as f64 / 6.0 - 1.0);
+    let flat: Vec<f64> = (0..100)
+        .map(|i| 3.0 + wobble(i) + if i < 12 { 0.09 } else { 0.0 })
+        .collect();
+    let j = judge_drift(&input(curve(&flat)), &robust());
+    assert!(
+        rules(&j).contains(&"no_progress".to_string()),
+        "{}",
+        j.message
+    );
+    assert!(j.message.contains("within its noise"), "{}", j.message);
+    let falling: Vec<f64> = (0..100)
+        .map(|i| 3.0 * (1.0 - 0.04 * i as f64 / 99.0) + wobble(i) * 0.2)
+        .collect();
+    let j = judge_drift(&input(curve(&falling)), &robust());
+    assert!(
+        !rules(&j).contains(&"no_progress".to_string()),
+        "{}",
+        j.message
+    );
+}

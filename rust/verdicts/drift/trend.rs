@@ -166,11 +166,25 @@ pub(super) fn trend_finding(
     }
     // Even allowing for noise, it fell less than required.
     let required = limits.min_relative_drop;
-    (t.drop < required && thirds_drop_bound(&curve.losses, a.noise) < required).then(|| {
+    let short = t.drop < required && thirds_drop_bound(&curve.losses, a.noise) < required;
+    let unproven = a.relative && fall_within_noise(&curve.losses, a.noise, t.drop, required);
+    (short || unproven).then(|| {
         Finding::new(
             Verdict::Warn,
             "no_progress",
-            no_progress_text(t.drop, required, span, g4(head), g4(tail)),
+            if short {
+                no_progress_text(t.drop, required, span, g4(head), g4(tail))
+            } else {
+                format!(
+                    "loss fell {} {span} ({} -> {}), within its noise ({} a record): the \
+                     medians of its first and last thirds differ by less than three standard \
+                     errors, no sign it learned",
+                    number_text::percent(t.drop, 1),
+                    g4(head),
+                    g4(tail),
+                    number_text::percent(a.noise, 1)
+                )
+            },
         )
     })
 }
@@ -235,17 +249,42 @@ fn regression_noise(a: &RobustCurve, n: usize, head: f64, window: usize) -> f64 
 /// levels, so a flat curve is told from a noisy one): the relative drop
 /// plus three standard errors of a median of that many points.
 fn thirds_drop_bound(losses: &[f64], noise: f64) -> f64 {
+    thirds_fall(losses, noise).map_or(f64::INFINITY, |(fall, se)| fall + 3.0 * se)
+}
+
+/// The relative fall from the median of the first third of the records to
+/// the median of the last, and the standard error of one such median (a
+/// median of `third` points of relative noise `noise`). None where there
+/// is nothing to measure a fall against.
+fn thirds_fall(losses: &[f64], noise: f64) -> Option<(f64, f64)> {
     let finite: Vec<f64> = losses.iter().copied().filter(|v| v.is_finite()).collect();
     let third = (finite.len() / 3).max(1);
-    let first = finite.get(..third).and_then(upper_median);
+    let first = finite.get(..third).and_then(upper_median)?;
     let last = finite
         .get(finite.len().saturating_sub(third)..)
-        .and_then(upper_median);
-    let (Some(first), Some(last)) = (first, last) else {
-        return f64::INFINITY;
-    };
+        .and_then(upper_median)?;
     if first.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
-        return f64::INFINITY; // nothing to measure a fall against
+        return None;
     }
-    (first - last) / first + 3.0 * 1.2533 * noise / (third as f64).sqrt()
+    Some((
+        (first - last) / first,
+        1.2533 * noise / (third as f64).sqrt(),
+    ))
+}
+
+/// Fewest records on which a fall is tested against the noise.
+pub const NOISE_TEST_RECORDS: usize = 30;
+
+/// Whether a small fall is within noise: fewer than twice the required
+/// fall, and the first third's median above the last third's by less
+/// than three standard errors of their difference. A curve that wanders
+/// flat (2.25 at the start, 2.28 at the end, 5% noise a record) can show
+/// a 2.4% fall between two levels by chance; the thirds, with more points
+/// each, say whether anything fell at all.
+fn fall_within_noise(losses: &[f64], noise: f64, drop: f64, required: f64) -> bool {
+    let records = losses.iter().filter(|v| v.is_finite()).count();
+    if records < NOISE_TEST_RECORDS || drop >= 2.0 * required || !noise.is_finite() {
+        return false;
+    }
+    thirds_fall(losses, noise).is_some_and(|(fall, se)| fall < 3.0 * 2f64.sqrt() * se)
 }
