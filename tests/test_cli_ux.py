@@ -387,11 +387,12 @@ def test_nothing_to_probe_lists_every_layout_a_line(tmp_path):
 def test_nothing_to_probe_names_the_files_it_saw_and_lfs_pointers(tmp_path):
     """A folder of files no layout reads says which (issue 54, item 5): a
     Git LFS pointer left by a clone without ``git lfs pull`` is named as
-    one; exit 3 stays."""
+    one; exit 3 stays. (Adapter weights left as a pointer make a store,
+    whose record names the pointer.)"""
     pointer = (
         "version https://git-lfs.github.com/spec/v1\noid sha256:" + "ab" * 32 + "\nsize 16777216\n"
     )
-    (tmp_path / "adapter_model.bin").write_text(pointer)
+    (tmp_path / "train.parquet").write_text(pointer)
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "README.txt").write_text("hello")
     (tmp_path / ".git").mkdir()
@@ -399,7 +400,7 @@ def test_nothing_to_probe_names_the_files_it_saw_and_lfs_pointers(tmp_path):
     done = cli("scan", str(tmp_path))
     assert done.returncode == 3
     seen = done.stderr.split("reads none of them:\n")[1].rstrip().splitlines()
-    assert seen[0].startswith("  - adapter_model.bin: a Git LFS pointer"), seen
+    assert seen[0].startswith("  - train.parquet: a Git LFS pointer"), seen
     assert "git lfs pull" in seen[0]
     assert seen[1].startswith("  - notes/README.txt (5 bytes)"), seen
     assert not any(".git" in line for line in seen)
@@ -440,3 +441,13 @@ def test_two_runs_rows_keep_what_tells_them_apart():
     a, b = (_clip_middle(run + tail, 48) for run in ("l-diverge", "l-healthy"))
     assert a != b and a.startswith("l-diverge/") and b.startswith("l-healthy/")
     assert a.endswith("epoch=1-step=104.ckpt") and len(a) <= 48
+
+
+def test_adapter_weights_left_as_an_lfs_pointer_are_a_store_naming_it(tmp_path):
+    pointer = (
+        "version https://git-lfs.github.com/spec/v1\noid sha256:" + "cd" * 32 + "\nsize 709058851\n"
+    )
+    (tmp_path / "adapter_model.bin").write_text(pointer)
+    done = cli("scan", str(tmp_path), "-v", "--probes", "adapter_weights")
+    assert done.returncode == 1, done.stderr
+    assert "Git LFS pointer" in " ".join(done.stdout.split()), done.stdout

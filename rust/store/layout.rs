@@ -567,8 +567,17 @@ pub fn lightning_target(dir: &Path, all: bool) -> Target {
 // ---- bare PEFT ----
 
 pub fn is_bare_peft(dir: &Path) -> bool {
-    dir.join(ADAPTER_CONFIG).is_file()
-        && (dir.join(ADAPTER_WEIGHTS).is_file() || dir.join("adapter_model.bin").is_file())
+    let weights = [dir.join(ADAPTER_WEIGHTS), dir.join("adapter_model.bin")];
+    let has_weights = weights.iter().any(|w| w.is_file());
+    // Adapter weights left as a Git LFS pointer (a clone without `git lfs
+    // pull`), even without their config: a store whose record names the
+    // pointer, not a folder passed over in silence.
+    let pointer = || {
+        weights
+            .iter()
+            .any(|w| crate::io::lfs::pointer_error_in(Area::Weights, w).is_some())
+    };
+    has_weights && (dir.join(ADAPTER_CONFIG).is_file() || pointer())
 }
 
 pub fn peft_target(dir: &Path) -> Target {
