@@ -561,3 +561,68 @@ def test_the_last_good_checkpoint_is_the_newest_checkpoint_folder_before_the_fau
     assert last_checkpoint_before(tmp_path, 13) == "checkpoint-12"
     assert last_checkpoint_before(tmp_path, 4) is None
     assert last_checkpoint_before(tmp_path / "missing", 10) is None
+
+
+def test_the_lightning_callback_names_the_last_checkpoint_saved_before_the_fault(tmp_path):
+    """SGD whose learning rate climbs to 30 over the run: healthy at first,
+    NaN once the rate is far too high. ModelCheckpoint saves every 10 steps;
+    the stop names the newest checkpoint from before the first bad record,
+    in the log and in adapterprobe-guard.json (issue 53, item 1)."""
+    import json
+    import warnings
+
+    L = pytest.importorskip("lightning")
+    torch = pytest.importorskip("torch")
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from adapterprobe.integrations.lightning import GuardCallback
+
+    class Climbing(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.parameters(), lr=1.0)
+            ramp = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1e-3 * 1.15**s)
+            return [optimizer], [{"scheduler": ramp, "interval": "step"}]
+
+    x = torch.randn(512, 8, generator=torch.Generator().manual_seed(1))
+    loader = DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=8)
+    saves = L.pytorch.callbacks.ModelCheckpoint(
+        dirpath=str(tmp_path / "ckpts"), every_n_train_steps=10, save_top_k=-1
+    )
+    callback = GuardCallback()
+    trainer = L.Trainer(
+        max_steps=200,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+        callbacks=[saves, callback],
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(Climbing(), loader)
+    assert callback.stopped_at is not None, callback.guard.findings
+    first = callback._first_fault_step()
+    good = callback.last_good_checkpoint
+    assert good is not None and good.endswith(".ckpt"), good
+    saved_at = int(good.rsplit("step=", 1)[1].split(".")[0])
+    assert saved_at < first
+    later = [
+        p
+        for p in (tmp_path / "ckpts").glob("*.ckpt")
+        if saved_at < int(p.stem.rsplit("step=", 1)[1]) < first
+    ]
+    assert not later, later
+    report = json.loads((tmp_path / "adapterprobe-guard.json").read_text())
+    assert report["last_good_checkpoint"] == good

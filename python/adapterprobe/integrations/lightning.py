@@ -25,13 +25,17 @@ guard says names the same steps as a scan of that run's ``metrics.csv``.
 
 from __future__ import annotations
 
+import itertools
+import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from adapterprobe._fs import remove_link
 from adapterprobe.errors import MonitorConfigError, require
-from adapterprobe.guard import GuardCallbackBase, output_classes_of
+from adapterprobe.escape import terminal
+from adapterprobe.guard import GuardCallbackBase, log, output_classes_of
 from adapterprobe.monitor import GAPMonitor
 
 if TYPE_CHECKING:
@@ -159,6 +163,32 @@ def logged_step(trainer: Any) -> int:
     return int(trainer.global_step)
 
 
+_CKPT_STEP = re.compile(r"(?:^|[-_])step=(\d+)")
+#: Most checkpoint files of one folder looked at for the last good one.
+MAX_CKPTS_LOOKED_AT = 10_000
+
+
+def last_ckpt_before(trainer: Any, step: int) -> str | None:
+    """The newest ``*.ckpt`` that Lightning's ``ModelCheckpoint`` callbacks
+    saved before ``step`` (its name's ``step=N``: weights after N optimizer
+    steps, good when N is before the first step that went wrong), as a
+    path; None when there is none."""
+    best: tuple[int, str] | None = None
+    for callback in getattr(trainer, "checkpoint_callbacks", None) or []:
+        dirpath = getattr(callback, "dirpath", None)
+        if not dirpath or not os.path.isdir(dirpath):
+            continue
+        with os.scandir(dirpath) as entries:
+            for entry in itertools.islice(entries, MAX_CKPTS_LOOKED_AT):
+                found = _CKPT_STEP.search(entry.name)
+                if not (entry.name.endswith(".ckpt") and found):
+                    continue
+                n = int(found.group(1))
+                if n < step and (best is None or n > best[0]):
+                    best = (n, entry.path)
+    return best[1] if best else None
+
+
 class GuardCallback(GuardCallbackBase, Callback):
     """Judge a Lightning run online and stop it when the verdict reaches
     ``stop_on`` (``"fail"``: only what no later record can undo; ``"warn"``).
@@ -170,7 +200,9 @@ class GuardCallback(GuardCallbackBase, Callback):
     K, what the loss is a cross-entropy over, is ``output_classes=`` where
     given, else what the module says (:func:`module_output_classes`), so a
     loss far above ln K stops the run at its first record. On
-    stopping it logs the findings, saves ``guard-stop-step<N>.ckpt`` in the
+    stopping it logs the findings and names the newest checkpoint
+    ``ModelCheckpoint`` saved before the first bad step (``last_good_checkpoint``,
+    also in the guard file), saves ``guard-stop-step<N>.ckpt`` in the
     trainer's ``default_root_dir`` (``save_on_stop``; not of NaN/inf weights,
     which every rank agrees on), sets
     ``trainer.should_stop`` and writes ``adapterprobe-guard.json`` there from
@@ -212,6 +244,15 @@ class GuardCallback(GuardCallbackBase, Callback):
                 remove_link(checkpoint)
             trainer.save_checkpoint(str(checkpoint))
         trainer.should_stop = True
+        first_fault = self._first_fault_step()
+        if first_fault is not None:
+            self.last_good_checkpoint = last_ckpt_before(trainer, first_fault)
+            log.warning(
+                "adapterprobe guard: the newest checkpoint saved before step %d, where it first "
+                "went wrong: %s",
+                first_fault,
+                terminal(self.last_good_checkpoint or "none"),
+            )
         self._write(root, main_process=trainer.is_global_zero)
 
     def on_train_batch_end(
