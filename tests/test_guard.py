@@ -626,3 +626,35 @@ def test_the_lightning_callback_names_the_last_checkpoint_saved_before_the_fault
     assert not later, later
     report = json.loads((tmp_path / "adapterprobe-guard.json").read_text())
     assert report["last_good_checkpoint"] == good
+
+
+def test_a_guard_line_is_not_glued_to_a_progress_bar(capsys):
+    """While a tqdm bar is drawn on the console, a guard line clears it and
+    takes a line of its own (the HF Trainer's and Lightning's bars glued it
+    to their end)."""
+    import logging
+    import sys
+
+    tqdm = pytest.importorskip("tqdm")
+    from adapterprobe.guard import say
+
+    def logged(draw_bar: bool) -> str:
+        handler = logging.StreamHandler(sys.stderr)  # the console, as a user has it
+        root = logging.getLogger()
+        root.addHandler(handler)
+        try:
+            if draw_bar:
+                with tqdm.tqdm(total=10, file=sys.stderr, desc="training", ascii=True) as bar:
+                    bar.update(3)
+                    bar.refresh()
+                    say("adapterprobe guard: %s", "a line of its own")
+            else:
+                say("adapterprobe guard: %s", "a line of its own")
+        finally:
+            root.removeHandler(handler)
+        return capsys.readouterr().err
+
+    text = logged(draw_bar=True)
+    at = text.index("adapterprobe guard: a line of its own")
+    assert text[at - 1] in "\r\n", repr(text[max(0, at - 40) : at + 10])
+    assert logged(draw_bar=False) == "adapterprobe guard: a line of its own\n"

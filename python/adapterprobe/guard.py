@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import os
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,22 @@ GUARD_FILE = "adapterprobe-guard.json"
 _STOP_LEVELS = {"warn": 1, "fail": 2}
 
 log = logging.getLogger("adapterprobe.guard")
+
+
+def say(message: str, *args: Any) -> None:
+    """Log a guard line as a warning, on a line of its own: while a tqdm
+    progress bar is drawn (the HF Trainer's, Lightning's), the console
+    handlers write through ``tqdm.write``, which clears the bar first, so
+    the line is not glued to the bar's end."""
+    tqdm = sys.modules.get("tqdm")
+    bars = getattr(getattr(tqdm, "tqdm", None), "_instances", None)
+    if not bars:
+        log.warning(message, *args)
+        return
+    from tqdm.contrib.logging import logging_redirect_tqdm  # type: ignore[import-untyped]
+
+    with logging_redirect_tqdm():
+        log.warning(message, *args)
 
 
 def output_classes_of(config: Any) -> tuple[int | None, str]:
@@ -346,7 +363,7 @@ class GuardCallbackBase:
             if finding["rule"] in self._announced or finding["verdict"] not in ("warn", "fail"):
                 continue
             self._announced.add(finding["rule"])
-            log.warning(
+            say(
                 "adapterprobe guard: %s %s at step %d (the run goes on): %s",
                 finding["verdict"].upper(),
                 terminal(finding["rule"]),
@@ -375,9 +392,7 @@ class GuardCallbackBase:
         if share is not None:
             nan_weights = share(nan_weights)
         if self.save_on_stop and nan_weights:
-            log.warning(
-                "adapterprobe guard: not saving a checkpoint at the stop: the weights are NaN/inf"
-            )
+            say("adapterprobe guard: not saving a checkpoint at the stop: the weights are NaN/inf")
         return self.save_on_stop and not nan_weights
 
     def _must_stop(
@@ -412,13 +427,13 @@ class GuardCallbackBase:
             return False
         self.stopped_at = step
         for finding in self.guard.findings:
-            log.warning(
+            say(
                 "adapterprobe guard: %s at step %d: %s",
                 terminal(finding["rule"]),
                 finding["step"],
                 terminal(finding["message"]),
             )
-        log.warning(
+        say(
             "adapterprobe guard: stopping the run at step %d (verdict %s)", step, self.guard.verdict
         )
         return True

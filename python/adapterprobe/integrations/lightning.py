@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from adapterprobe._fs import remove_link
 from adapterprobe.errors import MonitorConfigError, require
 from adapterprobe.escape import terminal
-from adapterprobe.guard import GuardCallbackBase, log, output_classes_of
+from adapterprobe.guard import GuardCallbackBase, output_classes_of, say
 from adapterprobe.monitor import GAPMonitor
 
 if TYPE_CHECKING:
@@ -247,7 +247,7 @@ class GuardCallback(GuardCallbackBase, Callback):
         first_fault = self._first_fault_step()
         if first_fault is not None:
             self.last_good_checkpoint = last_ckpt_before(trainer, first_fault)
-            log.warning(
+            say(
                 "adapterprobe guard: the newest checkpoint saved before step %d, where it first "
                 "went wrong: %s",
                 first_fault,

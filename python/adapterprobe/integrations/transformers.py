@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from adapterprobe.errors import MonitorConfigError, require
 from adapterprobe.escape import terminal
-from adapterprobe.guard import GuardCallbackBase, last_checkpoint_before, log, output_classes_of
+from adapterprobe.guard import GuardCallbackBase, last_checkpoint_before, output_classes_of, say
 from adapterprobe.monitor import GAPMonitor
 
 if TYPE_CHECKING:
@@ -159,7 +159,7 @@ class GuardCallback(GuardCallbackBase, TrainerCallback):
         first_fault = self._first_fault_step()
         if first_fault is not None:
             self.last_good_checkpoint = last_checkpoint_before(args.output_dir, first_fault)
-            log.warning(
+            say(
                 "adapterprobe guard: the newest checkpoint saved before step %d, where it first "
                 "went wrong: %s",
                 first_fault,
