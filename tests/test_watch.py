@@ -223,7 +223,14 @@ def test_stop_on_ends_the_watch_at_the_first_poll_that_reaches_it(tmp_path, caps
     assert "done after 3 polls" in capsys.readouterr().out
     assert main([*argv, "--stop-on", "warn"]) == 1
     out = capsys.readouterr().out
-    assert "stopped on warn after 1 poll" in out and "--stop-on ended the watch" in out
+    assert "stopped on warn after 1 poll" in out
+    assert "--stop-on warn ended the watch (climb)" in out, out
+    # Stopped by --stop-on fail, the line says so, not --fail-on (issue 53, item 1).
+    dlm_run(tmp_path / "nan", "nan", [float("nan")] * 40)
+    assert main(["watch", str(tmp_path / "nan"), *argv[2:], "--stop-on", "fail"]) == 1
+    out = capsys.readouterr().out
+    assert "Exit 1: --stop-on fail ended the watch (nan)" in out, out
+    assert "reached --fail-on" not in out
 
 
 def test_ctrl_c_ends_with_a_summary_and_130(tmp_path, capsys, monkeypatch):

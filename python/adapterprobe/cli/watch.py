@@ -148,8 +148,10 @@ def line(change: Any) -> str:
     return f"{when}  {terminal(change.store)}  {verdicts}  {terminal(change.message)}"
 
 
-def summary(watcher: Any, fail_on: str, code: int, ending: str) -> str:
-    """The last line: how many stores at which verdict, and why the exit code."""
+def summary(watcher: Any, fail_on: str, code: int, ending: str, stop_on: str | None = None) -> str:
+    """The last line: how many stores at which verdict, and why the exit code
+    (``stop_on``: the level whose --stop-on ended the watch, which says so
+    whatever --fail-on is)."""
     verdicts = list(watcher.verdicts.values())
     order = ("fail", "error", "warn", "skip", "pass")
     counts = ", ".join(f"{verdicts.count(v)} {v}" for v in order if v in verdicts)
@@ -159,16 +161,16 @@ def summary(watcher: Any, fail_on: str, code: int, ending: str) -> str:
     reads = watcher.judged_total
     text += f"; {reads} store read{'s' if reads != 1 else ''}."
     if code == EXIT_UNHEALTHY:
-        reached = watcher.reaching(fail_on)
-        if reached:
-            from adapterprobe.escape import terminal
+        from adapterprobe.escape import terminal
 
-            names = ", ".join(terminal(n) for n in reached[:3]) + (
-                ", ..." if len(reached) > 3 else ""
-            )
-            text += f" Exit 1: a verdict reached --fail-on {fail_on} ({names})."
+        level = stop_on or fail_on
+        reached = watcher.reaching(level)
+        names = ", ".join(terminal(n) for n in reached[:3]) + (", ..." if len(reached) > 3 else "")
+        named = f" ({names})" if names else ""
+        if stop_on:
+            text += f" Exit 1: --stop-on {stop_on} ended the watch{named}."
         else:
-            text += " Exit 1: --stop-on ended the watch."
+            text += f" Exit 1: a verdict reached --fail-on {fail_on}{named}."
     return text
 
 
@@ -221,5 +223,5 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_NOTHING_FOUND
     code = EXIT_UNHEALTHY if stopped or watcher.reaching(fail_on) else EXIT_OK
     ending = f"stopped on {args.stop_on}" if stopped else "done"
-    print(summary(watcher, fail_on, code, ending), flush=True)
+    print(summary(watcher, fail_on, code, ending, args.stop_on if stopped else None), flush=True)
     return code
