@@ -44,6 +44,10 @@ def wandb_run(root: Path, losses: list[float]) -> Path:
     for loss in losses:
         run.log({"loss": loss, "pad": "x" * 40})
     run.finish()
+    # finish() can return while W&B's service still writes the log's tail
+    # (CI saw it grow by a block between two reads): shut the service down,
+    # which waits for it, so the log is whole before it is damaged.
+    wandb.teardown()
     return Path(run.dir).parent
 
 
@@ -71,12 +75,7 @@ def test_a_wandb_log_that_lost_most_blocks_is_an_error_not_a_pass(tmp_path):
     intact = drift_of(run)
     assert intact.verdict.value == "fail", intact.message
     assert "damage" not in intact.evidence
-    # Every block from the second on; a last block under 16 bytes long (the
-    # log's size varies with the run's id and times) holds no data byte at
-    # the offset flipped and is left whole.
-    tail_too_short = log.stat().st_size % BLOCK in range(1, 17)
-    changed = flip_a_byte_per_block(log, first=1)
-    assert changed == blocks - 1 - tail_too_short, (changed, blocks)
+    assert flip_a_byte_per_block(log, first=1) == blocks - 1
     record = drift_of(run)
     # What is left (the first block's rows) falls: judged alone, a PASS.
     assert record.verdict.value == "error", record.message
