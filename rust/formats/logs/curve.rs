@@ -279,6 +279,8 @@ pub const MARGIN_NAMES: [&str; 3] = ["rewards/margins", "train/rewards/margins",
 /// The name under which HF's tracker callbacks log the Trainer's output
 /// folder (W&B's config, MLflow's params).
 pub const OUTPUT_DIR_KEY: &str = "output_dir";
+/// Longest logged `output_dir` taken for a path.
+pub const MAX_OUTPUT_DIR_BYTES: u64 = 4096;
 
 /// The text of a logged `output_dir` (JSON text, as W&B keeps its config
 /// values, or plain text, as MLflow keeps params), None when empty or too
@@ -286,7 +288,8 @@ pub const OUTPUT_DIR_KEY: &str = "output_dir";
 pub fn output_dir_of(logged: &str) -> Option<String> {
     let text = logged.trim();
     let text = serde_json::from_str::<String>(text).unwrap_or_else(|_| text.to_string());
-    (!text.is_empty() && text.len() <= 4096 && !text.contains('\0')).then_some(text)
+    let fits = text.len() as u64 <= MAX_OUTPUT_DIR_BYTES;
+    (!text.is_empty() && fits && !text.contains('\0')).then_some(text)
 }
 
 /// The first of `names` present in `available` (a name ending in `-` is a

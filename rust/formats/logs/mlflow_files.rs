@@ -233,13 +233,8 @@ pub fn read_run_curve(run: &Path, key: Option<&str>) -> Result<LossCurve> {
         run: label_of(run, &meta),
         thinned,
         output_classes: logged_classes(run),
-        output_dir: files::read_small(
-            &run.join("params").join(curve::OUTPUT_DIR_KEY),
-            Area::LogFormat,
-            4096,
-        )
-        .ok()
-        .and_then(|b| curve::output_dir_of(&String::from_utf8_lossy(&b))),
+        output_dir: param(run, curve::OUTPUT_DIR_KEY, curve::MAX_OUTPUT_DIR_BYTES)
+            .and_then(|text| curve::output_dir_of(&text)),
         ..curve::assemble(kept.points, vec![path])
     })
 }
@@ -249,22 +244,21 @@ pub fn read_run_curve(run: &Path, key: Option<&str>) -> Result<LossCurve> {
 /// `vocab_size`, ...; each a small text file). A param that cannot be read
 /// is no evidence.
 fn logged_classes(run: &Path) -> Option<OutputClasses> {
-    let params = run.join("params");
-    let (count, kind) = model_config::output_classes_logged(|key| {
-        let bytes = files::read_small(
-            &params.join(key),
-            Area::LogFormat,
-            model_config::MAX_CONFIG_BYTES,
-        )
-        .ok()?;
-        Some(String::from_utf8_lossy(&bytes).into_owned())
-    })?;
+    let (count, kind) =
+        model_config::output_classes_logged(|key| param(run, key, model_config::MAX_CONFIG_BYTES))?;
     Some(OutputClasses {
         count,
         kind: kind.to_string(),
-        path: params,
+        path: run.join("params"),
         source: "MLflow's params".to_string(),
     })
+}
+
+/// The text of the run's param `key` (a small file under `params/`, at
+/// most `max` bytes); None when it cannot be read, which is no evidence.
+fn param(run: &Path, key: &str, max: u64) -> Option<String> {
+    let bytes = files::read_small(&run.join("params").join(key), Area::LogFormat, max).ok()?;
+    Some(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 /// The message of an allocation that failed while `what` was kept.
