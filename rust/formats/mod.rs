@@ -9,7 +9,10 @@
 //! Modules here depend only on `io` and on each other.
 
 pub mod adapter_config;
+pub mod kohya_metadata;
 pub mod logs;
+pub mod lora_keys;
+pub mod mlx_config;
 pub mod model_config;
 pub mod pickle;
 pub mod safetensors_header;

@@ -138,6 +138,7 @@ fn make_config_summary(
         alpha_pattern: Vec::new(),
         init_lora_weights,
         merged_linear: false,
+        format: "peft".to_string(),
     }
 }
 

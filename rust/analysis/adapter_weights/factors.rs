@@ -155,7 +155,7 @@ impl ModuleSource for FactorFile {
         &self.open.weights_path
     }
     fn has_config(&self) -> bool {
-        self.open.config.is_some()
+        self.open.scaled()
     }
     fn shapes(&self) -> Vec<ModuleShape<'_>> {
         let shape = |&i: &usize| {
@@ -204,15 +204,20 @@ pub fn read_adapter_factors(path: &Path) -> Result<AdapterFactors> {
         .collect::<Result<Vec<_>>>()?;
     Ok(AdapterFactors {
         path: file.open.weights_path.clone(),
-        has_config: file.open.config.is_some(),
+        has_config: file.open.scaled(),
         modules,
     })
 }
 
 fn module_factors(reader: &mut TensorReader, m: &ModulePlan, file: &Path) -> Result<ModuleFactors> {
-    let (a, nonfinite_a) = read_values(reader, &m.a, file)?;
-    let (b, nonfinite_b) = read_values(reader, &m.b, file)?;
+    let (mut a, nonfinite_a) = read_values(reader, &m.a, file)?;
+    let (mut b, nonfinite_b) = read_values(reader, &m.b, file)?;
     let info = m.info();
+    if m.transposed {
+        // Stored as Aᵀ (in × r) and Bᵀ (r × out): turned to A and B.
+        a = transpose(&a, info.in_features, info.rank);
+        b = transpose(&b, info.rank, info.out_features);
+    }
     Ok(ModuleFactors {
         name: info.name,
         layer: info.layer,
@@ -224,6 +229,17 @@ fn module_factors(reader: &mut TensorReader, m: &ModulePlan, file: &Path) -> Res
         b,
         nonfinite: nonfinite_a + nonfinite_b,
     })
+}
+
+/// The transpose of a row-major `rows` × `cols` matrix.
+fn transpose(values: &[f64], rows: usize, cols: usize) -> Vec<f64> {
+    let mut out = vec![0.0; values.len()];
+    for (i, row) in values.chunks_exact(cols.max(1)).take(rows).enumerate() {
+        for (j, &v) in row.iter().enumerate() {
+            out[j * rows + i] = v;
+        }
+    }
+    out
 }
 
 /// All values of `t` in file order, and how many are not finite.
@@ -276,6 +292,8 @@ pub struct FactorStream<'r, 'd> {
     reader: &'r mut TensorReader<'d>,
     a: &'r FloatTensor,
     b: &'r FloatTensor,
+    /// Stored as Aᵀ and Bᵀ (mlx-lm): blocks are turned as they are read.
+    transposed: bool,
 }
 
 impl FactorStream<'_, '_> {
@@ -283,6 +301,17 @@ impl FactorStream<'_, '_> {
     /// values)`, values row-major (rows × r). Returns B's moments.
     pub fn b_rows(&mut self, mut f: impl FnMut(usize, usize, &[f64])) -> Result<Moments> {
         let mut row = 0;
+        if self.transposed {
+            // Bᵀ (r × out) by columns: each block of B's rows, turned.
+            let mut turned = Vec::new();
+            let rank = self.b.shape.first().copied().unwrap_or(0) as usize;
+            return self.reader.for_each_column_block(self.b, |w, vals| {
+                turned.clear();
+                turned.extend(transpose(vals, rank, w));
+                f(row, w, &turned);
+                row += w;
+            });
+        }
         self.reader.for_each_row_block(self.b, |n, vals| {
             f(row, n, vals);
             row += n;
@@ -293,6 +322,17 @@ impl FactorStream<'_, '_> {
     /// values)`, values row-major (r × cols). Returns A's moments.
     pub fn a_columns(&mut self, mut f: impl FnMut(usize, usize, &[f64])) -> Result<Moments> {
         let mut col = 0;
+        if self.transposed {
+            // Aᵀ (in × r) by rows: each block of A's columns, turned.
+            let mut turned = Vec::new();
+            let rank = self.a.shape.get(1).copied().unwrap_or(0) as usize;
+            return self.reader.for_each_row_block(self.a, |n, vals| {
+                turned.clear();
+                turned.extend(transpose(vals, n, rank));
+                f(col, n, &turned);
+                col += n;
+            });
+        }
         self.reader.for_each_column_block(self.a, |w, vals| {
             f(col, w, vals);
             col += w;
@@ -309,9 +349,9 @@ pub fn stream_adapter_factors(
     chunk_elems: usize,
     mut visit: impl FnMut(&ModuleInfo, &mut FactorStream<'_, '_>) -> Result<()>,
 ) -> Result<bool> {
-    let OpenAdapter {
-        config, data, plan, ..
-    } = OpenAdapter::open_lora(path)?;
+    let open = OpenAdapter::open_lora(path)?;
+    let scaled = open.scaled();
+    let OpenAdapter { data, plan, .. } = open;
     let mut reader = data.reader(chunk_elems);
     for m in &plan.modules {
         let info = m.info();
@@ -319,8 +359,9 @@ pub fn stream_adapter_factors(
             reader: &mut reader,
             a: &m.a,
             b: &m.b,
+            transposed: m.transposed,
         };
         visit(&info, &mut stream)?;
     }
-    Ok(config.is_some())
+    Ok(scaled)
 }

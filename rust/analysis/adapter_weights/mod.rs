@@ -60,10 +60,12 @@ use rayon::prelude::*;
 use crate::analysis::layers::{adapter_weights_path, ADAPTER_WEIGHTS, PICKLED_ADAPTER_WEIGHTS};
 use crate::error::{Area, Error, Result};
 use crate::formats::adapter_config::{AdapterConfig, TargetModules, CONFIG_FILE};
+use crate::formats::mlx_config::MLX_WEIGHTS;
 use crate::formats::tensor_data::{FloatTensor, TensorReader, DEFAULT_CHUNK_ELEMS, MAX_GRAM_DIM};
 use crate::io::read_once;
 
 mod factors;
+mod foreign;
 mod plan;
 mod stats;
 #[cfg(test)]
@@ -191,6 +193,9 @@ pub struct ConfigSummary {
     /// An old PEFT `MergedLinear` adapter (`enable_lora`): grouped
     /// factors, no `B·A` per module.
     pub merged_linear: bool,
+    /// Who wrote the adapter, by its naming: `peft` (a PEFT config, or
+    /// diffusers' saves), `kohya`, `lycoris-loha`, `lycoris-lokr`, `mlx`.
+    pub format: String,
 }
 
 /// The whole report of one adapter's weights.
@@ -240,6 +245,7 @@ pub(crate) fn read_adapter_weights_chunked(
         config,
         data,
         plan,
+        foreign,
     } = OpenAdapter::open(path)?;
 
     let tensor_bytes: u64 = data
@@ -298,7 +304,7 @@ pub(crate) fn read_adapter_weights_chunked(
         .sum();
     Ok(AdapterWeights {
         path: weights_path,
-        config: config.as_ref().map(summary),
+        config: config.as_ref().map(summary).or(foreign),
         layers: layer_energy(&modules),
         modules,
         other_tensors,
@@ -312,6 +318,13 @@ pub(crate) fn read_adapter_weights_chunked(
 /// `adapter_model.bin` when only that one is there.
 fn locate(path: &Path) -> Result<(PathBuf, PathBuf)> {
     if read_once::is_dir(path) {
+        let mlx = path.join(MLX_WEIGHTS);
+        if !read_once::exists(&path.join(ADAPTER_WEIGHTS))
+            && !read_once::exists(&path.join(PICKLED_ADAPTER_WEIGHTS))
+            && read_once::is_file(&mlx)
+        {
+            return Ok((mlx, path.join(CONFIG_FILE)));
+        }
         let weights = adapter_weights_path(path);
         if !read_once::exists(&weights) {
             return Err(Error::new(
@@ -349,6 +362,7 @@ fn summary(c: &AdapterConfig) -> ConfigSummary {
         base_model_name_or_path: c.base_model_name_or_path.clone(),
         init_lora_weights: c.init_lora_weights.clone(),
         merged_linear: c.merged_linear,
+        format: "peft".to_string(),
         rank_pattern: c
             .rank_pattern
             .iter()

@@ -5,13 +5,18 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::{locate, KEY_PREFIX, MAX_RANK};
+use super::foreign::{self, Scaling};
+use super::{locate, ConfigSummary, KEY_PREFIX, MAX_RANK};
 use crate::analysis::attribution::layer_number;
 use crate::error::{Area, Error, Result};
 use crate::formats::adapter_config::{AdapterConfig, TargetModules};
+use crate::formats::lora_keys::LoraFormat;
+use crate::formats::mlx_config::{is_mlx_config, MlxConfig};
 use crate::formats::safetensors_header::TensorInfo;
 use crate::formats::tensor_data::{FloatTensor, SafetensorsData};
 use crate::formats::torch_state_dict::open_tensor_file;
+use crate::io::files::read_small;
+use crate::io::read_once;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Role {
@@ -88,6 +93,9 @@ pub(super) struct ModulePlan {
     pub(super) magnitude: Option<FloatTensor>,
     pub(super) alpha: Option<f64>,
     pub(super) scale: Option<f64>,
+    /// Whether the factors are stored transposed (mlx-lm's `lora_a` is
+    /// in × r, `lora_b` r × out): then `a` holds Aᵀ and `b` holds Bᵀ.
+    pub(super) transposed: bool,
 }
 
 pub(super) struct Plan {
@@ -108,6 +116,9 @@ pub(super) struct OpenAdapter {
     pub(super) config: Option<AdapterConfig>,
     pub(super) data: SafetensorsData,
     pub(super) plan: Plan,
+    /// What a LoRA file of another tool (kohya, LyCORIS, diffusers,
+    /// mlx-lm; see `foreign`) says in place of a PEFT config.
+    pub(super) foreign: Option<ConfigSummary>,
 }
 
 impl OpenAdapter {
@@ -115,6 +126,22 @@ impl OpenAdapter {
     /// method has no `B·A` to read, and is an error here.
     pub(super) fn open_lora(path: &Path) -> Result<Self> {
         let open = Self::open(path)?;
+        if let Some(f) = open
+            .foreign
+            .as_ref()
+            .filter(|f| f.peft_type.as_deref() != Some("LORA"))
+        {
+            return Err(Error::new(
+                Area::Weights,
+                &open.weights_path,
+                format!(
+                    "a LyCORIS {} file ({}): its update is not one B·A per module, so it is \
+                     not compared",
+                    f.peft_type.as_deref().unwrap_or_default(),
+                    f.format
+                ),
+            ));
+        }
         match &open.config {
             Some(c) if c.merged_linear => Err(Error::new(
                 Area::Weights,
@@ -135,15 +162,55 @@ impl OpenAdapter {
         }
     }
 
-    /// Open the adapter at `path`: a directory or its weights file.
+    /// Open the adapter at `path`: a directory or its weights file. A
+    /// weights file with no PEFT config beside it may be a LoRA file of
+    /// another tool (`foreign`), and an `adapter_config.json` may be
+    /// mlx-lm's: both are planned with their own scales.
     pub(super) fn open(path: &Path) -> Result<Self> {
         let (weights_path, config_path) = locate(path)?;
-        let config = match AdapterConfig::read(&config_path) {
-            Ok(c) => Some(c),
-            Err(e) if e.area == Area::Missing => None,
-            Err(e) => return Err(e),
+        let mlx = read_mlx_config(&config_path)?;
+        let config = match &mlx {
+            Some(_) => None,
+            None => match AdapterConfig::read(&config_path) {
+                Ok(c) => Some(c),
+                Err(e) if e.area == Area::Missing => None,
+                Err(e) => return Err(e),
+            },
         };
         let data = open_tensor_file(&weights_path)?;
+        let format = match (&mlx, &config) {
+            (Some(_), _) => Some(LoraFormat::Mlx),
+            (None, None) => foreign::foreign_format(&data),
+            (None, Some(_)) => None,
+        };
+        if let Some(format) = format {
+            let diffusers = if format == LoraFormat::Peft {
+                foreign::diffusers_configs(&data)?
+            } else {
+                BTreeMap::new()
+            };
+            let scaling = match (&mlx, format) {
+                (Some(c), _) => Scaling::Mlx(c),
+                (None, LoraFormat::Peft) => Scaling::Diffusers(diffusers.clone()),
+                _ => Scaling::KohyaAlpha,
+            };
+            let plan = foreign::plan_file(&data, format, &scaling)?;
+            let summary = foreign::summary_of(
+                &weights_path,
+                &data,
+                format,
+                &plan,
+                mlx.as_ref(),
+                &diffusers,
+            );
+            return Ok(Self {
+                weights_path,
+                config: None,
+                data,
+                plan,
+                foreign: Some(summary),
+            });
+        }
         let plan = match &config {
             // Another PEFT method, or an old MergedLinear LoRA (grouped
             // factors, no B·A per module): every tensor is judged as a
@@ -164,8 +231,30 @@ impl OpenAdapter {
             config,
             data,
             plan,
+            foreign: None,
         })
     }
+
+    /// Whether the modules' scales are known (a config, or a file that
+    /// carries its own).
+    pub(super) fn scaled(&self) -> bool {
+        self.config.is_some() || self.foreign.is_some()
+    }
+}
+
+/// mlx-lm's config at `path`, when the file there is one (see
+/// `formats::mlx_config`); None when it is missing or a PEFT config.
+fn read_mlx_config(path: &Path) -> Result<Option<MlxConfig>> {
+    if !read_once::is_file(path) {
+        return Ok(None);
+    }
+    let Ok(bytes) = read_small(path, Area::Weights, 1 << 20) else {
+        return Ok(None); // too large or unreadable: the PEFT reader says why
+    };
+    if !is_mlx_config(&bytes) {
+        return Ok(None);
+    }
+    MlxConfig::parse(path, &bytes).map(Some)
 }
 
 pub(super) fn plan(data: &SafetensorsData, config: Option<&AdapterConfig>) -> Result<Plan> {
@@ -288,6 +377,7 @@ pub(super) fn plan(data: &SafetensorsData, config: Option<&AdapterConfig>) -> Re
             magnitude,
             alpha,
             scale,
+            transposed: false,
         });
     }
 

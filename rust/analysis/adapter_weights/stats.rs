@@ -12,8 +12,13 @@ use crate::error::Result;
 use crate::formats::tensor_data::{Moments, TensorReader};
 
 pub(super) fn reduce_module(reader: &mut TensorReader, m: &ModulePlan) -> Result<LoraModuleStats> {
-    let (g, ma) = reader.row_gram(&m.a)?;
-    let (h, mb) = reader.column_gram(&m.b)?;
+    // G = A·Aᵀ and H = Bᵀ·B; stored transposed (mlx-lm), A·Aᵀ is the
+    // column Gram of Aᵀ and Bᵀ·B the row Gram of Bᵀ.
+    let ((g, ma), (h, mb)) = if m.transposed {
+        (reader.column_gram(&m.a)?, reader.row_gram(&m.b)?)
+    } else {
+        (reader.row_gram(&m.a)?, reader.column_gram(&m.b)?)
+    };
     let magnitude: Option<Moments> = m
         .magnitude
         .as_ref()

@@ -18,6 +18,7 @@ pub mod json_line;
 pub mod loss_log;
 pub mod mlflow_db;
 pub mod mlflow_files;
+pub mod mlx_log;
 pub mod series_names;
 pub mod tfevents;
 pub mod thinned;

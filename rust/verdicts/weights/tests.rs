@@ -49,6 +49,7 @@ fn config() -> ConfigSummary {
         alpha_pattern: vec![],
         init_lora_weights: "true".into(),
         merged_linear: false,
+        format: "peft".to_string(),
     }
 }
 
