@@ -88,6 +88,19 @@ impl Guard {
         self.state().observe_gap(step, stats).as_str()
     }
 
+    /// Forget every record after `step` (a run rolled back to it); the
+    /// verdict of the timeline kept.
+    fn rewind(&self, step: i64) -> &'static str {
+        self.state().rewind(step).as_str()
+    }
+
+    /// The plan the run is now set for (a rolled-back run that skipped
+    /// data ends sooner); None: no plan.
+    #[pyo3(signature = (max_steps))]
+    fn set_max_steps(&self, max_steps: Option<i64>) {
+        self.state().set_max_steps(max_steps);
+    }
+
     #[getter]
     fn verdict(&self) -> &'static str {
         self.state().verdict().as_str()

@@ -187,6 +187,31 @@ impl History {
         }
     }
 
+    /// Forget every record after `step`: the run was rolled back to the
+    /// checkpoint saved there, and what it logged since is of a timeline
+    /// its trainer discarded.
+    fn rewind(&mut self, step: i64) {
+        let past = |p: &(i64, f64)| p.0 > step;
+        let dropped_nonfinite = self
+            .loss
+            .points()
+            .filter(|p| p.0 > step && !p.1.is_finite())
+            .count() as u64;
+        let dropped = self.loss.drop_newest_while(|p| p.0 > step);
+        self.records = self.records.saturating_sub(dropped);
+        self.nonfinite = self.nonfinite.saturating_sub(dropped_nonfinite);
+        for series in [
+            &mut self.grad_norm,
+            &mut self.learning_rate,
+            &mut self.eval_loss,
+            &mut self.reward,
+        ] {
+            series.drop_newest_while(past);
+        }
+        let newest: Vec<f64> = self.loss.points().map(|p| p.1).collect();
+        self.trailing_nonfinite = newest.iter().rev().take_while(|v| !v.is_finite()).count();
+    }
+
     /// The newest step of any series.
     fn last_step(&self) -> Option<i64> {
         let newest = |t: &Thinned<(i64, f64)>| t.points().last().map(|p| p.0);
@@ -318,6 +343,16 @@ impl Guard {
         if self.gap.len() > GAP_WINDOW {
             self.gap.remove(0);
         }
+        self.judge_gap(step);
+        self.verdict()
+    }
+
+    /// Judge the GAP window; a finding keeps the step it was first seen at.
+    fn judge_gap(&mut self, step: i64) {
+        if self.gap.is_empty() {
+            self.gap_findings.clear();
+            return;
+        }
         let input = GapInput {
             log: Some(GapLog {
                 records: std::mem::take(&mut self.gap),
@@ -332,6 +367,30 @@ impl Guard {
             self.gap = log.records;
         }
         self.gap_findings = carried_forward(&self.gap_findings, &judged, step, |_, v| v);
+    }
+
+    /// Roll the run back to `step` (its trainer restored the checkpoint
+    /// saved there): forget every record after it and judge what is left,
+    /// so the run that goes on from `step` is judged as a continuation of
+    /// the kept timeline, not as a new run, and the discarded steps count
+    /// for nothing. A finding that still holds keeps the step it was first
+    /// seen at; one first seen after `step` is gone with its records.
+    /// Returns the verdict of the kept timeline.
+    pub fn rewind(&mut self, step: i64) -> Verdict {
+        self.history.rewind(step);
+        self.gap.retain(|r| r.step <= step);
+        self.gap_findings.retain(|f| f.step <= step);
+        self.findings.retain(|f| f.step <= step);
+        self.judged_at = 0;
+        self.early_from = 0;
+        self.last_level = f64::NAN;
+        self.judge_gap(step);
+        if self.num_records() > 0 {
+            self.judge_now(step);
+        } else {
+            self.verdict = Verdict::Pass;
+            self.findings.clear();
+        }
         self.verdict()
     }
 
@@ -583,6 +642,65 @@ mod tests {
         assert_eq!(c.steps, vec![10, 15, 20]);
         assert_eq!(c.losses, vec![3.0, 2.4, 1.9]);
         assert_eq!(c.side.eval_loss, vec![(10, 2.5)]);
+    }
+
+    #[test]
+    fn a_rewound_run_is_judged_as_the_timeline_it_kept() {
+        // Healthy to step 40, blown up from 45 (far above ln K), rolled
+        // back to the checkpoint at 40, then healthy again.
+        let k = OutputClasses {
+            count: 128,
+            kind: "vocabulary".into(),
+            path: PathBuf::new(),
+            source: "test".into(),
+        };
+        let mut g = Guard::new(DriftOptions::defaults("robust"), Some(k));
+        for step in 1..=40 {
+            assert_eq!(
+                g.observe(step, Some(decaying(step)), None, None, None, None),
+                Verdict::Pass
+            );
+        }
+        for step in 41..=44 {
+            g.observe(step, Some(decaying(step)), None, None, None, None);
+        }
+        for step in 45..=47 {
+            g.observe(step, Some(f64::NAN), Some(f64::NAN), None, None, None);
+        }
+        assert_eq!(g.verdict(), Verdict::Fail, "{:?}", g.findings());
+        assert_eq!(g.num_records(), 47);
+        assert_eq!(g.rewind(40), Verdict::Pass, "{:?}", g.findings());
+        assert_eq!(g.num_records(), 40);
+        assert!(g.findings().is_empty(), "{:?}", g.findings());
+        // The continuation: the same steps again, healthy this time.
+        for step in 41..=120 {
+            let v = g.observe(step, Some(decaying(step)), None, None, None, None);
+            assert_eq!(v, Verdict::Pass, "step {step}: {:?}", g.findings());
+        }
+        assert_eq!(g.num_records(), 120);
+        assert_eq!(g.result().verdict, Verdict::Pass);
+        // What a discarded timeline left is nowhere in the kept one.
+        assert!(g.history.curve().losses.iter().all(|v| v.is_finite()));
+    }
+
+    #[test]
+    fn a_finding_before_the_rewind_point_keeps_its_first_step() {
+        let mut g = robust();
+        for step in 1..=60 {
+            g.observe(step, Some(1.0 + 0.05 * step as f64), None, None, None, None);
+        }
+        let first = g
+            .findings()
+            .iter()
+            .find(|f| f.rule == "diverged")
+            .unwrap()
+            .step;
+        assert!(first < 55);
+        g.rewind(55);
+        let kept = g.findings();
+        let diverged = kept.iter().find(|f| f.rule == "diverged").unwrap();
+        assert_eq!(diverged.step, first);
+        assert_eq!(g.num_records(), 55);
     }
 
     /// A noisy loss falling slowly over `n` records.

@@ -393,6 +393,10 @@ class Guard:
     ) -> str: ...
     def observe_gap(self, step: int, stats: Mapping[str, float]) -> str:
         """The GAP monitor's statistics of one sampled step; the verdict so far."""
+    def rewind(self, step: int) -> str:
+        """Forget every record after ``step``; the verdict of what is kept."""
+    def set_max_steps(self, max_steps: int | None) -> None:
+        """The plan the run is now set for; None: no plan."""
     @property
     def verdict(self) -> str: ...
     @property

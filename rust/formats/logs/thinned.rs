@@ -158,6 +158,31 @@ impl<T: Copy> Thinned<T> {
         self.stride = self.stride.saturating_mul(2);
     }
 
+    /// Let go of the newest points for which `past` holds (a run rolled
+    /// back to an earlier step: the steps after it are of a discarded
+    /// timeline), and return how many points read they stood for: exact
+    /// while nothing was thinned, else the dropped kept points times the
+    /// stride (an estimate, as the sample is). Points are dropped from the
+    /// newest back, up to the first for which `past` does not hold.
+    pub fn drop_newest_while(&mut self, past: impl Fn(&T) -> bool) -> u64 {
+        let mut dropped: u64 = 0;
+        if self.last.as_ref().is_some_and(&past) {
+            self.last = None;
+            dropped += 1;
+        }
+        let keep = self
+            .kept
+            .iter()
+            .rposition(|p| !past(p))
+            .map_or(0, |i| i + 1);
+        let gone = (self.kept.len() - keep) as u64;
+        self.kept.truncate(keep);
+        dropped += gone.saturating_mul(self.stride);
+        let dropped = dropped.min(self.read);
+        self.read -= dropped;
+        dropped
+    }
+
     /// The points kept, the last point read among them.
     pub fn finish(mut self) -> Result<Kept<T>, TryReserveError> {
         if let Some(last) = self.last.take() {
@@ -176,6 +201,37 @@ impl<T: Copy> Thinned<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dropping_the_newest_points_counts_what_they_stood_for() {
+        let mut t = Thinned::new(16, |_: &(i64, f64)| false);
+        for i in 0..10 {
+            t.push((i, 1.0)).unwrap();
+        }
+        assert_eq!(t.drop_newest_while(|p| p.0 > 6), 3);
+        assert_eq!(t.read(), 7);
+        assert_eq!(
+            t.points().map(|p| p.0).collect::<Vec<_>>(),
+            (0..7).collect::<Vec<_>>()
+        );
+        // Thinned: each kept point stands for `stride` read.
+        let mut t = Thinned::new(16, |_: &(i64, f64)| false);
+        for i in 0..100 {
+            t.push((i, 1.0)).unwrap();
+        }
+        let stride = t.stride();
+        assert!(stride > 1);
+        let newest_kept = t.points().filter(|p| p.0 <= 98).count();
+        let dropped = t.drop_newest_while(|p| p.0 >= 50);
+        assert!(t.points().all(|p| p.0 < 50));
+        assert!(
+            dropped >= 50 - stride && dropped <= 50 + stride,
+            "{dropped}"
+        );
+        assert!(newest_kept > t.len());
+        // Nothing past: nothing dropped.
+        assert_eq!(t.drop_newest_while(|p| p.0 >= 1000), 0);
+    }
 
     fn nonfinite(p: &(i64, f64)) -> bool {
         !p.1.is_finite()
