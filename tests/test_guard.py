@@ -102,9 +102,19 @@ def test_sway_is_refused_and_options_are_the_probes():
 # -- the HF Trainer callback, in the real Trainer -----------------------------------
 
 
-def hf_run(out: Path, lr: float, max_steps: int = 40, warmup_steps: int = 0):
+def hf_run(
+    out: Path,
+    lr: float,
+    max_steps: int = 40,
+    warmup_steps: int = 0,
+    guard=None,
+    save_steps: int | None = None,
+    save_only_model: bool = False,
+):
     """A tiny Llama trained by the real Trainer; with ``warmup_steps`` the
-    learning rate climbs linearly from 0 to ``lr`` over that many steps."""
+    learning rate climbs linearly from 0 to ``lr`` over that many steps.
+    ``guard``: the GuardCallback (a default one when None); ``save_steps``:
+    a checkpoint every that many steps (none when None)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from test_integrations import TokenData
@@ -113,7 +123,7 @@ def hf_run(out: Path, lr: float, max_steps: int = 40, warmup_steps: int = 0):
     from adapterprobe.integrations.transformers import GuardCallback
 
     torch.manual_seed(0)
-    callback = GuardCallback()
+    callback = GuardCallback() if guard is None else guard
     trainer = transformers.Trainer(
         model=tiny_llama(),
         args=transformers.TrainingArguments(
@@ -124,7 +134,9 @@ def hf_run(out: Path, lr: float, max_steps: int = 40, warmup_steps: int = 0):
             learning_rate=lr,
             lr_scheduler_type="constant_with_warmup" if warmup_steps else "constant",
             warmup_steps=warmup_steps,
-            save_strategy="no",
+            save_strategy="no" if save_steps is None else "steps",
+            save_steps=save_steps or 500,
+            save_only_model=save_only_model,
             report_to=[],
             use_cpu=True,
             disable_tqdm=True,

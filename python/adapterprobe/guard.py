@@ -176,6 +176,20 @@ class Guard:
         scaler's overflow) and the other findings are WARN."""
         return self._core.observe_gap(step, dict(stats))
 
+    def rewind(self, step: int) -> str:
+        """Roll the run back to ``step`` (its trainer restored the checkpoint
+        saved there): every record after it is forgotten, as the trainer
+        discarded those steps, and the records that follow are judged as a
+        continuation of the kept timeline. A finding first seen after
+        ``step`` goes with its records. Returns the verdict of what is kept."""
+        return self._core.rewind(step)
+
+    def set_max_steps(self, max_steps: int | None) -> None:
+        """The plan the run is now set for (``max_steps``; None: none), as
+        :meth:`result` judges it: a rolled-back run that skipped the data of
+        its discarded steps ends that many steps sooner."""
+        self._core.set_max_steps(max_steps)
+
     @property
     def verdict(self) -> str:
         """The verdict so far (as :meth:`observe` last returned it)."""
@@ -252,12 +266,16 @@ class Guard:
         return guard, changes
 
     def report(
-        self, stopped_at: int | None = None, last_good_checkpoint: str | None = None
+        self,
+        stopped_at: int | None = None,
+        last_good_checkpoint: str | None = None,
+        recoveries: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """What a callback writes: the verdict, the records taken, the step
-        the run was stopped at (None: it was not), the findings, and where it
-        was stopped, the newest checkpoint saved before its first fault
-        (None: none was)."""
+        the run was stopped at (None: it was not), the findings, where it
+        was stopped the newest checkpoint saved before its first fault
+        (None: none was), and each rollback a recovering callback made
+        (``recoveries``, when it made any)."""
         out: dict[str, Any] = {
             "verdict": self.verdict,
             "num_records": self.num_records,
@@ -266,6 +284,8 @@ class Guard:
         }
         if stopped_at is not None:
             out["last_good_checkpoint"] = last_good_checkpoint
+        if recoveries:
+            out["recoveries"] = recoveries
         return out
 
     def write(
@@ -273,6 +293,7 @@ class Guard:
         directory: str | Path,
         stopped_at: int | None = None,
         last_good_checkpoint: str | None = None,
+        recoveries: list[dict[str, Any]] | None = None,
     ) -> Path:
         """Write :meth:`report` as JSON to ``directory/GUARD_FILE``, atomically.
 
@@ -280,7 +301,7 @@ class Guard:
         run's output folder, perhaps resumed from a shared or downloaded
         checkpoint): a symbolic link standing at it is replaced by the new
         file, never written through, and what it pointed at is left alone."""
-        report = self.report(stopped_at, last_good_checkpoint)
+        report = self.report(stopped_at, last_good_checkpoint, recoveries)
         text = json.dumps(report, indent=2, allow_nan=False)
         return atomic_write_text(Path(directory) / GUARD_FILE, text + "\n", replace_link=True)
 
@@ -310,8 +331,30 @@ class GuardCallbackBase:
         monitor: Any = None,
         output_classes: int | None = None,
         output_kind: str = "vocabulary",
+        *,
+        on_fail: str = "stop",
+        max_recoveries: int = 3,
+        lr_factor: float = 0.5,
+        skip_window: int = 0,
     ) -> None:
         self.stop_on = check_stop_on(stop_on)
+        #: What a FAIL does: ``"stop"`` the run, or ``"recover"`` it (roll
+        #: back to the newest checkpoint saved before the finding, lower the
+        #: learning rate, go on), where the trainer's callback can.
+        self.on_fail = check_on_fail(on_fail)
+        if isinstance(max_recoveries, bool) or not isinstance(max_recoveries, int):
+            raise UsageError(f"max_recoveries must be an int, got {max_recoveries!r}")
+        if max_recoveries < 0:
+            raise UsageError(f"max_recoveries must be 0 or more, got {max_recoveries}")
+        if not isinstance(lr_factor, int | float) or not 0 < lr_factor <= 1:
+            raise UsageError(f"lr_factor must be in (0, 1], got {lr_factor!r}")
+        if isinstance(skip_window, bool) or not isinstance(skip_window, int) or skip_window < 0:
+            raise UsageError(f"skip_window must be an int, 0 or more, got {skip_window!r}")
+        self.max_recoveries = max_recoveries
+        self.lr_factor = float(lr_factor)
+        self.skip_window = skip_window
+        #: Each rollback made so far (what the guard file lists).
+        self.recoveries: list[dict[str, Any]] = []
         self.save_on_stop = save_on_stop
         self.rules = rules
         self.options = options
@@ -327,6 +370,7 @@ class GuardCallbackBase:
         self.last_good_checkpoint: str | None = None
         self._gap_seen: int | None = None
         self._announced: set[str] = set()
+        self._said_verdict = "pass"
         # refuse bad rules, options or classes now, not at train time
         Guard(rules, options, output_classes=output_classes, output_kind=output_kind)
 
@@ -350,15 +394,26 @@ class GuardCallbackBase:
         )
         self.stopped_at = None
         self.last_good_checkpoint = None
+        self.recoveries = []
         self._gap_seen = None
         self._announced = set()
+        self._said_verdict = "pass"
 
-    def _announce_new_findings(self) -> None:
+    def _announce_new_findings(self, step: int) -> None:
         """Say each finding once, when first reported, while the run goes
         on: a WARN is worth a line in the training log, not only in the
         verdict file."""
         if self.guard is None:
             return
+        verdict = self.guard.verdict
+        if verdict != self._said_verdict:
+            say(
+                "adapterprobe guard: verdict %s at step %d (was %s)",
+                verdict.upper(),
+                step,
+                self._said_verdict.upper(),
+            )
+            self._said_verdict = verdict
         for finding in self.guard.findings:
             if finding["rule"] in self._announced or finding["verdict"] not in ("warn", "fail"):
                 continue
@@ -398,17 +453,32 @@ class GuardCallbackBase:
     def _must_stop(
         self,
         step: int,
-        share: Callable[[bool], bool] | None = None,
+        share: Callable[[Any], Any] | None = None,
         **values: float | None,
     ) -> bool:
         """Observe one record; True (once) when the verdict reaches
-        ``stop_on``, after logging the findings.
+        ``stop_on``, after logging the findings. A recovering callback
+        calls :meth:`_reached` and :meth:`_stop_now` apart, with its
+        rollback between them."""
+        if not self._reached(step, share, **values):
+            return False
+        self._stop_now(step)
+        return True
+
+    def _reached(
+        self,
+        step: int,
+        share: Callable[[Any], Any] | None = None,
+        **values: float | None,
+    ) -> bool:
+        """Observe one record; True when the verdict reaches ``stop_on``
+        (a new finding or verdict is logged while it does not).
 
         Under DDP/FSDP each rank may see other values (Lightning's per-rank
         loss), so a trainer passes ``share``: a collective that hands rank
-        0's decision to every rank. Every rank then stops at the same step,
-        the one rank 0 chose. ``share`` is called on every record, on every
-        rank, until the run is stopped."""
+        0's decision (any picklable object) to every rank. Every rank then
+        stops at the same step, the one rank 0 chose. ``share`` is called on
+        every record, on every rank, until the run is stopped."""
         if self.guard is None or self.stopped_at is not None:
             return False
         monitor = self.monitor
@@ -423,8 +493,13 @@ class GuardCallbackBase:
         if share is not None:
             stop = bool(share(stop))
         if not stop:
-            self._announce_new_findings()
-            return False
+            self._announce_new_findings(step)
+        return stop
+
+    def _stop_now(self, step: int) -> None:
+        """Mark the run stopped at ``step`` and log why."""
+        if self.guard is None:
+            return
         self.stopped_at = step
         for finding in self.guard.findings:
             say(
@@ -436,7 +511,62 @@ class GuardCallbackBase:
         say(
             "adapterprobe guard: stopping the run at step %d (verdict %s)", step, self.guard.verdict
         )
+        self._said_verdict = self.guard.verdict
+
+    def _say_final(self) -> None:
+        """The verdict at the end of the run, on a line of its own."""
+        if self.guard is None:
+            return
+        rolled = f", {len(self.recoveries)} rollback(s)" if self.recoveries else ""
+        stopped = f", stopped at step {self.stopped_at}" if self.stopped_at is not None else ""
+        say(
+            "adapterprobe guard: verdict at the end of training: %s (%d records%s%s)",
+            self.guard.verdict.upper(),
+            self.guard.num_records,
+            stopped,
+            rolled,
+        )
+
+    def _can_recover(self) -> bool:
+        """Whether this FAIL is one a rollback is for: ``on_fail="recover"``,
+        recoveries left, and the verdict FAIL (a WARN that reached
+        ``stop_on="warn"`` stops). Says why not when recovery was asked
+        for."""
+        if self.on_fail != "recover" or self.guard is None or self.guard.verdict != "fail":
+            return False
+        if len(self.recoveries) >= self.max_recoveries:
+            say(
+                "adapterprobe guard: not recovering: the run was rolled back %d time(s) "
+                "already (max_recoveries=%d)",
+                len(self.recoveries),
+                self.max_recoveries,
+            )
+            return False
         return True
+
+    def _rewound(self, to_step: int, max_steps: int | None, record: dict[str, Any]) -> None:
+        """After a trainer restored the checkpoint of ``to_step``: the guard
+        forgets the discarded steps and judges on as a continuation, and the
+        rollback is logged and kept for the guard file."""
+        assert self.guard is not None
+        self.guard.rewind(to_step)
+        self.guard.set_max_steps(max_steps)
+        self.recoveries.append(record)
+        self._announced = {f["rule"] for f in self.guard.findings}
+        self._said_verdict = self.guard.verdict
+        window = record["skip_window"]
+        say(
+            "adapterprobe guard: recovered (%d of at most %d): rolled back from step %d to %s "
+            "(step %d), learning rate x%g; the batches of the %d discarded step(s) are skipped%s",
+            len(self.recoveries),
+            self.max_recoveries,
+            record["from_step"],
+            terminal(str(record["checkpoint"])),
+            to_step,
+            record["lr_scale"],
+            record["from_step"] - to_step,
+            f", and the next {window} step(s) apply no update" if window else "",
+        )
 
     def _write(self, directory: str | Path, *, main_process: bool) -> None:
         """The verdict file, from the main process only."""
@@ -445,7 +575,17 @@ class GuardCallbackBase:
                 directory,
                 stopped_at=self.stopped_at,
                 last_good_checkpoint=self.last_good_checkpoint,
+                recoveries=self.recoveries,
             )
+
+
+_ON_FAIL = ("stop", "recover")
+
+
+def check_on_fail(on_fail: str) -> str:
+    if on_fail not in _ON_FAIL:
+        raise UsageError(f"on_fail must be 'stop' or 'recover', got {on_fail!r}")
+    return on_fail
 
 
 #: FAIL rules that mean the weights themselves are NaN/inf.

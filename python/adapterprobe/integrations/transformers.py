@@ -22,7 +22,11 @@ stops the run the Trainer's own way when the verdict reaches ``stop_on``:
 
 from __future__ import annotations
 
+import math
+import os
+import sys
 from collections.abc import Callable
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from adapterprobe.errors import MonitorConfigError, require
@@ -91,10 +95,10 @@ def _reward(logs: dict[str, Any]) -> float | None:
     return float(sum(parts)) if parts and all(isinstance(v, int | float) for v in parts) else None
 
 
-def _rank_zero_decides() -> Callable[[bool], bool] | None:
+def _rank_zero_decides() -> Callable[[Any], Any] | None:
     """Under ``torch.distributed`` (world > 1), a collective that gives every
-    rank rank 0's stop decision; None in a single process. The Trainer logs
-    on every rank, so every rank takes part."""
+    rank rank 0's decision (a stop, a rollback's plan); None in a single
+    process. The Trainer logs on every rank, so every rank takes part."""
     import sys
 
     torch = sys.modules.get("torch")  # the Trainer has imported it; we never do first
@@ -104,12 +108,85 @@ def _rank_zero_decides() -> Callable[[bool], bool] | None:
     if dist.get_world_size() < 2:
         return None
 
-    def share(stop: bool) -> bool:
-        box = [stop]
+    def share(decision: Any) -> Any:
+        box = [decision]
         dist.broadcast_object_list(box, src=0)
-        return bool(box[0])
+        return box[0]
 
     return share
+
+
+#: Frames looked up from ``on_train_begin`` for the Trainer that calls it.
+_FRAMES_LOOKED_AT = 12
+
+
+def _calling_trainer(callback: Any) -> Any:
+    """The Trainer whose callbacks hold ``callback`` and that is calling it
+    now (``on_train_begin`` runs inside ``Trainer.train``), found among the
+    calling frames; None when there is none."""
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(_FRAMES_LOOKED_AT):
+        if frame is None:
+            return None
+        candidate = frame.f_locals.get("self")
+        handler = getattr(candidate, "callback_handler", None)
+        if callback in getattr(handler, "callbacks", ()) and hasattr(
+            candidate, "_load_from_checkpoint"
+        ):
+            return candidate
+        frame = frame.f_back
+    return None
+
+
+def _checkpoint_step(name: str) -> int | None:
+    """N of a ``checkpoint-N`` folder name."""
+    _, _, number = name.rpartition("-")
+    return int(number) if number.isdigit() else None
+
+
+def _scale_learning_rate(trainer: Any, base_lrs: list[float] | None, scale: float) -> None:
+    """Set the restored run's learning rate to ``scale`` times the run's
+    first: the schedule's base rates (``base_lrs``, as they were when
+    training began) times ``scale``, and each group's current rate by the
+    same ratio, so the schedule keeps its shape. A checkpoint saved after an
+    earlier rollback already holds a scaled rate; this sets, never
+    compounds. A scheduler without base rates: the groups' rates times
+    ``scale``."""
+    scheduler = getattr(trainer, "lr_scheduler", None)
+    scheduler = getattr(scheduler, "scheduler", scheduler)  # accelerate's wrapper
+    groups = trainer.optimizer.param_groups
+    loaded = getattr(scheduler, "base_lrs", None)
+    if base_lrs is None or not isinstance(loaded, list) or len(loaded) != len(groups):
+        for group in groups:
+            group["lr"] = group["lr"] * scale
+        return
+    for i, group in enumerate(groups):
+        target = base_lrs[i] * scale
+        ratio = target / loaded[i] if loaded[i] else scale
+        loaded[i] = target
+        group["lr"] = group["lr"] * ratio
+        if "initial_lr" in group:
+            group["initial_lr"] = target
+    if scheduler is not None and hasattr(scheduler, "_last_lr"):
+        scheduler._last_lr = [group["lr"] for group in groups]
+
+
+def _data_budget(args: Any, train_dataloader: Any, max_steps: int) -> int | None:
+    """The optimizer steps the Trainer's data loop runs (its epochs times
+    its updates per epoch), where the data loader has a length; the run
+    ends there or at ``max_steps``, whichever comes first. None: unknown
+    (a streaming dataset runs to ``max_steps``)."""
+    try:
+        batches = len(train_dataloader)
+    except TypeError:
+        return None
+    accumulation = max(int(args.gradient_accumulation_steps), 1)
+    per_epoch = max(batches // accumulation + int(batches % accumulation > 0), 1)
+    if args.max_steps > 0:
+        epochs = max_steps // per_epoch + int(max_steps % per_epoch > 0)
+    else:
+        epochs = math.ceil(args.num_train_epochs)
+    return epochs * per_epoch
 
 
 class GuardCallback(GuardCallbackBase, TrainerCallback):
@@ -125,13 +202,167 @@ class GuardCallback(GuardCallbackBase, TrainerCallback):
     stops at the same step.
     ``guard`` is the :class:`~adapterprobe.Guard`, made at ``on_train_begin``
     with the run's ``max_steps`` and its model's output count.
+
+    ``on_fail="recover"``: a FAIL (NaN, a loss far above ln K: what no later
+    record can undo) rolls the run back instead of stopping it, up to
+    ``max_recoveries`` times. The newest ``checkpoint-N`` saved before the
+    step the finding was first seen at is restored through the Trainer's
+    own resume path (model, optimizer, scheduler, RNG); the learning rate
+    becomes ``lr_factor`` times what it was (compounding with each rollback;
+    the schedule keeps its shape); the global step goes back to N and
+    training goes on from the data where it was, so the batches of the
+    discarded steps are skipped, and ``skip_window`` more optimizer steps
+    after the failure apply no update (their batches are passed over too).
+    ``trainer_state.json``'s ``log_history`` keeps the discarded records
+    under an ``adapterprobe_rollback`` entry, out of the loss curve a scan
+    reads, and the guard judges the run as a continuation of what it kept.
+    It stops as ``on_fail="stop"`` does when no such checkpoint is left
+    (``save_total_limit`` may have deleted it), when the checkpoint holds no
+    optimizer state (``save_only_model``), under DeepSpeed or FSDP, or after
+    ``max_recoveries``. See docs/guard.md.
     """
+
+    # Set for the run in progress at ``on_train_begin`` (``_trainer`` also
+    # by :meth:`attach`).
+    _trainer: Any = None
+    _base_lrs: list[float] | None = None
+    _planned_steps = 0
+    _discarded_steps = 0
+    _skip_until = -1  # optimizer steps up to this one apply no update
+    _first_after_rollback: int | None = None  # the first loss record after one
+
+    def attach(self, trainer: Any) -> GuardCallback:
+        """Add this callback to ``trainer`` and remember the trainer, for a
+        caller whose Trainer runs the callback outside ``train()``'s own
+        frames (``on_fail="recover"`` finds it there otherwise)."""
+        trainer.add_callback(self)
+        self._trainer = trainer
+        return self
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         model = kwargs.get("model")
         classes, kind = output_classes_of(getattr(model, "config", None))
         max_steps = state.max_steps if getattr(state, "max_steps", 0) > 0 else None
         self._start(output_classes=classes, output_kind=kind, max_steps=max_steps)
+        self._planned_steps = int(state.max_steps)
+        self._discarded_steps = 0
+        self._skip_until = -1
+        self._first_after_rollback = None
+        if self.on_fail != "recover":
+            return
+        if self._trainer is None:
+            self._trainer = _calling_trainer(self)
+        if self._trainer is None:
+            raise MonitorConfigError(
+                "GuardCallback(on_fail='recover') could not find the Trainer that runs it; "
+                "add it with GuardCallback(...).attach(trainer)"
+            )
+        scheduler = getattr(self._trainer, "lr_scheduler", None)
+        scheduler = getattr(scheduler, "scheduler", scheduler)
+        base = getattr(scheduler, "base_lrs", None)
+        self._base_lrs = [float(b) for b in base] if isinstance(base, list) else None
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # Inside the skip window after a rollback the step applies no
+        # update: optimizers pass over parameters whose gradient is None.
+        if state.global_step + 1 <= self._skip_until:
+            for group in self._trainer.optimizer.param_groups:
+                for parameter in group["params"]:
+                    parameter.grad = None
+
+    def _recovery_plan(self, args: Any, first_fault: int) -> tuple[str, int] | str:
+        """The checkpoint to roll back to and its step, or why there is none."""
+        trainer = self._trainer
+        if getattr(trainer, "is_deepspeed_enabled", False) or getattr(
+            trainer, "is_fsdp_enabled", False
+        ):
+            return "rolling back under DeepSpeed or FSDP is not supported"
+        before = first_fault
+        last = self.recoveries[-1] if self.recoveries else None
+        after = self._first_after_rollback
+        if last is not None and after is not None and first_fault <= after:
+            # Wrong from the first record after the restore: the weights
+            # restored were already bad (saved after the damage began), so
+            # look before that checkpoint.
+            before = min(first_fault, int(last["to_step"]))
+        name = last_checkpoint_before(args.output_dir, before)
+        if name is None:
+            limit = getattr(args, "save_total_limit", None)
+            kept = f" (save_total_limit={limit} deletes older ones)" if limit else ""
+            return f"no checkpoint saved before step {before} is left{kept}"
+        path = os.path.join(args.output_dir, name)
+        step = _checkpoint_step(name)
+        has_optimizer = any(
+            os.path.isfile(os.path.join(path, f)) for f in ("optimizer.pt", "optimizer.bin")
+        )
+        if (
+            step is None
+            or not has_optimizer
+            or not os.path.isfile(os.path.join(path, "scheduler.pt"))
+        ):
+            return f"{name} holds no optimizer and scheduler state (save_only_model?)"
+        return path, step
+
+    def _recover(
+        self,
+        args: Any,
+        state: Any,
+        control: Any,
+        share: Callable[[Any], Any] | None,
+        train_dataloader: Any,
+    ) -> bool:
+        """Roll the run back (see the class doc); False: it cannot be, and
+        the caller stops it. Rank 0 decides and every rank restores the
+        same checkpoint at the same step."""
+        plan: tuple[str, int] | str | None = None
+        first_fault = self._first_fault_step()
+        if self._can_recover() and first_fault is not None:
+            plan = self._recovery_plan(args, first_fault)
+            if isinstance(plan, str):
+                say("adapterprobe guard: not recovering: %s", terminal(plan))
+        if share is not None:
+            plan = share(plan)
+        if not isinstance(plan, tuple) or self.guard is None:
+            return False
+        path, to_step = plan
+        trainer = self._trainer
+        from_step = int(state.global_step)
+        trainer._load_from_checkpoint(path)
+        trainer._load_optimizer_and_scheduler(path)
+        trainer._load_rng_state(path)
+        scale = self.lr_factor ** (len(self.recoveries) + 1)
+        _scale_learning_rate(trainer, self._base_lrs, scale)
+        record: dict[str, Any] = {
+            "from_step": from_step,
+            "to_step": to_step,
+            "checkpoint": os.path.basename(path),
+            "first_bad_step": first_fault,
+            "findings": [f for f in self.guard.findings if f["verdict"] == "fail"],
+            "lr_scale": scale,
+            "skip_window": self.skip_window,
+        }
+        # The log keeps both timelines: the discarded records move under
+        # one rollback entry, out of the curve the scan reads.
+        discarded = [r for r in state.log_history if _after(r, to_step)]
+        state.log_history[:] = [r for r in state.log_history if not _after(r, to_step)]
+        state.log_history.append(
+            {"step": to_step, "adapterprobe_rollback": {**record, "discarded": discarded}}
+        )
+        state.global_step = to_step
+        trainer._globalstep_last_logged = to_step
+        self._skip_until = to_step + self.skip_window
+        self._first_after_rollback = None
+        # The data loop goes on where it was, so the run ends as many steps
+        # sooner as it discarded, where the data sets its end.
+        self._discarded_steps += from_step - to_step
+        budget = _data_budget(args, train_dataloader, self._planned_steps)
+        if budget is not None:
+            state.max_steps = min(self._planned_steps, budget - self._discarded_steps)
+        control.should_save = False
+        control.should_evaluate = False
+        control.should_training_stop = False
+        self._rewound(to_step, state.max_steps if state.max_steps > 0 else None, record)
+        return True
 
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
@@ -144,17 +375,33 @@ class GuardCallback(GuardCallbackBase, TrainerCallback):
             return float(value) if isinstance(value, int | float) else None
 
         share = _rank_zero_decides()
-        stop = self._must_stop(
+        loss = number("loss")
+        if loss is not None and state.global_step <= self._skip_until:
+            # The loss of batches passed over: no update came of them. The
+            # scan reads it as skipped, not as the run's loss.
+            loss = None
+            if state.log_history and state.log_history[-1].get("step") == state.global_step:
+                record = state.log_history[-1]
+                record["adapterprobe_skipped_loss"] = record.pop("loss", None)
+        if loss is not None and self.recoveries and self._first_after_rollback is None:
+            self._first_after_rollback = int(state.global_step)
+        reached = self._reached(
             state.global_step,
             share=share,
-            loss=number("loss"),
+            loss=loss,
             grad_norm=number("grad_norm"),
             learning_rate=number("learning_rate"),
             eval_loss=number("eval_loss"),
             reward=_reward(logs),
         )
-        if not stop:
+        if not reached:
             return
+        finished = "train_runtime" in logs  # train() is closing: nothing to go on with
+        if not finished and self._recover(
+            args, state, control, share, kwargs.get("train_dataloader")
+        ):
+            return
+        self._stop_now(state.global_step)
         control.should_training_stop = True
         first_fault = self._first_fault_step()
         if first_fault is not None:
@@ -170,5 +417,13 @@ class GuardCallback(GuardCallbackBase, TrainerCallback):
         self._write(args.output_dir, main_process=state.is_world_process_zero)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.is_world_process_zero:
+            self._say_final()
         if self.stopped_at is None:
             self._write(args.output_dir, main_process=state.is_world_process_zero)
+
+
+def _after(record: Any, step: int) -> bool:
+    """Whether a ``log_history`` record is of a step after ``step``."""
+    at = record.get("step") if isinstance(record, dict) else None
+    return isinstance(at, int) and at > step
