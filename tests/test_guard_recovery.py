@@ -162,8 +162,8 @@ def test_the_log_keeps_both_timelines_and_the_scan_reads_the_kept_one(tmp_path):
 
 
 def test_a_learning_rate_far_too_high_is_lowered_until_the_run_holds_or_stops(tmp_path, caplog):
-    """The learning rate climbs to 1.0 over the run (a tiny Llama blows up
-    on the way). Each rollback restores a checkpoint from before the fault
+    """The learning rate climbs to 2.0 over 40 steps (a tiny Llama blows up
+    on the way, at about 1.0). Each rollback restores a checkpoint from before the fault
     and halves the learning rate; the run either finishes with a verdict
     that is not FAIL or stops after ``max_recoveries``."""
     from test_guard import hf_run
@@ -171,7 +171,7 @@ def test_a_learning_rate_far_too_high_is_lowered_until_the_run_holds_or_stops(tm
     with caplog.at_level(logging.WARNING, logger="adapterprobe.guard"):
         trainer, callback = hf_run(
             tmp_path / "climb",
-            lr=1.0,
+            lr=2.0,
             max_steps=60,
             warmup_steps=40,
             guard=GuardCallback(on_fail="recover", max_recoveries=2),
@@ -183,14 +183,14 @@ def test_a_learning_rate_far_too_high_is_lowered_until_the_run_holds_or_stops(tm
         assert rollback["lr_scale"] == pytest.approx(0.5**n)
         assert rollback["to_step"] < rollback["first_bad_step"]
     # After the last rollback, each logged learning rate is the schedule's
-    # (0 to 1.0 over 40 steps) times the last scale.
+    # (0 to 2.0 over 40 steps) times the last scale.
     last = recoveries[-1]
     after = [
         r for r in trainer.state.log_history if "learning_rate" in r and r["step"] > last["to_step"]
     ]
     assert after
     for record in after:
-        planned = min((record["step"] - 1) / 40, 1.0)
+        planned = 2.0 * min((record["step"] - 1) / 40, 1.0)
         assert record["learning_rate"] == pytest.approx(planned * last["lr_scale"], rel=1e-6)
     if callback.stopped_at is None:
         assert callback.guard.verdict != "fail"

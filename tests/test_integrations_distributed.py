@@ -245,3 +245,53 @@ def test_lightning_guard_under_ddp_stops_every_rank_at_the_same_step(tmp_path):
     assert not (tmp_path / "lightning" / f"guard-stop-step{stopped}.ckpt").exists()
     written = json.loads((tmp_path / "lightning" / "adapterprobe-guard.json").read_text())
     assert written["stopped_at"] == stopped
+
+
+def hf_recover_run(rank: int, world: int, workdir: Path) -> dict[str, Any]:
+    """The lr climbs from 0 to 4.0 over 40 of 60 steps, a checkpoint every 5
+    steps, the guard recovering: each rank's rollbacks, its weights' digest
+    at the end and where it ended."""
+    from adapterprobe.integrations.transformers import GuardCallback
+    from realruns.tiny import tiny_llama
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+    ids = torch.randint(0, 64, (256, 8), generator=torch.Generator().manual_seed(0))
+    data = [{"input_ids": row, "labels": row} for row in ids]
+    callback = GuardCallback(on_fail="recover", max_recoveries=2)
+    args = transformers.TrainingArguments(
+        output_dir=str(workdir / "out"),
+        max_steps=60,
+        per_device_train_batch_size=2,
+        logging_steps=1,
+        learning_rate=4.0,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=40,
+        report_to="none",
+        save_strategy="steps",
+        save_steps=5,
+        use_cpu=True,
+        ddp_backend="gloo",
+        disable_tqdm=True,
+    )
+    trainer = transformers.Trainer(
+        model=tiny_llama(0, max_positions=32), args=args, train_dataset=data, callbacks=[callback]
+    )
+    trainer.train()
+    weights = torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()])
+    return {
+        "rollbacks": [(r["from_step"], r["to_step"], r["lr_scale"]) for r in callback.recoveries],
+        "stopped_at": callback.stopped_at,
+        "global_step": trainer.state.global_step,
+        "weights": weights.double().sum().item(),
+        "lr": trainer.optimizer.param_groups[0]["lr"],
+    }
+
+
+def test_hf_guard_under_ddp_rolls_every_rank_back_to_the_same_checkpoint(tmp_path):
+    """Rank 0 decides; both ranks restore the same checkpoint at the same
+    step, with the same learning rate, and end with the same weights."""
+    results = run_world(hf_recover_run, tmp_path)
+    assert results[0]["rollbacks"], results
+    assert results[0] == results[1]
+    for from_step, to_step, _ in results[0]["rollbacks"]:
+        assert to_step < from_step and to_step % 5 == 0
