@@ -293,3 +293,83 @@ def test_recover_needs_checkpoints_with_optimizer_state(tmp_path, caplog):
 def test_bad_recovery_options_are_refused_when_the_callback_is_made(options):
     with pytest.raises(ap.UsageError):
         GuardCallback(**options)
+
+
+# -- Lightning ----------------------------------------------------------------------
+
+
+def lightning_classifier_run(out: Path, *, poisoned: range = range(0), **guard_options):
+    """The blobs classifier in the real Lightning Trainer: SGD, 2 epochs of
+    64 steps, ModelCheckpoint every 5 steps, CSVLogger; returns the
+    callback and the final held-out loss."""
+    import warnings
+
+    L = pytest.importorskip("lightning")
+    from torch.utils.data import DataLoader
+
+    from adapterprobe.integrations.lightning import GuardCallback as LightningGuard
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.model = Classifier()
+
+        def training_step(self, batch, batch_idx):
+            loss = self.model(batch["x"], batch["labels"])["loss"]
+            self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.2)
+
+    callback = LightningGuard(output_classes=CLASSES, output_kind="labels", **guard_options)
+    saves = L.pytorch.callbacks.ModelCheckpoint(
+        dirpath=str(out / "ckpts"), every_n_train_steps=5, save_top_k=-1
+    )
+    trainer = L.Trainer(
+        max_epochs=2,
+        accelerator="cpu",
+        devices=1,
+        logger=L.pytorch.loggers.CSVLogger(str(out), name="logs"),
+        log_every_n_steps=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(out),
+        callbacks=[saves, callback],
+    )
+    module = Module()
+    loader = DataLoader(Blobs(512, seed=1, poisoned=poisoned), batch_size=BATCH)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, loader)
+    held_out = Blobs(1024, seed=2)
+    with torch.no_grad():
+        final = module.model.eval()(held_out.inputs, held_out.labels)["loss"].item()
+    return trainer, callback, final
+
+
+def test_lightning_rolls_a_poisoned_stretch_back_and_ends_as_a_clean_run(tmp_path):
+    _, clean_guard, clean = lightning_classifier_run(tmp_path / "clean")
+    assert clean_guard.recoveries == [] and clean_guard.stopped_at is None
+    assert clean < 0.9 * math.log(CLASSES)
+
+    _, stopped, _ = lightning_classifier_run(tmp_path / "stop", poisoned=POISON)
+    assert stopped.stopped_at is not None, stopped.guard.findings
+
+    trainer, guard, final = lightning_classifier_run(
+        tmp_path / "recover", poisoned=POISON, on_fail="recover", skip_window=len(POISON)
+    )
+    assert guard.stopped_at is None, guard.guard.findings
+    assert 1 <= len(guard.recoveries) <= guard.max_recoveries
+    first = guard.recoveries[0]
+    assert first["checkpoint_step"] % 5 == 0
+    assert first["checkpoint_step"] <= first["first_bad_step"]
+    assert first["to_step"] == first["checkpoint_step"] - 1
+    assert final == pytest.approx(clean, rel=0.10), (final, clean)
+    assert guard.guard.verdict in {"pass", "warn"}, guard.guard.findings
+    # the optimizer steps count on from the checkpoint's
+    discarded = sum(r["from_step"] - r["to_step"] for r in guard.recoveries)
+    assert trainer.global_step == 128 - discarded
+    written = json.loads((tmp_path / "recover" / "adapterprobe-guard.json").read_text())
+    assert len(written["recoveries"]) == len(guard.recoveries)

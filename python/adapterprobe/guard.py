@@ -371,6 +371,8 @@ class GuardCallbackBase:
         self._gap_seen: int | None = None
         self._announced: set[str] = set()
         self._said_verdict = "pass"
+        #: The step of the first loss record after the newest rollback.
+        self._first_after_rollback: int | None = None
         # refuse bad rules, options or classes now, not at train time
         Guard(rules, options, output_classes=output_classes, output_kind=output_kind)
 
@@ -395,6 +397,7 @@ class GuardCallbackBase:
         self.stopped_at = None
         self.last_good_checkpoint = None
         self.recoveries = []
+        self._first_after_rollback = None
         self._gap_seen = None
         self._announced = set()
         self._said_verdict = "pass"
@@ -481,6 +484,9 @@ class GuardCallbackBase:
         every record, on every rank, until the run is stopped."""
         if self.guard is None or self.stopped_at is not None:
             return False
+        first_since_rollback = self.recoveries and self._first_after_rollback is None
+        if first_since_rollback and values.get("loss") is not None:
+            self._first_after_rollback = step
         monitor = self.monitor
         if monitor is not None and not hasattr(monitor, "latest_step"):
             monitor = getattr(monitor, "monitor", None)  # a GAP callback's monitor
@@ -544,6 +550,18 @@ class GuardCallbackBase:
             return False
         return True
 
+    def _look_before(self, first_fault: int) -> int:
+        """The step the checkpoint to restore must come before: the first
+        fault's, unless the run went wrong again at its first record after
+        the newest rollback, which says the weights restored then were
+        already bad (saved after the damage began): then before that
+        checkpoint too."""
+        last = self.recoveries[-1] if self.recoveries else None
+        after = self._first_after_rollback
+        if last is not None and after is not None and first_fault <= after:
+            return min(first_fault, int(last["checkpoint_step"]))
+        return first_fault
+
     def _rewound(self, to_step: int, max_steps: int | None, record: dict[str, Any]) -> None:
         """After a trainer restored the checkpoint of ``to_step``: the guard
         forgets the discarded steps and judges on as a continuation, and the
@@ -552,6 +570,7 @@ class GuardCallbackBase:
         self.guard.rewind(to_step)
         self.guard.set_max_steps(max_steps)
         self.recoveries.append(record)
+        self._first_after_rollback = None
         self._announced = {f["rule"] for f in self.guard.findings}
         self._said_verdict = self.guard.verdict
         window = record["skip_window"]
@@ -580,6 +599,43 @@ class GuardCallbackBase:
 
 
 _ON_FAIL = ("stop", "recover")
+
+
+def base_learning_rates(scheduler: Any) -> list[float] | None:
+    """A scheduler's base learning rates (``base_lrs``: what its schedule
+    multiplies), as they are when training begins; None when it has none.
+    Accelerate's wrapper is looked through."""
+    scheduler = getattr(scheduler, "scheduler", scheduler)
+    base = getattr(scheduler, "base_lrs", None)
+    return [float(b) for b in base] if isinstance(base, list) else None
+
+
+def scale_learning_rate(
+    optimizer: Any, scheduler: Any, base_lrs: list[float] | None, scale: float
+) -> None:
+    """Set a restored run's learning rate to ``scale`` times its schedule:
+    the scheduler's base rates become ``base_lrs`` (the run's first) times
+    ``scale``, and each group's current rate moves by the same ratio, so the
+    schedule keeps its shape. A checkpoint saved after an earlier rollback
+    already holds a scaled rate; this sets the scale, never compounds it.
+    Without base rates (a scheduler that has none): each group's rate times
+    ``scale``."""
+    scheduler = getattr(scheduler, "scheduler", scheduler)  # accelerate's wrapper
+    groups = optimizer.param_groups
+    loaded = getattr(scheduler, "base_lrs", None)
+    if base_lrs is None or not isinstance(loaded, list) or len(loaded) != len(groups):
+        for group in groups:
+            group["lr"] = group["lr"] * scale
+        return
+    for i, group in enumerate(groups):
+        target = base_lrs[i] * scale
+        ratio = target / loaded[i] if loaded[i] else scale
+        loaded[i] = target
+        group["lr"] = group["lr"] * ratio
+        if "initial_lr" in group:
+            group["initial_lr"] = target
+    if scheduler is not None and hasattr(scheduler, "_last_lr"):
+        scheduler._last_lr = [group["lr"] for group in groups]
 
 
 def check_on_fail(on_fail: str) -> str:

@@ -35,7 +35,13 @@ from typing import TYPE_CHECKING, Any
 from adapterprobe._fs import remove_link
 from adapterprobe.errors import MonitorConfigError, require
 from adapterprobe.escape import terminal
-from adapterprobe.guard import GuardCallbackBase, output_classes_of, say
+from adapterprobe.guard import (
+    GuardCallbackBase,
+    base_learning_rates,
+    output_classes_of,
+    say,
+    scale_learning_rate,
+)
 from adapterprobe.monitor import GAPMonitor
 
 if TYPE_CHECKING:
@@ -221,22 +227,132 @@ class GuardCallback(GuardCallbackBase, Callback):
     guard's plan is counted in optimizer steps taken, which the last logged
     step of this numbering is one short of, so a finished run would read as
     stopped one step early.
+
+    ``on_fail="recover"`` rolls a FAILed run back instead, as the HF
+    callback does (see :class:`adapterprobe.integrations.transformers.GuardCallback`):
+    the newest ``*.ckpt`` a ``ModelCheckpoint`` saved before the first bad
+    step is loaded through the strategy (model, optimizers, schedulers; a
+    Lightning checkpoint holds no RNG state), the learning rate becomes
+    ``lr_factor`` times the schedule's, the optimizer step count goes back
+    to the checkpoint's and training goes on from the data where it was (the
+    discarded steps' batches skipped; ``skip_window`` more steps apply no
+    update). The loggers then log the kept timeline's steps again, where
+    the later record of a step wins. Automatic optimization only; a
+    ``save_weights_only`` checkpoint cannot resume a run.
     """
+
+    # Set for the run in progress at ``on_train_start``.
+    _base_lrs: tuple[list[float] | None, ...] = ()
+    _initial_lrs: tuple[list[float], ...] = ()
+    _skip_until = -1  # logged steps up to this one apply no update
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         classes, kind = module_output_classes(pl_module)
         self._start(output_classes=classes, output_kind=kind)
+        self._skip_until = -1
+        configs = trainer.lr_scheduler_configs
+        self._base_lrs = tuple(base_learning_rates(c.scheduler) for c in configs)
+        self._initial_lrs = tuple([g["lr"] for g in o.param_groups] for o in trainer.optimizers)
 
-    def _observe(self, trainer: Any, **values: float | None) -> None:
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        # Inside the skip window after a rollback the step applies no
+        # update: optimizers pass over parameters whose gradient is None.
+        if logged_step(trainer) <= self._skip_until:
+            for group in optimizer.param_groups:
+                for parameter in group["params"]:
+                    parameter.grad = None
+
+    def _recovery_plan(
+        self, trainer: Any, pl_module: Any, first_fault: int
+    ) -> tuple[str, int] | str:
+        """The checkpoint file to roll back to and its optimizer step, or why
+        there is none."""
+        if not pl_module.automatic_optimization:
+            return "rolling back a module with manual optimization is not supported"
+        path = last_ckpt_before(trainer, self._look_before(first_fault))
+        if path is None:
+            return f"no checkpoint saved before step {first_fault} is left"
+        found = _CKPT_STEP.search(os.path.basename(path))
+        if found is None:  # last_ckpt_before only gives names with a step
+            return f"{path} names no step"
+        return path, int(found.group(1))
+
+    def _recover(self, trainer: Any, pl_module: Any, share: Any) -> bool:
+        """Roll the run back (see the class doc); False: it cannot be, and
+        the caller stops it. Rank 0 decides; every rank loads the same
+        checkpoint at the same step."""
+        plan: tuple[str, int] | str | None = None
+        first_fault = self._first_fault_step()
+        if self._can_recover() and first_fault is not None:
+            plan = self._recovery_plan(trainer, pl_module, first_fault)
+            if isinstance(plan, str):
+                say("adapterprobe guard: not recovering: %s", terminal(plan))
+        if share is not None:
+            plan = share(plan)
+        if not isinstance(plan, tuple) or self.guard is None:
+            return False
+        path, optimizer_steps = plan
+        checkpoint = trainer.strategy.load_checkpoint(path)
+        if not checkpoint.get("optimizer_states"):
+            say(
+                "adapterprobe guard: not recovering: %s holds no optimizer state "
+                "(save_weights_only?)",
+                terminal(path),
+            )
+            return False
+        from_step = logged_step(trainer)
+        trainer.strategy.load_model_state_dict(checkpoint, strict=True)
+        trainer.strategy.load_optimizer_state_dict(checkpoint)
+        schedulers = checkpoint.get("lr_schedulers") or []
+        for config, state in zip(trainer.lr_scheduler_configs, schedulers, strict=False):
+            config.scheduler.load_state_dict(state)
+        scale = self.lr_factor ** (len(self.recoveries) + 1)
+        scheduled = set()
+        for config, base in zip(trainer.lr_scheduler_configs, self._base_lrs, strict=False):
+            optimizer = config.scheduler.optimizer
+            scheduled.add(id(optimizer))
+            scale_learning_rate(optimizer, config.scheduler, base, scale)
+        for optimizer, initial in zip(trainer.optimizers, self._initial_lrs, strict=False):
+            if id(optimizer) not in scheduled:
+                for group, lr in zip(optimizer.param_groups, initial, strict=False):
+                    group["lr"] = lr * scale
+        # The step counts go back to the checkpoint's: the optimizer steps
+        # (``global_step``), and the loggers' count, which Lightning raises
+        # by one when this batch ends.
+        loop = trainer.fit_loop.epoch_loop
+        done = loop.automatic_optimization.optim_progress.optimizer.step.total
+        done.ready = done.completed = optimizer_steps
+        loop._batches_that_stepped = optimizer_steps - 1
+        to_step = optimizer_steps - 1  # the logged step of its last loss
+        self._skip_until = to_step + self.skip_window
+        record: dict[str, Any] = {
+            "from_step": from_step,
+            "to_step": to_step,
+            "checkpoint": path,
+            "checkpoint_step": optimizer_steps,
+            "first_bad_step": first_fault,
+            "findings": [f for f in self.guard.findings if f["verdict"] == "fail"],
+            "lr_scale": scale,
+            "skip_window": self.skip_window,
+        }
+        self._rewound(to_step, None, record)
+        return True
+
+    def _observe(self, trainer: Any, pl_module: Any, **values: float | None) -> None:
         step = logged_step(trainer)
+        if values.get("loss") is not None and step <= self._skip_until:
+            values["loss"] = None  # a batch passed over: no update came of it
         share = None
         if trainer.world_size > 1:  # each rank has its own loss: rank 0's decision holds
 
-            def share(stop: bool) -> bool:
-                return bool(trainer.strategy.broadcast(stop, src=0))
+            def share(decision: Any) -> Any:
+                return trainer.strategy.broadcast(decision, src=0)
 
-        if not self._must_stop(step, share=share, **values):
+        if not self._reached(step, share=share, **values):
             return
+        if self._recover(trainer, pl_module, share):
+            return
+        self._stop_now(step)
         root = Path(trainer.default_root_dir)
         if self._saves_at_stop(share):
             checkpoint = root / f"guard-stop-step{step}.ckpt"
@@ -261,15 +377,17 @@ class GuardCallback(GuardCallbackBase, Callback):
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
         optimizers = trainer.optimizers
         lr = optimizers[0].param_groups[0]["lr"] if optimizers else None
-        self._observe(trainer, loss=_number(loss), learning_rate=_number(lr))
+        self._observe(trainer, pl_module, loss=_number(loss), learning_rate=_number(lr))
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if trainer.sanity_checking:
             return
         value = _number(trainer.callback_metrics.get("val_loss"))
         if value is not None:
-            self._observe(trainer, eval_loss=value)
+            self._observe(trainer, pl_module, eval_loss=value)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.is_global_zero:
+            self._say_final()
         if self.stopped_at is None:
             self._write(Path(trainer.default_root_dir), main_process=trainer.is_global_zero)

@@ -31,7 +31,14 @@ from typing import TYPE_CHECKING, Any
 
 from adapterprobe.errors import MonitorConfigError, require
 from adapterprobe.escape import terminal
-from adapterprobe.guard import GuardCallbackBase, last_checkpoint_before, output_classes_of, say
+from adapterprobe.guard import (
+    GuardCallbackBase,
+    base_learning_rates,
+    last_checkpoint_before,
+    output_classes_of,
+    say,
+    scale_learning_rate,
+)
 from adapterprobe.monitor import GAPMonitor
 
 if TYPE_CHECKING:
@@ -144,33 +151,6 @@ def _checkpoint_step(name: str) -> int | None:
     return int(number) if number.isdigit() else None
 
 
-def _scale_learning_rate(trainer: Any, base_lrs: list[float] | None, scale: float) -> None:
-    """Set the restored run's learning rate to ``scale`` times the run's
-    first: the schedule's base rates (``base_lrs``, as they were when
-    training began) times ``scale``, and each group's current rate by the
-    same ratio, so the schedule keeps its shape. A checkpoint saved after an
-    earlier rollback already holds a scaled rate; this sets, never
-    compounds. A scheduler without base rates: the groups' rates times
-    ``scale``."""
-    scheduler = getattr(trainer, "lr_scheduler", None)
-    scheduler = getattr(scheduler, "scheduler", scheduler)  # accelerate's wrapper
-    groups = trainer.optimizer.param_groups
-    loaded = getattr(scheduler, "base_lrs", None)
-    if base_lrs is None or not isinstance(loaded, list) or len(loaded) != len(groups):
-        for group in groups:
-            group["lr"] = group["lr"] * scale
-        return
-    for i, group in enumerate(groups):
-        target = base_lrs[i] * scale
-        ratio = target / loaded[i] if loaded[i] else scale
-        loaded[i] = target
-        group["lr"] = group["lr"] * ratio
-        if "initial_lr" in group:
-            group["initial_lr"] = target
-    if scheduler is not None and hasattr(scheduler, "_last_lr"):
-        scheduler._last_lr = [group["lr"] for group in groups]
-
-
 def _data_budget(args: Any, train_dataloader: Any, max_steps: int) -> int | None:
     """The optimizer steps the Trainer's data loop runs (its epochs times
     its updates per epoch), where the data loader has a length; the run
@@ -229,7 +209,6 @@ class GuardCallback(GuardCallbackBase, TrainerCallback):
     _planned_steps = 0
     _discarded_steps = 0
     _skip_until = -1  # optimizer steps up to this one apply no update
-    _first_after_rollback: int | None = None  # the first loss record after one
 
     def attach(self, trainer: Any) -> GuardCallback:
         """Add this callback to ``trainer`` and remember the trainer, for a
@@ -247,7 +226,6 @@ class GuardCallback(GuardCallbackBase, TrainerCallback):
         self._planned_steps = int(state.max_steps)
         self._discarded_steps = 0
         self._skip_until = -1
-        self._first_after_rollback = None
         if self.on_fail != "recover":
             return
         if self._trainer is None:
@@ -257,10 +235,7 @@ class GuardCallback(GuardCallbackBase, TrainerCallback):
                 "GuardCallback(on_fail='recover') could not find the Trainer that runs it; "
                 "add it with GuardCallback(...).attach(trainer)"
             )
-        scheduler = getattr(self._trainer, "lr_scheduler", None)
-        scheduler = getattr(scheduler, "scheduler", scheduler)
-        base = getattr(scheduler, "base_lrs", None)
-        self._base_lrs = [float(b) for b in base] if isinstance(base, list) else None
+        self._base_lrs = base_learning_rates(getattr(self._trainer, "lr_scheduler", None))
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # Inside the skip window after a rollback the step applies no
@@ -277,14 +252,7 @@ class GuardCallback(GuardCallbackBase, TrainerCallback):
             trainer, "is_fsdp_enabled", False
         ):
             return "rolling back under DeepSpeed or FSDP is not supported"
-        before = first_fault
-        last = self.recoveries[-1] if self.recoveries else None
-        after = self._first_after_rollback
-        if last is not None and after is not None and first_fault <= after:
-            # Wrong from the first record after the restore: the weights
-            # restored were already bad (saved after the damage began), so
-            # look before that checkpoint.
-            before = min(first_fault, int(last["to_step"]))
+        before = self._look_before(first_fault)
         name = last_checkpoint_before(args.output_dir, before)
         if name is None:
             limit = getattr(args, "save_total_limit", None)
@@ -331,11 +299,13 @@ class GuardCallback(GuardCallbackBase, TrainerCallback):
         trainer._load_optimizer_and_scheduler(path)
         trainer._load_rng_state(path)
         scale = self.lr_factor ** (len(self.recoveries) + 1)
-        _scale_learning_rate(trainer, self._base_lrs, scale)
+        scheduler = getattr(trainer, "lr_scheduler", None)
+        scale_learning_rate(trainer.optimizer, scheduler, self._base_lrs, scale)
         record: dict[str, Any] = {
             "from_step": from_step,
             "to_step": to_step,
             "checkpoint": os.path.basename(path),
+            "checkpoint_step": to_step,
             "first_bad_step": first_fault,
             "findings": [f for f in self.guard.findings if f["verdict"] == "fail"],
             "lr_scale": scale,
@@ -351,7 +321,6 @@ class GuardCallback(GuardCallbackBase, TrainerCallback):
         state.global_step = to_step
         trainer._globalstep_last_logged = to_step
         self._skip_until = to_step + self.skip_window
-        self._first_after_rollback = None
         # The data loop goes on where it was, so the run ends as many steps
         # sooner as it discarded, where the data sets its end.
         self._discarded_steps += from_step - to_step
@@ -383,8 +352,6 @@ class GuardCallback(GuardCallbackBase, TrainerCallback):
             if state.log_history and state.log_history[-1].get("step") == state.global_step:
                 record = state.log_history[-1]
                 record["adapterprobe_skipped_loss"] = record.pop("loss", None)
-        if loss is not None and self.recoveries and self._first_after_rollback is None:
-            self._first_after_rollback = int(state.global_step)
         reached = self._reached(
             state.global_step,
             share=share,
