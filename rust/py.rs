@@ -843,6 +843,13 @@ fn excerpt(text: &Bound<'_, PyString>) -> String {
     crate::io::excerpt::excerpt(&text.to_string_lossy())
 }
 
+/// Whether the file at `path` is a LoRA file of another tool than PEFT
+/// (kohya, LyCORIS, diffusers, mlx-lm naming): a store given alone.
+#[pyfunction]
+fn is_lora_file(path: PathBuf) -> bool {
+    crate::store::layout::is_lora_file(&path)
+}
+
 /// Gather probe inputs for `targets` in parallel (GIL released), in order.
 #[pyfunction]
 #[pyo3(signature = (targets, *, drift=true, ghost=true, weights=true, full_weights=false, gap=true, workers=None))]
@@ -937,6 +944,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ghost_input, m)?)?;
     m.add_function(wrap_pyfunction!(discover, m)?)?;
     m.add_function(wrap_pyfunction!(excerpt, m)?)?;
+    m.add_function(wrap_pyfunction!(is_lora_file, m)?)?;
     m.add_function(wrap_pyfunction!(read_tree, m)?)?;
     m.add_function(wrap_pyfunction!(probe_targets, m)?)?;
     m.add_class::<WeightsInput>()?;

@@ -97,10 +97,13 @@ def check_roots(roots: Sequence[str | os.PathLike[str]]) -> list[Path]:
         if path.is_file() and _is_sqlite(path):
             checked.append(path)  # an MLflow store (mlflow.db): each run is a store
             continue
+        if path.is_file() and path.suffix == ".safetensors" and _core.is_lora_file(str(path)):
+            checked.append(path)  # a kohya, LyCORIS or diffusers LoRA file: a store
+            continue
         if not path.is_dir():
             raise UsageError(
                 "is not a directory; give a store, an adapter or checkpoint directory, a "
-                "directory holding them, or an MLflow mlflow.db",
+                "directory holding them, an MLflow mlflow.db, or a LoRA .safetensors file",
                 path=path,
             )
         try:

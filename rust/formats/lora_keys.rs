@@ -12,6 +12,8 @@
 //! Only names are looked at here (a header's tensor list); the factors'
 //! shapes are checked where they are read (`analysis::adapter_weights`).
 
+use crate::formats::safetensors_header::Header;
+
 /// The naming of a LoRA file's tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LoraFormat {
@@ -130,6 +132,38 @@ pub fn format_of<'a>(names: impl IntoIterator<Item = &'a str>) -> Option<LoraFor
         .max_by_key(|f| counts[*f as usize])
 }
 
+/// The header metadata key diffusers keeps each component's PEFT config in.
+pub const DIFFUSERS_METADATA: &str = "lora_adapter_metadata";
+/// The components diffusers prefixes its LoRA keys with.
+const DIFFUSERS_COMPONENTS: [&str; 6] = [
+    "unet.",
+    "transformer.",
+    "text_encoder.",
+    "text_encoder_2.",
+    "text_encoder_3.",
+    "prior.",
+];
+
+/// The format of a safetensors file read without a PEFT config, when it is
+/// a LoRA file of another tool: kohya, LyCORIS or mlx-lm naming anywhere;
+/// PEFT naming only as diffusers saves it (a component prefix, or its
+/// config in the header), so a PEFT adapter that lost its config stays one.
+pub fn file_format(header: &Header) -> Option<LoraFormat> {
+    let format = format_of(header.tensors.iter().map(|t| t.name.as_str()))?;
+    if format != LoraFormat::Peft {
+        return Some(format);
+    }
+    let has_metadata = header
+        .metadata
+        .as_ref()
+        .is_some_and(|m| m.iter().any(|(k, _)| k == DIFFUSERS_METADATA));
+    let prefixed = header
+        .tensors
+        .iter()
+        .any(|t| DIFFUSERS_COMPONENTS.iter().any(|p| t.name.starts_with(p)));
+    (has_metadata || prefixed).then_some(format)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,5 +240,39 @@ mod tests {
         assert_eq!(format_of(["x.lora_a", "x.lora_b"]), Some(LoraFormat::Mlx));
         assert_eq!(format_of(["a.alpha", "w.weight"]), None);
         assert_eq!(format_of(std::iter::empty()), None);
+    }
+
+    fn header(names: &[&str], metadata: Option<&str>) -> Header {
+        Header {
+            tensors: names
+                .iter()
+                .map(|n| crate::formats::safetensors_header::TensorInfo {
+                    name: n.to_string(),
+                    dtype: "F32".into(),
+                    shape: vec![1],
+                    data_offsets: (0, 4),
+                })
+                .collect(),
+            metadata: metadata.map(|m| vec![(DIFFUSERS_METADATA.to_string(), m.to_string())]),
+            data_len: 4,
+        }
+    }
+
+    #[test]
+    fn peft_naming_is_a_file_of_its_own_only_as_diffusers_saves_it() {
+        let peft = [
+            "base_model.model.q.lora_A.weight",
+            "base_model.model.q.lora_B.weight",
+        ];
+        assert_eq!(file_format(&header(&peft, None)), None);
+        assert_eq!(
+            file_format(&header(&peft, Some("{}"))),
+            Some(LoraFormat::Peft)
+        );
+        let unet = ["unet.a.to_q.lora_A.weight", "unet.a.to_q.lora_B.weight"];
+        assert_eq!(file_format(&header(&unet, None)), Some(LoraFormat::Peft));
+        let kohya = ["lora_te_x.lora_down.weight", "lora_te_x.lora_up.weight"];
+        assert_eq!(file_format(&header(&kohya, None)), Some(LoraFormat::Kohya));
+        assert_eq!(file_format(&header(&["model.embed.weight"], None)), None);
     }
 }

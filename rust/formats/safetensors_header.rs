@@ -167,6 +167,9 @@ pub fn parse_header(json: &[u8], data_len: u64) -> std::result::Result<Header, S
             return Err(format!("tensor {name:?} appears twice in the header"));
         }
         match entry {
+            // mlx's `save_safetensors` writes `"__metadata__": null`, which
+            // the safetensors library reads as no metadata.
+            RawEntry::Metadata(serde_json::Value::Null) => metadata = None,
             RawEntry::Metadata(value) => metadata = Some(parse_metadata(&value)?),
             RawEntry::Tensor(fields) => tensors.push(parse_tensor(name, fields, data_len)?),
             RawEntry::NotObject => return Err(format!("tensor {name:?}: entry is not an object")),
@@ -412,6 +415,17 @@ mod tests {
             header.metadata,
             Some(vec![("format".to_string(), "pt".to_string())])
         );
+    }
+
+    #[test]
+    fn a_null_metadata_is_none_as_mlx_writes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = r#"{"__metadata__":null,"x.lora_a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}}"#;
+        let path = write_file(&dir, "adapters.safetensors", &safetensors(h, 24));
+        assert_eq!(read_header(&path).unwrap().metadata, None);
+        let h = r#"{"__metadata__":[1],"x.lora_a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}}"#;
+        let path = write_file(&dir, "bad.safetensors", &safetensors(h, 24));
+        assert!(read_header(&path).is_err());
     }
 
     #[test]

@@ -83,6 +83,13 @@ pub const TENSORBOARD: &str = "tensorboard";
 /// Keras's CSVLogger (`epoch,loss,val_loss,...`, under any file name),
 /// Ultralytics' `results.csv` (with its `args.yaml`).
 pub const CSV_LOG: &str = "csv-log";
+/// A LoRA safetensors file of another tool than PEFT (kohya's sd-scripts,
+/// LyCORIS, diffusers' `save_lora_weights`): the file is the store, and
+/// its only version.
+pub const LORA_FILE: &str = "lora-file";
+/// An mlx-lm adapter folder: `adapters.safetensors` and mlx-lm's
+/// `adapter_config.json` (`lora_parameters`).
+pub const MLX: &str = "mlx";
 /// A run of MLflow's file store: `mlruns/<experiment id>/<run id>/`.
 pub const MLFLOW: &str = "mlflow";
 /// A W&B run directory: `wandb/run-<date>-<id>/` (or `offline-run-...`).
@@ -164,7 +171,7 @@ impl Target {
 /// `full` or `logs` (see the module doc).
 pub fn checkpoint_kind(version: &Path, layout: &str) -> &'static str {
     match layout {
-        DLM | PEFT => ADAPTER,
+        DLM | PEFT | LORA_FILE | MLX => ADAPTER,
         LIGHTNING => FULL,
         _ if holds_adapter(version) => ADAPTER,
         _ if model_files::holds_model(version) => FULL,
@@ -313,7 +320,9 @@ pub fn is_dlm_store(dir: &Path) -> bool {
     read_once::is_dir(&dir.join("adapter"))
         || (read_once::is_dir(&dir.join("logs"))
             && !crate::formats::logs::wandb_run::is_run_dir(dir)
-            && !is_hf_output(dir))
+            && !is_hf_output(dir)
+            // kohya's sd-scripts log to `logs/` beside its LoRA files.
+            && lora_files(dir).is_empty())
 }
 
 fn is_adapter_root(dir: &Path) -> bool {
@@ -586,6 +595,78 @@ pub fn peft_target(dir: &Path) -> Target {
     target.kind_set()
 }
 
+// ---- LoRA files of other tools, mlx-lm adapters ----
+
+/// Most `*.safetensors` files of one folder whose header is read to tell a
+/// LoRA file (a folder of model shards or images holds more: the rest are
+/// passed over).
+pub const MAX_LORA_FILES_LOOKED_AT: usize = 256;
+
+/// Names of safetensors files that are no LoRA file of another tool: PEFT's
+/// and mlx-lm's adapters (their folder is the store), models and shards.
+fn is_reserved_weights_name(name: &str) -> bool {
+    name == ADAPTER_WEIGHTS
+        || name.ends_with(crate::formats::mlx_config::MLX_WEIGHTS)
+        || name.starts_with("model")
+        || name.starts_with("diffusion_pytorch_model")
+        || name.starts_with("pytorch_model")
+}
+
+/// Whether the file at `path` is a LoRA file of another tool (its header
+/// names kohya, LyCORIS, mlx-lm or diffusers LoRA tensors; see
+/// `formats::lora_keys::file_format`). A header that cannot be read is no
+/// LoRA file here (the folder is then said to hold it and nothing read).
+pub fn is_lora_file(path: &Path) -> bool {
+    crate::formats::safetensors_header::read_header(path)
+        .ok()
+        .and_then(|h| crate::formats::lora_keys::file_format(&h))
+        .is_some()
+}
+
+/// The LoRA files of other tools in `dir`, by name (at most
+/// [`MAX_LORA_FILES_LOOKED_AT`] looked at).
+pub fn lora_files(dir: &Path) -> Vec<PathBuf> {
+    let mut named: Vec<(String, PathBuf)> = entries(dir)
+        .into_iter()
+        .filter(|(name, p)| {
+            name.ends_with(".safetensors")
+                && !name.starts_with('.')
+                && !is_reserved_weights_name(name)
+                && fs::metadata(p).is_ok_and(|m| m.is_file())
+        })
+        .collect();
+    named.sort_by(|a, b| natural_cmp(&a.0, &b.0));
+    named
+        .into_iter()
+        .take(MAX_LORA_FILES_LOOKED_AT)
+        .map(|(_, p)| p)
+        .filter(|p| is_lora_file(p))
+        .collect()
+}
+
+/// The target of one LoRA file of another tool: the file is the store and
+/// its version; its log is what sits beside it.
+pub fn lora_file_target(file: &Path) -> Target {
+    let mut t = Target::new(file, LORA_FILE);
+    t.versions.push(file.to_path_buf());
+    t.kind_set()
+}
+
+/// An mlx-lm adapter folder: `adapters.safetensors` beside an
+/// `adapter_config.json` with `lora_parameters`.
+pub fn is_mlx_dir(dir: &Path) -> bool {
+    use crate::formats::mlx_config::{is_mlx_config, MLX_WEIGHTS};
+    read_once::is_file(&dir.join(MLX_WEIGHTS))
+        && read_small(&dir.join(ADAPTER_CONFIG), Area::Weights, 1 << 20)
+            .is_ok_and(|bytes| is_mlx_config(&bytes))
+}
+
+pub fn mlx_target(dir: &Path) -> Target {
+    let mut t = Target::new(dir, MLX);
+    t.versions.push(dir.to_path_buf());
+    t.kind_set()
+}
+
 // ---- tracker runs inside a training output dir ----
 
 /// The tracker runs a training output dir keeps inside it (W&B's
@@ -680,8 +761,10 @@ pub fn training_csv(dir: &Path) -> Option<PathBuf> {
 }
 
 /// The target a directory is, when it is one of the layouts (checked in
-/// this order: dlm, HF Trainer, Lightning, bare PEFT, an MLflow run, a W&B
-/// run, TensorBoard, a training-log CSV); None to look deeper.
+/// this order: dlm, HF Trainer, Lightning, bare PEFT, mlx-lm, an MLflow
+/// run, a W&B run, TensorBoard, a training-log CSV); None to look deeper.
+/// LoRA files of other tools are stores of their own ([`lora_files`]),
+/// looked for where a folder is none of these.
 pub fn classify(dir: &Path, all: bool) -> Option<Target> {
     if is_dlm_store(dir) {
         Some(dlm_target(dir, all))
@@ -691,6 +774,8 @@ pub fn classify(dir: &Path, all: bool) -> Option<Target> {
         Some(lightning_target(dir, all))
     } else if is_bare_peft(dir) {
         Some(peft_target(dir))
+    } else if is_mlx_dir(dir) {
+        Some(mlx_target(dir))
     } else if crate::formats::logs::mlflow_files::is_run_dir(dir) {
         Some(Target::new(dir, MLFLOW).kind_set())
     } else if crate::formats::logs::wandb_run::is_run_dir(dir) {
@@ -777,6 +862,8 @@ fn unclaimed_reason(layout: &str, name: &str, path: &Path, target: &Target) -> O
                 .to_string(),
         ),
         LIGHTNING if name == "checkpoints" => None,
+        // kohya's TensorBoard logs, read for the files beside them.
+        LORA_FILE if name == "logs" => None,
         PEFT if path.join(ADAPTER_CONFIG).is_file() => Some(format!(
             "{ADAPTER_CONFIG} without adapter weights ({ADAPTER_WEIGHTS} or {PICKLED_ADAPTER})"
         )),

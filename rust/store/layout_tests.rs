@@ -291,3 +291,81 @@ fn a_trainer_checkpoint_without_its_adapter_weights_is_a_skip_not_an_error() {
     let input = weights_input(&ckpt);
     assert!(input.note.is_none() && input.error.is_some());
 }
+
+/// A minimal safetensors file holding f32 zeros under `names`.
+fn lora_like(path: &Path, names: &[&str]) {
+    let mut header = serde_json::Map::new();
+    for (i, name) in names.iter().enumerate() {
+        header.insert(
+            name.to_string(),
+            serde_json::json!({"dtype": "F32", "shape": [1], "data_offsets": [i * 4, i * 4 + 4]}),
+        );
+    }
+    let text = serde_json::to_vec(&serde_json::Value::Object(header)).unwrap();
+    let mut bytes = (text.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(&text);
+    bytes.extend(std::iter::repeat_n(0u8, names.len() * 4));
+    fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn lora_files_of_other_tools_are_stores_and_models_are_not() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    lora_like(
+        &dir.join("style.safetensors"),
+        &[
+            "lora_unet_x.lora_down.weight",
+            "lora_unet_x.lora_up.weight",
+            "lora_unet_x.alpha",
+        ],
+    );
+    lora_like(
+        &dir.join("flux.safetensors"),
+        &["transformer.a.lora_A.weight", "transformer.a.lora_B.weight"],
+    );
+    lora_like(&dir.join("plain.safetensors"), &["w.weight"]);
+    lora_like(
+        &dir.join("model.safetensors"),
+        &["x.lora_down.weight", "x.lora_up.weight"],
+    );
+    fs::write(dir.join("broken.safetensors"), b"not a header").unwrap();
+    touch(&dir.join("logs").join("events.out.tfevents.1.host"));
+    let found = lora_files(dir);
+    let names: Vec<&str> = found
+        .iter()
+        .map(|p| p.file_name().unwrap().to_str().unwrap())
+        .collect();
+    assert_eq!(names, ["flux.safetensors", "style.safetensors"]);
+    // kohya's logs/ beside its files makes no dlm store.
+    assert!(!is_dlm_store(dir));
+    let t = lora_file_target(&found[1]);
+    assert_eq!(
+        (t.layout.as_str(), t.checkpoint_kind.as_deref()),
+        (LORA_FILE, Some(ADAPTER))
+    );
+    assert_eq!(t.versions, [found[1].clone()]);
+}
+
+#[test]
+fn an_mlx_adapter_folder_is_told_from_a_peft_one_by_its_config() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    lora_like(
+        &dir.join("adapters.safetensors"),
+        &["m.q.lora_a", "m.q.lora_b"],
+    );
+    fs::write(dir.join(ADAPTER_CONFIG), r#"{"peft_type": "LORA", "r": 8}"#).unwrap();
+    assert!(!is_mlx_dir(dir));
+    assert!(classify(dir, false).is_none());
+    fs::write(
+        dir.join(ADAPTER_CONFIG),
+        r#"{"lora_parameters": {"rank": 8, "scale": 20.0}}"#,
+    )
+    .unwrap();
+    assert!(is_mlx_dir(dir));
+    let t = classify(dir, false).expect("an mlx-lm store");
+    assert_eq!((t.layout.as_str(), t.versions.len()), (MLX, 1));
+    // Its own weights file is no LoRA file of another tool beside it.
+    assert!(lora_files(dir).is_empty());
+}

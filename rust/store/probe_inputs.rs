@@ -10,7 +10,7 @@ use crate::analysis::attribution::{self, Attribution};
 use crate::analysis::full_weights::{self, FullWeights};
 use crate::analysis::layers::{self, LayerGrouping};
 use crate::error::{Area, Error, Result};
-use crate::formats::logs::curve::LossCurve;
+use crate::formats::logs::curve::{LossCurve, RunProgress};
 use crate::formats::logs::trainer_state;
 use crate::formats::logs::{dlm_log, loss_log};
 use crate::formats::model_config::{self, OutputClasses};
@@ -228,6 +228,9 @@ pub fn direct_drift_input(store: &Path) -> Option<DriftInput> {
     if let Some(t) = layout::classify(store, false) {
         return Some(drift_input_for(store, &t.layout));
     }
+    if !read_once::is_dir(store) && layout::is_lora_file(store) {
+        return Some(drift_input_for(store, layout::LORA_FILE));
+    }
     layout::version_root(store)
         .filter(|t| t.log_root.is_some())
         .map(|t| drift_input_for(store, &t.layout))
@@ -359,6 +362,8 @@ fn drift_input_of_layout(store: &Path, layout: &str) -> DriftInput {
                 _ => input.read(loss_log::read_curve(store, None)),
             }
         }
+        layout::LORA_FILE => lora_file_drift_input(store),
+        layout::MLX => mlx_drift_input(store),
         // A bare adapter folder is judged on its weights; a log saved in it
         // (a metrics.csv, event files, a trainer_log.jsonl, a tracker run)
         // is read too, and one that cannot be read is an error naming why,
@@ -383,6 +388,147 @@ fn drift_input_of_layout(store: &Path, layout: &str) -> DriftInput {
         }
         _ => dlm_drift_input(store),
     }
+}
+
+/// The run of a LoRA file of another tool: the TensorBoard events beside it
+/// (kohya's sd-scripts log `loss/current`, `loss/average`, `lr/unet` to a
+/// `logs/` folder: its folder and up to `MAX_SEARCH_DEPTH` levels below),
+/// with the `ss_*` facts of its header (steps of how many, epochs, learning
+/// rates, network dim and alpha, base model). Without events, a header that
+/// says how many steps the run took is a curve of no records that the
+/// step-count rules judge (`ss_steps` 5 is a run of 5 steps); else a skip
+/// saying what the header holds.
+fn lora_file_drift_input(file: &Path) -> DriftInput {
+    use crate::formats::kohya_metadata::KohyaRun;
+    let folder = file
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let input = DriftInput::new(file, layout::LORA_FILE, folder.to_path_buf());
+    let header = crate::formats::safetensors_header::read_header(file);
+    let run = header
+        .as_ref()
+        .ok()
+        .and_then(|h| h.metadata.as_deref())
+        .and_then(KohyaRun::of);
+    const FROM: &str = "the LoRA file's ss_* header";
+    let with_run = |mut curve: LossCurve| {
+        if let Some(r) = &run {
+            curve.settings = r.settings.clone();
+            if let (Some(steps), Some(max), false) =
+                (r.steps, r.max_train_steps, r.is_mid_run_save())
+            {
+                curve.side.progress = Some(RunProgress {
+                    global_step: steps,
+                    max_steps: max,
+                });
+                curve.progress_from = FROM.to_string();
+            }
+        }
+        curve
+    };
+    let events = matches!(
+        loss_log::detect_log_source(folder),
+        Ok((loss_log::LogSource::TensorBoard, _))
+    );
+    if events {
+        return input.read(loss_log::read_curve_from(folder, None).map(with_run));
+    }
+    let name = file.display();
+    match &run {
+        Some(r) if r.steps.is_some() && !r.is_mid_run_save() => {
+            let curve = with_run(LossCurve {
+                source: "kohya_metadata".to_string(),
+                series: String::new(),
+                ..LossCurve::default()
+            });
+            let mut input = input.read(Ok(curve));
+            input.files = vec![file.to_path_buf()];
+            input.note = Some(format!(
+                "{name}: no training log beside it (no TensorBoard events in its folder);                  its header says it trained {} steps",
+                r.steps.unwrap_or_default()
+            ));
+            input
+        }
+        _ => input.none(
+            LogsStatus::NoLogsDir,
+            format!(
+                "{name} is a LoRA file with no training log beside it (no TensorBoard events                  in its folder){}",
+                if run.is_some() {
+                    ", and its ss_* header does not say how many steps it trained"
+                } else {
+                    " and no ss_* training facts in its header"
+                }
+            ),
+        ),
+    }
+}
+
+/// Most files of an mlx-lm adapter folder looked at for its training output.
+const MAX_MLX_LOG_CANDIDATES: usize = 32;
+
+/// The run of an mlx-lm adapter folder: the training output saved beside it
+/// (a `*.log`, `*.txt` or `*.out` file holding its train reports; mlx-lm
+/// keeps no log of its own), with the config's `iters` as the plan and its
+/// rank, scale and `num_layers` as settings.
+fn mlx_drift_input(dir: &Path) -> DriftInput {
+    use crate::formats::logs::mlx_log;
+    use crate::formats::mlx_config::MlxConfig;
+    let input = DriftInput::new(dir, layout::MLX, dir.to_path_buf());
+    let config = MlxConfig::read(&dir.join(layout::ADAPTER_CONFIG)).ok();
+    let mut candidates: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|it| {
+            it.take(MAX_RUN_ENTRIES)
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+                    [".log", ".txt", ".out"].iter().any(|e| name.ends_with(e))
+                        && read_once::is_file(p)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    candidates.sort();
+    let log = candidates
+        .into_iter()
+        .take(MAX_MLX_LOG_CANDIDATES)
+        .find(|p| mlx_log::is_mlx_log(p));
+    let Some(log) = log else {
+        return input.none(
+            LogsStatus::NoLogsDir,
+            format!(
+                "{} is an mlx-lm adapter: no training output saved beside it (mlx_lm.lora                  prints its losses; keep them with `mlx_lm.lora ... | tee train.log`)",
+                dir.display()
+            ),
+        );
+    };
+    let planned = config.as_ref().and_then(|c| c.iters);
+    let curve = mlx_log::read_mlx_log(&log, planned).map(|mut c| {
+        if let Some(cfg) = &config {
+            c.progress_from = "the log's last report, of the config's iters".to_string();
+            let mut settings = vec![
+                ("fine_tune_type".to_string(), cfg.fine_tune_type.clone()),
+                ("rank".to_string(), cfg.rank.to_string()),
+                ("scale".to_string(), cfg.scale.to_string()),
+            ];
+            if let Some(n) = cfg.num_layers {
+                settings.push(("num_layers".to_string(), n.to_string()));
+            }
+            if let Some(n) = cfg.iters {
+                settings.push(("iters".to_string(), n.to_string()));
+            }
+            if let Some(lr) = cfg.learning_rate {
+                settings.push(("learning_rate".to_string(), lr.to_string()));
+            }
+            if let Some(m) = &cfg.model {
+                settings.push(("model".to_string(), m.clone()));
+            }
+            c.settings = settings;
+        }
+        c
+    });
+    input.read(curve)
 }
 
 /// The newest tracker run kept inside a training output dir, read when the
@@ -741,6 +887,7 @@ fn weights_not_kept(version: &Path) -> bool {
         && read_once::is_file(&version.join(crate::formats::adapter_config::CONFIG_FILE))
         && !read_once::exists(&version.join(layers::ADAPTER_WEIGHTS))
         && !read_once::exists(&version.join(PICKLED_ADAPTER))
+        && !read_once::exists(&version.join(crate::formats::mlx_config::MLX_WEIGHTS))
 }
 
 /// Why a version has no adapter to judge: a full or log-only checkpoint, or

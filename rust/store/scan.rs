@@ -213,6 +213,24 @@ impl Walk {
             }
             return self.found(target);
         }
+        // LoRA files of other tools: each file a store; the folder holding
+        // them is their run's (its logs/ is read for them), not searched on.
+        let loras = read_once::for_one_store(|| layout::lora_files(dir));
+        if !loras.is_empty() {
+            if self.explain {
+                let folder = Target {
+                    store: dir.to_path_buf(),
+                    ..layout::lora_file_target(&loras[0])
+                };
+                for (path, why) in layout::unclaimed(&folder) {
+                    self.skip(&path, || why);
+                }
+            }
+            for file in &loras {
+                self.found(layout::lora_file_target(file));
+            }
+            return;
+        }
         if ancestors.len() >= MAX_DEPTH {
             return self.problem(dir, format!("deeper than {MAX_DEPTH} levels, not searched"));
         }
@@ -377,6 +395,21 @@ pub fn discover_excluding(
                     walk.found(target);
                 }
             });
+        } else if !root.is_dir() && layout::is_lora_file(root) {
+            // One LoRA file given alone: confined to its folder.
+            let root_dir = match root.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => Path::new("."),
+            };
+            match (follow_symlinks, confine::root_of(root_dir)) {
+                (true, _) => walk.found(layout::lora_file_target(root)),
+                (false, Ok(real)) => {
+                    confine::within(Some(real), || walk.found(layout::lora_file_target(root)))
+                }
+                (false, Err(e)) => {
+                    walk.problem(root, format!("its folder cannot be resolved: {e}"))
+                }
+            }
         } else if !root.is_dir() {
             walk.problem(root, "is not a directory".into());
         } else {

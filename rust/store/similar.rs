@@ -47,6 +47,7 @@ use crate::analysis::layers::{ADAPTER_WEIGHTS, PICKLED_ADAPTER_WEIGHTS};
 use crate::analysis::update_similarity::{compare_adapters, UpdateComparison};
 use crate::error::{Area, Error, Result};
 use crate::io::walk::files_under;
+use crate::store::layout;
 
 /// Sketch buckets per side (the sketch holds `SKETCH_SIDE²` values).
 pub const SKETCH_SIDE: usize = 32;
@@ -273,21 +274,37 @@ fn sketch_adapter(path: &Path, side: usize, chunk: usize) -> std::result::Result
     })
 }
 
-/// Adapter directories under `root` (those holding `adapter_model.safetensors`
-/// or `adapter_model.bin`, up to the walk's depth), sorted.
+/// Adapters under `root` (up to the walk's depth), sorted: directories
+/// holding `adapter_model.safetensors` or `adapter_model.bin` (PEFT) or
+/// `adapters.safetensors` (mlx-lm), and LoRA files of other tools (kohya,
+/// LyCORIS, diffusers: see `layout::is_lora_file`), each file an adapter.
 pub fn find_adapters(root: &Path) -> Result<Vec<PathBuf>> {
+    use crate::formats::mlx_config::MLX_WEIGHTS;
     if !root.is_dir() {
         return Err(Error::new(Area::Missing, root, "is not a directory"));
     }
-    let mut dirs: Vec<PathBuf> = files_under(root, Area::Missing, |n| {
-        n == ADAPTER_WEIGHTS || n == PICKLED_ADAPTER_WEIGHTS
-    })?
-    .into_iter()
-    .filter_map(|f| f.parent().map(Path::to_path_buf))
-    .collect();
-    dirs.sort();
-    dirs.dedup();
-    Ok(dirs)
+    let files = files_under(root, Area::Missing, |n| {
+        n == ADAPTER_WEIGHTS || n == PICKLED_ADAPTER_WEIGHTS || n.ends_with(".safetensors")
+    })?;
+    let mut found: Vec<PathBuf> = Vec::new();
+    for f in files {
+        let name = f.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let Some(dir) = f.parent() else { continue };
+        if name == ADAPTER_WEIGHTS || name == PICKLED_ADAPTER_WEIGHTS {
+            found.push(dir.to_path_buf());
+        } else if name == MLX_WEIGHTS {
+            if layout::is_mlx_dir(dir) {
+                found.push(dir.to_path_buf());
+            }
+        } else if dir.join(ADAPTER_WEIGHTS).is_file() || layout::is_mlx_dir(dir) {
+            // A PEFT or mlx-lm adapter's folder: its own file is the adapter.
+        } else if layout::is_lora_file(&f) {
+            found.push(f);
+        }
+    }
+    found.sort();
+    found.dedup();
+    Ok(found)
 }
 
 /// [`similar_pairs`] over the adapters found under `root`: one per run

@@ -9,7 +9,7 @@
 //! identical to the one before, A factors far above their initial scale),
 //! else PASS.
 
-mod factor_scale;
+pub mod factor_scale;
 #[cfg(test)]
 mod tests;
 
@@ -87,6 +87,7 @@ fn base_evidence(o: &WeightsOptions, w: &AdapterWeights) -> Evidence {
         config.put("use_dora", c.use_dora);
         config.put("target_modules", c.target_modules.clone());
         config.put("modules_to_save", c.modules_to_save.clone());
+        config.put("format", c.format.as_str());
         base.put("config", config);
     }
     base

@@ -657,6 +657,8 @@ class ConfigSummary:
     def init_lora_weights(self) -> str: ...
     @property
     def merged_linear(self) -> bool: ...
+    @property
+    def format(self) -> str: ...
 
 @final
 class AdapterWeights:
@@ -811,6 +813,10 @@ def discover(
 def excerpt(text: str) -> str:
     """``text`` as a short printable-ASCII excerpt (other characters as
     visible escapes, capped): how every message quotes a file's content."""
+
+def is_lora_file(path: str | PathLike[str]) -> bool:
+    """Whether the file is a LoRA ``.safetensors`` of another tool than PEFT
+    (kohya, LyCORIS, diffusers or mlx-lm naming): a store given alone."""
 
 def read_tree(
     root: _Path, *, skip: Sequence[str] | None = None, workers: int | None = None

@@ -34,24 +34,13 @@ use crate::analysis::attribution::layer_number;
 use crate::error::{Area, Error, Result};
 use crate::formats::adapter_config::AdapterConfig;
 use crate::formats::kohya_metadata::KohyaRun;
-use crate::formats::lora_keys::{self, KeyRole, LoraFormat};
+use crate::formats::lora_keys::{self, KeyRole, LoraFormat, DIFFUSERS_METADATA};
 use crate::formats::mlx_config::MlxConfig;
 use crate::formats::safetensors_header::TensorInfo;
 use crate::formats::tensor_data::{decode, FloatTensor, SafetensorsData};
 
-/// The header metadata key diffusers keeps each component's PEFT config in.
-const DIFFUSERS_METADATA: &str = "lora_adapter_metadata";
 /// Largest `lora_adapter_metadata` parsed.
 const MAX_METADATA_BYTES: usize = 1 << 20;
-/// The components diffusers prefixes its LoRA keys with.
-const DIFFUSERS_COMPONENTS: [&str; 6] = [
-    "unet.",
-    "transformer.",
-    "text_encoder.",
-    "text_encoder_2.",
-    "text_encoder_3.",
-    "prior.",
-];
 
 /// How a file's modules are scaled.
 pub(super) enum Scaling<'a> {
@@ -64,24 +53,9 @@ pub(super) enum Scaling<'a> {
 }
 
 /// The format of a weights file opened without a PEFT config, when it is a
-/// LoRA file of another tool: kohya, LyCORIS or mlx-lm naming anywhere; PEFT
-/// naming only as diffusers saves it (a component prefix, or its config in
-/// the header), so a PEFT adapter that lost its config stays one.
+/// LoRA file of another tool (`lora_keys::file_format`).
 pub(super) fn foreign_format(data: &SafetensorsData) -> Option<LoraFormat> {
-    let header = data.header();
-    let format = lora_keys::format_of(header.tensors.iter().map(|t| t.name.as_str()))?;
-    if format != LoraFormat::Peft {
-        return Some(format);
-    }
-    let has_metadata = header
-        .metadata
-        .as_ref()
-        .is_some_and(|m| m.iter().any(|(k, _)| k == DIFFUSERS_METADATA));
-    let prefixed = header
-        .tensors
-        .iter()
-        .any(|t| DIFFUSERS_COMPONENTS.iter().any(|p| t.name.starts_with(p)));
-    (has_metadata || prefixed).then_some(format)
+    lora_keys::file_format(data.header())
 }
 
 /// Each component's PEFT config from diffusers' `lora_adapter_metadata`

@@ -64,6 +64,12 @@ pub struct LossCurve {
     /// CSVLogger's or Ultralytics' `epoch` column, or the rows of a CSV
     /// without a step column): five epochs can be a whole run.
     pub per_epoch: bool,
+    /// The run's settings as a file beside the log records them (kohya's
+    /// `ss_*` header, mlx-lm's config): (name, value as written).
+    pub settings: Vec<(String, String)>,
+    /// Where `side.progress` was read, in words, when not from a trainer
+    /// state (`the LoRA file's ss_* header`, `mlx-lm's adapter_config.json`).
+    pub progress_from: String,
 }
 
 /// How a loss series too long to keep whole was thinned (see
@@ -258,7 +264,13 @@ pub const GRAD_NORM_NAMES: [&str; 4] = [
 ];
 /// Names of the learning rate: HF, and Lightning's `LearningRateMonitor`
 /// (`lr-<Optimizer>`, matched by prefix after the exact names).
-pub const LEARNING_RATE_NAMES: [&str; 4] = ["learning_rate", "train/learning_rate", "lr", "lr-"];
+pub const LEARNING_RATE_NAMES: [&str; 5] = [
+    "learning_rate",
+    "train/learning_rate",
+    "lr",
+    "lr-",
+    "lr/unet", // kohya's sd-scripts
+];
 /// Names of an RL objective's mean reward: TRL's (GRPO, RLOO, PPO, online
 /// DPO), LLaMA-Factory's and common hand-written loggers'.
 pub const REWARD_NAMES: [&str; 8] = [
@@ -458,5 +470,7 @@ pub fn assemble(mut records: Vec<(i64, f64)>, files: Vec<PathBuf>) -> LossCurve 
         output_classes: None,
         output_dir: None,
         per_epoch: false,
+        settings: vec![],
+        progress_from: String::new(),
     }
 }

@@ -47,8 +47,9 @@ const SETTING_WORDS: [&str; 9] = [
     "scale", "scaler", "scaling", "weight", "coef", "lambda", "beta", "alpha", "ratio",
 ];
 /// Words that say nothing beyond "the training loss".
-const PLAIN_WORDS: [&str; 12] = [
+const PLAIN_WORDS: [&str; 13] = [
     "train",
+    "current", // kohya's loss/current: the step's own loss (loss/average is its moving mean)
     "training",
     "trn",
     "learn",

@@ -55,6 +55,13 @@ pub(super) fn run_facts(curve: &LossCurve, classes: Option<&OutputClasses>) -> (
     if let Some(cadence) = cadence(&curve.steps) {
         facts.put("logging_every", cadence);
     }
+    if !curve.settings.is_empty() {
+        let mut settings = Evidence::new();
+        for (name, value) in &curve.settings {
+            settings.put(name, value.as_str());
+        }
+        facts.put("settings", Value::Map(settings));
+    }
     (facts, format!("{completion_text}; {objective_text}"))
 }
 
@@ -67,6 +74,11 @@ fn completion(curve: &LossCurve) -> (&'static str, String) {
             format!(" at step {}", number_text::thousands(i128::from(s)))
         })
     };
+    let from = if curve.progress_from.is_empty() {
+        "the trainer state"
+    } else {
+        curve.progress_from.as_str()
+    };
     match (&curve.side.ending, curve.side.progress) {
         (Some(RunEnd::Crashed(why)), _) => ("crashed", format!("crashed{} ({why})", at(last))),
         (Some(RunEnd::Unfinished(why)), _) => {
@@ -75,7 +87,7 @@ fn completion(curve: &LossCurve) -> (&'static str, String) {
         (_, Some(p)) if p.global_step >= p.max_steps => (
             "finished",
             format!(
-                "finished at step {} of {} (the trainer state)",
+                "finished at step {} of {} ({from})",
                 number_text::thousands(i128::from(p.global_step)),
                 number_text::thousands(i128::from(p.max_steps))
             ),
@@ -92,7 +104,7 @@ fn completion(curve: &LossCurve) -> (&'static str, String) {
         (_, Some(p)) => (
             "stopped",
             format!(
-                "stopped at step {} of {} (the trainer state)",
+                "stopped at step {} of {} ({from})",
                 number_text::thousands(i128::from(p.global_step)),
                 number_text::thousands(i128::from(p.max_steps))
             ),

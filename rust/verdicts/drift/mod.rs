@@ -171,6 +171,16 @@ pub fn judge_drift(input: &DriftInput, o: &DriftOptions) -> Judged {
         put_the_facts(&mut judged, curve, input.output_classes.as_ref());
         return judged;
     }
+    if num_steps == 0 {
+        // A run known from its file's facts alone (a LoRA file's ss_*
+        // header): what it holds is said, the step-count rules found
+        // nothing.
+        if let Some(note) = note {
+            let mut judged = Judged::bare(KIND, Verdict::Skip, note.to_string());
+            put_the_facts(&mut judged, curve, input.output_classes.as_ref());
+            return judged;
+        }
+    }
     if num_steps < o.min_steps {
         let span = step_span(&curve.steps);
         let over = if span > num_steps as i128 {

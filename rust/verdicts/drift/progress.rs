@@ -77,6 +77,7 @@ pub const TINY_RUN_STEPS: i64 = 5;
 /// The `tiny_run` finding (see the module doc).
 pub(super) fn tiny_run(curve: &LossCurve) -> Option<Finding> {
     let (steps, said_by) = match curve.side.progress {
+        Some(p) if !curve.progress_from.is_empty() => (p.global_step, curve.progress_from.as_str()),
         Some(p) => (p.global_step, "its trainer state's global_step"),
         None => {
             if curve.per_epoch || curve.series.to_ascii_lowercase().contains("epoch") {
