@@ -19,6 +19,11 @@ route, each pair in the same run, each checked to give the same numbers.
 4. `optimizer.pt` written by `torch.save(AdamW.state_dict())` over
    LoRA-shaped parameters with `--mb` of moments: `ap.read_optimizer_state`
    vs `torch.load` + a float64 mean of each exp_avg_sq (what the probe needs).
+5. A LoRA file laid out as kohya's sd-scripts saves one (`--lora-modules`
+   `lora_unet_*` modules of rank 32 on 1280-wide projections, fp16 factors
+   and alpha, ss_* header), written with `safetensors`: `ap.read_adapter_weights`
+   (norms, ‖ΔW‖ and the spectrum of every module) vs safetensors' own
+   `load_file` + torch's ‖(alpha/r)·up·down‖ of each module.
 
 All warm: files in the page cache, modules imported, best of `--repeat`.
 """
@@ -171,6 +176,40 @@ def torch_means(path: Path) -> list[float]:
     return [float(state[k]["exp_avg_sq"].double().mean()) for k in sorted(state)]
 
 
+def make_kohya_file(modules: int) -> Path:
+    import torch
+    from safetensors.torch import save_file
+
+    path = DATA / f"kohya_{modules}.safetensors"
+    if path.exists():
+        return path
+    DATA.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(0)
+    tensors = {}
+    for i in range(modules):
+        name = f"lora_unet_down_blocks_{i // 20}_attentions_{i % 20}_to_q"
+        tensors[f"{name}.lora_down.weight"] = torch.randn(32, 1280, generator=gen).half()
+        tensors[f"{name}.lora_up.weight"] = (0.01 * torch.randn(1280, 32, generator=gen)).half()
+        tensors[f"{name}.alpha"] = torch.tensor(16.0).half()
+    save_file(tensors, str(path), metadata={"ss_network_dim": "32", "ss_steps": "1000"})
+    return path
+
+
+def torch_kohya_norms(path: Path) -> dict[str, float]:
+    import torch
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(path))
+    out = {}
+    for key, down in tensors.items():
+        if key.endswith(".lora_down.weight"):
+            module = key[: -len(".lora_down.weight")]
+            up = tensors[f"{module}.lora_up.weight"].double()
+            scale = float(tensors[f"{module}.alpha"]) / down.shape[0]
+            out[module] = float(torch.linalg.matrix_norm(scale * (up @ down.double())))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -178,6 +217,7 @@ def main() -> None:
     parser.add_argument("--entries", type=int, default=200_000)
     parser.add_argument("--mb", type=float, default=60.0)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--lora-modules", type=int, default=140)
     args = parser.parse_args()
 
     state_path = make_trainer_state(args.entries)
@@ -218,6 +258,19 @@ def main() -> None:
     theirs = best_of(lambda: torch_means(opt_path), args.repeat)
     size = opt_path.stat().st_size / 1e6
     report(f"optimizer.pt {size:.0f} MB", ours, "torch.load + means", theirs)
+
+    kohya = make_kohya_file(args.lora_modules)
+    weights = ap.read_adapter_weights(kohya)
+    norms = torch_kohya_norms(kohya)
+    got = {m.name: m.delta_fro for m in weights.modules}
+    assert got.keys() == norms.keys() and all(
+        math.isclose(got[k], norms[k], rel_tol=1e-9) for k in norms
+    ), "kohya norms differ"
+    ours = best_of(lambda: ap.read_adapter_weights(kohya), args.repeat)
+    theirs = best_of(lambda: torch_kohya_norms(kohya), args.repeat)
+    size = kohya.stat().st_size / 1e6
+    name = f"kohya LoRA {size:.0f} MB, {args.lora_modules} modules"
+    report(name, ours, "safetensors load_file + torch", theirs)
 
 
 if __name__ == "__main__":
