@@ -48,6 +48,7 @@ use crate::formats::model_config::OutputClasses;
 use crate::store::probe_inputs::{DriftInput, LogsStatus};
 use crate::verdicts::drift::{judge_drift, DriftOptions};
 use crate::verdicts::gap::{judge_gap_records, GapInput, GapOptions};
+use crate::verdicts::weights::factor_scale::{judge_factor_scale, FactorNorm};
 use crate::verdicts::{Judged, Value, Verdict};
 
 /// Records judged on every observation while the run has at most this many.
@@ -294,6 +295,9 @@ pub struct Guard {
     gap: Vec<GapRecord>,
     gap_options: GapOptions,
     gap_findings: Vec<GuardFinding>,
+    /// The LoRA factor check's finding on the live model, as of its newest
+    /// look (`factors_blown_up`; see [`Guard::observe_factors`]).
+    factor_findings: Vec<GuardFinding>,
 }
 
 /// GAP records the guard keeps: enough for every online rule (two in a
@@ -322,6 +326,7 @@ impl Guard {
             gap: vec![],
             gap_options: GapOptions::defaults("robust"),
             gap_findings: vec![],
+            factor_findings: vec![],
         }
     }
 
@@ -369,6 +374,31 @@ impl Guard {
         self.gap_findings = carried_forward(&self.gap_findings, &judged, step, |_, v| v);
     }
 
+    /// Take the LoRA A factors' norms of the live model at `step` (each
+    /// linear module's rank, input features and ||A||_F; `init` is PEFT's
+    /// `init_lora_weights`) and return the verdict so far. The rule is
+    /// `adapter_weights`' `factors_blown_up`, as it would judge an adapter
+    /// saved now: a FAIL there (A 100x its start) is one here, which no
+    /// later record undoes. Each look replaces the last one's finding; a
+    /// finding keeps the step it was first seen at while it holds.
+    pub fn observe_factors(&mut self, step: i64, init: &str, modules: Vec<FactorNorm>) -> Verdict {
+        let found = judge_factor_scale(init, modules.into_iter()).and_then(|(_, f)| f);
+        self.factor_findings = match found {
+            None => vec![],
+            Some(f) => vec![GuardFinding {
+                step: self
+                    .factor_findings
+                    .iter()
+                    .find(|g| g.verdict == f.verdict)
+                    .map_or(step, |g| g.step),
+                rule: f.rule.to_string(),
+                verdict: f.verdict,
+                message: f.message,
+            }],
+        };
+        self.verdict()
+    }
+
     /// Roll the run back to `step` (its trainer restored the checkpoint
     /// saved there): forget every record after it and judge what is left,
     /// so the run that goes on from `step` is judged as a continuation of
@@ -380,6 +410,7 @@ impl Guard {
         self.history.rewind(step);
         self.gap.retain(|r| r.step <= step);
         self.gap_findings.retain(|f| f.step <= step);
+        self.factor_findings.retain(|f| f.step <= step);
         self.findings.retain(|f| f.step <= step);
         self.judged_at = 0;
         self.early_from = 0;
@@ -478,20 +509,24 @@ impl Guard {
         self.findings = current;
     }
 
-    /// The online verdict so far (the loss's and the GAP monitor's).
+    /// The online verdict so far (the loss's, the GAP monitor's and the
+    /// LoRA factors').
     pub fn verdict(&self) -> Verdict {
         self.gap_findings
             .iter()
+            .chain(&self.factor_findings)
             .map(|f| f.verdict)
             .fold(self.verdict, Verdict::max)
     }
 
-    /// The findings of the last judgements (the loss's, then the GAP
-    /// monitor's), with the step each was first seen.
+    /// The findings of the last judgements (the loss's, the GAP
+    /// monitor's, then the LoRA factors'), with the step each was first
+    /// seen.
     pub fn findings(&self) -> Vec<GuardFinding> {
         self.findings
             .iter()
             .chain(&self.gap_findings)
+            .chain(&self.factor_findings)
             .cloned()
             .collect()
     }
@@ -701,6 +736,35 @@ mod tests {
         let diverged = kept.iter().find(|f| f.rule == "diverged").unwrap();
         assert_eq!(diverged.step, first);
         assert_eq!(g.num_records(), 55);
+    }
+
+    #[test]
+    fn blown_up_factors_on_the_live_model_fail_and_a_rollback_clears_them() {
+        let mut g = robust();
+        let kaiming = |ratio: f64| {
+            (0..4)
+                .map(|_| FactorNorm {
+                    rank: 8,
+                    in_features: 64,
+                    norm_a: ratio * (8.0f64 / 3.0).sqrt(),
+                })
+                .collect::<Vec<_>>()
+        };
+        for step in 1..=20 {
+            g.observe(step, Some(decaying(step)), None, None, None, None);
+            assert_eq!(g.observe_factors(step, "true", kaiming(1.5)), Verdict::Pass);
+        }
+        g.observe(21, Some(4.85), None, None, None, None);
+        assert_eq!(g.observe_factors(21, "true", kaiming(46.0)), Verdict::Warn);
+        g.observe(22, Some(4.85), None, None, None, None);
+        assert_eq!(g.observe_factors(22, "true", kaiming(788.0)), Verdict::Fail);
+        let found = g.findings();
+        let f = found.iter().find(|f| f.rule == "factors_blown_up").unwrap();
+        assert_eq!((f.step, f.verdict), (22, Verdict::Fail));
+        // An init the rule cannot judge says nothing.
+        assert_eq!(g.observe_factors(22, "pissa", kaiming(788.0)), g.verdict());
+        g.observe_factors(22, "true", kaiming(788.0));
+        assert_eq!(g.rewind(20), Verdict::Pass, "{:?}", g.findings());
     }
 
     /// A noisy loss falling slowly over `n` records.
