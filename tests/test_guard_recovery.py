@@ -373,3 +373,104 @@ def test_lightning_rolls_a_poisoned_stretch_back_and_ends_as_a_clean_run(tmp_pat
     assert trainer.global_step == 128 - discarded
     written = json.loads((tmp_path / "recover" / "adapterprobe-guard.json").read_text())
     assert len(written["recoveries"]) == len(guard.recoveries)
+
+
+# -- the live LoRA factor check ------------------------------------------------------
+
+
+def lora_run(out: Path, lr: float, **guard_options):
+    """A PEFT LoRA (r=8 on q/v) on a tiny Llama in the real Trainer, Adam at
+    ``lr``; the guard callback's findings."""
+    peft = pytest.importorskip("peft")
+    from test_integrations import TokenData
+    from test_monitor import tiny_llama
+
+    torch.manual_seed(0)
+    model = peft.get_peft_model(
+        tiny_llama(), peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])
+    )
+    callback = GuardCallback(**guard_options)
+    trainer = transformers.Trainer(
+        model=model,
+        args=transformers.TrainingArguments(
+            output_dir=str(out),
+            max_steps=40,
+            per_device_train_batch_size=4,
+            logging_steps=1,
+            learning_rate=lr,
+            lr_scheduler_type="constant",
+            save_strategy="no",
+            report_to=[],
+            use_cpu=True,
+            disable_tqdm=True,
+        ),
+        train_dataset=TokenData(160, 8, 64),
+        callbacks=[callback],
+    )
+    trainer.train()
+    return trainer, callback
+
+
+def test_a_lora_at_a_learning_rate_far_too_high_is_stopped_by_its_factors(tmp_path):
+    """At lr=10 a LoRA's loss sits near ln K, which no loss rule stops; its
+    A factors are pushed by the whole step each step. The callback judges
+    them on the live model at each log, as adapter_weights would judge the
+    adapter saved then, and stops the run; the saved adapter agrees."""
+    from adapterprobe.guard import lora_factor_norms
+
+    trainer, callback = lora_run(tmp_path / "blown", lr=10.0)
+    assert callback.stopped_at is not None and callback.stopped_at < 40
+    (finding,) = [f for f in callback.guard.findings if f["rule"] == "factors_blown_up"]
+    assert finding["verdict"] == "fail", finding
+    init, modules = lora_factor_norms(trainer.model)
+    assert init == "true" and len(modules) == 2 * 2  # q and v of two layers
+    trainer.model.save_pretrained(str(tmp_path / "adapter"))
+    saved = ap.adapter_weights(tmp_path / "adapter")
+    assert saved.verdict.value == "fail" and "factors_blown_up" in saved.message
+
+
+def test_a_healthy_lora_is_not_flagged_by_its_factors(tmp_path):
+    _, callback = lora_run(tmp_path / "healthy", lr=2e-3)
+    assert callback.stopped_at is None
+    assert not [f for f in callback.guard.findings if f["rule"] == "factors_blown_up"]
+
+
+# -- skipping one step from its loss (skip_batch_above) ---------------------------
+
+
+def test_a_step_whose_loss_is_far_above_the_recent_ones_is_skipped_before_it_is_applied(
+    tmp_path, caplog
+):
+    """The poisoned stretch again: with skip_batch_above=6 its three steps
+    are skipped before the optimizer applies them, so the run never blows
+    up, is neither stopped nor rolled back, and ends within 10% of a clean
+    run; the skipped steps' losses are kept apart from the curve."""
+    _, _, clean = classifier_run(tmp_path / "clean")
+    with caplog.at_level(logging.WARNING, logger="adapterprobe.guard"):
+        trainer, guard, final = classifier_run(
+            tmp_path / "gated", poisoned=POISON, skip_batch_above=6.0
+        )
+    assert guard.stopped_at is None and guard.recoveries == [], guard.guard.findings
+    skipped = [r["step"] for r in trainer.state.log_history if "adapterprobe_skipped_loss" in r]
+    # Batch b is optimizer step b + 1. A poisoned batch whose saturated
+    # logits all pick the right class has a loss (and gradient) of 0: it
+    # is harmless, and applied.
+    poisoned = {p + 1 for p in POISON}
+    assert skipped and set(skipped) <= poisoned, skipped
+    for record in trainer.state.log_history:
+        if record.get("step") in poisoned - set(skipped):
+            assert record["loss"] < 1.0, record
+    said = [r.getMessage() for r in caplog.records if "skipped step" in r.getMessage()]
+    assert len(said) == len(skipped), said
+    assert final == pytest.approx(clean, rel=0.10), (final, clean)
+    assert trainer.state.global_step == 128
+
+
+def test_skip_batch_above_is_refused_where_the_trainer_does_not_allow_it():
+    pytest.importorskip("lightning")
+    from adapterprobe.integrations.lightning import GuardCallback as LightningGuard
+
+    with pytest.raises(ap.UsageError, match="training_step"):
+        LightningGuard(skip_batch_above=6.0)
+    with pytest.raises(ap.UsageError):
+        GuardCallback(skip_batch_above=0)

@@ -15,12 +15,13 @@ agree.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +177,19 @@ class Guard:
         scaler's overflow) and the other findings are WARN."""
         return self._core.observe_gap(step, dict(stats))
 
+    def observe_factors(
+        self, step: int, init: str, modules: Sequence[tuple[int, int, float]]
+    ) -> str:
+        """Take the LoRA A factors of a live PEFT model at ``step``: each
+        linear module's ``(rank, in_features, ||A||_F)``, and PEFT's
+        ``init_lora_weights`` as ``init`` (``"true"``, ``"gaussian"``, ...).
+        ``adapter_weights``' ``factors_blown_up`` rule judges them as it
+        would the adapter saved now: A past 100x the scale PEFT gave it is
+        a FAIL (a learning rate far too high for LoRA), past 20x a WARN.
+        Returns the verdict so far (:func:`lora_factor_norms` reads a
+        model)."""
+        return self._core.observe_factors(step, init, list(modules))
+
     def rewind(self, step: int) -> str:
         """Roll the run back to ``step`` (its trainer restored the checkpoint
         saved there): every record after it is forgotten, as the trainer
@@ -322,6 +336,12 @@ class GuardCallbackBase:
     too, with ``gap_monitor``'s rules (:meth:`Guard.observe_gap`), before
     each record."""
 
+    #: "yes" where the trainer lets a callback skip a step from its loss
+    #: before it is applied; otherwise why not.
+    _batch_skip = "this trainer does not hand a callback the step's loss before the update"
+    #: "yes" where the callback can roll the run back; otherwise why not.
+    _recovery = "this trainer's callback cannot restore a checkpoint mid-run"
+
     def __init__(
         self,
         stop_on: str = "fail",
@@ -336,12 +356,15 @@ class GuardCallbackBase:
         max_recoveries: int = 3,
         lr_factor: float = 0.5,
         skip_window: int = 0,
+        skip_batch_above: float | None = None,
     ) -> None:
         self.stop_on = check_stop_on(stop_on)
         #: What a FAIL does: ``"stop"`` the run, or ``"recover"`` it (roll
         #: back to the newest checkpoint saved before the finding, lower the
         #: learning rate, go on), where the trainer's callback can.
         self.on_fail = check_on_fail(on_fail)
+        if on_fail == "recover" and self._recovery != "yes":
+            raise UsageError(f"on_fail='recover' is not offered here: {self._recovery}")
         if isinstance(max_recoveries, bool) or not isinstance(max_recoveries, int):
             raise UsageError(f"max_recoveries must be an int, got {max_recoveries!r}")
         if max_recoveries < 0:
@@ -350,6 +373,19 @@ class GuardCallbackBase:
             raise UsageError(f"lr_factor must be in (0, 1], got {lr_factor!r}")
         if isinstance(skip_window, bool) or not isinstance(skip_window, int) or skip_window < 0:
             raise UsageError(f"skip_window must be an int, 0 or more, got {skip_window!r}")
+        if skip_batch_above is not None and (
+            isinstance(skip_batch_above, bool)
+            or not isinstance(skip_batch_above, int | float)
+            or not 0 < skip_batch_above < math.inf
+        ):
+            raise UsageError(
+                f"skip_batch_above must be a positive number of sigmas, got {skip_batch_above!r}"
+            )
+        if skip_batch_above is not None and self._batch_skip != "yes":
+            raise UsageError(f"skip_batch_above is not offered here: {self._batch_skip}")
+        #: Skip an optimizer step whose loss is this many robust standard
+        #: deviations above the recent applied steps' median (None: never).
+        self.skip_batch_above = skip_batch_above
         self.max_recoveries = max_recoveries
         self.lr_factor = float(lr_factor)
         self.skip_window = skip_window
@@ -550,6 +586,15 @@ class GuardCallbackBase:
             return False
         return True
 
+    def _observe_factors(self, step: int, model: Any) -> None:
+        """The live LoRA factor check (:meth:`Guard.observe_factors`) on
+        ``model`` when it is a PEFT LoRA; nothing otherwise."""
+        if self.guard is None or self.stopped_at is not None:
+            return
+        read = lora_factor_norms(model)
+        if read is not None:
+            self.guard.observe_factors(step, *read)
+
     def _look_before(self, first_fault: int) -> int:
         """The step the checkpoint to restore must come before: the first
         fault's, unless the run went wrong again at its first record after
@@ -599,6 +644,49 @@ class GuardCallbackBase:
 
 
 _ON_FAIL = ("stop", "recover")
+
+#: Most LoRA modules a live factor check reads (a 70B with every linear
+#: adapted has under 600 per adapter).
+MAX_LORA_MODULES = 100_000
+
+
+def lora_factor_norms(model: Any) -> tuple[str, list[tuple[int, int, float]]] | None:
+    """The live factor check's input from a PEFT model: its active
+    adapter's ``init_lora_weights`` as text, and each linear module's
+    ``(rank, in_features, ||A||_F)``, read with one host sync; None for a
+    model that is no PEFT LoRA, or whose factors are sharded (FSDP), where
+    a norm of the local shard would not be the module's."""
+    configs = getattr(model, "peft_config", None)
+    adapter = getattr(model, "active_adapter", None)
+    if not isinstance(configs, Mapping) or not isinstance(adapter, str):
+        return None
+    init = getattr(configs.get(adapter), "init_lora_weights", None)
+    if init is None:
+        return None
+    init_text = str(init).lower() if isinstance(init, bool) else str(init)
+    import torch  # the trainer has it; a callback only
+
+    weights = []
+    for module in itertools.islice(model.modules(), MAX_LORA_MODULES * 8):
+        factors = getattr(module, "lora_A", None)
+        if not isinstance(factors, torch.nn.ModuleDict) or adapter not in factors:
+            continue
+        weight = getattr(factors[adapter], "weight", None)
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+            continue  # a conv LoRA: the rule reads linear modules only
+        if type(weight).__name__ == "DTensor" or weight.numel() == 0:
+            return None
+        weights.append(weight)
+        if len(weights) >= MAX_LORA_MODULES:
+            break
+    if not weights:
+        return None
+    with torch.no_grad():
+        norms = torch.stack(
+            [torch.linalg.vector_norm(w.detach().float()).to("cpu") for w in weights]
+        ).tolist()
+    shapes = [(int(w.shape[0]), int(w.shape[1])) for w in weights]
+    return init_text, [(r, n, float(v)) for (r, n), v in zip(shapes, norms, strict=True)]
 
 
 def base_learning_rates(scheduler: Any) -> list[float] | None:

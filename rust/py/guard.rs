@@ -19,7 +19,8 @@ use pyo3::types::{PyDict, PyList};
 use super::verdicts::judged_tuple;
 use crate::formats::model_config::OutputClasses;
 use crate::verdicts::drift::DriftOptions;
-use crate::verdicts::guard;
+use crate::verdicts::weights::factor_scale::FactorNorm;
+use crate::verdicts::{batch_gate, guard};
 
 #[pyclass(module = "adapterprobe._core", name = "Guard", frozen)]
 struct Guard {
@@ -88,6 +89,26 @@ impl Guard {
         self.state().observe_gap(step, stats).as_str()
     }
 
+    /// The live model's LoRA A factors at `step`: `(rank, in_features,
+    /// ||A||_F)` of each linear module, PEFT's `init_lora_weights` as
+    /// `init`; the verdict so far.
+    fn observe_factors(
+        &self,
+        step: i64,
+        init: &str,
+        modules: Vec<(u64, u64, f64)>,
+    ) -> &'static str {
+        let modules = modules
+            .into_iter()
+            .map(|(rank, in_features, norm_a)| FactorNorm {
+                rank,
+                in_features,
+                norm_a,
+            })
+            .collect();
+        self.state().observe_factors(step, init, modules).as_str()
+    }
+
     /// Forget every record after `step` (a run rolled back to it); the
     /// verdict of the timeline kept.
     fn rewind(&self, step: i64) -> &'static str {
@@ -135,6 +156,54 @@ impl Guard {
     }
 }
 
+/// `_core.BatchGate`: whether to apply an optimizer step, from its loss
+/// (`verdicts::batch_gate`), for the guard's `skip_batch_above`.
+#[pyclass(module = "adapterprobe._core", name = "BatchGate", frozen)]
+struct BatchGate {
+    inner: Mutex<batch_gate::BatchGate>,
+}
+
+#[pymethods]
+impl BatchGate {
+    #[new]
+    fn new(sigmas: f64) -> PyResult<BatchGate> {
+        if !(sigmas.is_finite() && sigmas > 0.0) {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "sigmas must be a positive number, got {sigmas}"
+            )));
+        }
+        Ok(BatchGate {
+            inner: Mutex::new(batch_gate::BatchGate::new(sigmas)),
+        })
+    }
+
+    /// Whether to apply the step whose loss is `loss` (False: skip it).
+    fn admit(&self, loss: f64) -> bool {
+        self.inner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .admit(loss)
+    }
+
+    /// The loss above which a step is skipped now (None: not judging yet).
+    #[getter]
+    fn bar(&self) -> Option<f64> {
+        self.inner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .bar()
+    }
+
+    #[getter]
+    fn skipped(&self) -> u64 {
+        self.inner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .skipped()
+    }
+}
+
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<Guard>()
+    m.add_class::<Guard>()?;
+    m.add_class::<BatchGate>()
 }

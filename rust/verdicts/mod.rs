@@ -13,6 +13,7 @@
 //! Room order: above `store` (whose gathered inputs they read), below
 //! `records` (which turns verdicts into scan records).
 
+pub mod batch_gate;
 pub mod drift;
 pub mod evidence;
 pub mod full_weights;

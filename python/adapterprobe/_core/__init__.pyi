@@ -369,6 +369,18 @@ class DriftInput:
     def guard(self) -> GuardNote | None: ...
 
 @final
+class BatchGate:
+    """Whether to apply an optimizer step, from its loss (``skip_batch_above``)."""
+
+    def __new__(cls, sigmas: float) -> BatchGate: ...
+    def admit(self, loss: float) -> bool:
+        """Whether to apply the step whose loss is ``loss`` (False: skip it)."""
+    @property
+    def bar(self) -> float | None: ...
+    @property
+    def skipped(self) -> int: ...
+
+@final
 class Guard:
     """The drift rules judged online (``verdicts::guard``); see adapterprobe.Guard."""
 
@@ -393,6 +405,10 @@ class Guard:
     ) -> str: ...
     def observe_gap(self, step: int, stats: Mapping[str, float]) -> str:
         """The GAP monitor's statistics of one sampled step; the verdict so far."""
+    def observe_factors(
+        self, step: int, init: str, modules: Sequence[tuple[int, int, float]]
+    ) -> str:
+        """The live model's LoRA A factors at ``step``; the verdict so far."""
     def rewind(self, step: int) -> str:
         """Forget every record after ``step``; the verdict of what is kept."""
     def set_max_steps(self, max_steps: int | None) -> None:

@@ -241,6 +241,13 @@ class GuardCallback(GuardCallbackBase, Callback):
     ``save_weights_only`` checkpoint cannot resume a run.
     """
 
+    _batch_skip = (
+        "Lightning does not hand a callback the step's loss before the optimizer step "
+        "(return None from training_step to skip a batch)"
+    )
+
+    _recovery = "yes"
+
     # Set for the run in progress at ``on_train_start``.
     _base_lrs: tuple[list[float] | None, ...] = ()
     _initial_lrs: tuple[list[float], ...] = ()
@@ -342,6 +349,11 @@ class GuardCallback(GuardCallbackBase, Callback):
         step = logged_step(trainer)
         if values.get("loss") is not None and step <= self._skip_until:
             values["loss"] = None  # a batch passed over: no update came of it
+        if values.get("loss") is not None:  # the LoRA factors too, a few norms
+            holders = [pl_module, *(getattr(pl_module, a, None) for a in _MODEL_ATTRIBUTES)]
+            peft = next((h for h in holders if hasattr(h, "peft_config")), None)
+            if peft is not None:
+                self._observe_factors(step, peft)
         share = None
         if trainer.world_size > 1:  # each rank has its own loss: rank 0's decision holds
 

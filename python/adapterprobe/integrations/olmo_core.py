@@ -180,6 +180,16 @@ class GuardCallback(GuardCallbackBase, Callback):
     core does not look at.
     """
 
+    _recovery = (
+        "OLMo-core restores a checkpoint (Trainer.load_checkpoint, data loader state "
+        "included) when a run starts, not from a callback mid-run; restart from the "
+        "checkpoint the guard names (last_good_checkpoint) with a lower learning rate"
+    )
+    _batch_skip = (
+        "OLMo-core has this built in: its SkipStepAdamW / SkipStepLion skip a step whose "
+        "loss or gradient norm is far above the recent ones"
+    )
+
     def __init__(
         self,
         stop_on: str = "fail",
@@ -187,8 +197,20 @@ class GuardCallback(GuardCallbackBase, Callback):
         rules: str = "robust",
         options: Any = None,
         monitor: Any = None,
+        *,
+        on_fail: str = "stop",
+        skip_batch_above: float | None = None,
     ) -> None:
-        GuardCallbackBase.__init__(self, stop_on, save_on_stop, rules, options, monitor)
+        GuardCallbackBase.__init__(
+            self,
+            stop_on,
+            save_on_stop,
+            rules,
+            options,
+            monitor,
+            on_fail=on_fail,
+            skip_batch_above=skip_batch_above,
+        )
 
     def pre_train(self) -> None:
         vocab = getattr(getattr(self.trainer.train_module, "model", None), "vocab_size", None)

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+import adapterprobe._core as _core
 from adapterprobe.errors import MonitorConfigError, require
 from adapterprobe.escape import terminal
 from adapterprobe.guard import (
@@ -202,6 +203,9 @@ class GuardCallback(GuardCallbackBase, TrainerCallback):
     ``max_recoveries``. See docs/guard.md.
     """
 
+    _batch_skip = "yes"
+    _recovery = "yes"
+
     # Set for the run in progress at ``on_train_begin`` (``_trainer`` also
     # by :meth:`attach`).
     _trainer: Any = None
@@ -209,6 +213,9 @@ class GuardCallback(GuardCallbackBase, TrainerCallback):
     _planned_steps = 0
     _discarded_steps = 0
     _skip_until = -1  # optimizer steps up to this one apply no update
+    _gate: Any = None  # skip_batch_above's gate (a _core.BatchGate)
+    _loss_before = 0.0  # the Trainer's loss accumulator after the previous step
+    _gated: set[int] | None = None  # steps the gate skipped
 
     def attach(self, trainer: Any) -> GuardCallback:
         """Add this callback to ``trainer`` and remember the trainer, for a
@@ -226,24 +233,61 @@ class GuardCallback(GuardCallbackBase, TrainerCallback):
         self._planned_steps = int(state.max_steps)
         self._discarded_steps = 0
         self._skip_until = -1
-        if self.on_fail != "recover":
+        self._gated = set()
+        self._loss_before = 0.0
+        self._gate = None
+        if self.on_fail != "recover" and self.skip_batch_above is None:
             return
         if self._trainer is None:
             self._trainer = _calling_trainer(self)
         if self._trainer is None:
             raise MonitorConfigError(
-                "GuardCallback(on_fail='recover') could not find the Trainer that runs it; "
-                "add it with GuardCallback(...).attach(trainer)"
+                "GuardCallback(on_fail='recover' or skip_batch_above=) could not find the "
+                "Trainer that runs it; add it with GuardCallback(...).attach(trainer)"
             )
+        if self.skip_batch_above is not None:
+            self._gate = _core.BatchGate(float(self.skip_batch_above))
         self._base_lrs = base_learning_rates(getattr(self._trainer, "lr_scheduler", None))
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        # Inside the skip window after a rollback the step applies no
+        # Inside the skip window after a rollback, or when the gate finds
+        # the step's loss far above the recent level, the step applies no
         # update: optimizers pass over parameters whose gradient is None.
-        if state.global_step + 1 <= self._skip_until:
+        step = state.global_step + 1
+        skip = step <= self._skip_until
+        if self._gate is not None:
+            loss = self._step_loss()
+            if not skip and not self._gate.admit(loss):
+                skip = True
+                self._gated = (self._gated or set()) | {step}
+                say(
+                    "adapterprobe guard: skipped step %d: its loss %.4g is above %s "
+                    "(skip_batch_above=%g robust sigmas over the recent steps applied)",
+                    step,
+                    loss,
+                    "a finite value" if self._gate.bar is None else f"{self._gate.bar:.4g}",
+                    self.skip_batch_above,
+                )
+        if skip:
             for group in self._trainer.optimizer.param_groups:
                 for parameter in group["params"]:
                     parameter.grad = None
+
+    def _step_loss(self) -> float:
+        """The loss of the step about to be applied: what the Trainer's loss
+        accumulator gained since the previous step (it is emptied at each
+        log), averaged over the ranks under DDP so every rank decides alike.
+        One host sync per step, paid only with ``skip_batch_above``."""
+        accumulated = self._trainer._tr_loss
+        total = accumulated.detach().clone()
+        dist: Any = getattr(sys.modules.get("torch"), "distributed", None)
+        distributed = dist is not None and dist.is_available() and dist.is_initialized()
+        if distributed and dist.get_world_size() > 1:
+            dist.all_reduce(total)
+            total /= dist.get_world_size()
+        value = float(total.item())
+        loss, self._loss_before = value - self._loss_before, value
+        return loss
 
     def _recovery_plan(self, args: Any, first_fault: int) -> tuple[str, int] | str:
         """The checkpoint to roll back to and its step, or why there is none."""
@@ -345,13 +389,19 @@ class GuardCallback(GuardCallbackBase, TrainerCallback):
 
         share = _rank_zero_decides()
         loss = number("loss")
-        if loss is not None and state.global_step <= self._skip_until:
+        if loss is not None:
+            self._loss_before = 0.0  # the Trainer emptied its accumulator for this log
+        if loss is not None and (
+            state.global_step <= self._skip_until or state.global_step in (self._gated or ())
+        ):
             # The loss of batches passed over: no update came of them. The
             # scan reads it as skipped, not as the run's loss.
             loss = None
             if state.log_history and state.log_history[-1].get("step") == state.global_step:
                 record = state.log_history[-1]
                 record["adapterprobe_skipped_loss"] = record.pop("loss", None)
+        if loss is not None:  # a training log: the LoRA factors too, a few norms
+            self._observe_factors(state.global_step, kwargs.get("model"))
         reached = self._reached(
             state.global_step,
             share=share,
