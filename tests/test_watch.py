@@ -275,3 +275,67 @@ def test_help_teaches_the_exit_codes(capsys):
     out = capsys.readouterr().out
     for words in ("examples:", "exit codes", "--stop-on", "--once", "130", "Guard"):
         assert words in out, words
+
+
+def test_an_hf_run_keeps_its_name_when_its_first_checkpoint_makes_the_output_folder_a_store(
+    tmp_path,
+):
+    """The real HF Trainer logging to TensorBoard: before the first save the
+    run is its TensorBoard folder (judged from its first records); the
+    first checkpoint
+    makes the output folder the store. The watch says the run moved, with
+    the verdict it had, and does not call it gone."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("tensorboard")
+    from test_integrations import TokenData
+    from test_monitor import tiny_llama
+
+    out = tmp_path / "runs-root" / "out"
+    watcher = Watcher(tmp_path / "runs-root")
+    seen: dict[int, list] = {}
+
+    class Poll(transformers.TrainerCallback):
+        """Polls the watch after the TensorBoard callback wrote the step
+        (callbacks given to the Trainer run after its reporting ones)."""
+
+        tensorboard = None
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if state.global_step in (12, 24) and "loss" in (logs or {}):
+                self.tensorboard.tb_writer.flush()
+                seen[state.global_step] = watcher.poll()
+
+    poll = Poll()
+
+    torch.manual_seed(0)
+    trainer = transformers.Trainer(
+        model=tiny_llama(),
+        args=transformers.TrainingArguments(
+            output_dir=str(out),
+            max_steps=24,
+            per_device_train_batch_size=4,
+            logging_steps=1,
+            learning_rate=1e-3,
+            save_strategy="steps",
+            save_steps=20,
+            report_to=["tensorboard"],
+            use_cpu=True,
+            disable_tqdm=True,
+        ),
+        train_dataset=TokenData(96, 8, 64),
+        callbacks=[poll],
+    )
+    poll.tensorboard = next(
+        c for c in trainer.callback_handler.callbacks if type(c).__name__ == "TensorBoardCallback"
+    )
+    trainer.train()
+    (first,) = seen[12]
+    assert first.store.startswith("out/runs/") and first.old is None, first
+    assert first.new in {"pass", "warn"}, first
+    assert first.step == 12
+    (moved,) = seen[24]
+    assert moved.store == "out" and moved.was == first.store, moved
+    assert moved.old == first.new and moved.new in {"pass", "warn"}
+    assert f"out (was {first.store})" in line(moved)
+    assert list(watcher.verdicts) == ["out"]

@@ -60,7 +60,11 @@ class Change:
     verdict before (None the first time the store is seen); ``new``: the
     verdict now, None when the store is gone; ``message``: the finding
     behind the verdict, or why there is none; ``step``: the newest logged
-    step; ``at``: when the poll began (``time.time()``)."""
+    step; ``at``: when the poll began (``time.time()``); ``was``: the name
+    the same run had until this poll, when it moved (an HF run's
+    TensorBoard folder is a store of its own until the first checkpoint
+    makes the output folder one: the run is then judged as that folder,
+    which holds it, and ``old`` is the verdict it had under its old name)."""
 
     store: str
     path: Path
@@ -69,6 +73,7 @@ class Change:
     message: str
     step: int | None
     at: float
+    was: str | None = None
 
 
 @dataclass(frozen=True)
@@ -159,6 +164,21 @@ def _read(path: Path) -> Any:
         return exc
 
 
+def _moved(gone: set[str], new: set[str]) -> dict[str, str]:
+    """Stores that moved in a poll: a new store that holds a store gone in
+    the same poll is the same run under the folder that now holds it (an HF
+    run's TensorBoard folder, then its output folder once a checkpoint is
+    saved), each gone store going to the nearest new one that holds it.
+    ``{new key: gone key}``, one gone store each."""
+    moved: dict[str, str] = {}
+    for key in sorted(gone):
+        parents = set(Path(key).parents)
+        holders = [n for n in new if n not in moved and Path(n) in parents]
+        if holders:
+            moved[max(holders, key=lambda n: len(Path(n).parts))] = key
+    return moved
+
+
 class Watcher:
     """The stores under ``root``, judged again as their logs grow.
 
@@ -245,15 +265,30 @@ class Watcher:
                 else:
                     stale.append(target)
         current.update(self._judge(stale))
+        moved = _moved(set(self._states) - set(current), set(current) - set(self._states))
         changes = []
         for key in sorted(current, key=lambda k: current[k].label):
             now, before = current[key], self._states.get(key)
-            if before is None or before.verdict != now.verdict:
+            was = self._states[moved[key]] if key in moved else None
+            if was is not None:
+                changes.append(
+                    Change(
+                        now.label,
+                        Path(key),
+                        was.verdict,
+                        now.verdict,
+                        now.message,
+                        now.step,
+                        at,
+                        was=was.label,
+                    )
+                )
+            elif before is None or before.verdict != now.verdict:
                 old = None if before is None else before.verdict
                 changes.append(
                     Change(now.label, Path(key), old, now.verdict, now.message, now.step, at)
                 )
-        for key in sorted(set(self._states) - set(current)):
+        for key in sorted(set(self._states) - set(current) - set(moved.values())):
             gone = self._states[key]
             message = f"no longer found under {self.root}"
             changes.append(Change(gone.label, Path(key), gone.verdict, None, message, None, at))

@@ -145,7 +145,10 @@ def line(change: Any) -> str:
     when = time.strftime("%H:%M:%S", time.localtime(change.at))
     new = "gone" if change.new is None else change.new.upper()
     verdicts = new if change.old is None else f"{change.old.upper()} -> {new}"
-    return f"{when}  {terminal(change.store)}  {verdicts}  {terminal(change.message)}"
+    name = terminal(change.store)
+    if getattr(change, "was", None):
+        name += f" (was {terminal(change.was)})"
+    return f"{when}  {name}  {verdicts}  {terminal(change.message)}"
 
 
 def summary(watcher: Any, fail_on: str, code: int, ending: str, stop_on: str | None = None) -> str:
