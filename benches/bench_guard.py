@@ -2,7 +2,7 @@
 
     python benches/bench_guard.py [--corpora DIR]
 
-Each store of ``../shared/corpora`` (public-a, public-b) that holds a loss
+Each store of ``../shared/corpora`` (public-a to public-d) that holds a loss
 curve is replayed through ``ap.Guard`` in step order, every logged value
 of a step handed over at once, as a trainer callback would see it. Printed:
 
@@ -40,6 +40,8 @@ from adapterprobe import _core
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CORPORA = ROOT.parent / "shared" / "corpora"
+#: The labelled corpora replayed (those present).
+CORPORA = ("public-a", "public-b", "public-c", "public-d")
 
 
 def spike_detection_stops(losses: list[float], skip_file: Path) -> bool:
@@ -64,7 +66,9 @@ def spike_detection_stops(losses: list[float], skip_file: Path) -> bool:
 
 def stores(corpora: Path) -> list[tuple[str, Path, str]]:
     out = []
-    for corpus in ("public-a", "public-b"):
+    for corpus in CORPORA:
+        if not (corpora / corpus / "labels.json").is_file():
+            continue
         labels = json.loads((corpora / corpus / "labels.json").read_text(encoding="utf-8"))
         for name, info in labels.items():
             out.append((f"{corpus}/{name}", corpora / corpus / name, info["label"]))
