@@ -344,3 +344,39 @@ def test_checkpoints_are_listed_in_numeric_order(runs):
     shown = [line.split(" / ")[1].split()[0] for line in lines]
     assert shown == want
     assert ap.read_loss_curve(run).files[0].parent.name == "checkpoint-120"
+
+
+def test_a_scan_reads_the_big_files_of_the_judged_checkpoint_only(runs, tmp_path):
+    """A full fine-tune with checkpoints at 20 and 40: the big files of
+    checkpoint-20 are replaced by garbage of the same size. A scan judges
+    checkpoint-40 and never opens them (no record is an error); with
+    --all-versions it reads them (they are then errors), and says before
+    reading what it will read (issue 55, item 2)."""
+    full = tmp_path / "full"
+    shutil.copytree(runs.full(), full)
+    old = full / "checkpoint-20"
+    big = [p for p in old.iterdir() if p.suffix in (".safetensors", ".pt", ".bin")]
+    assert {p.name for p in big} >= {"model.safetensors", "optimizer.pt"}
+    for path in big:
+        path.write_bytes(b"\x07" * path.stat().st_size)
+    newest = ap.scan(full, probes=ALL)
+    assert not [r for r in newest if r.verdict == "error"], [r.message for r in newest]
+    judged = [r for r in newest if r.probe in ("full_weights", "gradient_ghost")]
+    assert judged and set(names(judged)) == {"checkpoint-40"}
+    every = ap.scan(full, probes=ALL, all_versions=True)
+    errors = [r for r in every if r.verdict == "error"]
+    assert errors and set(names(errors)) == {"checkpoint-20"}
+    done = subprocess.run(
+        [sys.executable, "-m", "adapterprobe", "scan", str(full), "--all-versions", "-q"],
+        capture_output=True,
+        text=True,
+    )
+    sized = sum(
+        p.stat().st_size
+        for version in ("checkpoint-20", "checkpoint-40")
+        for p in (full / version).iterdir()
+        if p.suffix in (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".pkl")
+    )
+    first = done.stderr.splitlines()[0]
+    assert first.startswith("adapterprobe: --all-versions: 2 versions of 1 store, "), done.stderr
+    assert f"({sized:,} bytes)" in first

@@ -253,6 +253,8 @@ def scan_records(
         exclude=getattr(args, "exclude", None) or (),
     )
     targets, problems = found
+    if args.all_versions:
+        print(all_versions_cost(targets), file=sys.stderr)
     if verbose:
         from adapterprobe.escape import terminal
 
@@ -274,6 +276,39 @@ def scan_records(
     if getattr(args, "verbose", False):
         batches = report_fetched(batches)
     return batches, problems, len(targets), bar.stop
+
+
+#: What a probe reads of a version: weights, adapters, optimizer states.
+BIG_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".pkl")
+#: Entries of one version folder looked at for the cost line.
+MAX_ENTRIES_COSTED = 10_000
+
+
+def all_versions_cost(targets: list[Any]) -> str:
+    """The line ``--all-versions`` prints before it reads anything: how many
+    versions (checkpoints) of how many stores, and the bytes of the weight,
+    adapter and optimizer files in them (a stat of each version folder's
+    files, no read), so a scan about to read 100 GB says so first."""
+    import itertools
+
+    versions = 0
+    total = 0
+    for target in targets:
+        for version in target.versions:
+            versions += 1
+            try:
+                with os.scandir(version) as entries:
+                    for entry in itertools.islice(entries, MAX_ENTRIES_COSTED):
+                        if entry.name.endswith(BIG_FILE_SUFFIXES) and entry.is_file():
+                            total += entry.stat().st_size
+            except OSError:
+                continue  # not a local folder (a remote store, a file): not costed
+    stores = len(targets)
+    return (
+        f"adapterprobe: --all-versions: {versions} version{'s' if versions != 1 else ''} of "
+        f"{stores} store{'s' if stores != 1 else ''}, {total / 1e9:.2f} GB of weight, adapter "
+        f"and optimizer files ({total:,} bytes) at most to read"
+    )
 
 
 def report_fetched(batches: Iterator[list[Any]]) -> Iterator[list[Any]]:
