@@ -77,40 +77,51 @@ impl PairCheck {
     /// one pass, with no buffer of decoded values.
     pub fn add_f32_bytes(&mut self, m: &[u8], v: &[u8], bound: Option<f64>) {
         let f32s = |b: &[u8]| -> f64 { f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])) };
-        let pairs = || m.chunks_exact(4).zip(v.chunks_exact(4));
+        let pairs = || {
+            m.chunks_exact(4)
+                .zip(v.chunks_exact(4))
+                .map(|(m, v)| (f32s(m), f32s(v)))
+        };
         self.negative_v += v
             .chunks_exact(4)
             .map(|v| u64::from(f32s(v) < 0.0))
             .sum::<u64>();
-        let Some(k) = bound else { return };
-        let limit = (MARGIN * k) * (MARGIN * k);
-        let flagged: u64 = pairs()
-            .map(|(m, v)| u64::from(exceeds(f32s(m), f32s(v), limit)))
-            .sum();
-        if flagged > 0 {
-            let (m, v): (Vec<f64>, Vec<f64>) = pairs().map(|(m, v)| (f32s(m), f32s(v))).unzip();
-            self.negative_v -= v.iter().map(|&v| u64::from(v < 0.0)).sum::<u64>();
-            self.add(&m, &v, bound);
+        if let Some(k) = bound {
+            self.check_bound(pairs, (MARGIN * k) * (MARGIN * k));
         }
     }
 
     pub fn add(&mut self, m: &[f64], v: &[f64], bound: Option<f64>) {
         // Branch-free counts over the chunk (this runs over every element of
-        // a state); the worst ratio only when something was flagged.
+        // a state).
         self.negative_v += v.iter().map(|&v| u64::from(v < 0.0)).sum::<u64>();
-        let Some(k) = bound else { return };
-        let limit = (MARGIN * k) * (MARGIN * k);
-        let over = |m: f64, v: f64| exceeds(m, v, limit);
-        let flagged: u64 = m.iter().zip(v).map(|(&m, &v)| u64::from(over(m, v))).sum();
-        if flagged > 0 {
-            self.over_bound += flagged;
-            for (&m, &v) in m.iter().zip(v) {
-                if over(m, v) {
-                    // max keeps the finite one; v = 0 gives +inf, kept.
-                    self.worst_ratio = self.worst_ratio.max(m.abs() / v.sqrt());
-                }
+        if let Some(k) = bound {
+            let pairs = || m.iter().copied().zip(v.iter().copied());
+            self.check_bound(pairs, (MARGIN * k) * (MARGIN * k));
+        }
+    }
+
+    /// Count the pairs over the bound (`limit` = (MARGIN k)^2): one
+    /// branch-free pass; where some are, a second that finds the worst
+    /// with no square root or division per element (ratios compared as
+    /// m_a^2 v_b > m_b^2 v_a), so a state whose every element is over the
+    /// bound costs two passes, not one per element of float division.
+    fn check_bound<I: Iterator<Item = (f64, f64)>>(&mut self, pairs: impl Fn() -> I, limit: f64) {
+        let flagged: u64 = pairs().map(|(m, v)| u64::from(exceeds(m, v, limit))).sum();
+        if flagged == 0 {
+            return;
+        }
+        self.over_bound += flagged;
+        // The worst flagged pair so far as (|m|, m^2, v); v = 0 is +inf.
+        let (mut worst_m, mut worst_m2, mut worst_v) = (0.0f64, 0.0f64, 1.0f64);
+        for (m, v) in pairs() {
+            let m2 = m * m;
+            if exceeds(m, v, limit) && m2 * worst_v > worst_m2 * v {
+                (worst_m, worst_m2, worst_v) = (m.abs(), m2, v);
             }
         }
+        // max keeps the finite one; v = 0 gives +inf, kept.
+        self.worst_ratio = self.worst_ratio.max(worst_m / worst_v.sqrt());
     }
 }
 
@@ -158,6 +169,42 @@ mod tests {
         // After one step |m| = (1-β1)|g| and sqrt(v) = sqrt(1-β2)|g|.
         let one = adam_bound(0.9, 0.999, Some(1.0)).unwrap();
         assert!((one - 0.1 / 0.001f64.sqrt()).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_worst_ratio_is_the_plain_maximum_over_the_flagged_pairs() {
+        let k = adam_bound(0.9, 0.999, None);
+        let limit = (MARGIN * k.unwrap()).powi(2);
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for round in 0..50 {
+            let n = 1 + round * 7;
+            let m: Vec<f64> = (0..n).map(|_| (next() - 0.5) * 10.0).collect();
+            let mut v: Vec<f64> = (0..n).map(|_| next() * next() * 1e-2).collect();
+            if round % 5 == 0 {
+                v[n / 2] = 0.0; // an infinite ratio, where m is over the slack
+            }
+            let mut c = PairCheck::default();
+            c.add(&m, &v, k);
+            let flagged: Vec<f64> = m
+                .iter()
+                .zip(&v)
+                .filter(|(&m, &v)| exceeds(m, v, limit))
+                .map(|(m, v)| m.abs() / v.sqrt())
+                .collect();
+            assert_eq!(c.over_bound, flagged.len() as u64);
+            let want = flagged.iter().copied().fold(0.0, f64::max);
+            assert!(
+                c.worst_ratio == want || (c.worst_ratio - want).abs() <= 1e-12 * want,
+                "{} vs {want}",
+                c.worst_ratio
+            );
+        }
     }
 
     #[test]
