@@ -151,17 +151,102 @@ def test_a_kohya_file_with_its_tensorboard_log_beside_it(tmp_path):
     assert drift.verdict.value in {"pass", "warn"}, drift.message
 
 
-def test_loha_is_judged_by_method_and_lokr_is_not_compared(tmp_path):
-    lycoris_train(tmp_path / "loha" / "loha.safetensors", "loha", steps=10)
-    lycoris_train(tmp_path / "lokr" / "lokr.safetensors", "lokr", steps=10)
-    weights = {Path(r.store).name: r for r in records(tmp_path, ["adapter_weights"])}
-    assert weights["loha.safetensors"].evidence["peft_type"] == "LOHA"
-    assert "LOHA" in weights["loha.safetensors"].message
-    assert weights["lokr.safetensors"].evidence["config"]["format"] == "lycoris-lokr"
-    loha, lokr = tmp_path / "loha" / "loha.safetensors", tmp_path / "lokr" / "lokr.safetensors"
-    (pair,) = ap.compare(loha, lokr).to_dict()["pairs"]
-    assert pair["similarity"] is None
-    assert "LyCORIS" in pair["error"], pair
+def lycoris_applied_deltas(path: Path, **options: object) -> dict[str, torch.Tensor]:
+    """The update each module of a LyCORIS file applies, by the library: the
+    file loaded with ``create_lycoris_from_weights`` into a fresh model and
+    the update read off the forward pass (``module(I) - base(I)``; a conv's
+    from its rebuilt weight, flattened). ``get_diff_weight()`` is not used:
+    in lycoris-lora 4.1 it multiplies by the scale a second time, which the
+    forward pass (and the loaders of kohya and ComfyUI) do not."""
+    lycoris = pytest.importorskip("lycoris")
+    model = Tiny()
+    with contextlib.redirect_stdout(io.StringIO()):
+        net, _ = lycoris.create_lycoris_from_weights(1.0, str(path), model, **options)
+    net.apply_to()
+    out = {}
+    with torch.no_grad():
+        for lora in net.loras:
+            base = lora.org_module[0]
+            if isinstance(base, torch.nn.Linear):
+                eye = torch.eye(base.in_features)
+                delta = (lora(eye) - lora.org_forward(eye)).T
+            else:
+                delta = (lora.get_weight(lora.shape) * lora.scalar).flatten(1)
+            out[lora.lora_name] = delta.double()
+    return out
+
+
+@pytest.mark.parametrize("algo", ["loha", "lokr"])
+def test_loha_and_lokr_updates_are_judged_as_the_library_applies_them(tmp_path, algo):
+    file = tmp_path / algo / f"{algo}.safetensors"
+    lycoris_train(file, algo, steps=10)
+    want = lycoris_applied_deltas(file)
+    report = ap.read_adapter_weights(file)
+    got = {m.name: m for m in report.modules}
+    assert set(got) == set(want), (set(got), set(want))
+    for name, delta in want.items():
+        m = got[name]
+        assert m.kind == algo
+        norm = float(torch.linalg.matrix_norm(delta))
+        assert norm > 0, name
+        assert m.delta_fro == pytest.approx(norm, rel=1e-5), name
+        sv = torch.linalg.svdvals(delta)
+        assert m.singular_values[0] == pytest.approx(float(sv[0]), rel=1e-5), name
+        assert m.rank_used == int((sv > 1e-5 * sv[0]).sum()), name
+        assert (m.out_features, m.in_features) == tuple(delta.shape), name
+    weights = only(tmp_path, "adapter_weights")
+    assert weights.verdict.value == "pass", weights.message
+    assert weights.evidence["peft_type"] == algo.upper()
+    assert weights.evidence["config"]["format"] == f"lycoris-{algo}"
+    assert f"LyCORIS {'LoHa' if algo == 'loha' else 'LoKr'} modules" in weights.message
+
+
+def test_an_untrained_loha_changes_nothing_and_fails(tmp_path):
+    lycoris_train(tmp_path / "loha.safetensors", "loha", steps=0)
+    weights = only(tmp_path, "adapter_weights")
+    assert weights.verdict.value == "fail", weights.message
+    assert "dead_adapter" in weights.message and "hada_w2_a" in weights.message
+
+
+def test_loha_and_lokr_files_are_compared_and_found_similar(tmp_path):
+    for name, algo, seed in [("a", "loha", 1), ("b", "loha", 1), ("c", "lokr", 1)]:
+        lycoris_train(tmp_path / name / f"{name}.safetensors", algo, steps=10, seed=seed)
+    a, b, c = (tmp_path / n / f"{n}.safetensors" for n in "abc")
+    (same,) = ap.compare(a, b).to_dict()["pairs"]
+    assert same["similarity"] == pytest.approx(1.0, abs=1e-9), same
+    (other,) = ap.compare(a, c).to_dict()["pairs"]
+    assert other["similarity"] is not None and other["similarity"] < 0.99, other
+    found = ap.similar(tmp_path)
+    assert found["pairs_found"] == 1, found
+
+
+def test_a_tucker_conv_loha_module_is_named_and_not_compared(tmp_path):
+    """LoHa's Tucker conv factors (hada_t1/hada_t2) are not formed: the
+    record names the module and why, the linear modules are judged."""
+    lycoris = pytest.importorskip("lycoris")
+    torch.manual_seed(0)
+    model = Tiny()
+    lycoris.LycorisNetwork.apply_preset({"target_module": ["Linear", "Conv2d"], "target_name": []})
+    net = lycoris.create_lycoris(
+        model, 1.0, linear_dim=4, linear_alpha=2, conv_dim=4, conv_alpha=2, algo="loha",
+        use_tucker=True,
+    )  # fmt: skip
+    net.apply_to()
+    with torch.no_grad():
+        for lora in net.loras:
+            lora.hada_w2_a.normal_()
+    file = tmp_path / "tucker.safetensors"
+    with contextlib.redirect_stdout(io.StringIO()):
+        net.save_weights(str(file), torch.float32, {})
+    report = ap.read_adapter_weights(file)
+    assert sorted(m.name for m in report.modules) == ["lycoris_head", "lycoris_proj"]
+    (unformed,) = report.unformed_modules
+    assert unformed.startswith("lycoris_conv: LoHa with Tucker conv factors"), unformed
+    weights = only(tmp_path, "adapter_weights")
+    assert weights.evidence["unformed_modules"] == [unformed]
+    assert "not formed" in weights.message
+    (pair,) = ap.compare(file, file).to_dict()["pairs"]
+    assert pair["similarity"] is None and "not formed" in pair["error"], pair
 
 
 def test_two_kohya_files_are_compared_and_found_similar(tmp_path):

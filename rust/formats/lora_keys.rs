@@ -24,9 +24,11 @@ pub enum LoraFormat {
     /// kohya's `lora_down.weight`/`lora_up.weight`/`alpha` (sd-scripts and
     /// LyCORIS's LoRA/LoCon; also diffusers' older `lora.down.weight`).
     Kohya,
-    /// LyCORIS LoHa: `hada_w1_a`, `hada_w1_b`, `hada_w2_a`, `hada_w2_b`.
+    /// LyCORIS LoHa: `hada_w1_a`, `hada_w1_b`, `hada_w2_a`, `hada_w2_b`
+    /// (and `hada_t1`/`hada_t2` for a Tucker conv module).
     LoHa,
-    /// LyCORIS LoKr: `lokr_w1` (or `lokr_w1_a`/`_b`), `lokr_w2` (or `_a`/`_b`).
+    /// LyCORIS LoKr: `lokr_w1` (or `lokr_w1_a`/`_b`), `lokr_w2` (or `_a`/`_b`),
+    /// and `lokr_t2` for a Tucker conv module.
     LoKr,
     /// `mlx-lm`: `lora_a` (in × r) and `lora_b` (r × out).
     Mlx,
@@ -68,7 +70,7 @@ pub enum KeyRole {
 }
 
 /// Suffixes that name a LoRA tensor, with the format and role they say.
-const SUFFIXES: [(&str, LoraFormat, KeyRole); 19] = [
+const SUFFIXES: [(&str, LoraFormat, KeyRole); 23] = [
     (".lora_A.weight", LoraFormat::Peft, KeyRole::Down),
     (".lora_B.weight", LoraFormat::Peft, KeyRole::Up),
     (".lora_down.weight", LoraFormat::Kohya, KeyRole::Down),
@@ -82,12 +84,16 @@ const SUFFIXES: [(&str, LoraFormat, KeyRole); 19] = [
     (".hada_w1_b", LoraFormat::LoHa, KeyRole::Other),
     (".hada_w2_a", LoraFormat::LoHa, KeyRole::Other),
     (".hada_w2_b", LoraFormat::LoHa, KeyRole::Other),
+    (".hada_t1", LoraFormat::LoHa, KeyRole::Other),
+    (".hada_t2", LoraFormat::LoHa, KeyRole::Other),
     (".lokr_w1", LoraFormat::LoKr, KeyRole::Other),
     (".lokr_w1_a", LoraFormat::LoKr, KeyRole::Other),
     (".lokr_w1_b", LoraFormat::LoKr, KeyRole::Other),
     (".lokr_w2", LoraFormat::LoKr, KeyRole::Other),
     (".lokr_w2_a", LoraFormat::LoKr, KeyRole::Other),
     (".lokr_w2_b", LoraFormat::LoKr, KeyRole::Other),
+    (".lokr_t1", LoraFormat::LoKr, KeyRole::Other),
+    (".lokr_t2", LoraFormat::LoKr, KeyRole::Other),
 ];
 
 /// kohya's and LyCORIS's per-module alpha.

@@ -162,6 +162,7 @@ fn make_adapter_weights(
         layers: layers.iter().map(|l| (**l).clone()).collect(),
         tensor_bytes,
         nonfinite_total,
+        unformed_modules: Vec::new(),
     }
 }
 

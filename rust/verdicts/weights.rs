@@ -93,6 +93,26 @@ fn base_evidence(o: &WeightsOptions, w: &AdapterWeights) -> Evidence {
     base
 }
 
+/// The factor a method starts at zero (ΔW = 0 until it moves).
+fn zero_init_factor(format: &str) -> &'static str {
+    match format {
+        "lycoris-loha" => "hada_w2_a",
+        "lycoris-lokr" => "lokr_w2 or lokr_w2_b",
+        "kohya" => "lora_up",
+        "mlx" => "lora_b",
+        _ => "lora_B",
+    }
+}
+
+/// What a message calls the modules of an adapter of `format`.
+fn method_noun(format: &str) -> &'static str {
+    match format {
+        "lycoris-loha" => "LyCORIS LoHa",
+        "lycoris-lokr" => "LyCORIS LoKr",
+        _ => "LoRA",
+    }
+}
+
 /// An adapter of another PEFT method (IA3, prompt tuning, LoHa, ...): it
 /// has no ΔW = B·A, so what is judged is what breaks any adapter. Non-finite
 /// values FAILed above; here, tensors that are all zeros: every one of them
@@ -142,6 +162,18 @@ fn judge_other_method(w: &AdapterWeights, method: &str, mut evidence: Evidence) 
                 "zero_tensors: {} of {n} tensors of this {method} adapter are all zeros ({})",
                 zero.len(),
                 names_text(&zero)
+            ),
+        )
+    } else if let Some(first) = w.unformed_modules.first() {
+        // A LyCORIS file none of whose modules' dW could be formed.
+        (
+            Verdict::Skip,
+            None,
+            format!(
+                "dW not judged: {} modules of this {method} file are not formed (e.g. {}); its \
+                 {n} tensors are finite and none all zeros",
+                w.unformed_modules.len(),
+                excerpt(first)
             ),
         )
     } else {
@@ -225,8 +257,18 @@ pub fn judge_weights(
             .with_score(0.0)
             .with_evidence(evidence);
     }
+    let mut base = base;
+    if !w.unformed_modules.is_empty() {
+        base.put("unformed_modules", w.unformed_modules.clone());
+    }
     if let Some(method) = config.peft_type.as_deref().filter(|t| *t != "LORA") {
-        return judge_other_method(w, method, base);
+        // LyCORIS LoHa/LoKr modules whose dW was formed are judged by the
+        // dW rules below; a PEFT LOHA/LOKR/IA3/... adapter, or a LyCORIS
+        // file with no formed module, by what breaks any adapter.
+        base.put("peft_type", method);
+        if !config.format.starts_with("lycoris") || modules.is_empty() {
+            return judge_other_method(w, method, base);
+        }
     }
     if config.merged_linear {
         // The non-finite check above read every tensor; the factors are
@@ -337,8 +379,9 @@ pub fn judge_weights(
     if dead.len() == modules.len() {
         let message = format!(
             "dead_adapter: every one of the {} LoRA modules has dW = 0 \
-             (lora_B never moved from its zero init): the adapter changes nothing",
-            modules.len()
+             ({} never moved from its zero init): the adapter changes nothing",
+            modules.len(),
+            zero_init_factor(&config.format)
         );
         return Judged::bare(KIND, Verdict::Fail, message)
             .with_score(0.0)
@@ -413,17 +456,29 @@ pub fn judge_weights(
         w.layers.len().to_string()
     };
     let or_none = |v: Option<u64>| v.map_or_else(|| "None".to_string(), |n| n.to_string());
+    let lycoris = config.format.starts_with("lycoris");
     let of = match (nominal_min, nominal_max) {
+        // A LyCORIS module's rank is its formed product's, per module.
+        (Some(lo), Some(hi)) if lo != hi && lycoris => format!("{lo}-{hi}"),
         (Some(lo), Some(hi)) if lo != hi => format!("{lo}-{hi} (rank_pattern)"),
         (Some(rank), _) => rank.to_string(),
         _ => config.r.to_string(),
     };
     let summary = format!(
-        "{} LoRA modules in {layers} layers, ||dW|| {}, rank used {}-{} of {of}",
+        "{} {} modules in {layers} layers, ||dW|| {}, rank used {}-{} of {of}{}",
         modules.len(),
+        method_noun(&config.format),
         significant(total_delta_fro, 4),
         or_none(used_min),
         or_none(used_max),
+        match w.unformed_modules.first() {
+            Some(first) => format!(
+                "; dW of {} more modules not formed (e.g. {})",
+                w.unformed_modules.len(),
+                excerpt(first)
+            ),
+            None => String::new(),
+        },
     );
     evidence.put("findings", findings_value(&findings));
     if findings.is_empty() {

@@ -15,10 +15,11 @@ use std::borrow::Cow;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
+use super::composed::composed_factors;
 use super::plan::{ModulePlan, OpenAdapter};
 use crate::error::{Area, Error, Result};
 use crate::formats::tensor_data::{
-    decode, FloatTensor, Moments, TensorReader, DEFAULT_CHUNK_ELEMS,
+    decode, moments_of, FloatTensor, Moments, TensorReader, DEFAULT_CHUNK_ELEMS,
 };
 use crate::io::claims::{check_claim, claimed_vec};
 
@@ -120,8 +121,15 @@ impl ModuleSource for AdapterFactors {
 /// read on demand, one module at a time.
 pub struct FactorFile {
     open: OpenAdapter,
-    /// Plan indices in (layer, name) order.
-    order: Vec<usize>,
+    /// Plan entries in (layer, name) order.
+    order: Vec<Entry>,
+}
+
+/// A module of the plan: a LoRA pair or a LyCORIS composed module.
+#[derive(Debug, Clone, Copy)]
+enum Entry {
+    Lora(usize),
+    Composed(usize),
 }
 
 impl FactorFile {
@@ -130,23 +138,42 @@ impl FactorFile {
     /// read yet.
     pub fn open(path: &Path) -> Result<Self> {
         let open = OpenAdapter::open_lora(path)?;
-        let mut order: Vec<usize> = (0..open.plan.modules.len()).collect();
-        let key = |i: &usize| {
-            let m = &open.plan.modules[*i];
-            (m.layer, m.name.clone())
-        };
-        order.sort_by_cached_key(key);
+        let mut order: Vec<Entry> = (0..open.plan.modules.len())
+            .map(Entry::Lora)
+            .chain((0..open.plan.composed.len()).map(Entry::Composed))
+            .collect();
+        order.sort_by_cached_key(|e| {
+            let (name, layer, ..) = open.entry_shape(*e);
+            (layer, name.to_string())
+        });
         Ok(Self { open, order })
     }
 
-    /// Factor values of the whole adapter (A and B of every module).
+    /// Factor values of the whole adapter (A and B of every module; a
+    /// composed module's formed factors).
     pub fn values(&self) -> u64 {
-        self.open
-            .plan
-            .modules
+        let plan = &self.open.plan;
+        plan.modules
             .iter()
             .map(|m| m.a.numel.saturating_add(m.b.numel))
+            .chain(plan.composed.iter().map(|m| m.values()))
             .fold(0u64, u64::saturating_add)
+    }
+}
+
+impl OpenAdapter {
+    /// (name, layer, in, out) of a plan entry.
+    fn entry_shape(&self, e: Entry) -> (&str, Option<u64>, u64, u64) {
+        match e {
+            Entry::Lora(i) => {
+                let m = &self.plan.modules[i];
+                (&m.name, m.layer, m.in_features, m.out_features)
+            }
+            Entry::Composed(i) => {
+                let m = &self.plan.composed[i];
+                (&m.name, m.layer, m.in_features, m.out_features)
+            }
+        }
     }
 }
 
@@ -158,20 +185,27 @@ impl ModuleSource for FactorFile {
         self.open.scaled()
     }
     fn shapes(&self) -> Vec<ModuleShape<'_>> {
-        let shape = |&i: &usize| {
-            let m = &self.open.plan.modules[i];
+        let shape = |&e: &Entry| {
+            let (name, _, in_features, out_features) = self.open.entry_shape(e);
             ModuleShape {
-                name: &m.name,
-                in_features: m.in_features as usize,
-                out_features: m.out_features as usize,
+                name,
+                in_features: in_features as usize,
+                out_features: out_features as usize,
             }
         };
         self.order.iter().map(shape).collect()
     }
     fn module(&self, k: usize) -> Result<Cow<'_, ModuleFactors>> {
-        let m = &self.open.plan.modules[self.order[k]];
         let mut reader = self.open.data.reader(DEFAULT_CHUNK_ELEMS);
         let file = &self.open.weights_path;
+        let m = match self.order[k] {
+            Entry::Lora(i) => &self.open.plan.modules[i],
+            Entry::Composed(i) => {
+                // Planned within the module value cap.
+                let p = &self.open.plan.composed[i];
+                return composed_factors(&mut reader, p, file).map(Cow::Owned);
+            }
+        };
         let values = m.a.numel.saturating_add(m.b.numel);
         // The module's two factors are held together, so they are capped
         // together (each is also capped alone where it is allocated).
@@ -287,13 +321,21 @@ impl ModulePlan {
 
 /// One module's factors, streamed in bounded blocks through a reader whose
 /// buffers are reused from module to module (no per-adapter allocation of
-/// the factors).
+/// the factors); a LyCORIS composed module's formed factors come from
+/// memory, one block each.
 pub struct FactorStream<'r, 'd> {
-    reader: &'r mut TensorReader<'d>,
-    a: &'r FloatTensor,
-    b: &'r FloatTensor,
-    /// Stored as Aᵀ and Bᵀ (mlx-lm): blocks are turned as they are read.
-    transposed: bool,
+    source: StreamSource<'r, 'd>,
+}
+
+enum StreamSource<'r, 'd> {
+    File {
+        reader: &'r mut TensorReader<'d>,
+        a: &'r FloatTensor,
+        b: &'r FloatTensor,
+        /// Stored as Aᵀ and Bᵀ (mlx-lm): blocks are turned as they are read.
+        transposed: bool,
+    },
+    Memory(&'r ModuleFactors),
 }
 
 impl FactorStream<'_, '_> {
@@ -301,18 +343,30 @@ impl FactorStream<'_, '_> {
     /// values)`, values row-major (rows × r). Returns B's moments.
     pub fn b_rows(&mut self, mut f: impl FnMut(usize, usize, &[f64])) -> Result<Moments> {
         let mut row = 0;
-        if self.transposed {
+        let (reader, b, transposed) = match &mut self.source {
+            StreamSource::Memory(m) => {
+                f(0, m.out_features, &m.b);
+                return Ok(moments_of(&m.b));
+            }
+            StreamSource::File {
+                reader,
+                b,
+                transposed,
+                ..
+            } => (reader, *b, *transposed),
+        };
+        if transposed {
             // Bᵀ (r × out) by columns: each block of B's rows, turned.
             let mut turned = Vec::new();
-            let rank = self.b.shape.first().copied().unwrap_or(0) as usize;
-            return self.reader.for_each_column_block(self.b, |w, vals| {
+            let rank = b.shape.first().copied().unwrap_or(0) as usize;
+            return reader.for_each_column_block(b, |w, vals| {
                 turned.clear();
                 turned.extend(transpose(vals, rank, w));
                 f(row, w, &turned);
                 row += w;
             });
         }
-        self.reader.for_each_row_block(self.b, |n, vals| {
+        reader.for_each_row_block(b, |n, vals| {
             f(row, n, vals);
             row += n;
         })
@@ -322,18 +376,30 @@ impl FactorStream<'_, '_> {
     /// values)`, values row-major (r × cols). Returns A's moments.
     pub fn a_columns(&mut self, mut f: impl FnMut(usize, usize, &[f64])) -> Result<Moments> {
         let mut col = 0;
-        if self.transposed {
+        let (reader, a, transposed) = match &mut self.source {
+            StreamSource::Memory(m) => {
+                f(0, m.in_features, &m.a);
+                return Ok(moments_of(&m.a));
+            }
+            StreamSource::File {
+                reader,
+                a,
+                transposed,
+                ..
+            } => (reader, *a, *transposed),
+        };
+        if transposed {
             // Aᵀ (in × r) by rows: each block of A's columns, turned.
             let mut turned = Vec::new();
-            let rank = self.a.shape.get(1).copied().unwrap_or(0) as usize;
-            return self.reader.for_each_row_block(self.a, |n, vals| {
+            let rank = a.shape.get(1).copied().unwrap_or(0) as usize;
+            return reader.for_each_row_block(a, |n, vals| {
                 turned.clear();
                 turned.extend(transpose(vals, n, rank));
                 f(col, n, &turned);
                 col += n;
             });
         }
-        self.reader.for_each_column_block(self.a, |w, vals| {
+        reader.for_each_column_block(a, |w, vals| {
             f(col, w, vals);
             col += w;
         })
@@ -341,7 +407,8 @@ impl FactorStream<'_, '_> {
 }
 
 /// Visit every LoRA module of the adapter at `path` (checked as
-/// [`read_adapter_factors`] checks them), in plan order (by name), with its
+/// [`read_adapter_factors`] checks them), in plan order (by name; LyCORIS
+/// composed modules after the LoRA pairs), with its
 /// factors streamed in chunks of at most `chunk_elems` values. Returns
 /// whether a config gave the scales.
 pub fn stream_adapter_factors(
@@ -351,15 +418,37 @@ pub fn stream_adapter_factors(
 ) -> Result<bool> {
     let open = OpenAdapter::open_lora(path)?;
     let scaled = open.scaled();
-    let OpenAdapter { data, plan, .. } = open;
+    let OpenAdapter {
+        data,
+        plan,
+        weights_path,
+        ..
+    } = open;
     let mut reader = data.reader(chunk_elems);
     for m in &plan.modules {
         let info = m.info();
         let mut stream = FactorStream {
-            reader: &mut reader,
-            a: &m.a,
-            b: &m.b,
-            transposed: m.transposed,
+            source: StreamSource::File {
+                reader: &mut reader,
+                a: &m.a,
+                b: &m.b,
+                transposed: m.transposed,
+            },
+        };
+        visit(&info, &mut stream)?;
+    }
+    for p in &plan.composed {
+        let m = composed_factors(&mut reader, p, &weights_path)?;
+        let info = ModuleInfo {
+            name: m.name.clone(),
+            layer: m.layer,
+            rank: m.rank,
+            in_features: m.in_features,
+            out_features: m.out_features,
+            scale: m.scale,
+        };
+        let mut stream = FactorStream {
+            source: StreamSource::Memory(&m),
         };
         visit(&info, &mut stream)?;
     }

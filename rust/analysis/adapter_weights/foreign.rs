@@ -20,14 +20,15 @@
 //! - mlx-lm: `y = x·Wᵀ + scale·(x·a)·b` with `a` (in × r) and `b`
 //!   (r × out), so `A = aᵀ`, `B = bᵀ` and the scale is the config's as it
 //!   is. The factors are read transposed, never copied.
-//! - LyCORIS LoHa and LoKr have no `B·A`: their tensors are read as plain
-//!   tensors (non-finite values, all-zero tensors) and the record names the
-//!   method, as for PEFT's own LOHA and LOKR adapters.
+//! - LyCORIS LoHa and LoKr have no `B·A` of their own: `composed` writes
+//!   their update as one low-rank product; a module it does not form
+//!   (Tucker conv factors) is read as plain tensors and named.
 
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 use std::path::Path;
 
+use super::composed::{self, Method, Planned};
 use super::plan::{matrix, ModuleKind, ModulePlan, Plan};
 use super::{ConfigSummary, MAX_RANK};
 use crate::analysis::attribution::layer_number;
@@ -160,25 +161,14 @@ fn flattened(t: FloatTensor, up: bool, module: &str) -> std::result::Result<Floa
 }
 
 /// The module plan of a LoRA file of `format` (kohya, diffusers' PEFT
-/// naming, mlx-lm); LoHa and LoKr files are all plain tensors.
+/// naming, mlx-lm, LyCORIS): LoHa and LoKr modules are planned by
+/// `composed`, those it does not form read as plain tensors.
 pub(super) fn plan_file(
     data: &SafetensorsData,
     format: LoraFormat,
     scaling: &Scaling,
 ) -> Result<Plan> {
     let err = |msg: String| Error::new(Area::Weights, data.path(), msg);
-    if matches!(format, LoraFormat::LoHa | LoraFormat::LoKr) {
-        let others = data
-            .header()
-            .tensors
-            .iter()
-            .map(|info| data.float_tensor(info))
-            .collect::<Result<_>>()?;
-        return Ok(Plan {
-            modules: Vec::new(),
-            others,
-        });
-    }
     let mut slots: BTreeMap<&str, Slots> = BTreeMap::new();
     let mut others = Vec::new();
     for info in &data.header().tensors {
@@ -205,7 +195,27 @@ pub(super) fn plan_file(
     }
     let transposed = format == LoraFormat::Mlx;
     let mut modules = Vec::with_capacity(slots.len());
+    let (mut composed, mut unformed) = (Vec::new(), Vec::new());
     for (name, s) in slots {
+        if let (None, None, Some(method)) = (s.down, s.up, lycoris_method(&s.other)) {
+            let alpha = s.alpha.map(|info| scalar(data, info)).transpose()?;
+            let tensors: Vec<(&str, &TensorInfo)> = s
+                .other
+                .iter()
+                .map(|info| (info.name.get(name.len()..).unwrap_or_default(), *info))
+                .collect();
+            let read = |info: &TensorInfo| data.float_tensor(info);
+            match composed::plan_module(&read, name, method, &tensors, alpha)?.map_err(err)? {
+                Planned::Formed(p) => composed.push(*p),
+                Planned::Unformed(why) => {
+                    unformed.push(format!("{name}: {why}"));
+                    for info in s.other.into_iter().chain(s.alpha) {
+                        others.push(data.float_tensor(info)?);
+                    }
+                }
+            }
+            continue;
+        }
         let (down, up) = match (s.down, s.up) {
             (Some(d), Some(u)) if s.other.is_empty() => (d, u),
             (None, None) | (Some(_), Some(_)) => {
@@ -318,7 +328,26 @@ pub(super) fn plan_file(
             transposed,
         });
     }
-    Ok(Plan { modules, others })
+    Ok(Plan {
+        modules,
+        composed,
+        others,
+        unformed,
+    })
+}
+
+/// LoHa or LoKr when every tensor of `other` is one of that method's.
+fn lycoris_method(other: &[&TensorInfo]) -> Option<Method> {
+    let format_of = |info: &&TensorInfo| lora_keys::classify(&info.name).map(|(_, f, _)| f);
+    let first = format_of(other.first()?)?;
+    if !other.iter().all(|info| format_of(info) == Some(first)) {
+        return None;
+    }
+    match first {
+        LoraFormat::LoHa => Some(Method::LoHa),
+        LoraFormat::LoKr => Some(Method::LoKr),
+        _ => None,
+    }
 }
 
 /// What a LoRA file of another tool says in place of a PEFT config: its
@@ -334,7 +363,13 @@ pub(super) fn summary_of(
     mlx: Option<&MlxConfig>,
     diffusers: &BTreeMap<String, AdapterConfig>,
 ) -> ConfigSummary {
-    let max_rank = plan.modules.iter().map(|m| m.rank).max().unwrap_or(0);
+    let max_rank = plan
+        .modules
+        .iter()
+        .map(|m| m.rank)
+        .chain(plan.composed.iter().map(|m| m.dim))
+        .max()
+        .unwrap_or(0);
     let kohya = data.header().metadata.as_deref().and_then(KohyaRun::of);
     let first = diffusers.values().next();
     let (r, alpha) = match (mlx, &kohya, first) {

@@ -222,7 +222,7 @@ fn a_diffusers_file_takes_each_components_config_from_its_header() {
 }
 
 #[test]
-fn loha_and_lokr_are_plain_tensors_named_by_method_and_not_compared() {
+fn a_loha_file_is_named_by_method_and_its_lora_modules_are_judged_beside_it() {
     let (_d, p) = dir();
     let file = p.join("loha.safetensors");
     write(
@@ -233,6 +233,9 @@ fn loha_and_lokr_are_plain_tensors_named_by_method_and_not_compared() {
             ("lycoris_fc.hada_w2_a", vec![8, 2], values(16, 3.0)),
             ("lycoris_fc.hada_w2_b", vec![2, 4], values(8, 4.0)),
             ("lycoris_fc.alpha", vec![], vec![2.0]),
+            ("lycoris_conv.lora_down.weight", vec![2, 4], values(8, 5.0)),
+            ("lycoris_conv.lora_up.weight", vec![3, 2], values(6, 6.0)),
+            ("lycoris_conv.alpha", vec![], vec![1.0]),
         ],
         &[],
     );
@@ -242,10 +245,11 @@ fn loha_and_lokr_are_plain_tensors_named_by_method_and_not_compared() {
         (c.peft_type.as_deref(), c.format.as_str()),
         (Some("LOHA"), "lycoris-loha")
     );
-    assert!(w.modules.is_empty());
-    assert_eq!(w.other_tensors.len(), 5);
-    let e = read_adapter_factors(&file).unwrap_err();
-    assert!(e.message.contains("LyCORIS LOHA"), "{}", e.message);
+    let kinds: Vec<&str> = w.modules.iter().map(|m| m.kind.as_str()).collect();
+    assert_eq!(kinds, ["linear", "loha"]);
+    assert!(w.other_tensors.is_empty());
+    let f = read_adapter_factors(&file).expect("compared as formed updates");
+    assert_eq!(f.modules.len(), 2);
 }
 
 #[test]

@@ -64,6 +64,7 @@ use crate::formats::mlx_config::MLX_WEIGHTS;
 use crate::formats::tensor_data::{FloatTensor, TensorReader, DEFAULT_CHUNK_ELEMS, MAX_GRAM_DIM};
 use crate::io::read_once;
 
+mod composed;
 mod factors;
 mod foreign;
 mod plan;
@@ -71,6 +72,7 @@ mod stats;
 #[cfg(test)]
 mod tests;
 
+use composed::reduce_composed;
 pub use factors::{
     read_adapter_factors, stream_adapter_factors, AdapterFactors, FactorFile, FactorStream,
     ModuleFactors, ModuleInfo, ModuleShape, ModuleSource, MAX_FACTOR_VALUES, MAX_MODULE_VALUES,
@@ -98,12 +100,18 @@ pub struct LoraModuleStats {
     pub name: String,
     /// Transformer layer index, when the name carries one.
     pub layer: Option<u64>,
-    /// `"linear"` (`lora_A`/`lora_B`) or `"embedding"` (`lora_embedding_*`).
+    /// `"linear"` (`lora_A`/`lora_B`), `"embedding"` (`lora_embedding_*`),
+    /// or LyCORIS's `"loha"`/`"lokr"` (ΔW formed as one low-rank product).
     pub kind: String,
-    /// LoRA rank from the factor shapes.
+    /// LoRA rank from the factor shapes; for LoHa/LoKr the rank of the
+    /// product ΔW is formed as (r₁·r₂, or the two Kronecker halves' ranks
+    /// multiplied), a bound on ΔW's rank.
     pub rank: u64,
     pub in_features: u64,
     pub out_features: u64,
+    /// Dtypes and the `_a`/`_b` statistics below are of A and B; for LoHa
+    /// of its input-side (`hada_w*_b`) and output-side (`hada_w*_a`)
+    /// factors, for LoKr of its W1 and W2 halves' tensors.
     pub dtype_a: String,
     pub dtype_b: String,
     /// alpha and scale PEFT applies to this module; None without a config.
@@ -219,6 +227,9 @@ pub struct AdapterWeights {
     pub tensor_bytes: u64,
     /// Non-finite values over all tensors.
     pub nonfinite_total: u64,
+    /// Modules whose update is not formed (LyCORIS's Tucker conv LoHa and
+    /// LoKr, ...), each `name: reason`; their tensors are in `other_tensors`.
+    pub unformed_modules: Vec<String>,
 }
 
 /// Tensor data from which an adapter's modules are reduced in parallel.
@@ -266,15 +277,23 @@ pub(crate) fn read_adapter_weights_chunked(
             nonfinite: m.nonfinite,
         })
     };
+    let path = data.path();
+    let composed_of = |reader: &mut TensorReader, p| reduce_composed(reader, p, path);
     // Modules in parallel only when there is enough data to share out: a
     // small adapter (most of a store) costs less on one thread, with one set
     // of buffers, and a scan already runs adapters in parallel.
     let (mut modules, other_tensors) = if tensor_bytes >= parallel_min_bytes {
-        let modules: Vec<LoraModuleStats> = plan
+        let mut modules: Vec<LoraModuleStats> = plan
             .modules
             .par_iter()
             .map_init(|| data.reader(chunk_elems), reduce_module)
             .collect::<Result<_>>()?;
+        let composed: Vec<LoraModuleStats> = plan
+            .composed
+            .par_iter()
+            .map_init(|| data.reader(chunk_elems), composed_of)
+            .collect::<Result<_>>()?;
+        modules.extend(composed);
         let others: Vec<TensorStats> = plan
             .others
             .par_iter()
@@ -283,11 +302,14 @@ pub(crate) fn read_adapter_weights_chunked(
         (modules, others)
     } else {
         let mut reader = data.reader(chunk_elems);
-        let modules: Vec<LoraModuleStats> = plan
+        let mut modules: Vec<LoraModuleStats> = plan
             .modules
             .iter()
             .map(|m| reduce_module(&mut reader, m))
             .collect::<Result<_>>()?;
+        for p in &plan.composed {
+            modules.push(composed_of(&mut reader, p)?);
+        }
         let others: Vec<TensorStats> = plan
             .others
             .iter()
@@ -310,6 +332,7 @@ pub(crate) fn read_adapter_weights_chunked(
         other_tensors,
         tensor_bytes,
         nonfinite_total,
+        unformed_modules: plan.unformed,
     })
 }
 

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use super::composed::ComposedPlan;
 use super::foreign::{self, Scaling};
 use super::{locate, ConfigSummary, KEY_PREFIX, MAX_RANK};
 use crate::analysis::attribution::layer_number;
@@ -100,7 +101,24 @@ pub(super) struct ModulePlan {
 
 pub(super) struct Plan {
     pub(super) modules: Vec<ModulePlan>,
+    /// LyCORIS LoHa/LoKr modules whose update is formed (`composed`).
+    pub(super) composed: Vec<ComposedPlan>,
     pub(super) others: Vec<FloatTensor>,
+    /// Modules whose update is not formed, each `name: reason`; their
+    /// tensors are among `others`.
+    pub(super) unformed: Vec<String>,
+}
+
+impl Plan {
+    /// A plan of plain tensors only.
+    pub(super) fn plain(others: Vec<FloatTensor>) -> Plan {
+        Plan {
+            modules: Vec::new(),
+            composed: Vec::new(),
+            others,
+            unformed: Vec::new(),
+        }
+    }
 }
 
 /// One adapter opened for reading: where its weights are, its config (None
@@ -131,16 +149,26 @@ impl OpenAdapter {
             .as_ref()
             .filter(|f| f.peft_type.as_deref() != Some("LORA"))
         {
-            return Err(Error::new(
-                Area::Weights,
-                &open.weights_path,
-                format!(
-                    "a LyCORIS {} file ({}): its update is not one B·A per module, so it is \
-                     not compared",
-                    f.peft_type.as_deref().unwrap_or_default(),
-                    f.format
-                ),
-            ));
+            // LyCORIS LoHa/LoKr: compared as their formed updates, unless a
+            // module's update is not formed (a comparison would leave it out).
+            let method = f.peft_type.as_deref().unwrap_or_default();
+            let why = if let Some(first) = open.plan.unformed.first() {
+                Some(format!(
+                    "{} of its modules are not formed (e.g. {first}), so it is not compared",
+                    open.plan.unformed.len()
+                ))
+            } else if open.plan.modules.is_empty() && open.plan.composed.is_empty() {
+                Some("it holds no module whose update can be formed, so it is not compared".into())
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(Error::new(
+                    Area::Weights,
+                    &open.weights_path,
+                    format!("a LyCORIS {method} file ({}): {why}", f.format),
+                ));
+            }
         }
         match &open.config {
             Some(c) if c.merged_linear => Err(Error::new(
@@ -215,15 +243,13 @@ impl OpenAdapter {
             // Another PEFT method, or an old MergedLinear LoRA (grouped
             // factors, no B·A per module): every tensor is judged as a
             // plain tensor.
-            Some(c) if !c.is_lora() || c.merged_linear => Plan {
-                modules: Vec::new(),
-                others: data
-                    .header()
+            Some(c) if !c.is_lora() || c.merged_linear => Plan::plain(
+                data.header()
                     .tensors
                     .iter()
                     .map(|info| data.float_tensor(info))
                     .collect::<Result<_>>()?,
-            },
+            ),
             _ => plan(&data, config.as_ref())?,
         };
         Ok(Self {
@@ -384,7 +410,11 @@ pub(super) fn plan(data: &SafetensorsData, config: Option<&AdapterConfig>) -> Re
     if let Some(c) = config {
         check_targets(c, &modules, data.path())?;
     }
-    Ok(Plan { modules, others })
+    Ok(Plan {
+        modules,
+        others,
+        ..Plan::plain(Vec::new())
+    })
 }
 
 /// (rows, cols) of a LoRA factor, or why it is not a matrix.

@@ -25,29 +25,13 @@ pub(super) fn reduce_module(reader: &mut TensorReader, m: &ModulePlan) -> Result
         .map(|t| reader.moments(t))
         .transpose()?;
 
-    let finite = ma.nonfinite == 0
-        && mb.nonfinite == 0
-        && g.iter().all(|v| v.is_finite())
-        && h.iter().all(|v| v.is_finite());
-    let spectrum = if finite {
-        product_spectrum(&g, &h)
-    } else {
-        None
-    };
-    let ba_fro_sq = if finite {
-        h.component_mul(&g).sum().max(0.0)
-    } else {
-        f64::NAN
-    };
-    let cut = RANK_CUT_FLOOR
-        .max(m.a.kind.epsilon())
-        .max(m.b.kind.epsilon());
-    let ranks = spectrum.as_deref().map(|l| SpectrumRanks::of(l, cut));
-
-    let singular_values = match (m.scale, &spectrum) {
-        (Some(s), Some(l)) => l.iter().map(|&x| s.abs() * x.sqrt()).collect(),
-        _ => Vec::new(),
-    };
+    let s = spectral_stats(SpectralInput {
+        g: &g,
+        h: &h,
+        finite: ma.nonfinite == 0 && mb.nonfinite == 0,
+        epsilon: m.a.kind.epsilon().max(m.b.kind.epsilon()),
+        scale: m.scale,
+    });
     Ok(LoraModuleStats {
         name: m.name.clone(),
         layer: m.layer,
@@ -65,14 +49,59 @@ pub(super) fn reduce_module(reader: &mut TensorReader, m: &ModulePlan) -> Result
         max_abs_b: mb.max_abs,
         nonfinite_a: ma.nonfinite,
         nonfinite_b: mb.nonfinite,
-        delta_fro: m.scale.map(|s| s.abs() * ba_fro_sq.sqrt()),
+        delta_fro: s.delta_fro,
+        singular_values: s.singular_values,
+        stable_rank: s.stable_rank,
+        effective_rank: s.effective_rank,
+        rank_used: s.rank_used,
+        magnitude_norm: magnitude.map(|x| x.norm()),
+        magnitude_nonfinite: magnitude.map_or(0, |x| x.nonfinite),
+    })
+}
+
+/// What the spectral statistics of `ΔW = scale·B·A` are taken from:
+/// `G = A·Aᵀ` and `H = Bᵀ·B`, whether the factors were all finite, and the
+/// machine epsilon of the coarsest factor dtype (for the rank cut).
+pub(super) struct SpectralInput<'a> {
+    pub(super) g: &'a DMatrix<f64>,
+    pub(super) h: &'a DMatrix<f64>,
+    pub(super) finite: bool,
+    pub(super) epsilon: f64,
+    pub(super) scale: Option<f64>,
+}
+
+/// ‖ΔW‖_F, its singular values and rank measures (see the module docs of
+/// `adapter_weights`); shared by LoRA modules and LyCORIS's composed ones.
+pub(super) struct Spectral {
+    pub(super) delta_fro: Option<f64>,
+    pub(super) singular_values: Vec<f64>,
+    pub(super) stable_rank: f64,
+    pub(super) effective_rank: f64,
+    pub(super) rank_used: Option<u64>,
+}
+
+pub(super) fn spectral_stats(x: SpectralInput) -> Spectral {
+    let (g, h) = (x.g, x.h);
+    let finite = x.finite && g.iter().all(|v| v.is_finite()) && h.iter().all(|v| v.is_finite());
+    let spectrum = if finite { product_spectrum(g, h) } else { None };
+    let ba_fro_sq = if finite {
+        h.component_mul(g).sum().max(0.0)
+    } else {
+        f64::NAN
+    };
+    let cut = RANK_CUT_FLOOR.max(x.epsilon);
+    let ranks = spectrum.as_deref().map(|l| SpectrumRanks::of(l, cut));
+    let singular_values = match (x.scale, &spectrum) {
+        (Some(s), Some(l)) => l.iter().map(|&v| s.abs() * v.sqrt()).collect(),
+        _ => Vec::new(),
+    };
+    Spectral {
+        delta_fro: x.scale.map(|s| s.abs() * ba_fro_sq.sqrt()),
         singular_values,
         stable_rank: ranks.map_or(f64::NAN, |r| r.stable),
         effective_rank: ranks.map_or(f64::NAN, |r| r.effective),
         rank_used: ranks.map(|r| r.used),
-        magnitude_norm: magnitude.map(|x| x.norm()),
-        magnitude_nonfinite: magnitude.map_or(0, |x| x.nonfinite),
-    })
+    }
 }
 
 /// Eigenvalues (descending, clamped at 0) of `H^½·G·H^½` (computed as

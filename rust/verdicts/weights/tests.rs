@@ -75,6 +75,7 @@ fn weights(deltas: &[f64]) -> AdapterWeights {
         layers,
         tensor_bytes: 4096,
         nonfinite_total: 0,
+        unformed_modules: vec![],
     }
 }
 
