@@ -236,8 +236,9 @@ fn malformed_and_hostile_modules_are_errors_not_allocations() {
 #[test]
 fn a_rank_past_the_cap_is_not_formed() {
     let (_d, path) = file();
-    // LoHa at r = 40: r² = 1600 > 1024.
-    let (out, inp, r) = (2u64, 2u64, 40u64);
+    // LoHa at r = 17: r² = 289 > MAX_COMPOSED_RANK (256): dim 16 is
+    // formed, dim 17 is not.
+    let (out, inp, r) = (2u64, 2u64, 17u64);
     let n = (out * r) as usize;
     write(
         &path,
@@ -251,7 +252,7 @@ fn a_rank_past_the_cap_is_not_formed() {
     let w = read_adapter_weights(&path).unwrap();
     assert!(w.modules.is_empty());
     assert!(
-        w.unformed_modules[0].contains("rank up to 1600"),
+        w.unformed_modules[0].contains("rank up to 289"),
         "{:?}",
         w.unformed_modules
     );
