@@ -16,6 +16,7 @@ from adapterprobe.errors import AdapterProbeError
 
 __all__ = [
     "AdapterWeights",
+    "BatchGate",
     "Attribution",
     "ConfigSummary",
     "CoreRecord",
@@ -63,6 +64,7 @@ __all__ = [
     "ghost_input",
     "ghost_input_of",
     "group_layers",
+    "is_lora_file",
     "json_dumps",
     "judge_drift",
     "judge_full_weights",
