@@ -24,6 +24,10 @@ route, each pair in the same run, each checked to give the same numbers.
    and alpha, ss_* header), written with `safetensors`: `ap.read_adapter_weights`
    (norms, ‖ΔW‖ and the spectrum of every module) vs safetensors' own
    `load_file` + torch's ‖(alpha/r)·up·down‖ of each module.
+6. A LyCORIS LoHa file (half as many 1280 x 1280 modules, dim 8:
+   hada_w1_a/b, hada_w2_a/b, alpha): `ap.read_adapter_weights`, which judges
+   each update as an exact rank-64 product, vs forming every ΔW whole in
+   torch, (w1a·w1b) ⊙ (w2a·w2b) · alpha/dim, and its norm.
 
 All warm: files in the page cache, modules imported, best of `--repeat`.
 """
@@ -210,6 +214,47 @@ def torch_kohya_norms(path: Path) -> dict[str, float]:
     return out
 
 
+def make_loha_file(modules: int, dim: int = 8) -> Path:
+    """A LyCORIS LoHa file as its networks save one: hada_w1_a/b, hada_w2_a/b
+    and alpha per module (1280 x 1280, SD's attention projections)."""
+    import torch
+    from safetensors.torch import save_file
+
+    path = DATA / f"loha_{modules}_{dim}.safetensors"
+    if path.exists():
+        return path
+    DATA.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(1)
+    tensors = {}
+    for i in range(modules):
+        name = f"lycoris_down_blocks_{i // 20}_attentions_{i % 20}_to_k"
+        tensors[f"{name}.hada_w1_a"] = 0.1 * torch.randn(1280, dim, generator=gen)
+        tensors[f"{name}.hada_w1_b"] = 0.1 * torch.randn(dim, 1280, generator=gen)
+        tensors[f"{name}.hada_w2_a"] = 0.1 * torch.randn(1280, dim, generator=gen)
+        tensors[f"{name}.hada_w2_b"] = 0.1 * torch.randn(dim, 1280, generator=gen)
+        tensors[f"{name}.alpha"] = torch.tensor(float(dim) / 2)
+    save_file(tensors, str(path))
+    return path
+
+
+def torch_loha_norms(path: Path) -> dict[str, float]:
+    """Each LoHa module's update formed whole in torch (LyCORIS's forward:
+    (w1a w1b) * (w2a w2b) * alpha / dim), and its Frobenius norm."""
+    import torch
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(path))
+    out = {}
+    for key in tensors:
+        if key.endswith(".hada_w1_a"):
+            module = key[: -len(".hada_w1_a")]
+            w1 = tensors[f"{module}.hada_w1_a"].double() @ tensors[f"{module}.hada_w1_b"].double()
+            w2 = tensors[f"{module}.hada_w2_a"].double() @ tensors[f"{module}.hada_w2_b"].double()
+            scale = float(tensors[f"{module}.alpha"]) / tensors[f"{module}.hada_w1_b"].shape[0]
+            out[module] = float(torch.linalg.matrix_norm(w1 * w2 * scale))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -271,6 +316,19 @@ def main() -> None:
     size = kohya.stat().st_size / 1e6
     name = f"kohya LoRA {size:.0f} MB, {args.lora_modules} modules"
     report(name, ours, "safetensors load_file + torch", theirs)
+
+    loha = make_loha_file(args.lora_modules // 2)
+    weights = ap.read_adapter_weights(loha)
+    norms = torch_loha_norms(loha)
+    got = {m.name: m.delta_fro for m in weights.modules}
+    assert got.keys() == norms.keys() and all(
+        math.isclose(got[k], norms[k], rel_tol=1e-6) for k in norms
+    ), "LoHa norms differ"
+    ours = best_of(lambda: ap.read_adapter_weights(loha), args.repeat)
+    theirs = best_of(lambda: torch_loha_norms(loha), args.repeat)
+    size = loha.stat().st_size / 1e6
+    name = f"LyCORIS LoHa {size:.0f} MB, {len(norms)} modules, dim 8"
+    report(name, ours, "safetensors load_file + torch, dW formed", theirs)
 
 
 if __name__ == "__main__":
