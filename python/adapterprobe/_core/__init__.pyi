@@ -16,8 +16,8 @@ from adapterprobe.errors import AdapterProbeError
 
 __all__ = [
     "AdapterWeights",
-    "BatchGate",
     "Attribution",
+    "BatchGate",
     "ConfigSummary",
     "CoreRecord",
     "Discovery",
