@@ -403,7 +403,30 @@ def test_nothing_to_probe_names_the_files_it_saw_and_lfs_pointers(tmp_path):
     assert seen[0].startswith("  - train.parquet: a Git LFS pointer"), seen
     assert "git lfs pull" in seen[0]
     assert seen[1].startswith("  - notes/README.txt (5 bytes)"), seen
+    assert seen[1].endswith("not a format adapterprobe reads"), seen
     assert not any(".git" in line for line in seen)
+
+
+def test_a_bare_model_folder_says_its_weights_are_read_inside_a_run(tmp_path):
+    """What save_pretrained leaves of a full fine-tune, with no trainer state
+    or checkpoint around it, is no store; the files are named with what a
+    run of them would need, not as a format adapterprobe does not read."""
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    import numpy as np
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama", "vocab_size": 64}')
+    safetensors_numpy.save_file(
+        {"w": np.zeros((2, 2), dtype=np.float32)}, str(model / "model.safetensors")
+    )
+    done = cli("scan", str(model))
+    assert done.returncode == 3
+    seen = done.stderr.split("reads none of them:\n")[1].rstrip().splitlines()
+    by_name = {line.split(" (")[0].strip(" -"): line for line in seen}
+    assert "a model config" in by_name["config.json"], seen
+    assert "checkpoint-N/" in by_name["model.safetensors"], seen
+    assert not any("not a format" in line for line in seen), seen
 
 
 def test_similar_on_a_folder_without_adapters_says_one_thing(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -369,8 +370,39 @@ def seen_files(root: str) -> list[str]:
                     f"{shown}: a Git LFS pointer ({size} bytes), not the file: run `git lfs pull`"
                 )
             else:
-                lines.append(f"{shown} ({size} bytes): not a format adapterprobe reads")
+                lines.append(f"{shown} ({size} bytes): {why_not_read(name)}")
     return lines
+
+
+#: Files adapterprobe reads only inside a run, and what such a run is.
+_READ_IN_A_RUN = (
+    (
+        re.compile(r"(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)$"),
+        "a model's weights with no run around them: they are judged as a checkpoint of a "
+        "fine-tune (beside trainer_state.json, or in a checkpoint-N/ folder)",
+    ),
+    (
+        re.compile(r"(model|pytorch_model)\.(safetensors|bin)\.index\.json$"),
+        "the shard index of a model's weights with no run around them",
+    ),
+    (
+        re.compile(r"config\.json$"),
+        "a model config: read beside a run's weights or logs (K for the loss rules)",
+    ),
+    (
+        re.compile(r"(optimizer|scheduler)\.(pt|bin)$"),
+        "a trainer's state, read inside a checkpoint folder beside trainer_state.json",
+    ),
+)
+
+
+def why_not_read(name: str) -> str:
+    """Why a file the walk saw made no store: a file read only inside a
+    run says so, anything else is a format not read."""
+    for pattern, why in _READ_IN_A_RUN:
+        if pattern.fullmatch(name):
+            return why
+    return "not a format adapterprobe reads"
 
 
 def nothing_found(roots: list[str], problems: list[tuple[str, str]], args: Any) -> int:
