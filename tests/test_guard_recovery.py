@@ -92,14 +92,39 @@ def classifier_run(out: Path, *, poisoned: range = range(0), **guard_options):
         callbacks=[callback],
     )
     trainer.train()
+    return trainer, callback, held_out_loss(trainer.model)
+
+
+def held_out_loss(model: Classifier) -> float:
+    """The classifier's loss on a clean held-out set of the same blobs."""
     held_out = Blobs(1024, seed=2)
     with torch.no_grad():
-        model = trainer.model.eval()
-        final = model(held_out.inputs, held_out.labels)["loss"].item()
-    return trainer, callback, final
+        return model.eval()(held_out.inputs, held_out.labels)["loss"].item()
 
 
 POISON = range(30, 33)  # batches 30-32 of the first epoch
+
+
+def clean_stopped_recovered(run, tmp_path: Path):
+    """The poisoned-stretch scenario in one trainer (``run``: its
+    classifier run): a clean run that learns and is never touched, the
+    poisoned run stopped without recovery, and the poisoned run recovered
+    with ``skip_window`` over the stretch and never stopped. Returns the
+    clean run's held-out loss and the recovered run's (trainer, guard,
+    held-out loss)."""
+    _, clean_guard, clean = run(tmp_path / "clean")
+    assert clean_guard.recoveries == [] and clean_guard.stopped_at is None
+    assert clean < 0.9 * math.log(CLASSES)  # it learned
+
+    _, stopped, _ = run(tmp_path / "stop", poisoned=POISON)
+    assert stopped.stopped_at is not None, stopped.guard.findings
+
+    trainer, guard, final = run(
+        tmp_path / "recover", poisoned=POISON, on_fail="recover", skip_window=len(POISON)
+    )
+    assert guard.stopped_at is None, guard.guard.findings
+    assert 1 <= len(guard.recoveries) <= guard.max_recoveries
+    return clean, (trainer, guard, final)
 
 
 def test_a_poisoned_stretch_is_rolled_back_skipped_and_the_run_ends_as_a_clean_one(tmp_path):
@@ -107,18 +132,7 @@ def test_a_poisoned_stretch_is_rolled_back_skipped_and_the_run_ends_as_a_clean_o
     the guard restores the checkpoint before them, passes over the rest of
     the stretch (``skip_window``) and the run ends within 10% of a clean
     run's held-out loss; without recovery the guard stops it."""
-    _, clean_guard, clean = classifier_run(tmp_path / "clean")
-    assert clean_guard.recoveries == [] and clean_guard.stopped_at is None
-    assert clean < 0.9 * math.log(CLASSES)  # it learned
-
-    _, stopped, _ = classifier_run(tmp_path / "stop", poisoned=POISON)
-    assert stopped.stopped_at is not None, stopped.guard.findings
-
-    trainer, guard, final = classifier_run(
-        tmp_path / "recover", poisoned=POISON, on_fail="recover", skip_window=len(POISON)
-    )
-    assert guard.stopped_at is None, guard.guard.findings
-    assert 1 <= len(guard.recoveries) <= guard.max_recoveries
+    clean, (trainer, guard, final) = clean_stopped_recovered(classifier_run, tmp_path)
     first = guard.recoveries[0]
     assert first["to_step"] < first["first_bad_step"] <= first["from_step"]
     assert first["checkpoint"] == f"checkpoint-{first['to_step']}"
@@ -343,25 +357,11 @@ def lightning_classifier_run(out: Path, *, poisoned: range = range(0), **guard_o
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(module, loader)
-    held_out = Blobs(1024, seed=2)
-    with torch.no_grad():
-        final = module.model.eval()(held_out.inputs, held_out.labels)["loss"].item()
-    return trainer, callback, final
+    return trainer, callback, held_out_loss(module.model)
 
 
 def test_lightning_rolls_a_poisoned_stretch_back_and_ends_as_a_clean_run(tmp_path):
-    _, clean_guard, clean = lightning_classifier_run(tmp_path / "clean")
-    assert clean_guard.recoveries == [] and clean_guard.stopped_at is None
-    assert clean < 0.9 * math.log(CLASSES)
-
-    _, stopped, _ = lightning_classifier_run(tmp_path / "stop", poisoned=POISON)
-    assert stopped.stopped_at is not None, stopped.guard.findings
-
-    trainer, guard, final = lightning_classifier_run(
-        tmp_path / "recover", poisoned=POISON, on_fail="recover", skip_window=len(POISON)
-    )
-    assert guard.stopped_at is None, guard.guard.findings
-    assert 1 <= len(guard.recoveries) <= guard.max_recoveries
+    clean, (trainer, guard, final) = clean_stopped_recovered(lightning_classifier_run, tmp_path)
     first = guard.recoveries[0]
     assert first["checkpoint_step"] % 5 == 0
     assert first["checkpoint_step"] <= first["first_bad_step"]

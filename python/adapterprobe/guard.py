@@ -409,6 +409,9 @@ class GuardCallbackBase:
         self._said_verdict = "pass"
         #: The step of the first loss record after the newest rollback.
         self._first_after_rollback: int | None = None
+        #: Steps up to this one (the trainer's numbering) apply no update:
+        #: a rollback's ``skip_window``.
+        self._skip_until = -1
         # refuse bad rules, options or classes now, not at train time
         Guard(rules, options, output_classes=output_classes, output_kind=output_kind)
 
@@ -434,6 +437,7 @@ class GuardCallbackBase:
         self.last_good_checkpoint = None
         self.recoveries = []
         self._first_after_rollback = None
+        self._skip_until = -1
         self._gap_seen = None
         self._announced = set()
         self._said_verdict = "pass"
@@ -607,11 +611,57 @@ class GuardCallbackBase:
             return min(first_fault, int(last["checkpoint_step"]))
         return first_fault
 
-    def _rewound(self, to_step: int, max_steps: int | None, record: dict[str, Any]) -> None:
-        """After a trainer restored the checkpoint of ``to_step``: the guard
-        forgets the discarded steps and judges on as a continuation, and the
-        rollback is logged and kept for the guard file."""
+    def _agreed_plan(
+        self,
+        share: Callable[[Any], Any] | None,
+        plan_for: Callable[[int], tuple[str, int] | str],
+    ) -> tuple[str, int] | None:
+        """The rollback every rank makes: ``plan_for(first fault step)``
+        gives the checkpoint and its step, or why there is none (said, and
+        the run is stopped); rank 0's plan is handed to every rank
+        (``share``). None: no rollback."""
+        plan: tuple[str, int] | str | None = None
+        first_fault = self._first_fault_step()
+        if self._can_recover() and first_fault is not None:
+            plan = plan_for(first_fault)
+            if isinstance(plan, str):
+                say("adapterprobe guard: not recovering: %s", terminal(plan))
+        if share is not None:
+            plan = share(plan)
+        return plan if isinstance(plan, tuple) and self.guard is not None else None
+
+    def _next_lr_scale(self) -> float:
+        """The learning rate's scale after the rollback about to be made."""
+        return self.lr_factor ** (len(self.recoveries) + 1)
+
+    def _rewound(
+        self,
+        *,
+        from_step: int,
+        to_step: int,
+        checkpoint: str,
+        checkpoint_step: int,
+        max_steps: int | None,
+    ) -> dict[str, Any]:
+        """After a trainer restored ``checkpoint`` (saved after
+        ``checkpoint_step`` steps; ``to_step`` is the last step of the kept
+        timeline in the trainer's numbering): the guard forgets the
+        discarded steps and judges on as a continuation, the next
+        ``skip_window`` steps apply no update, and the rollback is logged and
+        kept for the guard file. Returns its record (as listed under
+        ``recoveries``)."""
         assert self.guard is not None
+        record: dict[str, Any] = {
+            "from_step": from_step,
+            "to_step": to_step,
+            "checkpoint": checkpoint,
+            "checkpoint_step": checkpoint_step,
+            "first_bad_step": self._first_fault_step(),
+            "findings": [f for f in self.guard.findings if f["verdict"] == "fail"],
+            "lr_scale": self._next_lr_scale(),
+            "skip_window": self.skip_window,
+        }
+        self._skip_until = to_step + self.skip_window
         self.guard.rewind(to_step)
         self.guard.set_max_steps(max_steps)
         self.recoveries.append(record)
@@ -631,6 +681,7 @@ class GuardCallbackBase:
             record["from_step"] - to_step,
             f", and the next {window} step(s) apply no update" if window else "",
         )
+        return record
 
     def _write(self, directory: str | Path, *, main_process: bool) -> None:
         """The verdict file, from the main process only."""
@@ -687,6 +738,14 @@ def lora_factor_norms(model: Any) -> tuple[str, list[tuple[int, int, float]]] | 
         ).tolist()
     shapes = [(int(w.shape[0]), int(w.shape[1])) for w in weights]
     return init_text, [(r, n, float(v)) for (r, n), v in zip(shapes, norms, strict=True)]
+
+
+def drop_gradients(optimizer: Any) -> None:
+    """Make the optimizer's next step apply no update: torch's optimizers
+    pass over parameters whose gradient is None."""
+    for group in optimizer.param_groups:
+        for parameter in group["params"]:
+            parameter.grad = None
 
 
 def base_learning_rates(scheduler: Any) -> list[float] | None:

@@ -38,6 +38,7 @@ from adapterprobe.escape import terminal
 from adapterprobe.guard import (
     GuardCallbackBase,
     base_learning_rates,
+    drop_gradients,
     output_classes_of,
     say,
     scale_learning_rate,
@@ -129,6 +130,11 @@ _MODEL_ATTRIBUTES = ("model", "net", "backbone", "lm", "transformer")
 _HPARAM_CLASSES = (("vocab_size", "vocabulary"),)
 
 
+def _holders(pl_module: Any) -> list[Any]:
+    """The module and the models it wraps (``model``, ``net``, ...)."""
+    return [pl_module, *(getattr(pl_module, a, None) for a in _MODEL_ATTRIBUTES)]
+
+
 def module_output_classes(pl_module: Any) -> tuple[int | None, str]:
     """``(K, kind)`` a LightningModule says: a Hugging Face config on the
     module or on the model it wraps (``model``, ``net``, ...), read as the
@@ -137,8 +143,7 @@ def module_output_classes(pl_module: Any) -> tuple[int | None, str]:
     ``vocab_size`` there, since ``num_classes`` also sizes detectors whose
     loss is no cross-entropy over K.
     ``(None, "vocabulary")`` when it says nothing."""
-    holders = [pl_module, *(getattr(pl_module, a, None) for a in _MODEL_ATTRIBUTES)]
-    for holder in holders:
+    for holder in _holders(pl_module):
         config = getattr(holder, "config", None)
         if config is not None and not isinstance(config, Mapping):
             classes, kind = output_classes_of(config)
@@ -251,12 +256,10 @@ class GuardCallback(GuardCallbackBase, Callback):
     # Set for the run in progress at ``on_train_start``.
     _base_lrs: tuple[list[float] | None, ...] = ()
     _initial_lrs: tuple[list[float], ...] = ()
-    _skip_until = -1  # logged steps up to this one apply no update
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         classes, kind = module_output_classes(pl_module)
         self._start(output_classes=classes, output_kind=kind)
-        self._skip_until = -1
         configs = trainer.lr_scheduler_configs
         self._base_lrs = tuple(base_learning_rates(c.scheduler) for c in configs)
         self._initial_lrs = tuple([g["lr"] for g in o.param_groups] for o in trainer.optimizers)
@@ -265,9 +268,7 @@ class GuardCallback(GuardCallbackBase, Callback):
         # Inside the skip window after a rollback the step applies no
         # update: optimizers pass over parameters whose gradient is None.
         if logged_step(trainer) <= self._skip_until:
-            for group in optimizer.param_groups:
-                for parameter in group["params"]:
-                    parameter.grad = None
+            drop_gradients(optimizer)
 
     def _recovery_plan(
         self, trainer: Any, pl_module: Any, first_fault: int
@@ -288,15 +289,10 @@ class GuardCallback(GuardCallbackBase, Callback):
         """Roll the run back (see the class doc); False: it cannot be, and
         the caller stops it. Rank 0 decides; every rank loads the same
         checkpoint at the same step."""
-        plan: tuple[str, int] | str | None = None
-        first_fault = self._first_fault_step()
-        if self._can_recover() and first_fault is not None:
-            plan = self._recovery_plan(trainer, pl_module, first_fault)
-            if isinstance(plan, str):
-                say("adapterprobe guard: not recovering: %s", terminal(plan))
-        if share is not None:
-            plan = share(plan)
-        if not isinstance(plan, tuple) or self.guard is None:
+        plan = self._agreed_plan(
+            share, lambda first_fault: self._recovery_plan(trainer, pl_module, first_fault)
+        )
+        if plan is None:
             return False
         path, optimizer_steps = plan
         checkpoint = trainer.strategy.load_checkpoint(path)
@@ -313,7 +309,7 @@ class GuardCallback(GuardCallbackBase, Callback):
         schedulers = checkpoint.get("lr_schedulers") or []
         for config, state in zip(trainer.lr_scheduler_configs, schedulers, strict=False):
             config.scheduler.load_state_dict(state)
-        scale = self.lr_factor ** (len(self.recoveries) + 1)
+        scale = self._next_lr_scale()
         scheduled = set()
         for config, base in zip(trainer.lr_scheduler_configs, self._base_lrs, strict=False):
             optimizer = config.scheduler.optimizer
@@ -330,19 +326,13 @@ class GuardCallback(GuardCallbackBase, Callback):
         done = loop.automatic_optimization.optim_progress.optimizer.step.total
         done.ready = done.completed = optimizer_steps
         loop._batches_that_stepped = optimizer_steps - 1
-        to_step = optimizer_steps - 1  # the logged step of its last loss
-        self._skip_until = to_step + self.skip_window
-        record: dict[str, Any] = {
-            "from_step": from_step,
-            "to_step": to_step,
-            "checkpoint": path,
-            "checkpoint_step": optimizer_steps,
-            "first_bad_step": first_fault,
-            "findings": [f for f in self.guard.findings if f["verdict"] == "fail"],
-            "lr_scale": scale,
-            "skip_window": self.skip_window,
-        }
-        self._rewound(to_step, None, record)
+        self._rewound(
+            from_step=from_step,
+            to_step=optimizer_steps - 1,  # the logged step of its last loss
+            checkpoint=path,
+            checkpoint_step=optimizer_steps,
+            max_steps=None,
+        )
         return True
 
     def _observe(self, trainer: Any, pl_module: Any, **values: float | None) -> None:
@@ -350,8 +340,7 @@ class GuardCallback(GuardCallbackBase, Callback):
         if values.get("loss") is not None and step <= self._skip_until:
             values["loss"] = None  # a batch passed over: no update came of it
         if values.get("loss") is not None:  # the LoRA factors too, a few norms
-            holders = [pl_module, *(getattr(pl_module, a, None) for a in _MODEL_ATTRIBUTES)]
-            peft = next((h for h in holders if hasattr(h, "peft_config")), None)
+            peft = next((h for h in _holders(pl_module) if hasattr(h, "peft_config")), None)
             if peft is not None:
                 self._observe_factors(step, peft)
         share = None

@@ -35,6 +35,7 @@ from adapterprobe.escape import terminal
 from adapterprobe.guard import (
     GuardCallbackBase,
     base_learning_rates,
+    drop_gradients,
     last_checkpoint_before,
     output_classes_of,
     say,
@@ -212,7 +213,6 @@ class GuardCallback(GuardCallbackBase, TrainerCallback):
     _base_lrs: list[float] | None = None
     _planned_steps = 0
     _discarded_steps = 0
-    _skip_until = -1  # optimizer steps up to this one apply no update
     _gate: Any = None  # skip_batch_above's gate (a _core.BatchGate)
     _loss_before = 0.0  # the Trainer's loss accumulator after the previous step
     _gated: set[int] | None = None  # steps the gate skipped
@@ -232,7 +232,6 @@ class GuardCallback(GuardCallbackBase, TrainerCallback):
         self._start(output_classes=classes, output_kind=kind, max_steps=max_steps)
         self._planned_steps = int(state.max_steps)
         self._discarded_steps = 0
-        self._skip_until = -1
         self._gated = set()
         self._loss_before = 0.0
         self._gate = None
@@ -269,9 +268,7 @@ class GuardCallback(GuardCallbackBase, TrainerCallback):
                     self.skip_batch_above,
                 )
         if skip:
-            for group in self._trainer.optimizer.param_groups:
-                for parameter in group["params"]:
-                    parameter.grad = None
+            drop_gradients(self._trainer.optimizer)
 
     def _step_loss(self) -> float:
         """The loss of the step about to be applied: what the Trainer's loss
@@ -326,15 +323,8 @@ class GuardCallback(GuardCallbackBase, TrainerCallback):
         """Roll the run back (see the class doc); False: it cannot be, and
         the caller stops it. Rank 0 decides and every rank restores the
         same checkpoint at the same step."""
-        plan: tuple[str, int] | str | None = None
-        first_fault = self._first_fault_step()
-        if self._can_recover() and first_fault is not None:
-            plan = self._recovery_plan(args, first_fault)
-            if isinstance(plan, str):
-                say("adapterprobe guard: not recovering: %s", terminal(plan))
-        if share is not None:
-            plan = share(plan)
-        if not isinstance(plan, tuple) or self.guard is None:
+        plan = self._agreed_plan(share, lambda first_fault: self._recovery_plan(args, first_fault))
+        if plan is None:
             return False
         path, to_step = plan
         trainer = self._trainer
@@ -342,29 +332,10 @@ class GuardCallback(GuardCallbackBase, TrainerCallback):
         trainer._load_from_checkpoint(path)
         trainer._load_optimizer_and_scheduler(path)
         trainer._load_rng_state(path)
-        scale = self.lr_factor ** (len(self.recoveries) + 1)
         scheduler = getattr(trainer, "lr_scheduler", None)
-        scale_learning_rate(trainer.optimizer, scheduler, self._base_lrs, scale)
-        record: dict[str, Any] = {
-            "from_step": from_step,
-            "to_step": to_step,
-            "checkpoint": os.path.basename(path),
-            "checkpoint_step": to_step,
-            "first_bad_step": first_fault,
-            "findings": [f for f in self.guard.findings if f["verdict"] == "fail"],
-            "lr_scale": scale,
-            "skip_window": self.skip_window,
-        }
-        # The log keeps both timelines: the discarded records move under
-        # one rollback entry, out of the curve the scan reads.
-        discarded = [r for r in state.log_history if _after(r, to_step)]
-        state.log_history[:] = [r for r in state.log_history if not _after(r, to_step)]
-        state.log_history.append(
-            {"step": to_step, "adapterprobe_rollback": {**record, "discarded": discarded}}
-        )
+        scale_learning_rate(trainer.optimizer, scheduler, self._base_lrs, self._next_lr_scale())
         state.global_step = to_step
         trainer._globalstep_last_logged = to_step
-        self._skip_until = to_step + self.skip_window
         # The data loop goes on where it was, so the run ends as many steps
         # sooner as it discarded, where the data sets its end.
         self._discarded_steps += from_step - to_step
@@ -374,7 +345,20 @@ class GuardCallback(GuardCallbackBase, TrainerCallback):
         control.should_save = False
         control.should_evaluate = False
         control.should_training_stop = False
-        self._rewound(to_step, state.max_steps if state.max_steps > 0 else None, record)
+        record = self._rewound(
+            from_step=from_step,
+            to_step=to_step,
+            checkpoint=os.path.basename(path),
+            checkpoint_step=to_step,
+            max_steps=state.max_steps if state.max_steps > 0 else None,
+        )
+        # The log keeps both timelines: the discarded records move under
+        # one rollback entry, out of the curve the scan reads.
+        discarded = [r for r in state.log_history if _after(r, to_step)]
+        state.log_history[:] = [r for r in state.log_history if not _after(r, to_step)]
+        state.log_history.append(
+            {"step": to_step, "adapterprobe_rollback": {**record, "discarded": discarded}}
+        )
         return True
 
     def on_log(
