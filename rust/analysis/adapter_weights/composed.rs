@@ -30,12 +30,11 @@
 //!   LoRA rank cap, and its factors at the module value cap; past either the
 //!   module is not formed, and says so.
 
-use std::ops::ControlFlow;
 use std::path::Path;
 
 use nalgebra::DMatrixView;
 
-use super::factors::{ModuleFactors, MAX_MODULE_VALUES};
+use super::factors::{read_all, ModuleFactors, MAX_MODULE_VALUES};
 use super::stats::{spectral_stats, SpectralInput};
 use super::{LoraModuleStats, MAX_RANK};
 
@@ -50,7 +49,7 @@ const _: () = assert!(MAX_COMPOSED_RANK <= MAX_RANK);
 use crate::analysis::attribution::layer_number;
 use crate::error::{Area, Error, Result};
 use crate::formats::safetensors_header::TensorInfo;
-use crate::formats::tensor_data::{decode, moments_of, FloatTensor, Moments, TensorReader};
+use crate::formats::tensor_data::{moments_of, FloatTensor, Moments, TensorReader};
 use crate::io::claims::claimed_vec;
 
 /// The method of a composed module.
@@ -345,34 +344,6 @@ impl ComposedPlan {
         self.rank
             .saturating_mul(self.in_features.saturating_add(self.out_features))
     }
-}
-
-/// Every value of `t`, in file order (exactly `numel` of them).
-fn read_all(reader: &mut TensorReader, t: &FloatTensor, file: &Path) -> Result<Vec<f64>> {
-    let what = format!("tensor {:?}", t.name);
-    let mut out: Vec<f64> = claimed_vec(t.numel, MAX_MODULE_VALUES, &what)
-        .map_err(|e| Error::new(Area::Weights, file, e))?;
-    let size = t.kind.size();
-    let mut chunk = Vec::new();
-    reader.for_each_raw_chunk(t, |bytes| {
-        chunk.resize(bytes.len() / size, 0.0);
-        decode(t.kind, bytes, &mut chunk);
-        out.extend_from_slice(&chunk);
-        ControlFlow::Continue(())
-    })?;
-    if out.len() as u64 != t.numel {
-        return Err(Error::new(
-            Area::Weights,
-            file,
-            format!(
-                "tensor {:?}: read {} values of {}",
-                t.name,
-                out.len(),
-                t.numel
-            ),
-        ));
-    }
-    Ok(out)
 }
 
 /// A zeroed buffer of `n` values, bounded.

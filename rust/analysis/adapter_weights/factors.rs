@@ -276,8 +276,12 @@ fn transpose(values: &[f64], rows: usize, cols: usize) -> Vec<f64> {
     out
 }
 
-/// All values of `t` in file order, and how many are not finite.
-fn read_values(reader: &mut TensorReader, t: &FloatTensor, file: &Path) -> Result<(Vec<f64>, u64)> {
+/// Every value of `t`, in file order (exactly `numel` of them).
+pub(super) fn read_all(
+    reader: &mut TensorReader,
+    t: &FloatTensor,
+    file: &Path,
+) -> Result<Vec<f64>> {
     let what = format!("tensor {:?}", t.name);
     let mut out: Vec<f64> = claimed_vec(t.numel, MAX_MODULE_VALUES, &what)
         .map_err(|e| Error::new(Area::Weights, file, e))?;
@@ -289,6 +293,24 @@ fn read_values(reader: &mut TensorReader, t: &FloatTensor, file: &Path) -> Resul
         out.extend_from_slice(&chunk);
         ControlFlow::Continue(())
     })?;
+    if out.len() as u64 != t.numel {
+        return Err(Error::new(
+            Area::Weights,
+            file,
+            format!(
+                "tensor {:?}: read {} values of {}",
+                t.name,
+                out.len(),
+                t.numel
+            ),
+        ));
+    }
+    Ok(out)
+}
+
+/// All values of `t` in file order, and how many are not finite.
+fn read_values(reader: &mut TensorReader, t: &FloatTensor, file: &Path) -> Result<(Vec<f64>, u64)> {
+    let out = read_all(reader, t, file)?;
     let nonfinite = out.iter().filter(|v| !v.is_finite()).count() as u64;
     Ok((out, nonfinite))
 }
