@@ -305,30 +305,27 @@ def main() -> None:
     report(f"optimizer.pt {size:.0f} MB", ours, "torch.load + means", theirs)
 
     kohya = make_kohya_file(args.lora_modules)
-    weights = ap.read_adapter_weights(kohya)
-    norms = torch_kohya_norms(kohya)
-    got = {m.name: m.delta_fro for m in weights.modules}
-    assert got.keys() == norms.keys() and all(
-        math.isclose(got[k], norms[k], rel_tol=1e-9) for k in norms
-    ), "kohya norms differ"
-    ours = best_of(lambda: ap.read_adapter_weights(kohya), args.repeat)
-    theirs = best_of(lambda: torch_kohya_norms(kohya), args.repeat)
-    size = kohya.stat().st_size / 1e6
-    name = f"kohya LoRA {size:.0f} MB, {args.lora_modules} modules"
-    report(name, ours, "safetensors load_file + torch", theirs)
+    name = f"kohya LoRA {kohya.stat().st_size / 1e6:.0f} MB, {args.lora_modules} modules"
+    bench_norms(name, kohya, torch_kohya_norms, "safetensors load_file + torch", 1e-9, args.repeat)
 
-    loha = make_loha_file(args.lora_modules // 2)
-    weights = ap.read_adapter_weights(loha)
-    norms = torch_loha_norms(loha)
-    got = {m.name: m.delta_fro for m in weights.modules}
+    modules = args.lora_modules // 2
+    loha = make_loha_file(modules)
+    name = f"LyCORIS LoHa {loha.stat().st_size / 1e6:.0f} MB, {modules} modules, dim 8"
+    reference = "safetensors load_file + torch, dW formed"
+    bench_norms(name, loha, torch_loha_norms, reference, 1e-6, args.repeat)
+
+
+def bench_norms(name: str, path: Path, theirs_fn, reference: str, rel_tol: float, repeat: int):
+    """``ap.read_adapter_weights`` of a LoRA file against ``theirs_fn``
+    (module name to ‖ΔW‖), checked equal within ``rel_tol``, then timed."""
+    got = {m.name: m.delta_fro for m in ap.read_adapter_weights(path).modules}
+    norms = theirs_fn(path)
     assert got.keys() == norms.keys() and all(
-        math.isclose(got[k], norms[k], rel_tol=1e-6) for k in norms
-    ), "LoHa norms differ"
-    ours = best_of(lambda: ap.read_adapter_weights(loha), args.repeat)
-    theirs = best_of(lambda: torch_loha_norms(loha), args.repeat)
-    size = loha.stat().st_size / 1e6
-    name = f"LyCORIS LoHa {size:.0f} MB, {len(norms)} modules, dim 8"
-    report(name, ours, "safetensors load_file + torch, dW formed", theirs)
+        math.isclose(got[k], norms[k], rel_tol=rel_tol) for k in norms
+    ), f"{name}: norms differ"
+    ours = best_of(lambda: ap.read_adapter_weights(path), repeat)
+    theirs = best_of(lambda: theirs_fn(path), repeat)
+    report(name, ours, reference, theirs)
 
 
 if __name__ == "__main__":
