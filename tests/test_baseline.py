@@ -23,9 +23,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_runs(tmp_path_factory.getbasetemp())
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "adapterprobe", *args], capture_output=True, text=True, check=False
+        [sys.executable, "-m", "adapterprobe", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=cwd,
     )
 
 
@@ -170,7 +174,7 @@ def test_every_output_names_the_regressions_and_the_real_exit_code(
     place(runs / "seed0", root)
     base = ["scan", str(root), "--baseline", str(saved), "--fail-on", "never"]
     junit = tmp_path / "junit.xml"
-    table = cli(*base, "--fail-on-regression", "--junit", str(junit))
+    table = cli(*base, "--fail-on-regression", "--junit", str(junit), cwd=root)
     assert table.returncode == 1, table.stderr
     assert "regressed against the baseline:" in table.stdout
     assert re.search(r"^training_drift +run$", table.stdout, re.M), table.stdout

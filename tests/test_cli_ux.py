@@ -443,7 +443,7 @@ def test_similar_on_a_folder_without_adapters_says_one_thing(tmp_path):
 )
 @settings(max_examples=300, deadline=None)
 def test_a_path_is_cut_in_the_middle_within_its_room(text, room):
-    from adapterprobe.reports.table import _clip_middle
+    from adapterprobe.reports.shaping import clip_middle as _clip_middle
 
     cut = _clip_middle(text, room)
     assert len(cut) <= max(room, 1)
@@ -458,7 +458,7 @@ def test_two_runs_rows_keep_what_tells_them_apart():
     """Lightning rows of two runs both printed '…logs/version_0 / checkpoints/
     epoch=1-step=104.ckpt': the start that differs was what the table cut
     (issue 56, item 3)."""
-    from adapterprobe.reports.table import _clip_middle
+    from adapterprobe.reports.shaping import clip_middle as _clip_middle
 
     tail = "/lightning_logs/version_0 / checkpoints/epoch=1-step=104.ckpt"
     a, b = (_clip_middle(run + tail, 48) for run in ("l-diverge", "l-healthy"))
@@ -474,3 +474,30 @@ def test_adapter_weights_left_as_an_lfs_pointer_are_a_store_naming_it(tmp_path):
     done = cli("scan", str(tmp_path), "-v", "--probes", "adapter_weights")
     assert done.returncode == 1, done.stderr
     assert "Git LFS pointer" in " ".join(done.stdout.split()), done.stdout
+
+
+@given(
+    here=st.lists(st.sampled_from(["work", "main", "a b", "ü", "runs"]), min_size=0, max_size=3),
+    rest=st.lists(st.sampled_from(["run", "version_0", "x.y", "main2", ".."]), max_size=4),
+    outside=st.booleans(),
+)
+@settings(max_examples=300, deadline=None)
+def test_a_store_is_named_from_the_working_directory(here, rest, outside):
+    """A store below the working directory is named by the rest of its path,
+    one elsewhere (or a URL) by its whole path; never '.' or empty."""
+    from adapterprobe.reports.shaping import store_name
+
+    cwd = "/" + "/".join(here)
+    tail = "/".join(p for p in rest if p != "..")
+    if outside:
+        path = "/elsewhere/" + tail if tail else "/elsewhere"
+        assert store_name(path, cwd) == path or cwd == "/"
+        assert store_name("s3://bucket/" + tail, cwd) == "s3://bucket/" + tail
+    else:
+        path = os.path.join(cwd, tail) if tail else cwd
+        name = store_name(path, cwd)
+        assert name == (tail or os.path.basename(cwd) or path)
+        assert store_name(tail or ".", cwd) == name  # relative, as typed from there
+    assert store_name(path, cwd) not in ("", ".")
+    if cwd != "/":
+        assert store_name(cwd + "2", cwd) == cwd + "2"  # a sibling is not below it

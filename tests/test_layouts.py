@@ -7,6 +7,8 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -250,6 +252,53 @@ def test_a_lightning_run_without_checkpoints_is_a_store(runs, tmp_path):
     assert record.evidence["num_steps"] == len(ap.read_loss_curve(logs / "metrics.csv"))
     with_ckpts = by_probe(ap.scan(version))
     assert {r.checkpoint_kind for rs in with_ckpts.values() for r in rs} == {"full"}
+
+
+def test_a_run_keeps_its_name_whatever_is_scanned_beside_it(runs, tmp_path):
+    """Issue 56, item 3: a Lightning run was `l-diverge/lightning_logs/version_0`
+    in a scan of its parent and `version_0` in a scan of its own folder, since
+    rows were named from the stores' common folder. Rows are named from the
+    working directory, so every scan from there, and every output, names it alike."""
+    version = runs.get("lightning", lightning=True, steps=40, every=20)
+    for run in ("l-diverge", "l-healthy"):
+        shutil.copytree(version, tmp_path / "runs" / run / "lightning_logs" / "version_0")
+    name = "runs/l-diverge/lightning_logs/version_0"
+    absolute = str(tmp_path / name)
+
+    def scan(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "adapterprobe", "scan", *args, "--fail-on", "never"],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env={**os.environ, "COLUMNS": "200"},
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    for roots in (["runs"], ["runs/l-diverge"], [name], [absolute], [absolute, "runs/l-healthy"]):
+        table = scan(*roots)
+        assert re.search(rf"^PASS +training_drift +\S+ +{re.escape(name)}$", table, re.M), table
+        assert re.search(
+            rf"Healthy stores \(\d\)\*\*: (.*, )?{re.escape(name)}\b",
+            scan(*roots, "--format", "markdown"),
+        )
+    page = tmp_path / "report.html"
+    subprocess.run(
+        [sys.executable, "-m", "adapterprobe", "report", "runs", "-o", str(page)],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,
+    )
+    assert f'<span class="name">{name}</span>' in page.read_text(encoding="utf-8")
+    # The working directory itself is named by its last part, not ".".
+    done = subprocess.run(
+        [sys.executable, "-m", "adapterprobe", "scan", ".", "--fail-on", "never"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path / name,
+    )
+    assert re.search(r"^PASS +training_drift +\S+ +version_0$", done.stdout, re.M), done.stdout
 
 
 @pytest.mark.slow

@@ -261,7 +261,7 @@ def test_a_bare_adapter_is_one_line_and_passes(tmp_path):
     version = DEMO_STORE / "healthy" / "adapter" / "versions" / "v0001"
     for name in ("adapter_model.safetensors", "adapter_config.json"):
         shutil.copy(version / name, bare / name)
-    done = cli("scan", str(bare))
+    done = cli("scan", str(bare), cwd=tmp_path)
     heads = [line for line in done.stdout.splitlines() if re.match(r"^[A-Z]{4,5} ", line)]
     assert next(h.split()[:2] for h in heads if "adapter_weights" in h or "SKIP" in h) == [
         "PASS",

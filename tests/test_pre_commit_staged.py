@@ -126,7 +126,7 @@ def test_a_commit_touching_a_failing_store_is_refused(repo: Path) -> None:
     done = run_hook(repo)
     assert done.returncode == 1, done.stdout + done.stderr
     text = " ".join(done.stdout.split())
-    assert "FAIL smoke-test" in text and "from 2 stores" in text
+    assert "FAIL runs/smoke-test" in text and "from 2 stores" in text
     # The two stores touched, not the other demo stores beside them.
     assert scanned_stores(repo) == ["runs/healthy", "runs/smoke-test"]
 

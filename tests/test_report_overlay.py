@@ -29,6 +29,7 @@ from adapterprobe.reports import html as report
 from adapterprobe.reports.html import render_html, write_streamed_html
 from adapterprobe.reports.probe_charts import MAX_POINTS, OVERLAY_RUNS, PHONE_FONT
 from adapterprobe.reports.svg import FONT, PALETTE
+from adapterprobe.scan import DEMO_STORE
 
 ESC_NAME = f"/runs/{HOSTILE}\x1b[2J\x1b]0;pwned\x07"
 
@@ -71,7 +72,8 @@ def drift_curve(records: list[dict[str, Any]], store: str) -> list[Any]:
 # The overlay
 
 
-def test_a_line_per_run_of_the_demo_scan(demo):
+def test_a_line_per_run_of_the_demo_scan(demo, monkeypatch):
+    monkeypatch.chdir(DEMO_STORE)  # runs are named from the working directory
     page = render_html(demo, generated_at=WHEN)
     dom = Dom(page)
     section = overlay(dom)
@@ -134,9 +136,8 @@ def test_the_overlay_needs_no_script_and_runs_none(demo):
 def worst_verdicts(records: list[dict[str, Any]], drawn: list[str]) -> list[int]:
     """The severity of each drawn store's worst judged record."""
     stores = by_store(records)
-    names = {s[len("/data/adapters/") :]: s for s in stores}
     return [
-        max(report.SEVERITY[r["verdict"]] for r in stores[names[n]] if r["verdict"] != "skip")
+        max(report.SEVERITY[r["verdict"]] for r in stores[n] if r["verdict"] != "skip")
         for n in drawn
     ]
 
@@ -151,7 +152,7 @@ def test_at_most_n_runs_the_worst_and_the_healthy_beside_them(demo):
     assert len(legend(dom)) == OVERLAY_RUNS and len(dom.find("input", cls="sr")) == OVERLAY_RUNS
     # The runs needing attention in the page's order, worst first, then the
     # first healthy runs in the page's order.
-    order = [s[len("/data/adapters/") :] for s in page_order(dom)]
+    order = page_order(dom)
     drawn = [p.text for p in paths]
     worst = worst_verdicts(records, order)
     problems = [n for n, w in zip(order, worst, strict=True) if w >= report.SEVERITY["warn"]]
@@ -182,9 +183,9 @@ def test_few_runs_needing_attention_leave_the_room_to_healthy_ones(demo):
     paths = run_paths(dom)
     assert len(paths) == OVERLAY_RUNS
     drawn = [p.text for p in paths]
-    order = [s[len("/data/adapters/") :] for s in page_order(dom)]
+    order = page_order(dom)
     assert drawn == order[:OVERLAY_RUNS]
-    assert {"/data/adapters/" + n for n in drawn[:2]} == set(bad[:2])
+    assert set(drawn[:2]) == set(bad[:2])
 
 
 def test_plot_limit_bounds_the_runs_looked_at(demo):
@@ -192,7 +193,7 @@ def test_plot_limit_bounds_the_runs_looked_at(demo):
     dom = Dom(render_html(records, generated_at=WHEN, plot_limit=5))
     paths = run_paths(dom)
     assert len(paths) == 5 + report.OVERLAY_HEALTHY
-    order = [s[len("/data/adapters/") :] for s in page_order(dom)]
+    order = page_order(dom)
     assert [p.text for p in paths][:5] == order
     assert max(worst_verdicts(records, [p.text for p in paths][5:])) < report.SEVERITY["warn"]
     (note,) = dom.find("p", cls="ov-out")
@@ -269,7 +270,7 @@ def test_only_the_drawn_stores_evidence_is_read(demo):
         for r in synthetic(demo, 300)
     ]
     dom = Dom(render_html(records, generated_at=WHEN, plot_limit=20))
-    drawn = {"/data/adapters/" + p.text for p in run_paths(dom)}
+    drawn = {p.text for p in run_paths(dom)}
     assert len(drawn) == OVERLAY_RUNS
     # Beyond the stores drawn with charts, only the healthy runs drawn.
     charted = set(page_order(dom))

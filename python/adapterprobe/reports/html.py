@@ -42,6 +42,7 @@ from adapterprobe.reports.shaping import (
     adapter_name,
     as_finite,
     badness,
+    clip_middle,
     common_base,
     flatten,
     ghost_ratio,
@@ -411,7 +412,7 @@ def overlay_section(stores: list[Store], plotted: list[Store], healthy: list[Sto
         )
         keys = "".join(
             f'<label for="{OVERLAY_ID}-{i}" style="--c:{PALETTE[i % len(PALETTE)]}" '
-            f'title="{esc(store.name)}">{esc(clip(store.name, 100))} '
+            f'title="{esc(store.name)}">{esc(clip_middle(store.name, 100))} '
             f"{badge(rec.verdict, rec.label)}</label>"
             for i, (store, rec, _) in enumerate(picked)
         )

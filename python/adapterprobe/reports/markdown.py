@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from adapterprobe.escape import markdown as md
 from adapterprobe.probes.result import Verdict
-from adapterprobe.reports.shaping import common_base
+from adapterprobe.reports.shaping import clip_middle, store_name, working_dir
 from adapterprobe.tally import Tally
 
 VERDICTS = ("error", "fail", "warn", "skip", "pass")  # worst first
@@ -34,6 +34,11 @@ MESSAGE_CHARS = 200
 def _clip(text: str, limit: int) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _name(store: str, here: str, limit: int) -> str:
+    """A store's name (:func:`store_name`) on one line, cut in the middle."""
+    return clip_middle(" ".join(store_name(store, here).split()), limit)
 
 
 def _short(path: str | None, base: str) -> str:
@@ -103,7 +108,7 @@ class MarkdownSummary:
     def render(self, settings: Mapping[str, Any] | None = None) -> str:
         tally = self.tally
         stores = list(tally.per_store)
-        base = common_base(stores)
+        here = working_dir()
         lines = ["## adapterprobe scan", ""]
         records = " · ".join(f"{ICONS[v]} {n:,} {v}" for v in VERDICTS if (n := tally.counts[v]))
         by_store = tally.stores_by_verdict()
@@ -121,7 +126,7 @@ class MarkdownSummary:
                 store, _, message = packed.partition("\0")
                 lines.append(
                     f"| {ICONS[verdict]} {verdict.upper()} | {md(probe)} | "
-                    f"{md(_clip(_short(store, base), 80))} | "
+                    f"{md(_name(store, here, 80))} | "
                     f"{md(_clip(_short(adapter, store), 60))} | "
                     f"{md(_clip(message, MESSAGE_CHARS))} |"
                 )
@@ -138,7 +143,7 @@ class MarkdownSummary:
             ]
             for reg in tally.regressions:
                 lines.append(
-                    f"| {md(reg.probe)} | {md(_clip(_short(reg.store, base), 80))} | "
+                    f"| {md(reg.probe)} | {md(_name(reg.store, here, 80))} | "
                     f"{md(_clip(_short(reg.adapter, reg.store), 60))} | "
                     f"{md(_clip('; '.join(reg.why), MESSAGE_CHARS))} |"
                 )
@@ -153,7 +158,7 @@ class MarkdownSummary:
             if (v := tally.store_verdict(s)) is not None and v.value not in PROBLEMS
         )
         if healthy:
-            names = ", ".join(md(_clip(_short(s, base), 60)) for s in healthy[:HEALTHY_NAMES])
+            names = ", ".join(md(_name(s, here, 60)) for s in healthy[:HEALTHY_NAMES])
             rest = (
                 f" and {len(healthy) - HEALTHY_NAMES:,} more"
                 if len(healthy) > HEALTHY_NAMES

@@ -153,7 +153,7 @@ def read_record(raw: Any) -> Record:
 
 def group_stores(records: Iterable[Any]) -> list[Store]:
     """Records grouped by store, in order of first appearance, each named
-    relative to the stores' common directory."""
+    (:func:`store_name`)."""
     stores: dict[str, Store] = {}
     for raw in records:
         rec = read_record(raw)
@@ -230,18 +230,78 @@ class StoreCollector:
 
 
 def name_stores(out: list[Store]) -> list[Store]:
-    """Index the stores, name each relative to their common directory and
-    sort its records worst first."""
-    base = common_base([s.path for s in out])
+    """Index the stores, name each (:func:`store_name`) and sort its records
+    worst first."""
+    here = working_dir()
     for i, s in enumerate(out):
         s.index = i
-        s.name = relative_to(s.path, base) or s.path
+        s.name = store_name(s.path, here)
         s.records.sort(key=lambda r: (-r.severity, r.probe, natural_key(r.adapter or "")))
     return out
 
 
+def working_dir() -> str:
+    """The working directory store names are shown from ("" when it is gone)."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return ""
+
+
+def store_name(path: str, here: str) -> str:
+    """How a row names a store: its path relative to the working directory
+    `here` when it lies there, else the path as scanned (a path elsewhere, a URL).
+
+    A run so keeps its name from one scan to the next, whatever is scanned
+    beside it, as a linter names its files. (Names relative to the stores'
+    common directory moved with what was scanned: a Lightning run was
+    ``a/lightning_logs/version_0`` beside another run and ``version_0``
+    alone.) The working directory itself is named by its last component, not
+    ``.``. Where room is short a name is cut in the middle (:func:`clip_middle`).
+    """
+    if "://" in path:
+        return path
+    if os.path.isabs(path):
+        root = here.rstrip("/") + "/" if here else ""
+        if not root or not (path + "/").startswith(root):
+            return path  # elsewhere (and /work/main2 is not below /work/main)
+        path = path[len(root) :]
+    path = path.strip("/")
+    while path.startswith("./"):
+        path = path[2:]
+    if path in (".", ""):
+        return os.path.basename(here.rstrip("/")) or here or "."
+    return path
+
+
+def clip_middle(text: str, room: int) -> str:
+    """At most `room` characters of a path, cut in the middle: its start (the
+    run a row is about: two runs' rows differ there, as in
+    ``a/lightning_logs/version_0`` and ``b/lightning_logs/version_0``) and
+    its end (the file) are kept, each cut at a ``/`` where one is near."""
+    if len(text) <= room:
+        return text
+    if room < 12:
+        return clip_left(text, room)
+    head = text[: max(room // 3, 6)]
+    if "/" in head[2:]:
+        head = head[: head.rindex("/") + 1]
+    tail = text[len(text) - (room - len(head) - 1) :]
+    cut = tail.find("/")
+    if 0 < cut < len(tail) // 2:
+        tail = tail[cut:]
+    return head + "…" + tail
+
+
+def clip_left(text: str, room: int) -> str:
+    """At most `room` characters (one at least), keeping the end."""
+    if len(text) <= room:
+        return text
+    return "…" + text[len(text) - (room - 1) :] if room > 1 else "…"
+
+
 def common_base(paths: list[str]) -> str:
-    """The directory the store names are shown relative to ("" for none)."""
+    """The stores' common directory ("" for none): the HTML page's "stores under"."""
     if len(paths) < 2:
         return os.path.dirname(paths[0].rstrip("/")) if paths else ""
     try:

@@ -22,7 +22,12 @@ from typing import IO, Any
 
 from adapterprobe.escape import terminal
 from adapterprobe.probes.result import Verdict
-from adapterprobe.reports.shaping import common_base, natural_key
+from adapterprobe.reports.shaping import (
+    clip_middle,
+    natural_key,
+    store_name,
+    working_dir,
+)
 from adapterprobe.tally import Tally
 
 COLOURS = {
@@ -64,32 +69,6 @@ def short_path(path: str | None, base: str) -> str:
     if rel in (".", ""):
         return os.path.basename(os.path.normpath(path)) or path
     return path if rel.startswith("..") else rel
-
-
-def _clip_left(text: str, room: int) -> str:
-    """At most `room` characters (one at least), keeping the end."""
-    if len(text) <= room:
-        return text
-    return "…" + text[len(text) - (room - 1) :] if room > 1 else "…"
-
-
-def _clip_middle(text: str, room: int) -> str:
-    """At most `room` characters of a path, cut in the middle: its start (the
-    run a row is about: two runs' rows differ there, as in
-    ``a/lightning_logs/version_0`` and ``b/lightning_logs/version_0``) and
-    its end (the file) are kept, each cut at a ``/`` where one is near."""
-    if len(text) <= room:
-        return text
-    if room < 12:
-        return _clip_left(text, room)
-    head = text[: max(room // 3, 6)]
-    if "/" in head[2:]:
-        head = head[: head.rindex("/") + 1]
-    tail = text[len(text) - (room - len(head) - 1) :]
-    cut = tail.find("/")
-    if 0 < cut < len(tail) // 2:
-        tail = tail[cut:]
-    return head + "…" + tail
 
 
 def _tracker_run(evidence: dict[str, Any]) -> str | None:
@@ -248,31 +227,31 @@ class TableStream:
         """Write everything; returns the exit code."""
         if self._pending:
             self._flush_store()
-        base = common_base(list(self.tally.per_store))
+        here = working_dir()
         write = self.out.write
         room = self.width - 7
         for v in WORST_FIRST:
             for row in self._rows(v):
                 probe, store, adapter, score, message = row[:5]
-                where = short_path(store, base)
+                where = store_name(store, here)
                 if adapter:
                     where += f" / {short_path(adapter, store)}"
                 if len(row) > 6 and row[6]:
                     where += f" [{row[6]}]"  # a tracker's run by its name, not only its id
                 lead = f"{probe:<15} " + ("     " if score is None else f"{score:.2f} ") + " "
-                where = _clip_middle(terminal(where), max(10, room - len(lead)))
+                where = clip_middle(terminal(where), max(10, room - len(lead)))
                 write(f"{self._label(v)}  {lead}{where}\n")
                 for line in self._wrap(message):
                     write(f"{INDENT}{line}\n")
                 if len(row) > 5 and row[5]:
                     for line in self._wrap(row[5]):
                         write(f"{INDENT}{line}\n")
-        self._store_lines(base)
-        self._regression_lines(base)
+        self._store_lines(here)
+        self._regression_lines(here)
         write("\n" + summary_text(self.tally, fail_on, self.width, self.folded) + "\n")
         return self.tally.exit_code(fail_on)
 
-    def _regression_lines(self, base: str) -> None:
+    def _regression_lines(self, here: str) -> None:
         """The records that regressed against the baseline, and why."""
         tally = self.tally
         if not tally.regressed:
@@ -280,17 +259,17 @@ class TableStream:
         write = self.out.write
         write("\nregressed against the baseline:\n")
         for reg in tally.regressions:
-            where = short_path(reg.store, base)
+            where = store_name(reg.store, here)
             if reg.adapter:
                 where += f" / {short_path(reg.adapter, reg.store)}"
-            write(f"{reg.probe:<15} {_clip_middle(terminal(where), max(10, self.width - 16))}\n")
+            write(f"{reg.probe:<15} {clip_middle(terminal(where), max(10, self.width - 16))}\n")
             for line in self._wrap("; ".join(reg.why)):
                 write(f"{INDENT}{line}\n")
         if tally.regressed > len(tally.regressions):
             more = tally.regressed - len(tally.regressions)
             write(f"{INDENT}... and {more:,} more (--json lists each)\n")
 
-    def _store_lines(self, base: str) -> None:
+    def _store_lines(self, here: str) -> None:
         tally = self.tally
         stores = list(tally.per_store)
         if len(stores) < 2 and not self.folded:
@@ -310,7 +289,7 @@ class TableStream:
             counts = tally.store_counts(store)
             parts = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
             tail = f"  ({tally.layouts[store]}: {parts})"
-            name = _clip_middle(terminal(short_path(store, base)), max(10, room - len(tail)))
+            name = clip_middle(terminal(store_name(store, here)), max(10, room - len(tail)))
             self.out.write(f"{self._label(verdict)}  {name}{tail}\n")
 
 
