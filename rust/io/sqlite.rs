@@ -38,6 +38,46 @@ pub fn step_budget(len: u64) -> u64 {
     BASE_STEPS.saturating_add(len.saturating_mul(STEPS_PER_BYTE))
 }
 
+/// `file:` URI of an absolute path, as SQLite reads one: each byte that is
+/// not unreserved (RFC 3986) or a `/` is written `%XX`, so a `?`, `#` or `%`
+/// in a folder's name stays part of the path. Written here rather than
+/// taken from the `url` crate, whose IDNA/Unicode tables are a fifth of a
+/// scan-only build's crates and are not needed for a local path.
+/// `None` for a path that is not absolute.
+pub fn file_uri(absolute: &Path) -> Option<String> {
+    if !absolute.is_absolute() {
+        return None;
+    }
+    #[cfg(unix)]
+    let bytes = {
+        use std::os::unix::ffi::OsStrExt;
+        absolute.as_os_str().as_bytes().to_vec()
+    };
+    #[cfg(not(unix))]
+    let bytes = {
+        // `C:\runs\mlflow.db` is `file:///C:/runs/mlflow.db` (not tested:
+        // no Windows machine builds this crate here).
+        let text = absolute.to_str()?.replace('\\', "/");
+        let text = if text.starts_with('/') {
+            text
+        } else {
+            format!("/{text}")
+        };
+        text.into_bytes()
+    };
+    use std::fmt::Write as _;
+    let mut uri = String::with_capacity(bytes.len() + 8);
+    uri.push_str("file://");
+    for &b in &bytes {
+        if b.is_ascii_alphanumeric() || matches!(b, b'/' | b'-' | b'.' | b'_' | b'~') {
+            uri.push(char::from(b));
+        } else {
+            let _ = write!(uri, "%{b:02X}");
+        }
+    }
+    Some(uri)
+}
+
 /// A read-only connection to an untrusted SQLite file.
 pub struct Db {
     conn: Connection,
@@ -79,13 +119,12 @@ impl Db {
         // A file URI names an absolute path: a relative one (`mlflow.db`
         // given from its folder) is taken from the working directory.
         let absolute = std::path::absolute(path).map_err(|e| Error::io(area, path, &e))?;
-        let mut uri = url::Url::from_file_path(&absolute)
-            .map_err(|()| err("cannot be named as a file URI".into()))?;
-        uri.set_query(Some("immutable=1"));
+        let uri = file_uri(&absolute).ok_or_else(|| err("cannot be named as a file URI".into()))?
+            + "?immutable=1";
         let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
             | OpenFlags::SQLITE_OPEN_URI
             | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let conn = Connection::open_with_flags(uri.as_str(), flags)
+        let conn = Connection::open_with_flags(&uri, flags)
             .map_err(|e| err(format!("cannot be opened as SQLite: {e}")))?;
         let set = |e: rusqlite::Error| err(format!("cannot be opened safely: {e}"));
         conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true)
@@ -215,6 +254,81 @@ mod tests {
             "CREATE TABLE t (k TEXT, v REAL); INSERT INTO t VALUES ('a', 1.5), ('b', 2.5);",
         )
         .unwrap();
+    }
+
+    #[test]
+    fn a_folder_named_with_uri_characters_is_opened_where_it_is() {
+        // `?`, `#` and `%` end or escape a URI's path: written as they are,
+        // SQLite would open another file (or none).
+        let dir = tempfile::tempdir().unwrap();
+        let mut names = vec!["a b?c=1#d", "100%25", "ü ñ", "x%", "immutable=0&mode=rw"];
+        if cfg!(unix) {
+            names.push("tab\tnew\nline");
+        }
+        for name in names {
+            let folder = dir.path().join(name);
+            std::fs::create_dir(&folder).unwrap();
+            let path = folder.join("mlflow.db");
+            make_db(&path);
+            let db = Db::open(&path, Area::LogFormat).unwrap();
+            assert!(db.has_table("t"), "{name}");
+        }
+        // The same names one folder up hold no database: nothing was opened
+        // anywhere but at the path given.
+        assert!(std::fs::read_dir(dir.path())
+            .unwrap()
+            .all(|e| e.unwrap().path().is_dir()));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_path_that_is_not_utf8_is_opened_too() {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = tempfile::tempdir().unwrap();
+        let folder = dir
+            .path()
+            .join(std::ffi::OsStr::from_bytes(b"run-\xff\xfe"));
+        std::fs::create_dir(&folder).unwrap();
+        let path = folder.join("mlflow.db");
+        make_db(&path);
+        assert!(Db::open(&path, Area::LogFormat).unwrap().has_table("t"));
+    }
+
+    fn percent_decoded(text: &str) -> Vec<u8> {
+        let b = text.as_bytes();
+        let (mut out, mut i) = (Vec::new(), 0);
+        while i < b.len() {
+            if b[i] == b'%' {
+                let hex = std::str::from_utf8(&b[i + 1..i + 3]).unwrap();
+                out.push(u8::from_str_radix(hex, 16).unwrap());
+                i += 3;
+            } else {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+        out
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn a_file_uri_decodes_to_its_path(parts in proptest::collection::vec(".{0,12}", 1..5)) {
+            let path: std::path::PathBuf =
+                std::iter::once("/".to_string()).chain(parts.into_iter().filter(|p| !p.is_empty() && !p.contains('/') && !p.contains('\0'))).collect();
+            let uri = file_uri(&path).unwrap();
+            let body = uri.strip_prefix("file://").unwrap();
+            proptest::prop_assert!(body.bytes().all(|b| b.is_ascii_alphanumeric() || b"/-._~%".contains(&b)));
+            proptest::prop_assert_eq!(percent_decoded(body), path.to_str().unwrap().as_bytes());
+        }
+    }
+
+    #[test]
+    fn a_relative_path_has_no_file_uri() {
+        assert_eq!(file_uri(Path::new("mlflow.db")), None);
+        assert_eq!(
+            file_uri(Path::new("/r/a b")).as_deref(),
+            Some("file:///r/a%20b")
+        );
     }
 
     #[test]
