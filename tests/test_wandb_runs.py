@@ -271,19 +271,35 @@ def test_a_wandb_run_beside_checkpoints_is_no_store_of_its_own(tmp_path, monkeyp
     assert record.evidence["log_source"] == "trainer_state", record.message
 
 
-def test_the_table_names_a_tracker_run_by_its_name(runs):
+def test_every_output_names_a_tracker_run_by_its_name(runs, tmp_path):
     """A W&B run's store path holds only its id (offline-run-<time>-<id>):
-    the table's row names the run as W&B does, project/name (id) (issue 56,
-    item 3)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "adapterprobe", "scan", str(runs["diverged"]), "--format", "table"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-    assert done.returncode == 1, done.stderr
-    rows = [line for line in done.stdout.splitlines() if "training_drift" in line]
-    assert rows and "[probe-tests/lr-too-high (" in rows[0], done.stdout
+    the table's rows and per-store lines, the markdown summary and the HTML
+    report name the run as W&B does, project/name (id) (issue 56, item 3)."""
+
+    def adapterprobe(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "adapterprobe", *args],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "COLUMNS": "200"},
+        )
+        assert done.returncode == 1, done.stderr
+        return done.stdout
+
+    both = (str(runs["diverged"]), str(runs["healthy"]))
+    table = adapterprobe("scan", *both, "--format", "table").splitlines()
+    rows = [line for line in table if "training_drift" in line]
+    assert rows and "[probe-tests/lr-too-high (" in rows[0], table
+    per_store = table[table.index("per store:") + 1 :]
+    assert "[probe-tests/lr-too-high (" in per_store[0], table
+    assert "[probe-tests/healthy (" in per_store[1], table
+    markdown = adapterprobe("scan", *both, "--format", "markdown")
+    assert "\\[probe-tests/lr-too-high \\(" in markdown, markdown  # escaped markdown
+    page = tmp_path / "report.html"
+    adapterprobe("report", *both, "-o", str(page))
+    html = page.read_text(encoding="utf-8")
+    assert html.count("[probe-tests/lr-too-high (") >= 1
+    assert "[probe-tests/healthy (" in html
 
 
 def test_a_run_reported_to_wandb_and_mlflow_is_one_run_judged_once(tmp_path, monkeypatch):

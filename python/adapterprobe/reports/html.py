@@ -184,12 +184,17 @@ def _reasons(store: Store) -> str:
     )
 
 
+def _run_text(store: Store) -> str:
+    """A W&B or MLflow run's name in its tracker, beside the store's path (its id)."""
+    return f' <span class="muted">[{esc(store.run)}]</span>' if store.run else ""
+
+
 def _store_title(store: Store) -> str:
     worst = VERDICTS[len(VERDICTS) - 1 - store.worst]
     layout = store.layout
     tag = f' <span class="tag">{esc(layout)}</span>' if layout else ""
     return (
-        f'{badge(worst)} <span class="name">{esc(store.name)}</span>{tag}'
+        f'{badge(worst)} <span class="name">{esc(store.name)}</span>{_run_text(store)}{tag}'
         f' <span class="muted">{esc(_count_text(store.counts()))}</span>'
     )
 
@@ -248,7 +253,7 @@ def compact_table(stores: list[Store], caption: str) -> str:
         message = esc(clip(worst.message, ROW_MESSAGE_CHARS))
         rows.append(
             f'<tr id="s{s.index}" data-store data-v="{" ".join(s.verdicts)}">'
-            f'<td class="c-n">{esc(s.name)}{tag}</td><td class="c-c">{counts}</td>'
+            f'<td class="c-n">{esc(s.name)}{_run_text(s)}{tag}</td><td class="c-c">{counts}</td>'
             f'<td class="c-m"><span class="probe">{esc(worst.probe)}</span> {message}</td></tr>'
         )
     return (

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from adapterprobe.escape import markdown as md
 from adapterprobe.probes.result import Verdict
-from adapterprobe.reports.shaping import clip_middle, store_name, working_dir
+from adapterprobe.reports.shaping import clip_middle, store_name, tracker_run, working_dir
 from adapterprobe.tally import Tally
 
 VERDICTS = ("error", "fail", "warn", "skip", "pass")  # worst first
@@ -58,6 +58,7 @@ class _Row(NamedTuple):
     probe: str
     verdict: Verdict
     message: str
+    evidence: Any
 
 
 def _as_record(raw: Any) -> Any:
@@ -70,6 +71,7 @@ def _as_record(raw: Any) -> Any:
         probe=str(raw.get("probe") or ""),
         verdict=Verdict(raw.get("verdict") or "error"),
         message=str(raw.get("message") or ""),
+        evidence=raw.get("evidence"),
     )
 
 
@@ -99,7 +101,8 @@ class MarkdownSummary:
             # Keep the MAX_ROWS worst, first come first: a bounded max-heap on
             # (severity, arrival) with the least wanted row on top.
             key = (r.verdict.severity, -self._seen)
-            row = (r.verdict.value, r.probe, r.adapter, r.store + "\0" + r.message)
+            run = (tracker_run(r) or "").replace("\0", "")  # a tracker's name for it
+            row = (r.verdict.value, r.probe, r.adapter, f"{r.store}\0{run}\0{r.message}")
             if len(self._rows) < MAX_ROWS:
                 heapq.heappush(self._rows, (*key, row))
             elif key > self._rows[0][:2]:
@@ -123,10 +126,11 @@ class MarkdownSummary:
         if rows:
             lines += ["| verdict | probe | store | adapter | message |", "|---|---|---|---|---|"]
             for _, _, (verdict, probe, adapter, packed) in rows:
-                store, _, message = packed.partition("\0")
+                store, run, message = packed.split("\0", 2)
+                name = _name(store, here, 80) + (f" [{run}]" if run else "")
                 lines.append(
                     f"| {ICONS[verdict]} {verdict.upper()} | {md(probe)} | "
-                    f"{md(_name(store, here, 80))} | "
+                    f"{md(name)} | "
                     f"{md(_clip(_short(adapter, store), 60))} | "
                     f"{md(_clip(message, MESSAGE_CHARS))} |"
                 )

@@ -60,6 +60,13 @@ class Store:
     name: str = ""
     index: int = 0
     records: list[Record] = field(default_factory=list)
+    run: str | None = None  # a W&B or MLflow run's name in its tracker
+
+    def add(self, rec: Record) -> None:
+        """Keep `rec`, and the tracker's name for the run when it says one."""
+        self.records.append(rec)
+        if self.run is None:
+            self.run = tracker_run(rec)
 
     @property
     def worst(self) -> int:
@@ -157,7 +164,7 @@ def group_stores(records: Iterable[Any]) -> list[Store]:
     stores: dict[str, Store] = {}
     for raw in records:
         rec = read_record(raw)
-        stores.setdefault(rec.store, Store(rec.store)).records.append(rec)
+        stores.setdefault(rec.store, Store(rec.store)).add(rec)
     return name_stores(list(stores.values()))
 
 
@@ -199,7 +206,7 @@ class StoreCollector:
             if store is not self._current:
                 self._settle()
                 self._current = store
-            store.records.append(rec)
+            store.add(rec)
 
     def _settle(self) -> None:
         if self._current is None:
@@ -272,6 +279,22 @@ def store_name(path: str, here: str) -> str:
     if path in (".", ""):
         return os.path.basename(here.rstrip("/")) or here or "."
     return path
+
+
+TRACKER_LAYOUTS = frozenset({"wandb", "mlflow"})  # stores whose path holds a run id
+
+
+def tracker_run(record: Any) -> str | None:
+    """How a W&B or MLflow run is named in its tracker (its record's
+    evidence ``run``: ``project/name (id)``), when the tracker named it: the
+    store's path holds only the run's id (``offline-run-...-t203h7ly``, an
+    MLflow run's hex id), so rows show both. Other layouts' evidence is not
+    looked at (a report converts a record's evidence only when it draws it)."""
+    if getattr(record, "layout", None) not in TRACKER_LAYOUTS:
+        return None
+    evidence = record.evidence
+    run = evidence.get("run") if isinstance(evidence, Mapping) else None
+    return run if isinstance(run, str) and run else None
 
 
 def clip_middle(text: str, room: int) -> str:

@@ -26,6 +26,7 @@ from adapterprobe.reports.shaping import (
     clip_middle,
     natural_key,
     store_name,
+    tracker_run,
     working_dir,
 )
 from adapterprobe.tally import Tally
@@ -69,15 +70,6 @@ def short_path(path: str | None, base: str) -> str:
     if rel in (".", ""):
         return os.path.basename(os.path.normpath(path)) or path
     return path if rel.startswith("..") else rel
-
-
-def _tracker_run(evidence: dict[str, Any]) -> str | None:
-    """How a W&B or MLflow run is named in its tracker (the record's
-    ``run``: ``project/name (id)``), when the tracker named it: its store
-    path holds only the run's id (``offline-run-...-t203h7ly``, an MLflow
-    run's hex id)."""
-    run = evidence.get("run") if isinstance(evidence, dict) else None
-    return run if isinstance(run, str) and run else None
 
 
 def _evidence_text(evidence: dict[str, Any]) -> str:
@@ -174,6 +166,7 @@ class TableStream:
         self.tally = Tally(regression_gate=regression_gate)
         self.folded = 0
         # Closed by _rows() as each is read back in finish().
+        self._runs: dict[str, str] = {}  # a tracker run's name, by store
         self._spill = {
             v: tempfile.TemporaryFile("w+", encoding="utf-8")  # noqa: SIM115
             for v in WORST_FIRST
@@ -196,10 +189,13 @@ class TableStream:
             if fold and r.verdict is Verdict.SKIP and self._visible(r):
                 self.folded += 1
             self.tally.add(r, self._visible(r))
+            run = tracker_run(r)
+            if run is not None:
+                self._runs.setdefault(r.store, run)
             if visible:
                 row = [r.probe, r.store, r.adapter, r.score, r.message]
                 row.append(_evidence_text(r.evidence) if self.verbose else None)
-                row.append(_tracker_run(r.evidence))
+                row.append(run)
                 self._spill[r.verdict].write(json.dumps(row) + "\n")
 
     def _visible(self, r: Any) -> bool:
@@ -289,7 +285,10 @@ class TableStream:
             counts = tally.store_counts(store)
             parts = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
             tail = f"  ({tally.layouts[store]}: {parts})"
-            name = clip_middle(terminal(store_name(store, here)), max(10, room - len(tail)))
+            name = store_name(store, here)
+            if store in self._runs:
+                name += f" [{self._runs[store]}]"
+            name = clip_middle(terminal(name), max(10, room - len(tail)))
             self.out.write(f"{self._label(verdict)}  {name}{tail}\n")
 
 
