@@ -596,6 +596,61 @@ def log_size(args) -> None:
             )
 
 
+# The monitor's entry points, each timed whole (cumulative): the parts of a sampled step.
+PARTS = {
+    "_on_forward": "forward hooks: output statistics, a gradient hook on each output",
+    "_on_activation_grad": "those gradient hooks in the backward pass",
+    "_end": "closing the step: host read, per-layer tables, summary, JSON line",
+    "write_gap": "  of which the JSON line",
+    "_begin": "adding the forward hooks when the step opens",
+}
+
+
+def profile_parts(harness: str, args) -> None:
+    """cProfile one `harness` run without the monitor and one at interval=1, and print
+    the monitor's parts as shares of what the profile gives them (the profiler
+    inflates Python-heavy code, so shares, not times)."""
+    import cProfile
+    import pstats
+
+    if harness not in HARNESSES:
+        print(f"[{harness}] --profile runs in one process: hand loop, hf, lightning only")
+        return
+    vocab = PRESETS[args.preset][4]
+    model = build_model(args.preset, args.device)
+    data = Batches(vocab, args.batch, args.seq, args.device)
+    sync = sync_of(args.device)
+    ours = Config(
+        "ours interval=1", GAPMonitor(model, interval=1, sink=JsonlSink(args.workdir / "p.jsonl"))
+    )
+    HARNESSES[harness](model, Config("no monitor"), args, data, sync)  # warm-up
+    steps = WARMUP + args.steps
+    spent: dict[str, float] = {}
+    parts: dict[str, float] = {}
+    for config in (Config("no monitor"), ours):
+        prof = cProfile.Profile()
+        prof.enable()
+        HARNESSES[harness](model, config, args, data, sync)
+        prof.disable()
+        stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+        runner = HARNESSES[harness].__name__  # the whole run, set-up included
+        spent[config.name] = sum(v[3] for k, v in stats.items() if k[2] == runner)
+        if config is ours:
+            parts = {
+                name: sum(v[3] for k, v in stats.items() if k[2] == name and "adapterprobe" in k[0])
+                for name in PARTS
+            }
+    overhead = spent["ours interval=1"] - spent["no monitor"]
+    profiled = sum(t for name, t in parts.items() if name != "write_gap")
+    print(
+        f"[{harness}] interval=1 under cProfile: {overhead * 1000 / steps:.1f} ms a step over "
+        f"no monitor, {profiled * 1000 / steps:.1f} ms of it inside the monitor's entry points"
+    )
+    for name, text in PARTS.items():
+        share = parts[name] / profiled if profiled else 0.0
+        print(f"  {share:6.1%}  {text} ({name})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--harness", default="loop,hf,lightning")
@@ -621,6 +676,12 @@ def main() -> None:
         help="time only these configurations (comma-separated, e.g. 'ours interval=10')",
     )
     parser.add_argument("--log-size", action="store_true", help="print bytes per step and exit")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="where a sampled step's time goes: cProfile of each harness at interval=1, "
+        "the monitor's parts as shares, and exit",
+    )
     args = parser.parse_args()
     if args.steps % 10:
         parser.error("--steps must be a multiple of 10 (whole interval=10 blocks)")
@@ -651,6 +712,10 @@ def main() -> None:
         args.workdir = Path(tmp)
         if args.log_size:
             log_size(args)
+            return
+        if args.profile:
+            for harness in harnesses:
+                profile_parts(harness, args)
             return
         hidden, _, layers, _, vocab = PRESETS[args.preset]
         print(
