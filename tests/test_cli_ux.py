@@ -501,3 +501,13 @@ def test_a_store_is_named_from_the_working_directory(here, rest, outside):
     assert store_name(path, cwd) not in ("", ".")
     if cwd != "/":
         assert store_name(cwd + "2", cwd) == cwd + "2"  # a sibling is not below it
+
+
+def test_the_bundled_demo_is_named_by_its_folders_wherever_it_is_installed(tmp_path, demo_store):
+    """`adapterprobe scan` with no ROOT scans the demo inside the installed
+    package: its rows are `smoke-test`, not `.venv/lib/.../demo_store/smoke-test`."""
+    done = cli("scan", "--format", "table", cwd=tmp_path)
+    per_store = ANSI.sub("", done.stdout).split("per store:\n")[1].splitlines()[:4]
+    assert sorted(line.split()[1] for line in per_store) == sorted(
+        p.name for p in demo_store.iterdir()
+    ), per_store

@@ -20,6 +20,7 @@ from typing import Any
 
 from adapterprobe._evidence import as_layer_numbers, as_names, as_number, as_pairs, as_steps
 from adapterprobe._evidence import natural_key as natural_key  # re-exported
+from adapterprobe.scan import DEMO_STORE
 
 VERDICTS = ("error", "fail", "warn", "skip", "pass")  # worst first
 SEVERITY = {v: len(VERDICTS) - 1 - i for i, v in enumerate(VERDICTS)}
@@ -247,6 +248,9 @@ def name_stores(out: list[Store]) -> list[Store]:
     return out
 
 
+BUNDLED_DEMO = os.path.join(DEMO_STORE, "")  # as its records spell it, with a trailing /
+
+
 def working_dir() -> str:
     """The working directory store names are shown from ("" when it is gone)."""
     try:
@@ -264,10 +268,14 @@ def store_name(path: str, here: str) -> str:
     common directory moved with what was scanned: a Lightning run was
     ``a/lightning_logs/version_0`` beside another run and ``version_0``
     alone.) The working directory itself is named by its last component, not
-    ``.``. Where room is short a name is cut in the middle (:func:`clip_middle`).
+    ``.``; the bundled demo's runs by their folder in it, wherever adapterprobe is
+    installed (``smoke-test``). Where room is short a name is cut in the middle
+    (:func:`clip_middle`).
     """
     if "://" in path:
         return path
+    if path.startswith(BUNDLED_DEMO):
+        return path[len(BUNDLED_DEMO) :]  # `adapterprobe scan` with no ROOT: the demo's runs
     if os.path.isabs(path):
         root = here.rstrip("/") + "/" if here else ""
         if not root or not (path + "/").startswith(root):
