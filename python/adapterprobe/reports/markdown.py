@@ -20,7 +20,13 @@ from typing import Any, NamedTuple
 
 from adapterprobe.escape import markdown as md
 from adapterprobe.probes.result import Verdict
-from adapterprobe.reports.shaping import clip_middle, store_name, tracker_run, working_dir
+from adapterprobe.reports.shaping import (
+    clip_middle,
+    relative_to,
+    store_name,
+    tracker_run,
+    working_dir,
+)
 from adapterprobe.tally import Tally
 
 VERDICTS = ("error", "fail", "warn", "skip", "pass")  # worst first
@@ -41,12 +47,9 @@ def _name(store: str, here: str, limit: int) -> str:
     return clip_middle(" ".join(store_name(store, here).split()), limit)
 
 
-def _short(path: str | None, base: str) -> str:
-    if not path:
-        return "-"
-    if base and path.startswith(base.rstrip("/") + "/"):
-        return path[len(base.rstrip("/")) + 1 :]
-    return path
+def _adapter(adapter: str | None, store: str) -> str:
+    """An adapter relative to its store ("-" for a store-wide record)."""
+    return relative_to(adapter, store) if adapter else "-"
 
 
 class _Row(NamedTuple):
@@ -131,7 +134,7 @@ class MarkdownSummary:
                 lines.append(
                     f"| {ICONS[verdict]} {verdict.upper()} | {md(probe)} | "
                     f"{md(name)} | "
-                    f"{md(_clip(_short(adapter, store), 60))} | "
+                    f"{md(_clip(_adapter(adapter, store), 60))} | "
                     f"{md(_clip(message, MESSAGE_CHARS))} |"
                 )
             if self._seen > len(rows):
@@ -148,7 +151,7 @@ class MarkdownSummary:
             for reg in tally.regressions:
                 lines.append(
                     f"| {md(reg.probe)} | {md(_name(reg.store, here, 80))} | "
-                    f"{md(_clip(_short(reg.adapter, reg.store), 60))} | "
+                    f"{md(_clip(_adapter(reg.adapter, reg.store), 60))} | "
                     f"{md(_clip('; '.join(reg.why), MESSAGE_CHARS))} |"
                 )
             if tally.regressed > len(tally.regressions):
