@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
+#[cfg(not(unix))]
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -32,6 +33,7 @@ pub struct Entry {
 }
 
 /// Most bytes reserved ahead of one ranged read (larger ranges grow as read).
+#[cfg(not(unix))]
 const RESERVE_MAX: u64 = 64 << 20;
 
 /// A zip archive opened for reading STORED entries.
@@ -44,6 +46,9 @@ pub struct Archive {
     /// The whole file, when it is at most `read_once::WHOLE_MAX` bytes
     /// (shared with the store's other readers of it).
     whole: Option<Arc<[u8]>>,
+    /// Off unix, ranged reads seek a shared file position: one at a time.
+    #[cfg(not(unix))]
+    lock: std::sync::Mutex<()>,
 }
 
 fn le16(b: &[u8], at: usize) -> u16 {
@@ -83,7 +88,6 @@ impl Archive {
                 self.len
             )));
         }
-        buf.clear();
         if self.whole.is_none() {
             staged::fill(&self.path, Area::TrainingState, offset, len)?;
         }
@@ -94,25 +98,68 @@ impl Archive {
             let bytes = whole
                 .get(range)
                 .ok_or_else(|| self.err("file shrank while being read"))?;
+            buf.clear();
             buf.extend_from_slice(bytes);
             return Ok(());
         }
-        // Room for the range up front (it is within the file's length): one
-        // read instead of a chain of growing ones.
-        buf.reserve(usize::try_from(len.min(RESERVE_MAX)).unwrap_or(0));
-        let Some(mut f) = self.file.as_ref() else {
+        let Some(file) = self.file.as_ref() else {
             return Err(self.err("file shrank while being read"));
         };
-        f.seek(SeekFrom::Start(offset))
-            .map_err(|e| Error::io(Area::TrainingState, &self.path, &e))?;
-        let got = f
-            .take(len)
-            .read_to_end(buf)
-            .map_err(|e| Error::io(Area::TrainingState, &self.path, &e))?;
+        self.read_file_at(file, offset, len, buf)
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::UnexpectedEof => self.err("file shrank while being read"),
+                _ => Error::io(Area::TrainingState, &self.path, &e),
+            })
+    }
+
+    /// `len` bytes at `offset` of `file` into `buf` (its contents replaced), with
+    /// a positioned read: readers on several threads share the file with
+    /// no shared seek position. `len` is within the file (checked by the
+    /// caller), so the buffer is no larger than the file.
+    #[cfg(unix)]
+    fn read_file_at(
+        &self,
+        file: &File,
+        offset: u64,
+        len: u64,
+        buf: &mut Vec<u8>,
+    ) -> std::io::Result<()> {
+        let n = usize::try_from(len).map_err(|_| std::io::ErrorKind::OutOfMemory)?;
+        // Every byte is overwritten: zero only what the buffer grows by.
+        if buf.len() >= n {
+            buf.truncate(n);
+        } else {
+            buf.resize(n, 0);
+        }
+        std::os::unix::fs::FileExt::read_exact_at(file, buf, offset)
+    }
+
+    /// Off unix: a seek and a read under a lock (one position per file).
+    #[cfg(not(unix))]
+    fn read_file_at(
+        &self,
+        mut file: &File,
+        offset: u64,
+        len: u64,
+        buf: &mut Vec<u8>,
+    ) -> std::io::Result<()> {
+        let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        buf.clear();
+        buf.reserve(usize::try_from(len.min(RESERVE_MAX)).unwrap_or(0));
+        file.seek(SeekFrom::Start(offset))?;
+        let got = file.take(len).read_to_end(buf)?;
         if got as u64 != len {
-            return Err(self.err("file shrank while being read"));
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
         }
         Ok(())
+    }
+
+    /// Read `len` bytes at the absolute file offset `offset` into `buf`
+    /// (its contents replaced); an error when the range runs past the file. For
+    /// readers that resolved an entry's data offset once
+    /// ([`Archive::data_offset`]) and read many ranges of it.
+    pub fn read_at(&self, offset: u64, len: u64, buf: &mut Vec<u8>) -> Result<()> {
+        self.read_exact_at(offset, len, buf)
     }
 
     pub fn open(path: &Path) -> Result<Archive> {
@@ -129,6 +176,8 @@ impl Archive {
             len,
             entries: HashMap::new(),
             whole,
+            #[cfg(not(unix))]
+            lock: std::sync::Mutex::new(()),
         };
         let not_zip = || {
             // A small file was read whole: a Git LFS pointer says so.
