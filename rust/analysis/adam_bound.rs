@@ -106,32 +106,229 @@ impl PairCheck {
     /// with no square root or division per element (ratios compared as
     /// m_a^2 v_b > m_b^2 v_a), so a state whose every element is over the
     /// bound costs two passes, not one per element of float division.
-    fn check_bound<I: Iterator<Item = (f64, f64)>>(&mut self, pairs: impl Fn() -> I, limit: f64) {
+    pub(crate) fn check_bound<I: Iterator<Item = (f64, f64)>>(
+        &mut self,
+        pairs: impl Fn() -> I,
+        limit: f64,
+    ) {
         let flagged: u64 = pairs().map(|(m, v)| u64::from(exceeds(m, v, limit))).sum();
         if flagged == 0 {
             return;
         }
         self.over_bound += flagged;
-        // The worst flagged pair so far as (|m|, m^2, v); v = 0 is +inf.
-        let (mut worst_m, mut worst_m2, mut worst_v) = (0.0f64, 0.0f64, 1.0f64);
-        for (m, v) in pairs() {
-            let m2 = m * m;
-            if exceeds(m, v, limit) && m2 * worst_v > worst_m2 * v {
-                (worst_m, worst_m2, worst_v) = (m.abs(), m2, v);
+        // The worst flagged pair so far as (|m|, m^2, v) per lane (pair `i`
+        // in lane `i % 8`, so the search vectorizes), then over the lanes;
+        // v = 0 is +inf.
+        const LANES: usize = 8;
+        let mut worst = [(0.0f64, 0.0f64, 1.0f64); LANES];
+        let mut all = pairs();
+        loop {
+            let mut group = [(0.0f64, -1.0f64); LANES]; // v < 0: never flagged
+            let mut filled = 0;
+            for (g, p) in group.iter_mut().zip(&mut all) {
+                *g = p;
+                filled += 1;
+            }
+            for (w, &(m, v)) in worst.iter_mut().zip(&group) {
+                let m2 = m * m;
+                // abs: a v of -0.0 is 0 (its ratio +inf, not -inf).
+                let better = exceeds(m, v, limit) & (m2 * w.2 > w.1 * v);
+                *w = if better { (m.abs(), m2, v.abs()) } else { *w };
+            }
+            if filled < LANES {
+                break;
             }
         }
         // max keeps the finite one; v = 0 gives +inf, kept.
-        self.worst_ratio = self.worst_ratio.max(worst_m / worst_v.sqrt());
+        self.worst_ratio = self.worst_ratio.max(worst_of_lanes(&worst));
     }
+}
+
+impl PairCheck {
+    /// [`PairCheck::check_bound`] for float32 bytes in one pass: the flagged
+    /// count and the worst pair per lane (pair `i` in lane `i % 8`), on
+    /// fixed-width groups the compiler vectorizes, then over the lanes.
+    /// A block of a tampered state (every pair flagged) costs this pass.
+    fn check_bound_f32(&mut self, m: &[u8], v: &[u8], limit: f64) {
+        const LANES: usize = 8;
+        let mut flagged = [0u64; LANES];
+        let mut worst = [(0.0f64, 0.0f64, 1.0f64); LANES];
+        let lane = |w: &mut (f64, f64, f64), count: &mut u64, m: f64, v: f64| {
+            let m2 = m * m;
+            let flag = exceeds(m, v, limit);
+            *count += u64::from(flag);
+            // abs: a v of -0.0 is 0 (its ratio +inf, not -inf).
+            let better = flag & (m2 * w.2 > w.1 * v);
+            *w = if better { (m.abs(), m2, v.abs()) } else { *w };
+        };
+        let mut mc = m.chunks_exact(4 * LANES);
+        let mut vc = v.chunks_exact(4 * LANES);
+        for (mb, vb) in (&mut mc).zip(&mut vc) {
+            let (mm, vv) = (f32x8(mb), f32x8(vb));
+            for j in 0..LANES {
+                lane(
+                    &mut worst[j],
+                    &mut flagged[j],
+                    f64::from(mm[j]),
+                    f64::from(vv[j]),
+                );
+            }
+        }
+        let (mm, vv) = (f32x8(mc.remainder()), f32x8(vc.remainder()));
+        for j in 0..vc.remainder().len().min(mc.remainder().len()) / 4 {
+            lane(
+                &mut worst[j],
+                &mut flagged[j],
+                f64::from(mm[j]),
+                f64::from(vv[j]),
+            );
+        }
+        let flagged: u64 = flagged.iter().sum();
+        if flagged == 0 {
+            return;
+        }
+        self.over_bound += flagged;
+        self.worst_ratio = self.worst_ratio.max(worst_of_lanes(&worst));
+    }
+}
+
+/// The ratio `|m| / sqrt(v)` of the worst of per-lane worst pairs
+/// `(|m|, m^2, v)` (lanes with none flagged hold `(0, 0, 1)`).
+fn worst_of_lanes(worst: &[(f64, f64, f64)]) -> f64 {
+    let (mut worst_m, mut worst_m2, mut worst_v) = (0.0f64, 0.0f64, 1.0f64);
+    for &(m, m2, v) in worst {
+        if m2 * worst_v > worst_m2 * v {
+            (worst_m, worst_m2, worst_v) = (m, m2, v);
+        }
+    }
+    // v = 0 gives +inf.
+    worst_m / worst_v.sqrt()
 }
 
 /// `|m| > MARGIN k sqrt(v) + ABS_SLACK`, as `(|m| - ABS_SLACK)^2 > limit v`
 /// with `limit = (MARGIN k)^2`, for `v >= 0` and `|m| > ABS_SLACK` (no
 /// square root per element); NaN and infinite `m` compare false.
-#[inline]
+#[inline(always)]
 fn exceeds(m: f64, v: f64, limit: f64) -> bool {
-    let excess = m.abs() - ABS_SLACK;
-    excess > 0.0 && v >= 0.0 && excess * excess > limit * v && m.is_finite()
+    let a = m.abs();
+    let excess = a - ABS_SLACK;
+    // `&`, not `&&`: no branch per element, so the count vectorizes.
+    (excess > 0.0) & (v >= 0.0) & (excess * excess > limit * v) & (a < f64::INFINITY)
+}
+
+/// Pairs checked per block of the float32 pass: its per-lane counts are
+/// u32 (they stay far below 2^32) and flushed to u64 after each block.
+const F32_BLOCK: usize = 4096;
+
+/// One pass over aligned float32 pieces of Adam's two moments (what torch
+/// saves for float32 parameters) that gathers everything the gradient probe
+/// needs of them: the [`PairCheck`] and the sum and non-finite count of the
+/// second moment, so `exp_avg_sq` is read once.
+///
+/// The sum is bit-identical to `float_reduce::reduce_bytes` over the same
+/// chunk of the second moment (8 f64 lanes, element `i` of the chunk in lane
+/// `i % 8`, combined the same way), provided every piece but the last has a
+/// multiple of 8 elements. The bound is first tested in float32 with a
+/// limit lowered by 2^-20 (a superset of the pairs the exact f64 test
+/// flags: see [`F32_LIMIT_SHRINK`]); a block with a candidate is checked
+/// exactly in f64, so a healthy state costs one cheap pass and a tampered
+/// one the exact check besides.
+#[derive(Debug, Clone, Default)]
+pub struct FusedF32 {
+    pub check: PairCheck,
+    lanes: [f64; 8],
+    nonfinite: u64,
+}
+
+/// Relative amount the float32 prefilter lowers the limit by. If the exact
+/// test flags a pair, `m^2 > (|m| - slack)^2 > limit v (1 - 2^-52)`; the f32
+/// products round by at most 2^-24 each, so `fl32(m^2) > fl32(lim32 v)`
+/// whenever `lim32 <= limit (1 - 2^-21)` (the f64 to f32 rounding of the
+/// shrunk limit costs another 2^-24). A product that overflows f32 is a
+/// candidate too.
+const F32_LIMIT_SHRINK: f64 = 1.0 - 1.0 / (1u64 << 20) as f64;
+
+/// Whether the float32 prefilter keeps the pair (`lv` = the shrunk
+/// limit times `v`): `m^2 > lv`, a NaN on either side, or `lv` overflowed.
+#[inline(always)]
+#[allow(clippy::neg_cmp_op_on_partial_ord)] // the negations keep NaN, as they must
+fn candidate(m: f32, lv: f32) -> bool {
+    !(m * m <= lv) | !(lv < f32::INFINITY)
+}
+
+#[inline(always)]
+fn f32x8(bytes: &[u8]) -> [f32; 8] {
+    let mut out = [0.0f32; 8];
+    for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+        *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+    }
+    out
+}
+
+impl FusedF32 {
+    /// Add aligned pieces `m` and `v` (little-endian float32, the same
+    /// number of bytes) against `bound` (`K`, or None to check only the
+    /// sign of `v`).
+    pub fn add(&mut self, m: &[u8], v: &[u8], bound: Option<f64>) {
+        let limit = bound.map(|k| (MARGIN * k) * (MARGIN * k));
+        let lim32 = limit.map_or(0.0, |l| (l * F32_LIMIT_SHRINK) as f32);
+        let n = (m.len().min(v.len()) / 4) * 4;
+        for (mb, vb) in m[..n]
+            .chunks(4 * F32_BLOCK)
+            .zip(v[..n].chunks(4 * F32_BLOCK))
+        {
+            let (negative, candidates) = self.block(mb, vb, lim32);
+            self.check.negative_v += negative;
+            if let (Some(limit), true) = (limit, candidates > 0) {
+                self.check.check_bound_f32(mb, vb, limit);
+            }
+        }
+    }
+
+    /// One block: lane sums and non-finite count of `v`; returns the
+    /// negative `v` and the prefilter's candidates.
+    #[inline(always)]
+    fn block(&mut self, m: &[u8], v: &[u8], lim32: f32) -> (u64, u64) {
+        let mut bad = [0u32; 8];
+        let mut neg = [0u32; 8];
+        let mut cand = [0u32; 8];
+        let mut mc = m.chunks_exact(32);
+        let mut vc = v.chunks_exact(32);
+        for (mb, vb) in (&mut mc).zip(&mut vc) {
+            let (mm, vv) = (f32x8(mb), f32x8(vb));
+            for (l, &x) in self.lanes.iter_mut().zip(&vv) {
+                *l += f64::from(x);
+            }
+            for j in 0..8 {
+                let (m, v) = (mm[j], vv[j]);
+                let lv = lim32 * v;
+                bad[j] += u32::from(!v.is_finite());
+                neg[j] += u32::from(v < 0.0);
+                cand[j] += u32::from(candidate(m, lv));
+            }
+        }
+        let (mm, vv) = (f32x8(mc.remainder()), f32x8(vc.remainder()));
+        for j in 0..vc.remainder().len() / 4 {
+            let (m, v) = (mm[j], vv[j]);
+            let lv = lim32 * v;
+            self.lanes[j] += f64::from(v);
+            bad[j] += u32::from(!v.is_finite());
+            neg[j] += u32::from(v < 0.0);
+            cand[j] += u32::from(candidate(m, lv));
+        }
+        let total = |c: [u32; 8]| c.iter().map(|&x| u64::from(x)).sum::<u64>();
+        self.nonfinite += total(bad);
+        (total(neg), total(cand))
+    }
+
+    /// Sum and non-finite count of the second moment's elements added.
+    pub fn reduction(&self) -> (f64, u64) {
+        let a = &self.lanes;
+        (
+            ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7])),
+            self.nonfinite,
+        )
+    }
 }
 
 #[cfg(test)]
@@ -220,8 +417,81 @@ mod tests {
         let mut b = PairCheck::default();
         b.add_f32_bytes(&bytes(&m), &bytes(&v), k);
         assert_eq!((b.negative_v, b.over_bound), (1, 1));
+        // A second moment of -0.0 is 0: the flagged pair's ratio is +inf.
+        let mut z = PairCheck::default();
+        z.add(&[1.0, 2.0], &[-0.0, 1e-6], k);
+        assert_eq!((z.over_bound, z.worst_ratio), (2, f64::INFINITY));
         assert_eq!(adam_bound(1.0, 0.999, None), None);
         assert_eq!(adam_bound(0.9, 0.5, None), None); // r >= 1 needs the step
         assert!(adam_bound(0.9, 0.5, Some(10.0)).is_some());
+    }
+
+    /// Float32 moments near the bound: the pair `(m, v)` from `bits` as
+    /// `style` says (raw bit patterns; `|m|` a hair either side of
+    /// `MARGIN K sqrt(v) + ABS_SLACK`; zeros, negatives and extremes).
+    fn pair(style: u8, a: u32, b: u32, k: f64) -> (f32, f32) {
+        match style {
+            0 => (f32::from_bits(a), f32::from_bits(b)),
+            1 | 2 => {
+                let v = f32::from_bits(b % 0x7f00_0000);
+                let edge = MARGIN * k * f64::from(v).sqrt() + ABS_SLACK;
+                let m = edge as f32;
+                // A few ulps either side of the edge (style 2: far side).
+                let ulps = (a % 7) as i32 - 3 + if style == 2 { 1 << 10 } else { 0 };
+                let m = f32::from_bits((m.to_bits() as i32).saturating_add(ulps).max(0) as u32);
+                (if a & 1 == 0 { m } else { -m }, v)
+            }
+            _ => {
+                let picks = [0.0, -0.0, -1e-30, 1e38, f32::MAX, f32::MIN_POSITIVE, 1e-40];
+                (picks[a as usize % 7], picks[b as usize % 7])
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// The fused float32 pass counts what the plain f64 check counts,
+        /// and its second-moment sum is bit-identical to the reducer's over
+        /// the same chunk, whatever the pieces (multiples of 8 elements).
+        #[test]
+        fn the_fused_f32_pass_matches_the_plain_check_and_reducer(
+            elems in proptest::collection::vec(
+                (0u8..4, proptest::prelude::any::<u32>(), proptest::prelude::any::<u32>()),
+                0..400,
+            ),
+            piece in 1usize..20,
+            betas in 0usize..4,
+        ) {
+            let bound = [
+                adam_bound(0.9, 0.999, None),
+                adam_bound(0.9, 0.95, Some(3.0)),
+                adam_bound(0.9, 0.9999, None),
+                None,
+            ][betas];
+            let k = bound.unwrap_or(7.27);
+            let (m, v): (Vec<f32>, Vec<f32>) =
+                elems.iter().map(|&(s, a, b)| pair(s, a, b, k)).unzip();
+            let bytes = |x: &[f32]| -> Vec<u8> { x.iter().flat_map(|f| f.to_le_bytes()).collect() };
+            let (mb, vb) = (bytes(&m), bytes(&v));
+            let mut fused = FusedF32::default();
+            for (mp, vp) in mb.chunks(32 * piece).zip(vb.chunks(32 * piece)) {
+                fused.add(mp, vp, bound);
+            }
+            let wide = |x: &[f32]| -> Vec<f64> { x.iter().map(|&f| f64::from(f)).collect() };
+            let mut plain = PairCheck::default();
+            plain.add(&wide(&m), &wide(&v), bound);
+            proptest::prop_assert_eq!(fused.check.negative_v, plain.negative_v);
+            proptest::prop_assert_eq!(fused.check.over_bound, plain.over_bound);
+            let (w, want) = (fused.check.worst_ratio, plain.worst_ratio);
+            proptest::prop_assert!(w == want || (w - want).abs() <= 1e-12 * want, "{} vs {} {:?}", w, want,
+                m.iter().zip(&v).filter(|(&a, &b)| exceeds(f64::from(a), f64::from(b), (MARGIN * k).powi(2))).collect::<Vec<_>>());
+            let (sum, bad) = fused.reduction();
+            let (want_sum, want_bad) =
+                crate::analysis::float_reduce::reduce_bytes(&vb, crate::formats::tensor_data::FloatKind::F32);
+            proptest::prop_assert_eq!(bad, want_bad);
+            proptest::prop_assert!(
+                sum.to_bits() == want_sum.to_bits() || (sum.is_nan() && want_sum.is_nan()),
+                "{} vs {}", sum, want_sum
+            );
+        }
     }
 }

@@ -32,6 +32,8 @@
 //! - SGD keeps `momentum_buffer` only, bitsandbytes' one-state optimizers
 //!   (Lion, SGD, RMSprop, ...) `state1` only: no second moment.
 
+use std::collections::HashMap;
+
 use crate::analysis::float_reduce::{reduce_tensor, Reduction};
 use crate::error::Result;
 use crate::formats::pickle::{DType, Id, Tensor, Unpickled, Value};
@@ -274,16 +276,29 @@ pub struct MomentReader<'a> {
     bytes: Vec<u8>,
     scale_bytes: Vec<u8>,
     scales: Vec<f64>,
+    /// Adam second moments already reduced, by param id (see
+    /// [`MomentReader::with_reduced`]).
+    reduced: HashMap<i64, Reduction>,
 }
 
 impl<'a> MomentReader<'a> {
     pub fn new(ts: &'a TorchSave) -> MomentReader<'a> {
+        MomentReader::with_reduced(ts, HashMap::new())
+    }
+
+    /// A reader that takes the `exp_avg_sq` of the params in `reduced` as
+    /// already reduced (by Adam's plausibility pass, which reads the same
+    /// contiguous tensor with the same chunking, so the sums are the ones
+    /// [`reduce_tensor`] gives) instead of reading it again. The work is
+    /// still charged to the budget, as a read would be.
+    pub fn with_reduced(ts: &'a TorchSave, reduced: HashMap<i64, Reduction>) -> MomentReader<'a> {
         MomentReader {
             ts,
             budget: WorkBudget::for_archive(&ts.archive),
             bytes: Vec::new(),
             scale_bytes: Vec::new(),
             scales: Vec::new(),
+            reduced,
         }
     }
 
@@ -298,10 +313,17 @@ impl<'a> MomentReader<'a> {
             nonfinite: r.nonfinite,
         };
         let stat = match *layout {
-            Layout::ExpAvgSq(t) => full(
-                t,
-                self.reduce(t, &format!("exp_avg_sq of param {param_id}"))?,
-            ),
+            Layout::ExpAvgSq(t) => {
+                let what = format!("exp_avg_sq of param {param_id}");
+                let r = match self.reduced.get(&param_id) {
+                    // Charged as `reduce_tensor` charges a contiguous view.
+                    Some(r) if r.numel == 0 => *r,
+                    Some(r) if self.budget.charge(r.numel.saturating_mul(2)) => *r,
+                    Some(_) => return Err(self.ts.over_budget(&what)),
+                    None => self.reduce(t, &what)?,
+                };
+                full(t, r)
+            }
             Layout::BnbFloat(t) => full(t, self.reduce(t, &format!("state2 of param {param_id}"))?),
             Layout::AdafactorFull(t) => full(
                 t,

@@ -315,9 +315,12 @@ pub fn summarize(ts: &TorchSave, sd: Id, what: &str, read_steps: bool) -> Result
         }
     }
     let family = common_family(ts, &layouts)?;
-    if family == Some(Family::Adam) {
-        plausibility::check_adam(ts, sd, &by_id, &steps, &mut findings)?;
-    }
+    // Adam's float32 second moments come back reduced by the same pass.
+    let reduced = if family == Some(Family::Adam) {
+        plausibility::check_adam(ts, sd, &by_id, &steps, &mut findings)?
+    } else {
+        HashMap::new()
+    };
     let implausible = findings.into_vec();
     let max_step = max_step.map(|s| s as i64);
     let without_second_moment = layouts
@@ -403,7 +406,7 @@ pub fn summarize(ts: &TorchSave, sd: Id, what: &str, read_steps: bool) -> Result
     let mut per_param = Vec::new();
     if no_second_moment.is_none() {
         per_param.reserve(layouts.len());
-        let mut reader = MomentReader::new(ts);
+        let mut reader = MomentReader::with_reduced(ts, reduced);
         for (param_id, layout) in &layouts {
             if let Some(stat) = reader.stat(*param_id, layout)? {
                 per_param.push(stat);

@@ -14,11 +14,16 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::analysis::adam_bound::{adam_bound, PairCheck, MARGIN};
+use rayon::prelude::*;
+
+use crate::analysis::adam_bound::{adam_bound, FusedF32, PairCheck, MARGIN};
+use crate::analysis::float_reduce::Reduction;
 use crate::error::Result;
 use crate::formats::pickle::{Id, Tensor, Value};
 use crate::formats::tensor_data::{decode, FloatKind};
-use crate::formats::torch_save::{float_kind, TorchSave, WorkBudget};
+use crate::formats::torch_save::{
+    float_kind, TorchSave, ViewBytes, WorkBudget, STREAM_CHUNK_BYTES,
+};
 
 /// Findings kept per file (the rest are counted).
 pub const MAX_FINDINGS: usize = 8;
@@ -110,20 +115,58 @@ fn tensor<'g>(ts: &'g TorchSave, slot: Id, key: &str) -> Option<&'g Tensor> {
     }
 }
 
+/// Elements of each moment read at once by the fused float32 pass (a
+/// multiple of 8, so the second moment's lane sums line up).
+const PIECE: u64 = 1 << 16;
+
+/// One parameter whose moments are checked.
+struct Pair<'a> {
+    param_id: i64,
+    n: u64,
+    bound: Option<f64>,
+    m: ViewBytes<'a>,
+    v: ViewBytes<'a>,
+    /// File offsets of the two views' first elements (resolved once).
+    m_at: u64,
+    v_at: u64,
+    kinds: (FloatKind, FloatKind),
+}
+
+/// A stretch of one parameter's moments, read and checked by one worker:
+/// for float32 moments one reduction chunk of the second moment (what
+/// `float_reduce::reduce_tensor` sums at once), so the sums of the fused
+/// pass are those the moment reducer would give.
+struct Stretch {
+    pair: usize,
+    start: u64,
+    count: u64,
+}
+
+/// What a stretch gave: the pair check and, for float32 moments, the
+/// second moment's sum and non-finite count over the stretch.
+struct StretchOut {
+    check: PairCheck,
+    sum: f64,
+    nonfinite: u64,
+}
+
 /// Check Adam's moments of every parameter in `by_id` (param id to its
 /// state dict) whose state holds both `exp_avg` and `exp_avg_sq`; `steps`
-/// holds each parameter's step where known.
+/// holds each parameter's step where known. Parameters are cut into
+/// stretches read and checked on the rayon pool with positioned reads.
+/// Where both moments are contiguous float32, the pass also reduces
+/// `exp_avg_sq`: returned by param id, for `MomentReader::with_reduced`,
+/// so it is not read a second time.
 pub fn check_adam(
     ts: &TorchSave,
     sd: Id,
     by_id: &BTreeMap<i64, Id>,
     steps: &HashMap<i64, f64>,
     findings: &mut Findings,
-) -> Result<()> {
+) -> Result<HashMap<i64, Reduction>> {
     let betas = betas_by_param(ts, sd);
     let mut budget = WorkBudget::for_archive(&ts.archive);
-    let (mut mb, mut vb) = (Vec::new(), Vec::new());
-    let (mut m, mut v) = (Vec::new(), Vec::new());
+    let mut pairs = Vec::new();
     for (&param_id, &slot) in by_id {
         let (Some(mt), Some(vt)) = (tensor(ts, slot, "exp_avg"), tensor(ts, slot, "exp_avg_sq"))
         else {
@@ -153,22 +196,62 @@ pub fn check_adam(
         let bound = betas
             .get(&param_id)
             .and_then(|&(b1, b2)| adam_bound(b1, b2, steps.get(&param_id).copied()));
+        let at = |v: &ViewBytes<'_>| -> Result<u64> {
+            let start = ts.archive.data_offset(&v.entry_name, v.entry)?;
+            Ok(start + v.plan.first * v.elem_size)
+        };
+        let (m_at, v_at) = (at(&mv)?, at(&vv)?);
+        pairs.push(Pair {
+            param_id,
+            n,
+            bound,
+            m_at,
+            v_at,
+            m: mv,
+            v: vv,
+            kinds: (mk, vk),
+        });
+    }
+    // One reduction chunk of a float32 second moment (see `Stretch`).
+    let stretch = STREAM_CHUNK_BYTES / 4;
+    let stretches: Vec<Stretch> = pairs
+        .iter()
+        .enumerate()
+        .flat_map(|(i, p)| {
+            (0..p.n.div_ceil(stretch)).map(move |c| Stretch {
+                pair: i,
+                start: c * stretch,
+                count: stretch.min(p.n - c * stretch),
+            })
+        })
+        .collect();
+    let outs: Vec<StretchOut> = stretches
+        .par_iter()
+        .map_init(Buffers::default, |bufs, s| {
+            check_stretch(ts, &pairs[s.pair], s, bufs)
+        })
+        .collect::<Result<_>>()?;
+    let mut reduced = HashMap::new();
+    let mut outs = stretches.iter().zip(outs).peekable();
+    for (i, p) in pairs.iter().enumerate() {
+        let n = p.n;
+        let param_id = p.param_id;
+        let bound = p.bound;
         let mut check = PairCheck::default();
-        let mut start = 0;
-        while start < n {
-            let count = CHUNK.min(n - start);
-            ts.read_elems(&mv, start, count, &mut mb)?;
-            ts.read_elems(&vv, start, count, &mut vb)?;
-            if (mk, vk) == (FloatKind::F32, FloatKind::F32) {
-                check.add_f32_bytes(&mb, &vb, bound);
-            } else {
-                m.resize(count as usize, 0.0);
-                v.resize(count as usize, 0.0);
-                decode(mk, &mb, &mut m);
-                decode(vk, &vb, &mut v);
-                check.add(&m, &v, bound);
-            }
-            start += count;
+        let mut sum = Reduction {
+            numel: n,
+            ..Reduction::default()
+        };
+        // In stretch order, as the reducer adds its chunks.
+        while let Some((_, out)) = outs.next_if(|(s, _)| s.pair == i) {
+            check.negative_v += out.check.negative_v;
+            check.over_bound += out.check.over_bound;
+            check.worst_ratio = check.worst_ratio.max(out.check.worst_ratio);
+            sum.sum += out.sum;
+            sum.nonfinite += out.nonfinite;
+        }
+        if p.kinds == (FloatKind::F32, FloatKind::F32) {
+            reduced.insert(param_id, sum);
         }
         if check.negative_v > 0 {
             findings.push(format!(
@@ -188,5 +271,107 @@ pub fn check_adam(
             ));
         }
     }
-    Ok(())
+    Ok(reduced)
+}
+
+/// One worker's read and decode buffers, reused across stretches.
+#[derive(Default)]
+struct Buffers {
+    mb: Vec<u8>,
+    vb: Vec<u8>,
+    m: Vec<f64>,
+    v: Vec<f64>,
+}
+
+/// Read and check one stretch of a pair's moments, a piece at a time.
+fn check_stretch(
+    ts: &TorchSave,
+    p: &Pair<'_>,
+    s: &Stretch,
+    bufs: &mut Buffers,
+) -> Result<StretchOut> {
+    let Buffers { mb, vb, m, v } = bufs;
+    let fused_f32 = p.kinds == (FloatKind::F32, FloatKind::F32);
+    let piece = if fused_f32 { PIECE } else { CHUNK };
+    let mut fused = FusedF32::default();
+    let mut check = PairCheck::default();
+    let mut done = 0;
+    while done < s.count {
+        let count = piece.min(s.count - done);
+        // In the views (start + count <= n), which lie in their entries.
+        let from = s.start + done;
+        ts.archive
+            .read_at(p.m_at + from * p.m.elem_size, count * p.m.elem_size, mb)?;
+        ts.archive
+            .read_at(p.v_at + from * p.v.elem_size, count * p.v.elem_size, vb)?;
+        if fused_f32 {
+            fused.add(mb, vb, p.bound);
+        } else {
+            let len = usize::try_from(count).unwrap_or(0);
+            m.resize(len, 0.0);
+            v.resize(len, 0.0);
+            decode(p.kinds.0, mb, m);
+            decode(p.kinds.1, vb, v);
+            check.add(m, v, p.bound);
+        }
+        done += count;
+    }
+    if !fused_f32 {
+        return Ok(StretchOut {
+            check,
+            sum: 0.0,
+            nonfinite: 0,
+        });
+    }
+    let (sum, nonfinite) = fused.reduction();
+    Ok(StretchOut {
+        check: fused.check,
+        sum,
+        nonfinite,
+    })
+}
+
+#[cfg(test)]
+mod fused_tests {
+    use super::*;
+    use crate::analysis::float_reduce::reduce_tensor;
+    use crate::formats::pickle::UnknownGlobals;
+
+    /// The second moments the Adam pass reduces are bit for bit the ones
+    /// the moment reducer gives reading `exp_avg_sq` on its own.
+    #[test]
+    fn the_fused_pass_reduces_exp_avg_sq_as_the_reducer_does() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rust/testdata/optim");
+        let mut checked = 0;
+        for name in ["hf_gpt2", "hf_lora", "hf_bias_all", "hf_modules_to_save"] {
+            let file = root.join(name).join("checkpoint-3/optimizer.pt");
+            let ts = TorchSave::open(&file, UnknownGlobals::Refuse).unwrap();
+            let sd = ts.graph.root;
+            let state = ts.graph.dict_get(sd, "state").unwrap();
+            let by_id: BTreeMap<i64, Id> = ts
+                .graph
+                .dict_entries(state)
+                .unwrap()
+                .iter()
+                .map(|(k, v)| match ts.graph.get(*k) {
+                    Value::Int(i) => (*i, *v),
+                    _ => unreachable!(),
+                })
+                .collect();
+            let mut findings = Findings::default();
+            let reduced = check_adam(&ts, sd, &by_id, &HashMap::new(), &mut findings).unwrap();
+            assert!(findings.sentences.is_empty(), "{:?}", findings.sentences);
+            assert_eq!(reduced.len(), by_id.len(), "{name}");
+            let mut budget = WorkBudget::for_archive(&ts.archive);
+            for (id, slot) in &by_id {
+                let t = tensor(&ts, *slot, "exp_avg_sq").unwrap();
+                let want = reduce_tensor(&ts, t, "v", &mut Vec::new(), &mut budget).unwrap();
+                let got = reduced[id];
+                assert_eq!((got.numel, got.nonfinite), (want.numel, want.nonfinite));
+                assert_eq!(got.sum.to_bits(), want.sum.to_bits(), "{name} param {id}");
+                checked += 1;
+            }
+        }
+        assert!(checked > 10, "{checked}");
+    }
 }
