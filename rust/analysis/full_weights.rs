@@ -24,7 +24,9 @@ use rayon::prelude::*;
 use crate::analysis::adapter_weights::TensorStats;
 use crate::analysis::attribution::layer_number;
 use crate::error::Result;
-use crate::formats::tensor_data::{FloatKind, SafetensorsData, DEFAULT_CHUNK_ELEMS};
+use crate::formats::tensor_data::{
+    FloatKind, FloatTensor, Moments, SafetensorsData, DEFAULT_CHUNK_ELEMS,
+};
 
 /// The weights of one transformer layer, together.
 #[cfg_attr(
@@ -93,24 +95,16 @@ pub(crate) fn read_full_weights_chunked(
             }
         }
         tensor_bytes += floats.iter().map(|t| t.byte_len).sum::<u64>();
-        let stats: Vec<TensorStats> = floats
-            .par_iter()
-            .map_init(
-                || data.reader(chunk_elems),
-                |reader, t| {
-                    let m = reader.moments(t)?;
-                    Ok(TensorStats {
-                        name: t.name.clone(),
-                        dtype: t.kind.safetensors_name().to_string(),
-                        shape: t.shape.clone(),
-                        numel: t.numel,
-                        norm: m.norm(),
-                        max_abs: m.max_abs,
-                        nonfinite: m.nonfinite,
-                    })
-                },
-            )
-            .collect::<Result<_>>()?;
+        let moments = chunked_moments(&data, &floats, chunk_elems)?;
+        let stats = floats.iter().zip(moments).map(|(t, m)| TensorStats {
+            name: t.name.clone(),
+            dtype: t.kind.safetensors_name().to_string(),
+            shape: t.shape.clone(),
+            numel: t.numel,
+            norm: m.norm(),
+            max_abs: m.max_abs,
+            nonfinite: m.nonfinite,
+        });
         tensors.extend(stats);
     }
     tensors.sort_by(|a, b| (layer_number(&a.name), &a.name).cmp(&(layer_number(&b.name), &b.name)));
@@ -155,6 +149,43 @@ pub(crate) fn read_full_weights_chunked(
         tensor_bytes,
         nonfinite_total,
     })
+}
+
+/// Chunks read in one parallel window: bounds the list of work and of
+/// results, whatever the file's size.
+const WINDOW: usize = 1024;
+
+/// Moments of each of `floats`, read chunk by chunk on the rayon pool (a
+/// large tensor spread over every core, each reader with its own
+/// positioned reads) and merged per tensor in chunk order: bit for bit
+/// what reading each tensor in turn gives.
+fn chunked_moments(
+    data: &SafetensorsData,
+    floats: &[FloatTensor],
+    chunk_elems: usize,
+) -> Result<Vec<Moments>> {
+    let probe = data.reader(chunk_elems);
+    let mut chunks = floats
+        .iter()
+        .enumerate()
+        .flat_map(|(i, t)| (0..t.byte_len.div_ceil(probe.chunk_bytes(t))).map(move |c| (i, c)));
+    let mut out = vec![Moments::default(); floats.len()];
+    loop {
+        let window: Vec<(usize, u64)> = chunks.by_ref().take(WINDOW).collect();
+        if window.is_empty() {
+            return Ok(out);
+        }
+        let got: Vec<Moments> = window
+            .par_iter()
+            .map_init(
+                || data.reader(chunk_elems),
+                |reader, &(i, c)| reader.chunk_moments(&floats[i], c),
+            )
+            .collect::<Result<_>>()?;
+        for (&(i, _), m) in window.iter().zip(&got) {
+            out[i].merge(m);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -250,8 +250,24 @@ pub fn decode_with_moments(kind: FloatKind, bytes: &[u8], out: &mut [f64]) -> Mo
     m
 }
 
-/// Moments of raw little-endian values, decoded a small block at a time.
+/// Moments of raw little-endian values, a block of [`STAT_BLOCK`] values
+/// at a time (their sums merged in order).
+///
+/// Float32, float16 and bfloat16 go straight from the bytes to the sums
+/// ([`moments_of_narrow`]), with no buffer of decoded f64; float64 is
+/// decoded first. Either way the result is bit for bit what decoding each
+/// block and taking [`moments_of`] gives.
 pub fn moments_of_bytes(kind: FloatKind, bytes: &[u8]) -> Moments {
+    match kind {
+        FloatKind::F32 => moments_of_narrow::<4>(bytes, narrow_f32),
+        FloatKind::BF16 => moments_of_narrow::<2>(bytes, narrow_bf16),
+        FloatKind::F16 => moments_of_narrow::<2>(bytes, narrow_f16),
+        FloatKind::F64 => moments_of_decoded(kind, bytes),
+    }
+}
+
+/// [`moments_of_bytes`] by decoding each block to f64 first.
+pub(crate) fn moments_of_decoded(kind: FloatKind, bytes: &[u8]) -> Moments {
     let mut tmp = [0.0f64; STAT_BLOCK];
     let mut out = Moments::default();
     for block in bytes.chunks(STAT_BLOCK * kind.size()) {
@@ -259,6 +275,78 @@ pub fn moments_of_bytes(kind: FloatKind, bytes: &[u8]) -> Moments {
         let vals = &mut tmp[..n];
         decode(kind, block, vals);
         out.merge(&moments_of(vals));
+    }
+    out
+}
+
+#[inline(always)]
+fn narrow_f32(a: [u8; 4]) -> f32 {
+    f32::from_le_bytes(a)
+}
+
+#[inline(always)]
+fn narrow_bf16(a: [u8; 2]) -> f32 {
+    // bfloat16 is the top half of a float32: an integer shift, no rounding.
+    f32::from_bits(u32::from(u16::from_le_bytes(a)) << 16)
+}
+
+#[inline(always)]
+fn narrow_f16(a: [u8; 2]) -> f32 {
+    f16_to_f32(u16::from_le_bytes(a))
+}
+
+/// Moments of values of `N` bytes that `dec` widens exactly to f32, in
+/// blocks of [`STAT_BLOCK`] with the lanes of [`moments_of`]: element `i`
+/// of a block goes to lane `i % 8`, squares summed in f64 (each value is
+/// exact in f64, so every product and sum is the one [`moments_of`]
+/// makes). The largest magnitude is kept in f32 (widening to f64 is exact
+/// and keeps order, and a NaN never wins either compare); non-finite
+/// values are counted only in a block whose sum is not finite.
+#[inline(always)]
+fn moments_of_narrow<const N: usize>(bytes: &[u8], dec: impl Fn([u8; N]) -> f32 + Copy) -> Moments {
+    const LANES: usize = 8;
+    let mut out = Moments::default();
+    for block in bytes.chunks(STAT_BLOCK * N) {
+        let mut sq = [0.0f64; LANES];
+        let mut big = [0.0f32; LANES];
+        let mut groups = block.chunks_exact(LANES * N);
+        for group in &mut groups {
+            let mut v = [0.0f32; LANES];
+            for (x, c) in v.iter_mut().zip(group.chunks_exact(N)) {
+                *x = dec(<[u8; N]>::try_from(c).unwrap_or([0; N]));
+            }
+            for (s, &x) in sq.iter_mut().zip(&v) {
+                let w = f64::from(x);
+                *s += w * w;
+            }
+            for (m, &x) in big.iter_mut().zip(&v) {
+                let a = x.abs();
+                *m = if a > *m { a } else { *m };
+            }
+        }
+        let rest = groups.remainder();
+        for ((s, m), c) in sq.iter_mut().zip(&mut big).zip(rest.chunks_exact(N)) {
+            let x = dec(<[u8; N]>::try_from(c).unwrap_or([0; N]));
+            let w = f64::from(x);
+            *s += w * w;
+            let a = x.abs();
+            *m = if a > *m { a } else { *m };
+        }
+        let sum_sq = ((sq[0] + sq[4]) + (sq[1] + sq[5])) + ((sq[2] + sq[6]) + (sq[3] + sq[7]));
+        let nonfinite = if sum_sq.is_finite() {
+            0
+        } else {
+            block
+                .chunks_exact(N)
+                .filter(|c| !dec(<[u8; N]>::try_from(*c).unwrap_or([0; N])).is_finite())
+                .count() as u64
+        };
+        out.merge(&Moments {
+            numel: (block.len() / N) as u64,
+            sum_sq,
+            nonfinite,
+            max_abs: f64::from(big.iter().fold(0.0f32, |a, &b| if b > a { b } else { a })),
+        });
     }
     out
 }
@@ -574,6 +662,30 @@ impl TensorReader<'_> {
             done += n as u64;
         }
         Ok(())
+    }
+
+    /// Bytes of `t` read at once: what [`TensorReader::for_each_raw_chunk`]
+    /// reads per call, and the size of the chunks
+    /// [`TensorReader::chunk_moments`] numbers.
+    pub fn chunk_bytes(&self, t: &FloatTensor) -> u64 {
+        (self.chunk_elems * t.kind.size()) as u64
+    }
+
+    /// Moments of chunk `index` of `t` (chunks of
+    /// [`TensorReader::chunk_bytes`], the last one shorter): merged in
+    /// order over every chunk, they are [`TensorReader::moments`] bit for
+    /// bit, so readers on several threads can share one tensor.
+    pub fn chunk_moments(&mut self, t: &FloatTensor, index: u64) -> Result<Moments> {
+        let per_read = self.chunk_bytes(t);
+        let start = index.saturating_mul(per_read);
+        if start >= t.byte_len {
+            return Ok(Moments::default());
+        }
+        let n = bounded(t.byte_len - start, per_read as usize);
+        let buf = grown(&mut self.raw, n);
+        let what = format!("the data of tensor {:?}", t.name);
+        self.data.read_at(buf, t.offset + start, &what)?;
+        Ok(moments_of_bytes(t.kind, buf))
     }
 
     /// Moments of all values of `t`, streamed.

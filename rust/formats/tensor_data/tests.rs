@@ -364,3 +364,33 @@ fn a_sparse_multi_gigabyte_tensor_streams_in_bounded_chunks() {
     let m = data.reader(1000).moments(&tail).unwrap();
     assert_eq!((m.numel, m.sum_sq, m.nonfinite), (1500, 0.0, 0));
 }
+
+proptest::proptest! {
+    /// The narrow kernels (bytes straight to sums) give bit for bit what
+    /// decoding each block to f64 and taking `moments_of` gives, for any
+    /// bit patterns (NaN, inf, subnormals) and lengths.
+    #[test]
+    fn narrow_moments_are_the_decoded_ones_bit_for_bit(
+        bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..2200),
+        kind in 0usize..3,
+        tame in proptest::prelude::any::<bool>(),
+    ) {
+        let kind = [FloatKind::F32, FloatKind::F16, FloatKind::BF16][kind];
+        let mut bytes = bytes;
+        if tame {
+            // Clear exponent top bits: mostly finite values, so the sums are compared too.
+            for (i, b) in bytes.iter_mut().enumerate() {
+                if i % kind.size() == kind.size() - 1 {
+                    *b &= 0xbf;
+                }
+            }
+        }
+        let got = moments_of_bytes(kind, &bytes);
+        let want = moments_of_decoded(kind, &bytes);
+        let same = |a: f64, b: f64| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+        proptest::prop_assert_eq!(got.numel, want.numel);
+        proptest::prop_assert_eq!(got.nonfinite, want.nonfinite);
+        proptest::prop_assert!(same(got.sum_sq, want.sum_sq), "{} vs {}", got.sum_sq, want.sum_sq);
+        proptest::prop_assert!(same(got.max_abs, want.max_abs), "{} vs {}", got.max_abs, want.max_abs);
+    }
+}
