@@ -4,8 +4,9 @@
 //! Why: a full fine-tune has no LoRA factors to judge, but a bad step that
 //! left NaN or inf in the weights breaks it just the same, and per-layer L2
 //! norms show a layer that blew up or collapsed. Tensors are streamed in
-//! bounded chunks (`tensor_data`), several at a time on the rayon pool, so
-//! memory stays at a few chunks per thread whatever the model's size.
+//! bounded chunks (`tensor_data`), each chunk a work item on the rayon pool
+//! (so one large tensor is spread over every core), and memory stays at a
+//! chunk per thread whatever the model's size.
 //!
 //! Decisions:
 //! - Float tensors (F32/F16/BF16/F64) are read; any other dtype (int
