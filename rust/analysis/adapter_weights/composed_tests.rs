@@ -5,32 +5,13 @@ use std::path::{Path, PathBuf};
 
 use nalgebra::DMatrix;
 
+use super::super::foreign::tests::values;
 use super::super::{read_adapter_factors, read_adapter_weights};
 use crate::error::Area;
 
 /// A safetensors file of f32 tensors `(name, shape, values)`.
 fn write(path: &Path, tensors: &[(&str, Vec<u64>, Vec<f32>)]) {
-    let mut header = serde_json::Map::new();
-    let mut data = Vec::new();
-    for (name, shape, values) in tensors {
-        let start = data.len();
-        for v in values {
-            data.extend_from_slice(&v.to_le_bytes());
-        }
-        header.insert(
-            name.to_string(),
-            serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [start, data.len()]}),
-        );
-    }
-    let text = serde_json::to_vec(&serde_json::Value::Object(header)).unwrap();
-    let mut bytes = (text.len() as u64).to_le_bytes().to_vec();
-    bytes.extend_from_slice(&text);
-    bytes.extend_from_slice(&data);
-    std::fs::write(path, bytes).unwrap();
-}
-
-fn values(n: usize, seed: f32) -> Vec<f32> {
-    (0..n).map(|i| ((i as f32 + seed) * 0.37).sin()).collect()
+    super::super::foreign::tests::write(path, tensors, &[]);
 }
 
 fn mat(rows: usize, cols: usize, v: &[f32]) -> DMatrix<f64> {

@@ -412,4 +412,4 @@ pub(super) fn summary_of(
 
 #[cfg(test)]
 #[path = "foreign_tests.rs"]
-mod tests;
+pub(super) mod tests;

@@ -6,8 +6,13 @@ use std::path::{Path, PathBuf};
 use super::super::{read_adapter_factors, read_adapter_weights};
 use crate::error::Area;
 
-/// A safetensors file of f32 tensors `(name, shape, values)` and metadata.
-fn write(path: &Path, tensors: &[(&str, Vec<u64>, Vec<f32>)], metadata: &[(&str, &str)]) {
+/// A safetensors file of f32 tensors `(name, shape, values)` and metadata
+/// (the LyCORIS tests write theirs with it too).
+pub(in crate::analysis::adapter_weights) fn write(
+    path: &Path,
+    tensors: &[(&str, Vec<u64>, Vec<f32>)],
+    metadata: &[(&str, &str)],
+) {
     let mut header = serde_json::Map::new();
     let mut data = Vec::new();
     for (name, shape, values) in tensors {
@@ -34,7 +39,7 @@ fn write(path: &Path, tensors: &[(&str, Vec<u64>, Vec<f32>)], metadata: &[(&str,
     std::fs::write(path, bytes).unwrap();
 }
 
-fn values(n: usize, seed: f32) -> Vec<f32> {
+pub(in crate::analysis::adapter_weights) fn values(n: usize, seed: f32) -> Vec<f32> {
     (0..n).map(|i| ((i as f32 + seed) * 0.37).sin()).collect()
 }
 
