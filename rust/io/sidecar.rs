@@ -91,7 +91,9 @@ fn read_sidecar(file: &Path) -> Result<Option<String>> {
         Err(e) if e.area == Area::Missing => return Ok(None),
         Err(e) => return Err(e),
     };
-    let mut text = Vec::new();
+    // Room for all of it: one read and the one that finds the end, where
+    // an empty vector starts with 32-byte probe reads (4 reads a sidecar).
+    let mut text = Vec::with_capacity(4098);
     handle
         .take(4097)
         .read_to_end(&mut text)

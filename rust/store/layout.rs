@@ -229,7 +229,8 @@ fn entries(dir: &Path) -> Vec<(String, PathBuf)> {
 /// Why the directory `dir` cannot be listed (permissions, a link out of the
 /// scanned root), or None when it can, or is not a directory.
 pub fn unlistable(dir: &Path) -> Option<String> {
-    if !fs::metadata(dir).ok()?.is_dir() {
+    // Asked once per store: its caller has just asked whether `dir` is one.
+    if !read_once::is_dir(dir) {
         return None;
     }
     let e = confine::can_list(dir, Area::Missing).err()?;
