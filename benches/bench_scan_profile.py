@@ -9,11 +9,14 @@ Phases: discovery; gathering each probe's inputs alone (`probe_targets`);
 the pass without JSON (gather + verdict kernels + records handed to
 Python); the pass with each record's JSON text; Python wrapping the records
 (`judge_batch`). Stores are the hard-linked demo copies of bench_scan.py.
+Then the JSON text a store makes, and the share of it that the sampled
+series of the evidence (`*_sampled`) take.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import resource
 import sys
 from pathlib import Path
@@ -72,6 +75,16 @@ def main() -> None:
     print(f"{n:,} stores, CPU time per store on one thread, best of {args.repeat}:")
     for name, t in best.items():
         print(f"  {name:<24} {t / n * 1e6:7.1f} us  ({t / whole:5.1%} of the whole pass)")
+    records = judge_batch(batches[0], DEFAULT_PROBES, options, 1, json=True)
+    text = sum(len(r.to_json()) for r in records)
+    sampled = sum(
+        len(json.dumps(v)) for r in records for k, v in r.evidence.items() if k.endswith("_sampled")
+    )
+    stores = len(batches[0])
+    print(
+        f"JSON text: {text / stores / 1000:.1f} kB a store, {sampled / text:.0%} of it the "
+        "sampled series (curve, trend, gradient norm, learning rate, held-out loss)"
+    )
 
 
 if __name__ == "__main__":
