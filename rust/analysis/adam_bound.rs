@@ -277,48 +277,56 @@ impl FusedF32 {
             .chunks(4 * F32_BLOCK)
             .zip(v[..n].chunks(4 * F32_BLOCK))
         {
-            let (negative, candidates) = self.block(mb, vb, lim32);
-            self.check.negative_v += negative;
-            if let (Some(limit), true) = (limit, candidates > 0) {
-                self.check.check_bound_f32(mb, vb, limit);
+            let was_finite = self.lanes.iter().all(|l| l.is_finite());
+            let suspect = match limit {
+                Some(_) => self.block::<true>(mb, vb, lim32),
+                None => self.block::<false>(mb, vb, lim32),
+            };
+            // A non-finite v makes its lane's sum non-finite for good: a
+            // block that leaves the lanes finite has none (the common case,
+            // which counts nothing).
+            if !(was_finite && self.lanes.iter().all(|l| l.is_finite())) {
+                self.nonfinite += vb
+                    .chunks_exact(4)
+                    .filter(|c| !f32::from_le_bytes([c[0], c[1], c[2], c[3]]).is_finite())
+                    .count() as u64;
+            }
+            if suspect {
+                self.check.negative_v += vb
+                    .chunks_exact(4)
+                    .filter(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) < 0.0)
+                    .count() as u64;
+                if let Some(limit) = limit {
+                    self.check.check_bound_f32(mb, vb, limit);
+                }
             }
         }
     }
 
-    /// One block: lane sums and non-finite count of `v`; returns the
-    /// negative `v` and the prefilter's candidates.
+    /// One block: the lane sums of `v`, and whether any pair is suspect (a
+    /// negative `v`, or with `BOUND` a candidate of the prefilter), so
+    /// the main loop keeps just the sums and one mask per lane.
     #[inline(always)]
-    fn block(&mut self, m: &[u8], v: &[u8], lim32: f32) -> (u64, u64) {
-        let mut bad = [0u32; 8];
-        let mut neg = [0u32; 8];
-        let mut cand = [0u32; 8];
+    fn block<const BOUND: bool>(&mut self, m: &[u8], v: &[u8], lim32: f32) -> bool {
+        let mut suspect = [false; 8];
         let mut mc = m.chunks_exact(32);
         let mut vc = v.chunks_exact(32);
+        let flag = |m: f32, v: f32| (v < 0.0) | (BOUND && candidate(m, lim32 * v));
         for (mb, vb) in (&mut mc).zip(&mut vc) {
             let (mm, vv) = (f32x8(mb), f32x8(vb));
             for (l, &x) in self.lanes.iter_mut().zip(&vv) {
                 *l += f64::from(x);
             }
             for j in 0..8 {
-                let (m, v) = (mm[j], vv[j]);
-                let lv = lim32 * v;
-                bad[j] += u32::from(!v.is_finite());
-                neg[j] += u32::from(v < 0.0);
-                cand[j] += u32::from(candidate(m, lv));
+                suspect[j] |= flag(mm[j], vv[j]);
             }
         }
         let (mm, vv) = (f32x8(mc.remainder()), f32x8(vc.remainder()));
         for j in 0..vc.remainder().len() / 4 {
-            let (m, v) = (mm[j], vv[j]);
-            let lv = lim32 * v;
-            self.lanes[j] += f64::from(v);
-            bad[j] += u32::from(!v.is_finite());
-            neg[j] += u32::from(v < 0.0);
-            cand[j] += u32::from(candidate(m, lv));
+            self.lanes[j] += f64::from(vv[j]);
+            suspect[j] |= flag(mm[j], vv[j]);
         }
-        let total = |c: [u32; 8]| c.iter().map(|&x| u64::from(x)).sum::<u64>();
-        self.nonfinite += total(bad);
-        (total(neg), total(cand))
+        suspect.iter().any(|&s| s)
     }
 
     /// Sum and non-finite count of the second moment's elements added.
