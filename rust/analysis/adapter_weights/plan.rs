@@ -196,15 +196,7 @@ impl OpenAdapter {
     /// mlx-lm's: both are planned with their own scales.
     pub(super) fn open(path: &Path) -> Result<Self> {
         let (weights_path, config_path) = locate(path)?;
-        let mlx = read_mlx_config(&config_path)?;
-        let config = match &mlx {
-            Some(_) => None,
-            None => match AdapterConfig::read(&config_path) {
-                Ok(c) => Some(c),
-                Err(e) if e.area == Area::Missing => None,
-                Err(e) => return Err(e),
-            },
-        };
+        let (mlx, config) = read_configs(&config_path)?;
         let data = open_tensor_file(&weights_path)?;
         let format = match (&mlx, &config) {
             (Some(_), _) => Some(LoraFormat::Mlx),
@@ -270,6 +262,31 @@ impl OpenAdapter {
 
 /// mlx-lm's config at `path`, when the file there is one (see
 /// `formats::mlx_config`); None when it is missing or a PEFT config.
+/// The adapter's `adapter_config.json` as mlx-lm's or PEFT's (neither when
+/// there is none). A small one is read once per store (`read_once`: the
+/// weights probe and the ghost probe's attribution both plan the adapter),
+/// and both readers parse those bytes; any other case (large, missing,
+/// unreadable) goes through the readers themselves, which say why.
+fn read_configs(path: &Path) -> Result<(Option<MlxConfig>, Option<AdapterConfig>)> {
+    if read_once::is_file(path) {
+        if let Ok(read_once::Content::Whole(bytes)) = read_once::content(path, Area::Weights) {
+            if is_mlx_config(&bytes) {
+                return Ok((Some(MlxConfig::parse(path, &bytes)?), None));
+            }
+            return AdapterConfig::parse(path, &bytes).map(|c| (None, Some(c)));
+        }
+    }
+    let mlx = read_mlx_config(path)?;
+    if mlx.is_some() {
+        return Ok((mlx, None));
+    }
+    match AdapterConfig::read(path) {
+        Ok(c) => Ok((None, Some(c))),
+        Err(e) if e.area == Area::Missing => Ok((None, None)),
+        Err(e) => Err(e),
+    }
+}
+
 fn read_mlx_config(path: &Path) -> Result<Option<MlxConfig>> {
     if !read_once::is_file(path) {
         return Ok(None);
