@@ -97,16 +97,12 @@ pub(crate) fn read_full_weights_chunked(
         }
         tensor_bytes += floats.iter().map(|t| t.byte_len).sum::<u64>();
         let moments = chunked_moments(&data, &floats, chunk_elems)?;
-        let stats = floats.iter().zip(moments).map(|(t, m)| TensorStats {
-            name: t.name.clone(),
-            dtype: t.kind.safetensors_name().to_string(),
-            shape: t.shape.clone(),
-            numel: t.numel,
-            norm: m.norm(),
-            max_abs: m.max_abs,
-            nonfinite: m.nonfinite,
-        });
-        tensors.extend(stats);
+        tensors.extend(
+            floats
+                .iter()
+                .zip(&moments)
+                .map(|(t, m)| TensorStats::of(t, m)),
+        );
     }
     tensors.sort_by(|a, b| (layer_number(&a.name), &a.name).cmp(&(layer_number(&b.name), &b.name)));
     let mut per_layer: BTreeMap<u64, LayerWeights> = BTreeMap::new();

@@ -61,7 +61,9 @@ use crate::analysis::layers::{adapter_weights_path, ADAPTER_WEIGHTS, PICKLED_ADA
 use crate::error::{Area, Error, Result};
 use crate::formats::adapter_config::{AdapterConfig, TargetModules, CONFIG_FILE};
 use crate::formats::mlx_config::MLX_WEIGHTS;
-use crate::formats::tensor_data::{FloatTensor, TensorReader, DEFAULT_CHUNK_ELEMS, MAX_GRAM_DIM};
+use crate::formats::tensor_data::{
+    FloatTensor, Moments, TensorReader, DEFAULT_CHUNK_ELEMS, MAX_GRAM_DIM,
+};
 use crate::io::read_once;
 
 mod composed;
@@ -157,6 +159,21 @@ pub struct TensorStats {
     pub norm: f64,
     pub max_abs: f64,
     pub nonfinite: u64,
+}
+
+impl TensorStats {
+    /// The row of tensor `t`, from the `m` its values reduce to.
+    pub fn of(t: &FloatTensor, m: &Moments) -> TensorStats {
+        TensorStats {
+            name: t.name.clone(),
+            dtype: t.kind.safetensors_name().to_string(),
+            shape: t.shape.clone(),
+            numel: t.numel,
+            norm: m.norm(),
+            max_abs: m.max_abs,
+            nonfinite: m.nonfinite,
+        }
+    }
 }
 
 /// ΔW energy of one transformer layer: Σ‖ΔW‖_F² over its modules.
@@ -266,16 +283,7 @@ pub(crate) fn read_adapter_weights_chunked(
         .map(|t| t.data_offsets.1 - t.data_offsets.0)
         .sum();
     let stats_of = |reader: &mut TensorReader, t: &FloatTensor| -> Result<TensorStats> {
-        let m = reader.moments(t)?;
-        Ok(TensorStats {
-            name: t.name.clone(),
-            dtype: t.kind.safetensors_name().to_string(),
-            shape: t.shape.clone(),
-            numel: t.numel,
-            norm: m.norm(),
-            max_abs: m.max_abs,
-            nonfinite: m.nonfinite,
-        })
+        Ok(TensorStats::of(t, &reader.moments(t)?))
     };
     let path = data.path();
     let composed_of = |reader: &mut TensorReader, p| reduce_composed(reader, p, path);
