@@ -39,7 +39,7 @@ const STAGED_WHOLE_MAX: u64 = 64 << 10;
 struct Memo {
     // Keyed by the path's bytes: a store's readers build the same paths
     // the same way, and a path spelled otherwise only costs a second read.
-    files: FxHashMap<OsString, Arc<[u8]>>,
+    files: FxHashMap<OsString, Arc<Vec<u8>>>,
     bytes: usize,
     /// Files found in a directory, by (what was looked for, directory).
     listings: FxHashMap<(&'static str, OsString), Vec<PathBuf>>,
@@ -132,15 +132,15 @@ pub fn for_one_store<R>(f: impl FnOnce() -> R) -> R {
 
 /// What a reader gets: the whole file, or the file opened for ranged reads.
 pub enum Content {
-    Whole(Arc<[u8]>),
+    Whole(Arc<Vec<u8>>),
     Open(Opened),
 }
 
-fn remembered(path: &Path) -> Option<Arc<[u8]>> {
+fn remembered(path: &Path) -> Option<Arc<Vec<u8>>> {
     MEMO.with(|m| m.borrow().as_ref()?.files.get(path.as_os_str()).cloned())
 }
 
-fn remember(path: &Path, bytes: &Arc<[u8]>) {
+fn remember(path: &Path, bytes: &Arc<Vec<u8>>) {
     MEMO.with(|m| {
         if let Some(memo) = m.borrow_mut().as_mut() {
             if memo.bytes + bytes.len() <= MEMO_MAX {
@@ -169,7 +169,8 @@ pub fn content(path: &Path, area: Area) -> Result<Content> {
     }
     let mut out = Vec::with_capacity(opened.len as usize + 1);
     files::read_rest(opened.file, path, area, whole_max, &mut out)?;
-    let bytes: Arc<[u8]> = out.into();
+    // Kept as the Vec it was read into: no copy into a fresh allocation.
+    let bytes = Arc::new(out);
     remember(path, &bytes);
     Ok(Content::Whole(bytes))
 }
@@ -248,7 +249,7 @@ pub fn sequential(path: &Path, area: Area) -> Result<Sequential> {
 mod tests {
     use super::*;
 
-    fn whole(c: Content) -> Arc<[u8]> {
+    fn whole(c: Content) -> Arc<Vec<u8>> {
         match c {
             Content::Whole(b) => b,
             Content::Open(_) => panic!("expected the whole file"),

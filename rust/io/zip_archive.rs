@@ -45,7 +45,7 @@ pub struct Archive {
     pub entries: HashMap<String, Entry>,
     /// The whole file, when it is at most `read_once::WHOLE_MAX` bytes
     /// (shared with the store's other readers of it).
-    whole: Option<Arc<[u8]>>,
+    whole: Option<Arc<Vec<u8>>>,
     /// Off unix, ranged reads seek a shared file position: one at a time.
     #[cfg(not(unix))]
     lock: std::sync::Mutex<()>,
@@ -181,7 +181,7 @@ impl Archive {
         };
         let not_zip = || {
             // A small file was read whole: a Git LFS pointer says so.
-            let whole = archive.whole.as_deref().unwrap_or_default();
+            let whole = archive.whole.as_deref().map_or(&[][..], |w| w.as_slice());
             lfs::pointer_error(Area::TrainingState, path, whole).unwrap_or_else(|| {
                 Error::new(
                     Area::TrainingState,

@@ -384,7 +384,7 @@ pub struct SafetensorsData {
     /// the store's other readers, `io::read_once`), a larger one read by
     /// ranges.
     file: Option<File>,
-    whole: Option<Arc<[u8]>>,
+    whole: Option<Arc<Vec<u8>>>,
     header: Header,
     /// Absolute offset of the data section (8 + header length).
     data_start: u64,
