@@ -37,6 +37,9 @@ thread_local! {
     /// the generation they belong to; None (no caching) unless the thread is
     /// a scan pool's (`cache_real_paths`).
     static REAL: RefCell<Option<(u64, RealPaths)>> = const { RefCell::new(None) };
+    /// The working directory as this thread last asked it, with its
+    /// generation (see `working_dir`).
+    static CWD: RefCell<Option<(u64, PathBuf)>> = const { RefCell::new(None) };
 }
 
 /// The current generation of the threads' caches of real paths: each scan
@@ -88,9 +91,26 @@ fn real_path(path: &Path) -> std::io::Result<PathBuf> {
     let absolute = if path.is_absolute() {
         path.to_path_buf()
     } else {
-        std::env::current_dir()?.join(path)
+        working_dir()?.join(path)
     };
     resolve_cached(&absolute)
+}
+
+/// The working directory, asked of the kernel once per scan call on each
+/// thread (like the real paths it resolves, see `forget_real_paths`):
+/// a scan of a relative root resolves every file it opens from it, and a
+/// `getcwd` each time was 8 syscalls a store.
+fn working_dir() -> std::io::Result<PathBuf> {
+    let now = GENERATION.load(std::sync::atomic::Ordering::SeqCst);
+    if let Some(dir) = CWD.with(|c| match &*c.borrow() {
+        Some((generation, dir)) if *generation == now => Some(dir.clone()),
+        _ => None,
+    }) {
+        return Ok(dir);
+    }
+    let dir = std::env::current_dir()?;
+    CWD.with(|c| *c.borrow_mut() = Some((now, dir.clone())));
+    Ok(dir)
 }
 
 fn resolve_cached(path: &Path) -> std::io::Result<PathBuf> {
