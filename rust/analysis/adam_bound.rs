@@ -72,25 +72,6 @@ impl PairCheck {
     /// Check aligned chunks `m`, `v` of the two moments against `bound`
     /// (`K`, or None to check only the sign of `v`). Non-finite values are
     /// left to the non-finite counts.
-    /// The same as `add` for little-endian float32 moments given as bytes
-    /// (what torch saves for float32 parameters): decoded and checked in
-    /// one pass, with no buffer of decoded values.
-    pub fn add_f32_bytes(&mut self, m: &[u8], v: &[u8], bound: Option<f64>) {
-        let f32s = |b: &[u8]| -> f64 { f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])) };
-        let pairs = || {
-            m.chunks_exact(4)
-                .zip(v.chunks_exact(4))
-                .map(|(m, v)| (f32s(m), f32s(v)))
-        };
-        self.negative_v += v
-            .chunks_exact(4)
-            .map(|v| u64::from(f32s(v) < 0.0))
-            .sum::<u64>();
-        if let Some(k) = bound {
-            self.check_bound(pairs, (MARGIN * k) * (MARGIN * k));
-        }
-    }
-
     pub fn add(&mut self, m: &[f64], v: &[f64], bound: Option<f64>) {
         // Branch-free counts over the chunk (this runs over every element of
         // a state).
@@ -106,11 +87,7 @@ impl PairCheck {
     /// with no square root or division per element (ratios compared as
     /// m_a^2 v_b > m_b^2 v_a), so a state whose every element is over the
     /// bound costs two passes, not one per element of float division.
-    pub(crate) fn check_bound<I: Iterator<Item = (f64, f64)>>(
-        &mut self,
-        pairs: impl Fn() -> I,
-        limit: f64,
-    ) {
+    fn check_bound<I: Iterator<Item = (f64, f64)>>(&mut self, pairs: impl Fn() -> I, limit: f64) {
         let flagged: u64 = pairs().map(|(m, v)| u64::from(exceeds(m, v, limit))).sum();
         if flagged == 0 {
             return;
@@ -614,9 +591,9 @@ mod tests {
         // The float32 byte path counts the same.
         let (m, v) = ([0.0f32, 1.0, 1e-30, 0.5], [-1e-8f32, 1e-6, 0.0, f32::NAN]);
         let bytes = |x: &[f32]| -> Vec<u8> { x.iter().flat_map(|f| f.to_le_bytes()).collect() };
-        let mut b = PairCheck::default();
-        b.add_f32_bytes(&bytes(&m), &bytes(&v), k);
-        assert_eq!((b.negative_v, b.over_bound), (1, 1));
+        let mut b = FusedF32::default();
+        b.add(&bytes(&m), &bytes(&v), k);
+        assert_eq!((b.check.negative_v, b.check.over_bound), (1, 1));
         // A second moment of -0.0 is 0: the flagged pair's ratio is +inf.
         let mut z = PairCheck::default();
         z.add(&[1.0, 2.0], &[-0.0, 1e-6], k);
