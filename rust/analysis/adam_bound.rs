@@ -107,10 +107,7 @@ impl PairCheck {
                 filled += 1;
             }
             for (w, &(m, v)) in worst.iter_mut().zip(&group) {
-                let m2 = m * m;
-                // abs: a v of -0.0 is 0 (its ratio +inf, not -inf).
-                let better = exceeds(m, v, limit) & (m2 * w.2 > w.1 * v);
-                *w = if better { (m.abs(), m2, v.abs()) } else { *w };
+                keep_worse(w, m, v, exceeds(m, v, limit));
             }
             if filled < LANES {
                 break;
@@ -125,18 +122,15 @@ impl PairCheck {
     /// [`PairCheck::check_bound`] for float32 bytes in one pass: the flagged
     /// count and the worst pair per lane (pair `i` in lane `i % 8`), on
     /// fixed-width groups the compiler vectorizes, then over the lanes.
-    /// A block of a tampered state (every pair flagged) costs this pass.
+    /// The exact check of a block the float32 sorting left undecided.
     fn check_bound_f32(&mut self, m: &[u8], v: &[u8], limit: f64) {
         const LANES: usize = 8;
         let mut flagged = [0u64; LANES];
         let mut worst = [(0.0f64, 0.0f64, 1.0f64); LANES];
         let lane = |w: &mut (f64, f64, f64), count: &mut u64, m: f64, v: f64| {
-            let m2 = m * m;
             let flag = exceeds(m, v, limit);
             *count += u64::from(flag);
-            // abs: a v of -0.0 is 0 (its ratio +inf, not -inf).
-            let better = flag & (m2 * w.2 > w.1 * v);
-            *w = if better { (m.abs(), m2, v.abs()) } else { *w };
+            keep_worse(w, m, v, flag);
         };
         let mut mc = m.chunks_exact(4 * LANES);
         let mut vc = v.chunks_exact(4 * LANES);
@@ -167,6 +161,17 @@ impl PairCheck {
         self.over_bound += flagged;
         self.worst_ratio = self.worst_ratio.max(worst_of_lanes(&worst));
     }
+}
+
+/// Make `w`, a lane's worst flagged pair so far as `(|m|, m^2, v)`, the
+/// pair `(m, v)` when that is flagged and its ratio larger (compared as
+/// `m^2 w.v > w.m^2 v`: no division), branch-free.
+#[inline(always)]
+fn keep_worse(w: &mut (f64, f64, f64), m: f64, v: f64, flagged: bool) {
+    let m2 = m * m;
+    // abs: a v of -0.0 is 0 (its ratio +inf, not -inf).
+    let better = flagged & (m2 * w.2 > w.1 * v);
+    *w = if better { (m.abs(), m2, v.abs()) } else { *w };
 }
 
 /// The ratio `|m| / sqrt(v)` of the worst of per-lane worst pairs
@@ -212,9 +217,10 @@ const F32_BLOCK: usize = 64;
 /// `i % 8`, combined the same way), provided every piece but the last has a
 /// multiple of 8 elements. The bound is first tested in float32 with a
 /// limit lowered by 2^-20 (a superset of the pairs the exact f64 test
-/// flags: see [`F32_LIMIT_SHRINK`]); a block with a candidate is checked
-/// exactly in f64, so a healthy state costs one cheap pass and a tampered
-/// one the exact check besides.
+/// flags: see [`F32_LIMIT_SHRINK`]); a block with a candidate is sorted in
+/// float32 ([`FusedF32::classify`]) and checked exactly in f64 only where
+/// that cannot decide, so a healthy state costs one cheap pass and a
+/// tampered one about two.
 #[derive(Debug, Clone, Default)]
 pub struct FusedF32 {
     pub check: PairCheck,
@@ -263,8 +269,8 @@ const F32_LIMIT_RAISE: f64 = 1.0 + 1.0 / (1u64 << 20) as f64;
 const F32_SURE_E: f32 = 1.0 / (1u64 << 50) as f32;
 
 /// The limits (`(MARGIN K)^2`) [`FusedF32::classify`] handles: 2^-60 to
-/// 2^60, so `hi32` is finite and normal. Outside (betas no optimizer uses) a suspect
-/// block is tested pair by pair in f64.
+/// 2^60, so `hi32` is finite and normal. Outside (betas no optimizer
+/// uses) a suspect block is tested pair by pair in f64.
 const F32_CLASSIFY_LIMITS: (f64, f64) = (8.673_617_379_884_035e-19, 1.152_921_504_606_847e18);
 
 /// `fl32(worst^2 (1 - 2^-20))`, the limit a pair's `m^2 / v` must pass to
@@ -313,10 +319,11 @@ struct Sorted {
     undecided: bool,
 }
 
-/// Second moments below zero among little-endian float32 bytes.
-fn count_negative(v: &[u8]) -> u64 {
-    v.chunks_exact(4)
-        .filter(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) < 0.0)
+/// Values among little-endian float32 bytes that `which` picks.
+fn count_f32(bytes: &[u8], which: impl Fn(f32) -> bool) -> u64 {
+    bytes
+        .chunks_exact(4)
+        .filter(|c| which(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
         .count() as u64
 }
 
@@ -361,7 +368,7 @@ impl FusedF32 {
                 (_, _, None) => {
                     let suspect = self.block::<false>(mb, vb, lim32);
                     if suspect {
-                        self.check.negative_v += count_negative(vb);
+                        self.check.negative_v += count_f32(vb, |x| x < 0.0);
                     }
                     suspect
                 }
@@ -371,7 +378,7 @@ impl FusedF32 {
                         let sorted = self.classify::<false>(mb, vb, limit);
                         self.settle(mb, vb, limit, &sorted);
                     } else if suspect {
-                        self.check.negative_v += count_negative(vb);
+                        self.check.negative_v += count_f32(vb, |x| x < 0.0);
                         self.check.check_bound_f32(mb, vb, limit);
                     }
                     suspect
@@ -382,10 +389,7 @@ impl FusedF32 {
             // block that leaves the lanes finite has none (the common case,
             // which counts nothing).
             if !(was_finite && self.lanes.iter().all(|l| l.is_finite())) {
-                self.nonfinite += vb
-                    .chunks_exact(4)
-                    .filter(|c| !f32::from_le_bytes([c[0], c[1], c[2], c[3]]).is_finite())
-                    .count() as u64;
+                self.nonfinite += count_f32(vb, |x| !x.is_finite());
             }
         }
     }
@@ -491,7 +495,7 @@ impl FusedF32 {
     /// left it undecided.
     fn settle(&mut self, m: &[u8], v: &[u8], limit: f64, sorted: &Sorted) {
         if sorted.undecided {
-            self.check.negative_v += count_negative(v);
+            self.check.negative_v += count_f32(v, |x| x < 0.0);
             self.check.check_bound_f32(m, v, limit);
         } else {
             self.check.over_bound += sorted.flagged;
