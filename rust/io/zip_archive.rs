@@ -80,7 +80,11 @@ impl Archive {
         Error::new(Area::TrainingState, &self.path, message)
     }
 
-    fn read_exact_at(&self, offset: u64, len: u64, buf: &mut Vec<u8>) -> Result<()> {
+    /// Read `len` bytes at the absolute file offset `offset` into `buf`
+    /// (its contents replaced); an error when the range runs past the
+    /// file. Also for readers that resolved an entry's data offset once
+    /// ([`Archive::data_offset`]) and read many ranges of it.
+    pub fn read_exact_at(&self, offset: u64, len: u64, buf: &mut Vec<u8>) -> Result<()> {
         let end = offset.checked_add(len).filter(|&e| e <= self.len);
         if end.is_none() {
             return Err(self.err(format!(
@@ -152,14 +156,6 @@ impl Archive {
             return Err(std::io::ErrorKind::UnexpectedEof.into());
         }
         Ok(())
-    }
-
-    /// Read `len` bytes at the absolute file offset `offset` into `buf`
-    /// (its contents replaced); an error when the range runs past the file. For
-    /// readers that resolved an entry's data offset once
-    /// ([`Archive::data_offset`]) and read many ranges of it.
-    pub fn read_at(&self, offset: u64, len: u64, buf: &mut Vec<u8>) -> Result<()> {
-        self.read_exact_at(offset, len, buf)
     }
 
     pub fn open(path: &Path) -> Result<Archive> {

@@ -301,9 +301,9 @@ fn check_stretch(
         // In the views (start + count <= n), which lie in their entries.
         let from = s.start + done;
         ts.archive
-            .read_at(p.m_at + from * p.m.elem_size, count * p.m.elem_size, mb)?;
+            .read_exact_at(p.m_at + from * p.m.elem_size, count * p.m.elem_size, mb)?;
         ts.archive
-            .read_at(p.v_at + from * p.v.elem_size, count * p.v.elem_size, vb)?;
+            .read_exact_at(p.v_at + from * p.v.elem_size, count * p.v.elem_size, vb)?;
         if fused_f32 {
             fused.add(mb, vb, p.bound);
         } else {
