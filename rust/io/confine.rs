@@ -24,9 +24,16 @@ use std::sync::Arc;
 
 use crate::error::{Area, Error, Result};
 
-/// Real paths by the bytes of the absolute path they were resolved from (a
-/// path spelled another way is resolved again, never wrongly).
-type RealPaths = rustc_hash::FxHashMap<std::ffi::OsString, PathBuf>;
+/// What a scan pool thread remembers within one scan call: real paths by
+/// the bytes of the absolute path they were resolved from (a path spelled
+/// another way is resolved again, never wrongly), and the working
+/// directory once asked (a scan of a relative root resolves every file it
+/// opens from it, and a `getcwd` each time was 8 syscalls a store).
+#[derive(Default)]
+struct RealPaths {
+    paths: rustc_hash::FxHashMap<std::ffi::OsString, PathBuf>,
+    cwd: Option<PathBuf>,
+}
 
 /// The root a scan stays in: None when nothing is confined.
 pub type Root = Option<Arc<PathBuf>>;
@@ -37,9 +44,6 @@ thread_local! {
     /// the generation they belong to; None (no caching) unless the thread is
     /// a scan pool's (`cache_real_paths`).
     static REAL: RefCell<Option<(u64, RealPaths)>> = const { RefCell::new(None) };
-    /// The working directory as this thread last asked it, with its
-    /// generation (see `working_dir`).
-    static CWD: RefCell<Option<(u64, PathBuf)>> = const { RefCell::new(None) };
 }
 
 /// The current generation of the threads' caches of real paths: each scan
@@ -58,12 +62,13 @@ fn with_cache<R>(f: impl FnOnce(&mut RealPaths) -> R) -> Option<R> {
     let now = GENERATION.load(std::sync::atomic::Ordering::SeqCst);
     REAL.with(|r| {
         let mut slot = r.borrow_mut();
-        let (generation, map) = slot.as_mut()?;
+        let (generation, cache) = slot.as_mut()?;
         if *generation != now {
-            map.clear();
+            cache.paths.clear();
+            cache.cwd = None;
             *generation = now;
         }
-        Some(f(map))
+        Some(f(cache))
     })
 }
 
@@ -91,31 +96,22 @@ fn real_path(path: &Path) -> std::io::Result<PathBuf> {
     let absolute = if path.is_absolute() {
         path.to_path_buf()
     } else {
-        working_dir()?.join(path)
+        match with_cache(|m| m.cwd.clone()).flatten() {
+            Some(dir) => dir,
+            None => {
+                let dir = std::env::current_dir()?;
+                with_cache(|m| m.cwd = Some(dir.clone()));
+                dir
+            }
+        }
+        .join(path)
     };
     resolve_cached(&absolute)
 }
 
-/// The working directory, asked of the kernel once per scan call on each
-/// thread (like the real paths it resolves, see `forget_real_paths`):
-/// a scan of a relative root resolves every file it opens from it, and a
-/// `getcwd` each time was 8 syscalls a store.
-fn working_dir() -> std::io::Result<PathBuf> {
-    let now = GENERATION.load(std::sync::atomic::Ordering::SeqCst);
-    if let Some(dir) = CWD.with(|c| match &*c.borrow() {
-        Some((generation, dir)) if *generation == now => Some(dir.clone()),
-        _ => None,
-    }) {
-        return Ok(dir);
-    }
-    let dir = std::env::current_dir()?;
-    CWD.with(|c| *c.borrow_mut() = Some((now, dir.clone())));
-    Ok(dir)
-}
-
 fn resolve_cached(path: &Path) -> std::io::Result<PathBuf> {
     use std::path::Component;
-    if let Some(hit) = with_cache(|m| m.get(path.as_os_str()).cloned()).flatten() {
+    if let Some(hit) = with_cache(|m| m.paths.get(path.as_os_str()).cloned()).flatten() {
         return Ok(hit);
     }
     let plain = path
@@ -131,11 +127,13 @@ fn resolve_cached(path: &Path) -> std::io::Result<PathBuf> {
         }
         _ => std::fs::canonicalize(path)?,
     };
-    with_cache(|map| {
-        if map.len() >= REAL_CACHE_MAX {
-            map.clear();
+    with_cache(|cache| {
+        if cache.paths.len() >= REAL_CACHE_MAX {
+            cache.paths.clear();
         }
-        map.insert(path.as_os_str().to_owned(), real.clone());
+        cache
+            .paths
+            .insert(path.as_os_str().to_owned(), real.clone());
     });
     Ok(real)
 }
