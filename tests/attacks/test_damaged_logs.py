@@ -54,11 +54,13 @@ def wandb_run(root: Path, losses: list[float]) -> Path:
 def flip_a_byte_per_block(log: Path, first: int) -> int:
     """Flip a byte of the first chunk's data in every block from block
     ``first`` on (its checksum then fails, and the block is lost from
-    there); the number of blocks changed."""
+    there); the number of blocks changed. A last block too short to hold
+    that byte (W&B's log can end a few bytes into a new block) has its
+    last byte flipped instead, so no block is left whole."""
     data = bytearray(log.read_bytes())
     changed = 0
-    for start in range(first * BLOCK, len(data) - 16, BLOCK):
-        data[start + 10] ^= 0xFF
+    for start in range(first * BLOCK, len(data), BLOCK):
+        data[min(start + 10, len(data) - 1)] ^= 0xFF
         changed += 1
     log.write_bytes(bytes(data))
     return changed
