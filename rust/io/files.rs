@@ -77,7 +77,11 @@ pub struct Opened {
 /// [`open_ranged`] that also hands back the file's length, so a reader
 /// needs no second `stat` of a file just opened.
 pub fn open_sized(path: &Path, area: Area) -> Result<Opened> {
-    let file = open_nonblocking(path).map_err(|e| Error::io(area, path, &e))?;
+    let (opened, beneath) = match crate::io::confine::open_beneath(path) {
+        Some(opened) => (opened, true),
+        None => (open_nonblocking(path), false),
+    };
+    let file = opened.map_err(|e| Error::io(area, path, &e))?;
     let meta = file.metadata().map_err(|e| Error::io(area, path, &e))?;
     if meta.is_dir() {
         return Err(Error::new(area, path, "is a directory, expected a file"));
@@ -89,21 +93,40 @@ pub fn open_sized(path: &Path, area: Area) -> Result<Opened> {
             "is not a regular file (a FIFO, socket or device); refusing to read it",
         ));
     }
-    crate::io::confine::check_opened(&file, path, area)?;
+    if !beneath {
+        crate::io::confine::check_opened(&file, path, area)?;
+    }
     Ok(Opened {
         file,
         len: meta.len(),
     })
 }
 
-/// Read the rest of `file` (`len` bytes expected, at most `max`) into `out`;
-/// refused when it holds more than `max`, which a file growing while it is
-/// read can make it do.
-pub fn read_rest(file: File, path: &Path, area: Area, max: u64, out: &mut Vec<u8>) -> Result<()> {
-    file.take(max + 1)
-        .read_to_end(out)
-        .map_err(|e| Error::io(area, path, &e))?;
-    if out.len() as u64 > max {
+/// Read the rest of `file` (at most `max` bytes) into `out`, whose spare
+/// capacity the caller sized to the length it expects plus one; refused
+/// when it holds more than `max`, which a file growing while it is read can
+/// make it do. A file of the expected length takes two reads: its bytes,
+/// then the end (`read_to_end` would start at 8 KiB and double).
+pub fn read_rest(
+    mut file: File,
+    path: &Path,
+    area: Area,
+    max: u64,
+    out: &mut Vec<u8>,
+) -> Result<()> {
+    let io = |e: std::io::Error| Error::io(area, path, &e);
+    let start = out.len();
+    let room = (out.capacity() - start).clamp(1, max.saturating_add(1) as usize);
+    out.resize(start + room, 0);
+    let got = read_full(&mut file, &mut out[start..]).map_err(io)?;
+    out.truncate(start + got);
+    if got == room {
+        // Longer than expected (it grew): the rest, still bounded.
+        file.take(max + 1 - got as u64)
+            .read_to_end(out)
+            .map_err(io)?;
+    }
+    if (out.len() - start) as u64 > max {
         return Err(Error::new(
             area,
             path,
@@ -135,6 +158,34 @@ pub fn read_small(path: &Path, area: Area, max: u64) -> Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+        /// Whatever length the caller expected (a file may have shrunk or
+        /// grown since its `stat`), the bytes are the file's, and a file
+        /// over `max` is refused.
+        #[test]
+        fn read_rest_gives_the_files_bytes_whatever_length_was_expected(
+            content in proptest::collection::vec(proptest::num::u8::ANY, 0..20_000),
+            expected in 0usize..20_000,
+            max in 0u64..20_000,
+            prefix in 0usize..3,
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("f");
+            std::fs::write(&path, &content).unwrap();
+            let mut out = vec![7u8; prefix];
+            out.reserve_exact(expected + 1);
+            let got = read_rest(File::open(&path).unwrap(), &path, Area::Header, max, &mut out);
+            if content.len() as u64 > max {
+                proptest::prop_assert!(got.unwrap_err().message.contains("limit"));
+            } else {
+                got.unwrap();
+                proptest::prop_assert_eq!(&out[..prefix], &vec![7u8; prefix][..]);
+                proptest::prop_assert_eq!(&out[prefix..], &content[..]);
+            }
+        }
+    }
 
     #[test]
     fn refuses_directories_and_missing_files() {
