@@ -23,10 +23,19 @@ pub fn push_str(out: &mut String, s: &str) {
 /// writers that assemble one literal from several pieces.
 pub fn push_str_body(out: &mut String, s: &str) {
     let mut plain_from = 0;
-    for (i, c) in s.char_indices() {
-        if (' '..='~').contains(&c) && c != '"' && c != '\\' {
+    let mut at = 0;
+    while let Some(&b) = s.as_bytes().get(at) {
+        // Printable ASCII other than the quote and backslash: copied as is,
+        // found a byte at a time (most names and messages are all of it).
+        if (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\' {
+            at += 1;
             continue;
         }
+        let i = at;
+        let Some(c) = s.get(i..).and_then(|rest| rest.chars().next()) else {
+            break;
+        };
+        at += c.len_utf8();
         out.push_str(&s[plain_from..i]);
         plain_from = i + c.len_utf8();
         match c {
@@ -49,6 +58,27 @@ pub fn push_str_body(out: &mut String, s: &str) {
     out.push_str(&s[plain_from..]);
 }
 
+/// Append `n` in decimal, built on the stack: a scan's records hold
+/// hundreds of steps each, and `to_string` allocated for every one.
+pub fn push_i64(out: &mut String, n: i64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut rest = n.unsigned_abs();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    if n < 0 {
+        out.push('-');
+    }
+    // ASCII digits only.
+    out.push_str(std::str::from_utf8(&digits[at..]).unwrap_or_default());
+}
+
 /// Append a finite `x` as `repr(x)` writes it: the shortest digits that read
 /// back as `x`, positional for decimal exponents -4..=16, else `1.5e+300`
 /// style with at least two exponent digits. Returns false, writing nothing,
@@ -59,6 +89,13 @@ pub fn push_f64(out: &mut String, x: f64) -> bool {
     }
     let mut buffer = zmij::Buffer::new();
     let shortest = buffer.format_finite(x);
+    // zmij writes positionally for decimal exponents -5..=15, as
+    // `1234.5678`, `0.0` or `100.0`; repr does for -4..=15, the same way.
+    // Only -5 (`0.0000` then a digit) needs repr's exponent spelling.
+    if !shortest.contains('e') && !shortest.trim_start_matches('-').starts_with("0.0000") {
+        out.push_str(shortest);
+        return true;
+    }
     let mut digit_bytes = [0u8; MAX_DIGITS];
     let (len, point) = decimal_digits(shortest, &mut digit_bytes);
     // ASCII digits only, so this cannot fail.
@@ -160,6 +197,10 @@ mod tests {
             (0.1, "0.1"),
             (0.0001, "0.0001"),
             (0.00001, "1e-05"),
+            (0.00001234, "1.234e-05"),
+            (-0.000099999, "-9.9999e-05"),
+            (0.0001234, "0.0001234"),
+            (-0.0001, "-0.0001"),
             (0.000123, "0.000123"),
             (1.5e-7, "1.5e-07"),
             (1e16, "1e+16"),
@@ -176,6 +217,27 @@ mod tests {
         ];
         for (value, expected) in cases {
             assert_eq!(repr(value), expected, "{value:e}");
+        }
+    }
+
+    #[test]
+    fn integers_read_as_python_str() {
+        for n in [
+            0,
+            1,
+            -1,
+            9,
+            10,
+            -10,
+            99,
+            100,
+            1234567890,
+            i64::MAX,
+            i64::MIN,
+        ] {
+            let mut s = String::from("x");
+            push_i64(&mut s, n);
+            assert_eq!(s, format!("x{n}"));
         }
     }
 

@@ -89,7 +89,7 @@ impl Value {
         match self {
             Value::Null => out.push_str("null"),
             Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-            Value::Int(n) => out.push_str(itoa(*n).as_str()),
+            Value::Int(n) => json_text::push_i64(out, *n),
             Value::Float(x) => push_float(out, *x),
             Value::Text(s) => json_text::push_str(out, s),
             Value::List(items) => {
@@ -110,7 +110,7 @@ impl Value {
                         out.push_str(", ");
                     }
                     out.push('[');
-                    out.push_str(itoa(*step).as_str());
+                    json_text::push_i64(out, *step);
                     out.push_str(", ");
                     push_float(out, *y);
                     out.push(']');
@@ -119,10 +119,6 @@ impl Value {
             }
         }
     }
-}
-
-fn itoa(n: i64) -> String {
-    n.to_string()
 }
 
 impl From<bool> for Value {
