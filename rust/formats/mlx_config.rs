@@ -43,10 +43,16 @@ const DEFAULT_RANK: u64 = 8;
 const DEFAULT_SCALE: f64 = 20.0;
 
 /// Whether the JSON text is an MLX adapter config (`lora_parameters`).
+/// Every PEFT `adapter_config.json` a scan reads is asked this first, so
+/// text that cannot name the key (neither spelled plainly nor with a
+/// `\u` escape) is answered without building its JSON tree.
 pub fn is_mlx_config(bytes: &[u8]) -> bool {
-    serde_json::from_slice::<Value>(bytes)
-        .ok()
-        .is_some_and(|v| v.get("lora_parameters").is_some_and(Value::is_object))
+    let may_name_it = memchr::memmem::find(bytes, b"lora_parameters").is_some()
+        || memchr::memmem::find(bytes, b"\\u").is_some();
+    may_name_it
+        && serde_json::from_slice::<Value>(bytes)
+            .ok()
+            .is_some_and(|v| v.get("lora_parameters").is_some_and(Value::is_object))
 }
 
 impl MlxConfig {
@@ -113,6 +119,21 @@ mod tests {
         assert_eq!(c.model.as_deref(), Some("tiny"));
         let c = MlxConfig::parse(Path::new("c.json"), br#"{"lora_parameters": {}}"#).unwrap();
         assert_eq!((c.rank, c.scale), (DEFAULT_RANK, DEFAULT_SCALE));
+    }
+
+    /// The key found however JSON spells it, and only as a key to an object.
+    #[test]
+    fn the_key_is_found_however_it_is_spelled() {
+        assert!(is_mlx_config(br#"{"lora\u005fparameters": {"rank": 4}}"#));
+        assert!(is_mlx_config(br#"{"\u006cora_parameters": {}}"#));
+        for not in [
+            &br#"{"lora_parameters": 8}"#[..],
+            br#"{"note": "lora_parameters"}"#,
+            br#"{"note": "\u006c", "lora_parameter": {}}"#,
+            b"",
+        ] {
+            assert!(!is_mlx_config(not), "{}", String::from_utf8_lossy(not));
+        }
     }
 
     #[test]
