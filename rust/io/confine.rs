@@ -238,7 +238,19 @@ static OPENAT2_USABLE: std::sync::atomic::AtomicBool = std::sync::atomic::Atomic
 /// A missing file or folder, or no permission, is the open's own error.
 #[cfg(target_os = "linux")]
 pub fn open_beneath(path: &Path) -> Option<std::io::Result<File>> {
-    use rustix::fs::{openat2, Mode, OFlags, ResolveFlags};
+    use rustix::fs::OFlags;
+    let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    beneath(path, flags).map(|opened| opened.map(File::from))
+}
+
+/// `openat2(root, path relative to the root, flags, RESOLVE_BENEATH)`: the
+/// descriptor, the open's own error, or None (see [`open_beneath`]).
+#[cfg(target_os = "linux")]
+fn beneath(
+    path: &Path,
+    flags: rustix::fs::OFlags,
+) -> Option<std::io::Result<std::os::fd::OwnedFd>> {
+    use rustix::fs::{openat2, Mode, ResolveFlags};
     use rustix::io::Errno;
     use std::path::Component;
     use std::sync::atomic::Ordering::Relaxed;
@@ -256,10 +268,9 @@ pub fn open_beneath(path: &Path) -> Option<std::io::Result<File>> {
     if !plain || rel.as_os_str().is_empty() {
         return None;
     }
-    let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC;
     let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
     match openat2(&*dir, rel, flags, Mode::empty(), resolve) {
-        Ok(fd) => Some(Ok(File::from(fd))),
+        Ok(fd) => Some(Ok(fd)),
         Err(e) if [Errno::NOENT, Errno::NOTDIR, Errno::ACCESS].contains(&e) => Some(Err(e.into())),
         Err(e) if [Errno::NOSYS, Errno::PERM, Errno::INVAL, Errno::TOOBIG].contains(&e) => {
             OPENAT2_USABLE.store(false, Relaxed);
@@ -268,6 +279,30 @@ pub fn open_beneath(path: &Path) -> Option<std::io::Result<File>> {
         // EXDEV (a link out of the root, or an absolute one), ELOOP, EAGAIN.
         Err(_) => None,
     }
+}
+
+/// The names in directory `dir` read beneath the root (see
+/// [`open_beneath`]): no `lstat` of its folders to check it first.
+#[cfg(target_os = "linux")]
+fn names_beneath(dir: &Path) -> Option<std::io::Result<Vec<std::ffi::OsString>>> {
+    use rustix::fs::OFlags;
+    use std::os::unix::ffi::OsStrExt;
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let fd = match beneath(dir, flags)? {
+        Ok(fd) => fd,
+        Err(e) => return Some(Err(e)),
+    };
+    let listed = (|| -> rustix::io::Result<Vec<std::ffi::OsString>> {
+        let mut names = vec![];
+        for entry in rustix::fs::Dir::new(fd)? {
+            let name = entry?.file_name().to_bytes().to_vec();
+            if name != b"." && name != b".." {
+                names.push(std::ffi::OsStr::from_bytes(&name).to_owned());
+            }
+        }
+        Ok(names)
+    })();
+    Some(listed.map_err(std::io::Error::from))
 }
 
 #[cfg(not(target_os = "linux"))]
@@ -324,21 +359,33 @@ pub fn can_list(dir: &Path, area: Area) -> Result<()> {
         .map_err(|e| Error::io(area, dir, &e))
 }
 
-/// The entries of directory `dir` (name, path, whether it is a directory,
-/// links followed), after checking `dir` against the root in force. Names
-/// that are not UTF-8 are kept (lossily converted) so nothing is hidden.
-pub fn list_dir(dir: &Path, area: Area) -> Result<Vec<(String, PathBuf)>> {
+/// The names in directory `dir` (`.` and `..` left out), after checking
+/// `dir` against the root in force: read beneath the root where it can be
+/// (one `openat2`, see [`open_beneath`]), else checked and listed by path.
+pub fn list_names(dir: &Path, area: Area) -> Result<Vec<std::ffi::OsString>> {
+    #[cfg(target_os = "linux")]
+    if let Some(listed) = names_beneath(dir) {
+        return listed.map_err(|e| Error::io(area, dir, &e));
+    }
     check_path(dir, area)?;
     let listing = std::fs::read_dir(dir).map_err(|e| Error::io(area, dir, &e))?;
-    let mut out = vec![];
-    for entry in listing {
-        let entry = entry.map_err(|e| Error::io(area, dir, &e))?;
-        out.push((
-            entry.file_name().to_string_lossy().into_owned(),
-            entry.path(),
-        ));
-    }
-    Ok(out)
+    listing
+        .map(|entry| {
+            entry
+                .map(|e| e.file_name())
+                .map_err(|e| Error::io(area, dir, &e))
+        })
+        .collect()
+}
+
+/// The entries of directory `dir` (name, path), after checking `dir`
+/// against the root in force (see [`list_names`]). Names that are not
+/// UTF-8 are kept (lossily converted) so nothing is hidden.
+pub fn list_dir(dir: &Path, area: Area) -> Result<Vec<(String, PathBuf)>> {
+    Ok(list_names(dir, area)?
+        .into_iter()
+        .map(|name| (name.to_string_lossy().into_owned(), dir.join(name)))
+        .collect())
 }
 
 #[cfg(test)]
@@ -479,6 +526,21 @@ mod tests {
                         let e = open_sized(p, Area::LogFormat).unwrap_err();
                         assert!(e.message.contains("outside the scanned root"), "{p:?}: {e}");
                     }
+                    // Folders: listed beneath the root, or refused as before.
+                    assert!(matches!(names_beneath(&root.join("sub")), Some(Ok(_))));
+                    assert!(names_beneath(&dir_out).is_none());
+                    let sub_link = link(Path::new("sub"), "sub_link");
+                    for dir in [root.join("sub"), sub_link] {
+                        let names = list_names(&dir, Area::LogFormat).unwrap();
+                        assert_eq!(names, ["inside"], "{dir:?}");
+                    }
+                    let e = list_names(&dir_out, Area::LogFormat).unwrap_err();
+                    assert!(e.message.contains("outside the scanned root"), "{e}");
+                    let e = list_names(&plain, Area::LogFormat).unwrap_err();
+                    assert!(e.message.contains("Not a directory"), "{e}");
+                    let mut all = list_names(&root, Area::LogFormat).unwrap();
+                    all.sort();
+                    assert_eq!(all.len(), 7, "{all:?}");
                 });
                 // Nothing confined: no walk beneath a root.
                 assert!(open_beneath(&root.join("sub/inside")).is_none());

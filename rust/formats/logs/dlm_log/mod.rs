@@ -31,16 +31,11 @@ fn is_train_log(name: &str) -> bool {
 /// `train-*.jsonl` entries of `dir`, sorted by name.
 pub fn train_logs_in(dir: &Path) -> Result<Vec<PathBuf>> {
     read_once::listing("train logs", dir, || {
-        crate::io::confine::check_path(dir, Area::LogFormat)?;
-        let entries = std::fs::read_dir(dir).map_err(|e| Error::io(Area::LogFormat, dir, &e))?;
-        let mut files = vec![];
-        for entry in entries {
-            let entry = entry.map_err(|e| Error::io(Area::LogFormat, dir, &e))?;
-            let name = entry.file_name();
-            if name.to_str().is_some_and(is_train_log) {
-                files.push(entry.path());
-            }
-        }
+        let mut files: Vec<PathBuf> = crate::io::confine::list_names(dir, Area::LogFormat)?
+            .into_iter()
+            .filter(|name| name.to_str().is_some_and(is_train_log))
+            .map(|name| dir.join(name))
+            .collect();
         files.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
         Ok(files)
     })
