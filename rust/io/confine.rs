@@ -353,6 +353,14 @@ pub fn leads_outside(path: &Path) -> bool {
 /// opens as a directory. Nothing is read from it (a caller that only asks
 /// whether a folder can be looked into need not read all its entries).
 pub fn can_list(dir: &Path, area: Area) -> Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        use rustix::fs::OFlags;
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        if let Some(opened) = beneath(dir, flags) {
+            return opened.map(drop).map_err(|e| Error::io(area, dir, &e));
+        }
+    }
     check_path(dir, area)?;
     std::fs::read_dir(dir)
         .map(drop)
@@ -536,6 +544,11 @@ mod tests {
                     }
                     let e = list_names(&dir_out, Area::LogFormat).unwrap_err();
                     assert!(e.message.contains("outside the scanned root"), "{e}");
+                    can_list(&root.join("sub"), Area::LogFormat).unwrap();
+                    let e = can_list(&dir_out, Area::LogFormat).unwrap_err();
+                    assert!(e.message.contains("outside the scanned root"), "{e}");
+                    let e = can_list(&plain, Area::LogFormat).unwrap_err();
+                    assert!(e.message.contains("Not a directory"), "{e}");
                     let e = list_names(&plain, Area::LogFormat).unwrap_err();
                     assert!(e.message.contains("Not a directory"), "{e}");
                     let mut all = list_names(&root, Area::LogFormat).unwrap();
