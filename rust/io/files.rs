@@ -102,27 +102,45 @@ pub fn open_sized(path: &Path, area: Area) -> Result<Opened> {
     })
 }
 
-/// Read the rest of `file` (at most `max` bytes) into `out`, whose spare
-/// capacity the caller sized to the length it expects plus one; refused
-/// when it holds more than `max`, which a file growing while it is read can
-/// make it do. A file of the expected length takes two reads: its bytes,
-/// then the end (`read_to_end` would start at 8 KiB and double).
+/// Read the rest of `file` (at most `max` bytes) into `out`, `expected`
+/// bytes by the `stat` of the opened file; refused when it holds more than
+/// `max`, which a file growing while it is read can make it do. A file as
+/// long as its `stat` said takes one read (room is left for one byte more,
+/// so a file that grew since shows it and is read on); `read_to_end`
+/// started at 8 KiB, doubled, and read once more to find the end.
 pub fn read_rest(
     mut file: File,
     path: &Path,
     area: Area,
     max: u64,
+    expected: u64,
     out: &mut Vec<u8>,
 ) -> Result<()> {
     let io = |e: std::io::Error| Error::io(area, path, &e);
     let start = out.len();
-    let room = (out.capacity() - start).clamp(1, max.saturating_add(1) as usize);
+    let room = expected.min(max).saturating_add(1);
+    let room = usize::try_from(room)
+        .unwrap_or(usize::MAX)
+        .min(WHOLE_ROOM_MAX);
     out.resize(start + room, 0);
-    let got = read_full(&mut file, &mut out[start..]).map_err(io)?;
+    let mut got = 0;
+    while got < room {
+        match file.read(&mut out[start + got..]) {
+            Ok(0) => break,
+            Ok(n) => {
+                got += n;
+                if got as u64 == expected {
+                    break; // as long as its stat said: that is the end
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(io(e)),
+        }
+    }
     out.truncate(start + got);
     if got == room {
         // Longer than expected (it grew): the rest, still bounded.
-        file.take(max + 1 - got as u64)
+        file.take(max.saturating_add(1).saturating_sub(got as u64))
             .read_to_end(out)
             .map_err(io)?;
     }
@@ -135,6 +153,10 @@ pub fn read_rest(
     }
     Ok(())
 }
+
+/// Most bytes [`read_rest`] sets aside before reading (a larger file's
+/// rest is read as it comes).
+const WHOLE_ROOM_MAX: usize = 64 << 20;
 
 /// The whole content of the regular file `path`, refused when it is larger
 /// than `max` bytes (checked on the opened file, and again while reading in
@@ -149,9 +171,8 @@ pub fn read_small(path: &Path, area: Area, max: u64) -> Result<Vec<u8>> {
             format!("is {len} bytes, more than the {max}-byte limit"),
         ));
     }
-    // One byte over the length: the read that finds the end needs room.
-    let mut out = Vec::with_capacity(len as usize + 1);
-    read_rest(file, path, area, max, &mut out)?;
+    let mut out = vec![];
+    read_rest(file, path, area, max, len, &mut out)?;
     Ok(out)
 }
 
@@ -175,8 +196,8 @@ mod tests {
             let path = dir.path().join("f");
             std::fs::write(&path, &content).unwrap();
             let mut out = vec![7u8; prefix];
-            out.reserve_exact(expected + 1);
-            let got = read_rest(File::open(&path).unwrap(), &path, Area::Header, max, &mut out);
+            let file = File::open(&path).unwrap();
+            let got = read_rest(file, &path, Area::Header, max, expected as u64, &mut out);
             if content.len() as u64 > max {
                 proptest::prop_assert!(got.unwrap_err().message.contains("limit"));
             } else {

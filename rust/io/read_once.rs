@@ -167,8 +167,8 @@ pub fn content(path: &Path, area: Area) -> Result<Content> {
     if opened.len > whole_max {
         return Ok(Content::Open(opened));
     }
-    let mut out = Vec::with_capacity(opened.len as usize + 1);
-    files::read_rest(opened.file, path, area, whole_max, &mut out)?;
+    let mut out = vec![];
+    files::read_rest(opened.file, path, area, whole_max, opened.len, &mut out)?;
     // Kept as the Vec it was read into: no copy into a fresh allocation.
     let bytes = Arc::new(out);
     remember(path, &bytes);
