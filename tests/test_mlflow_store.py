@@ -169,6 +169,30 @@ def test_a_db_named_relative_to_the_working_directory_is_scanned(sqlite_store, m
     assert len(records) == len(ids) - 1  # the deleted run is no store
 
 
+def test_a_store_under_another_name_is_found_by_its_tables(sqlite_store, tmp_path):
+    """`tracking.db` in a folder the walk visits is MLflow's store when its
+    tables say so; another SQLite file beside it (`cache.db`) is not."""
+    import sqlite3
+
+    db, ids, experiments = sqlite_store
+    folder = tmp_path / "team" / "runs"
+    folder.mkdir(parents=True)
+    renamed = folder / "tracking.db"
+    renamed.write_bytes(db.read_bytes())
+    with sqlite3.connect(folder / "cache.db") as other:
+        other.execute("create table runs (id text)")
+    found = {Path(r.store) for r in ap.scan(tmp_path / "team", probes=["training_drift"])}
+    assert found == {
+        db_run_path(renamed, experiments, experiment, ids[name])
+        for experiment, name in [
+            ("lora-sft", "healthy"),
+            ("lora-sft", "diverged"),
+            ("dpo", "nan"),
+            ("dpo", "no-loss"),
+        ]
+    }
+
+
 def test_the_sqlite_reader_agrees_with_mlflows_client(sqlite_store):
     from mlflow.tracking import MlflowClient
 

@@ -724,15 +724,26 @@ pub fn mlflow_db_targets(db: &Path) -> Vec<Target> {
 /// found, and its target says why it cannot be read.
 pub fn mlflow_db_in(dir: &Path) -> Option<PathBuf> {
     use crate::formats::logs::mlflow_db;
-    let db = dir.join(mlflow_db::DB_NAME);
-    if fs::metadata(&db).is_ok_and(|m| m.is_file()) && crate::io::sqlite::is_sqlite(&db) {
-        return Some(db);
+    let is_db = |db: &PathBuf| fs::metadata(db).is_ok_and(|m| m.is_file());
+    // Every folder the walk visits is asked: one listing answers, and the
+    // names are looked at before any path is built. A folder that cannot
+    // be listed may still be entered: its mlflow.db is looked up by name.
+    let Ok(names) = confine::list_names(dir, Area::Missing) else {
+        let db = dir.join(mlflow_db::DB_NAME);
+        return (is_db(&db) && crate::io::sqlite::is_sqlite(&db)).then_some(db);
+    };
+    if names.iter().any(|n| n == mlflow_db::DB_NAME) {
+        let db = dir.join(mlflow_db::DB_NAME);
+        if is_db(&db) && crate::io::sqlite::is_sqlite(&db) {
+            return Some(db);
+        }
     }
     // Another name (`mlruns.db`, `tracking.db`): told by its tables.
-    let mut named: Vec<PathBuf> = entries(dir)
-        .into_iter()
-        .filter(|(name, p)| name.ends_with(".db") && fs::metadata(p).is_ok_and(|m| m.is_file()))
-        .map(|(_, p)| p)
+    let mut named: Vec<PathBuf> = names
+        .iter()
+        .filter(|n| n.to_string_lossy().ends_with(".db"))
+        .map(|n| dir.join(n))
+        .filter(is_db)
         .collect();
     named.sort();
     named
