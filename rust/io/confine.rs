@@ -258,7 +258,12 @@ fn beneath(
         return None;
     }
     let root = current()?;
-    if is_pseudo(&root) {
+    // A root at or above `/proc` or `/sys` (a scan of `/`) holds the kernel's
+    // pseudo-files beneath it: those opens need the checked open's refusal.
+    let holds_pseudo = ["/proc", "/sys"]
+        .iter()
+        .any(|top| Path::new(top).starts_with(&*root));
+    if is_pseudo(&root) || holds_pseudo {
         return None;
     }
     let dir = root_dir(&root)?;
@@ -562,6 +567,18 @@ mod tests {
         // A thread that keeps no cache holds no root open.
         within(r, || {
             assert!(open_beneath(&root.join("sub/inside")).is_none())
+        });
+        // A root above /proc: its pseudo-files are still refused.
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                cache_real_paths();
+                within(Some(root_of(Path::new("/")).unwrap()), || {
+                    let environ = Path::new("/proc/self/environ");
+                    assert!(open_beneath(environ).is_none());
+                    let e = open_sized(environ, Area::LogFormat).unwrap_err();
+                    assert!(e.message.contains("pseudo-file"), "{e}");
+                });
+            });
         });
     }
 
