@@ -405,14 +405,21 @@ pub fn list_dir(dir: &Path, area: Area) -> Result<Vec<(String, PathBuf)>> {
 mod tests {
     use super::*;
 
-    #[cfg(unix)]
-    #[test]
-    fn links_out_of_the_root_are_refused_inside_are_followed() {
+    /// `tmp/root/sub/inside` (holding `i`) and, outside the root,
+    /// `tmp/secret` (holding `s`).
+    fn root_beside_a_secret() -> (tempfile::TempDir, PathBuf) {
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path().join("root");
         std::fs::create_dir_all(root.join("sub")).unwrap();
         std::fs::write(tmp.path().join("secret"), b"s").unwrap();
         std::fs::write(root.join("sub/inside"), b"i").unwrap();
+        (tmp, root)
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn links_out_of_the_root_are_refused_inside_are_followed() {
+        let (tmp, root) = root_beside_a_secret();
         let out = root.join("out");
         std::os::unix::fs::symlink(tmp.path().join("secret"), &out).unwrap();
         let ok = root.join("ok");
@@ -495,11 +502,7 @@ mod tests {
     #[test]
     fn opening_beneath_the_root_keeps_the_checked_opens_answers() {
         use crate::io::files::open_sized;
-        let tmp = tempfile::tempdir().unwrap();
-        let root = tmp.path().join("root");
-        std::fs::create_dir_all(root.join("sub")).unwrap();
-        std::fs::write(tmp.path().join("secret"), b"s").unwrap();
-        std::fs::write(root.join("sub/inside"), b"i").unwrap();
+        let (tmp, root) = root_beside_a_secret();
         let link = |target: &Path, name: &str| {
             std::os::unix::fs::symlink(target, root.join(name)).unwrap();
             root.join(name)
