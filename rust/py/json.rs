@@ -50,7 +50,7 @@ fn write_json(out: &mut String, value: &Bound<'_, PyAny>, depth: usize) -> PyRes
         out.push_str(if flag.is_true() { "true" } else { "false" });
     } else if value.cast::<PyInt>().is_ok() {
         match value.extract::<i64>() {
-            Ok(n) => out.push_str(&n.to_string()),
+            Ok(n) => json_text::push_i64(out, n),
             Err(_) => out.push_str(&value.str()?.to_string()),
         }
     } else if let Ok(tuple) = value.cast::<PyTuple>() {
