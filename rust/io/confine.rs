@@ -286,23 +286,29 @@ fn beneath(
     }
 }
 
-/// The names in directory `dir` read beneath the root (see
+/// Directory `dir` opened for listing beneath the root (see
 /// [`open_beneath`]): no `lstat` of its folders to check it first.
 #[cfg(target_os = "linux")]
-fn names_beneath(dir: &Path) -> Option<std::io::Result<Vec<std::ffi::OsString>>> {
+fn dir_beneath(dir: &Path) -> Option<std::io::Result<std::os::fd::OwnedFd>> {
     use rustix::fs::OFlags;
+    beneath(dir, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC)
+}
+
+/// The names in directory `dir` read beneath the root ([`dir_beneath`]).
+#[cfg(target_os = "linux")]
+fn names_beneath(dir: &Path) -> Option<std::io::Result<Vec<std::ffi::OsString>>> {
     use std::os::unix::ffi::OsStrExt;
-    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
-    let fd = match beneath(dir, flags)? {
+    let fd = match dir_beneath(dir)? {
         Ok(fd) => fd,
         Err(e) => return Some(Err(e)),
     };
     let listed = (|| -> rustix::io::Result<Vec<std::ffi::OsString>> {
         let mut names = vec![];
         for entry in rustix::fs::Dir::new(fd)? {
-            let name = entry?.file_name().to_bytes().to_vec();
+            let entry = entry?;
+            let name = entry.file_name().to_bytes();
             if name != b"." && name != b".." {
-                names.push(std::ffi::OsStr::from_bytes(&name).to_owned());
+                names.push(std::ffi::OsStr::from_bytes(name).to_owned());
             }
         }
         Ok(names)
@@ -359,12 +365,8 @@ pub fn leads_outside(path: &Path) -> bool {
 /// whether a folder can be looked into need not read all its entries).
 pub fn can_list(dir: &Path, area: Area) -> Result<()> {
     #[cfg(target_os = "linux")]
-    {
-        use rustix::fs::OFlags;
-        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
-        if let Some(opened) = beneath(dir, flags) {
-            return opened.map(drop).map_err(|e| Error::io(area, dir, &e));
-        }
+    if let Some(opened) = dir_beneath(dir) {
+        return opened.map(drop).map_err(|e| Error::io(area, dir, &e));
     }
     check_path(dir, area)?;
     std::fs::read_dir(dir)
