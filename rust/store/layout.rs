@@ -725,16 +725,18 @@ pub fn mlflow_db_targets(db: &Path) -> Vec<Target> {
 pub fn mlflow_db_in(dir: &Path) -> Option<PathBuf> {
     use crate::formats::logs::mlflow_db;
     let is_db = |db: &PathBuf| fs::metadata(db).is_ok_and(|m| m.is_file());
+    let by_name = || {
+        let db = dir.join(mlflow_db::DB_NAME);
+        (is_db(&db) && crate::io::sqlite::is_sqlite(&db)).then_some(db)
+    };
     // Every folder the walk visits is asked: one listing answers, and the
     // names are looked at before any path is built. A folder that cannot
     // be listed may still be entered: its mlflow.db is looked up by name.
     let Ok(names) = confine::list_names(dir, Area::Missing) else {
-        let db = dir.join(mlflow_db::DB_NAME);
-        return (is_db(&db) && crate::io::sqlite::is_sqlite(&db)).then_some(db);
+        return by_name();
     };
     if names.iter().any(|n| n == mlflow_db::DB_NAME) {
-        let db = dir.join(mlflow_db::DB_NAME);
-        if is_db(&db) && crate::io::sqlite::is_sqlite(&db) {
+        if let Some(db) = by_name() {
             return Some(db);
         }
     }
