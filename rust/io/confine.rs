@@ -252,11 +252,32 @@ fn beneath(
 ) -> Option<std::io::Result<std::os::fd::OwnedFd>> {
     use rustix::fs::{openat2, Mode, ResolveFlags};
     use rustix::io::Errno;
-    use std::path::Component;
     use std::sync::atomic::Ordering::Relaxed;
     if !OPENAT2_USABLE.load(Relaxed) {
         return None;
     }
+    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
+    match from_root(path, |dir, rel| {
+        openat2(dir, rel, flags, Mode::empty(), resolve)
+    })? {
+        Ok(fd) => Some(Ok(fd)),
+        Err(e) if [Errno::NOENT, Errno::NOTDIR, Errno::ACCESS].contains(&e) => Some(Err(e.into())),
+        Err(e) if [Errno::NOSYS, Errno::PERM, Errno::INVAL, Errno::TOOBIG].contains(&e) => {
+            OPENAT2_USABLE.store(false, Relaxed);
+            None
+        }
+        // EXDEV (a link out of the root, or an absolute one), ELOOP, EAGAIN.
+        Err(_) => None,
+    }
+}
+
+/// `f(root's descriptor, path relative to the root)` on a thread that holds
+/// the root open (see [`root_dir`]), for a path spelled plainly under the
+/// root (no `..`, not the root itself), where the root does not hold the
+/// kernel's pseudo-files; None elsewhere (see [`open_beneath`]).
+#[cfg(target_os = "linux")]
+fn from_root<R>(path: &Path, f: impl FnOnce(&std::os::fd::OwnedFd, &Path) -> R) -> Option<R> {
+    use std::path::Component;
     let root = current()?;
     // A root at or above `/proc` or `/sys` (a scan of `/`) holds the kernel's
     // pseudo-files beneath it: those opens need the checked open's refusal.
@@ -267,23 +288,35 @@ fn beneath(
         return None;
     }
     let dir = root_dir(&root)?;
-    let absolute = absolute(path).ok()?;
+    let made_absolute;
+    let absolute = if path.is_absolute() {
+        path
+    } else {
+        made_absolute = absolute(path).ok()?;
+        &made_absolute
+    };
     let rel = absolute.strip_prefix(root.as_path()).ok()?;
     let plain = rel.components().all(|c| matches!(c, Component::Normal(_)));
     if !plain || rel.as_os_str().is_empty() {
         return None;
     }
-    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
-    match openat2(&*dir, rel, flags, Mode::empty(), resolve) {
-        Ok(fd) => Some(Ok(fd)),
-        Err(e) if [Errno::NOENT, Errno::NOTDIR, Errno::ACCESS].contains(&e) => Some(Err(e.into())),
-        Err(e) if [Errno::NOSYS, Errno::PERM, Errno::INVAL, Errno::TOOBIG].contains(&e) => {
-            OPENAT2_USABLE.store(false, Relaxed);
-            None
-        }
-        // EXDEV (a link out of the root, or an absolute one), ELOOP, EAGAIN.
-        Err(_) => None,
-    }
+    Some(f(&dir, rel))
+}
+
+/// What `path` is, links followed as `std::fs::metadata` follows them,
+/// asked by `statx` from the root's descriptor: the kernel walks only the
+/// components below the root, where a path from `/` walks the root's own
+/// each time (a store's readers ask about a dozen paths). Nothing is
+/// confined by this: it only says what a later checked open will find.
+/// None where [`from_root`] is None.
+#[cfg(target_os = "linux")]
+pub fn file_type_from_root(path: &Path) -> Option<std::io::Result<rustix::fs::FileType>> {
+    use rustix::fs::{statx, AtFlags, FileType, StatxFlags};
+    from_root(path, |dir, rel| {
+        statx(dir, rel, AtFlags::empty(), StatxFlags::TYPE)
+            .map(|st| FileType::from_raw_mode(st.stx_mode.into()))
+            .map_err(std::io::Error::from)
+    })
 }
 
 /// Directory `dir` opened for listing beneath the root (see
@@ -357,6 +390,13 @@ pub fn leads_outside(path: &Path) -> bool {
     let Some(root) = current() else {
         return false;
     };
+    // Opened beneath the root: inside it. Missing, or not looked into:
+    // unresolvable, as `real_path` would find. A link the kernel will not
+    // follow beneath the root (out, or absolute) is resolved by path.
+    #[cfg(target_os = "linux")]
+    if beneath(path, rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC).is_some() {
+        return false;
+    }
     real_path(path).is_ok_and(|real| !real.starts_with(root.as_path()))
 }
 
@@ -532,6 +572,25 @@ mod tests {
                         assert!(open_beneath(p).is_none(), "{p:?}");
                     }
                     assert!(open_beneath(&root.join("sub/../sub/inside")).is_none());
+                    // Where a path leads: asked beneath the root, the same
+                    // answers as resolving it from `/`.
+                    for p in [&out, &relative_out, &dir_out.join("secret")] {
+                        assert!(leads_outside(p), "{p:?}");
+                    }
+                    for p in [&plain, &inside, &absolute_inside, &root.join("sub/missing")] {
+                        assert!(!leads_outside(p), "{p:?}");
+                    }
+                    // What a path is, links followed wherever they lead.
+                    use rustix::fs::FileType;
+                    for p in [&plain, &inside, &absolute_inside, &out] {
+                        let found = file_type_from_root(p).unwrap().unwrap();
+                        assert_eq!(found, FileType::RegularFile, "{p:?}");
+                    }
+                    let sub = file_type_from_root(&root.join("sub")).unwrap().unwrap();
+                    assert_eq!(sub, FileType::Directory);
+                    let missing = file_type_from_root(&root.join("sub/missing")).unwrap();
+                    assert_eq!(missing.unwrap_err().kind(), std::io::ErrorKind::NotFound);
+                    assert!(file_type_from_root(&root.join("sub/../sub")).is_none());
                     let missing = open_beneath(&root.join("sub/missing")).unwrap();
                     assert_eq!(missing.unwrap_err().kind(), std::io::ErrorKind::NotFound);
                     for p in [&plain, &inside, &absolute_inside] {

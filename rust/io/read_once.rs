@@ -66,6 +66,16 @@ pub enum Kind {
 
 impl Kind {
     fn of(path: &Path) -> Kind {
+        #[cfg(target_os = "linux")]
+        if let Some(found) = crate::io::confine::file_type_from_root(path) {
+            use rustix::fs::FileType;
+            return match found {
+                Err(_) => Kind::Missing,
+                Ok(FileType::Directory) => Kind::Dir,
+                Ok(FileType::RegularFile) => Kind::File,
+                Ok(_) => Kind::Other,
+            };
+        }
         match std::fs::metadata(path) {
             Err(_) => Kind::Missing,
             Ok(m) if m.is_dir() => Kind::Dir,
