@@ -6,6 +6,7 @@ version, other root, not a saved scan)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -196,3 +197,24 @@ def test_every_output_names_the_regressions_and_the_real_exit_code(
     plain = cli(*base)
     assert plain.returncode == 0
     assert "makes that exit 1" in " ".join(plain.stdout.split())
+
+
+def test_the_gate_tags_fresh_records_in_place_and_copies_others(tmp_path: Path) -> None:
+    from adapterprobe import scan
+    from adapterprobe.comparison.baseline import Gate
+    from adapterprobe.records import json_chunks
+
+    demo = Path(__file__).parent.parent / "python" / "adapterprobe" / "demo_store"
+    records = scan(str(demo)).records
+    gate = Gate([str(demo)])
+    copied = gate.record(records[0])
+    assert copied is not records[0] and records[0].root is None
+    assert copied.root == os.path.normpath(demo)
+    tagged = next(gate.batches([list(records)], fresh=True))
+    assert all(
+        t is r and r.root == os.path.normpath(demo) for t, r in zip(tagged, records, strict=True)
+    )
+    # The pieces a writer joins are the record's own JSON text.
+    text = "".join(json_chunks(tagged))
+    assert json.loads(text) == [json.loads(r.to_json()) for r in tagged]
+    assert all(d["root"] == os.path.normpath(demo) for d in json.loads(text))

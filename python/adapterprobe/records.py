@@ -9,6 +9,7 @@ Both the local scan and the Ray engine build on this module.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import operator
@@ -308,10 +309,7 @@ class ScanRecord:
         """One compact JSON object (NaN and infinities as null)."""
         made = None if self._core is None else self._core.json
         if made is not None:
-            # Written by the scan pass; the JSON-only fields go at its end.
-            if self._root is None and self._baseline is None:
-                return made  # type: ignore[no-any-return]
-            return made[:-1] + self._json_tail() + "}"
+            return "".join(self._json_pieces(made))
         # The common case, plain values only, is written by the Rust core
         # (the same text as json.dumps, several times faster on the float-heavy
         # evidence); anything else is cleaned by json_safe first.
@@ -326,10 +324,23 @@ class ScanRecord:
             return self._core.evidence_json()  # type: ignore[no-any-return]
         return _evidence_json(self._evidence)
 
+    def _json_pieces(self, made: str) -> tuple[str, ...]:
+        """The record's JSON text, from the pass's text `made`, as pieces that
+        join to it: a writer joining many records then copies each record's
+        text once. The JSON-only fields go before its closing brace."""
+        if self._root is None and self._baseline is None:
+            return (made,)
+        return (made[:-1], self._json_tail(), "}")
+
+    def _tag_root(self, root: str) -> None:
+        """Set the root in place: only for a record fresh from the scan pass
+        that nothing else holds yet (see ``Gate.batches``)."""
+        object.__setattr__(self, "_root", root)
+
     def _json_tail(self) -> str:
         tail = ""
         if self._root is not None:
-            tail += f', "schema_version": {SCHEMA_VERSION}, "root": ' + json_dumps(self._root)
+            tail += _root_tail(self._root)
         if self._baseline is not None:
             try:
                 text = json_dumps(self._baseline)
@@ -337,6 +348,13 @@ class ScanRecord:
                 text = json.dumps(json_safe(self._baseline), allow_nan=False)
             tail += ', "baseline": ' + text
         return tail
+
+
+@functools.lru_cache(maxsize=256)
+def _root_tail(root: str) -> str:
+    """The JSON-only root fields of a record, the same for every record of a
+    root (a scan has a few)."""
+    return f', "schema_version": {SCHEMA_VERSION}, "root": ' + json_dumps(root)
 
 
 _SLOTS = ScanRecord.__slots__
@@ -360,8 +378,13 @@ def json_chunks(
     if first:
         yield "["
     for record in records:
-        yield (",\n" if opened else "\n") + record.to_json()
+        yield ",\n" if opened else "\n"
         opened = True
+        made = None if record._core is None else record._core.json
+        if made is None:
+            yield record.to_json()
+        else:
+            yield from record._json_pieces(made)
     if last:
         yield "\n]" if opened else "]"
 

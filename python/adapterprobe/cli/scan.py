@@ -479,12 +479,14 @@ def run_scan(roots: list[str], args: argparse.Namespace) -> int:
     output = output_of(args, settings.to_dict(args.probes or DEFAULT_PROBES))
     saved = getattr(args, "save_json", None)
     if saved is None:
-        code = output.write(gate.batches(batches), before_output=stop)
+        code = output.write(gate.batches(batches, fresh=True), before_output=stop)
     else:
         from adapterprobe._fs import atomic_output
 
         with atomic_output(saved) as out:
-            code = output.write(saving_json(gate.batches(batches), out), before_output=stop)
+            code = output.write(
+                saving_json(gate.batches(batches, fresh=True), out), before_output=stop
+            )
     print_problems(problems)
     return code  # the writers' Tally counts --fail-on-regression in it
 
