@@ -5,6 +5,8 @@
 //! Keys keep their insertion order, as Python dicts do, so the JSON of a
 //! record is the same text whichever side built it.
 
+use std::borrow::Cow;
+
 use crate::io::json_text;
 
 /// One evidence value.
@@ -23,9 +25,13 @@ pub enum Value {
     Points(Vec<(i64, f64)>),
 }
 
+/// An evidence key: a literal almost always, so it costs no allocation
+/// (a store's records hold about a hundred keys, each made and freed).
+pub type Key = Cow<'static, str>;
+
 /// An ordered string-keyed map of values.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct Evidence(pub Vec<(String, Value)>);
+pub struct Evidence(pub Vec<(Key, Value)>);
 
 impl Evidence {
     pub fn new() -> Evidence {
@@ -34,18 +40,18 @@ impl Evidence {
 
     /// Set `key` to `value`: replaces the value in place when the key is
     /// there (keeping its position, as a Python dict does), else appends.
-    pub fn put(&mut self, key: &str, value: impl Into<Value>) {
-        let value = value.into();
-        match self.0.iter_mut().find(|(k, _)| k == key) {
+    pub fn put(&mut self, key: impl Into<Key>, value: impl Into<Value>) {
+        let (key, value) = (key.into(), value.into());
+        match self.0.iter_mut().find(|(k, _)| *k == key) {
             Some(slot) => slot.1 = value,
-            None => self.0.push((key.to_string(), value)),
+            None => self.0.push((key, value)),
         }
     }
 
     /// Every entry of `other`, put in order (Python's `{**a, **b}`).
     pub fn extend(&mut self, other: Evidence) {
         for (k, v) in other.0 {
-            self.put(&k, v);
+            self.put(k, v);
         }
     }
 

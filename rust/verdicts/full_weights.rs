@@ -67,7 +67,7 @@ fn evidence_of(input: &FullWeightsInput, w: &FullWeights, o: &FullWeightsOptions
     e.put("other_norm", finite_or_none(w.other_norm));
     let mut layers = Evidence::new();
     for layer in &w.layers {
-        layers.put(&layer.layer.to_string(), finite_or_none(layer.norm));
+        layers.put(layer.layer.to_string(), finite_or_none(layer.norm));
     }
     e.put("layer_l2_norm", layers);
     e.put("nonfinite_total", w.nonfinite_total);
@@ -105,7 +105,7 @@ pub fn judge_full_weights(input: &FullWeightsInput, o: &FullWeightsOptions) -> J
         };
         let mut tensors = Evidence::new();
         for t in &bad {
-            tensors.put(&t.name, t.nonfinite);
+            tensors.put(t.name.clone(), t.nonfinite);
         }
         evidence.put("nonfinite_tensors", tensors);
         let layers: Vec<u64> = w

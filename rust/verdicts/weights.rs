@@ -338,7 +338,7 @@ pub fn judge_weights(
         .collect();
     let mut layer_energy = Evidence::new();
     for layer in &w.layers {
-        layer_energy.put(&layer.layer.to_string(), layer.delta_fro_sq);
+        layer_energy.put(layer.layer.to_string(), layer.delta_fro_sq);
     }
     let used: Vec<u64> = modules.iter().filter_map(|m| m.rank_used).collect();
     let used_min = used.iter().min().copied();

@@ -58,7 +58,7 @@ pub(super) fn run_facts(curve: &LossCurve, classes: Option<&OutputClasses>) -> (
     if !curve.settings.is_empty() {
         let mut settings = Evidence::new();
         for (name, value) in &curve.settings {
-            settings.put(name, value.as_str());
+            settings.put(name.clone(), value.as_str());
         }
         facts.put("settings", Value::Map(settings));
     }

@@ -216,7 +216,7 @@ fn sway_passes_a_smooth_descent_and_warns_with_each_shortfall() {
     assert!(j
         .message
         .starts_with("smoothness=1.00, convergence_ratio=0.03"));
-    let keys: Vec<&str> = j.evidence.0.iter().map(|(k, _)| k.as_str()).collect();
+    let keys: Vec<&str> = j.evidence.0.iter().map(|(k, _)| k.as_ref()).collect();
     assert_eq!(keys[..3], ["rules", "final_loss", "initial_loss"]);
     assert_eq!(keys.last(), Some(&"thresholds"));
 

@@ -106,7 +106,7 @@ fn nonfinite_tensors_fail_listing_a_few() {
         j.evidence.get("nonfinite_layers"),
         Some(&Value::List(vec![Value::Int(0)]))
     );
-    let keys: Vec<&str> = j.evidence.0.iter().map(|(k, _)| k.as_str()).collect();
+    let keys: Vec<&str> = j.evidence.0.iter().map(|(k, _)| k.as_ref()).collect();
     assert_eq!(
         keys.get(11..),
         Some(&["nonfinite_tensors", "nonfinite_layers"][..])

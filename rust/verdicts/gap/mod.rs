@@ -184,7 +184,7 @@ fn plot_series(
             .filter(|&t| !values[t].is_nan())
             .map(|t| (records[t].step, values[t]))
             .collect();
-        out.put(layer, Value::Points(points));
+        out.put(layer.to_owned(), Value::Points(points));
     }
     Value::Map(out)
 }

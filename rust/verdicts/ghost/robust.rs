@@ -273,7 +273,7 @@ fn per_layer_verdict(
             }
         }
         for (layer, v) in &per_layer {
-            layer_means.put(&layer.to_string(), mean(v));
+            layer_means.put(layer.to_string(), mean(v));
         }
     }
 
@@ -284,7 +284,7 @@ fn per_layer_verdict(
     );
     let mut unchecked_map = Evidence::new();
     for (k, v) in &not_checked {
-        unchecked_map.put(k, v.as_str());
+        unchecked_map.put(*k, v.as_str());
     }
     e.put("not_checked", unchecked_map);
     e.put("findings", findings_value(&findings));
@@ -295,12 +295,12 @@ fn per_layer_verdict(
     e.put("layer_exp_avg_sq", layer_means);
     let mut ratios = Evidence::new();
     for (layer, score) in &layer_values {
-        ratios.put(&layer.to_string(), *score);
+        ratios.put(layer.to_string(), *score);
     }
     e.put("layer_ratio_to_peers", ratios);
     let mut log_lift = Evidence::new();
     for x in &lifts {
-        log_lift.put(&x.layer.to_string(), x.decades);
+        log_lift.put(x.layer.to_string(), x.decades);
     }
     e.put("layer_log_lift", log_lift);
     let mut exploding_layers: Vec<u64> = exploding.iter().map(|x| x.layer).collect();

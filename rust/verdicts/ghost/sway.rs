@@ -167,7 +167,7 @@ pub(super) fn judge(input: &GhostInput, state: &TrainingState, o: &GhostOptions)
     };
     let mut means = Evidence::new();
     for &(layer, m) in &layer_means {
-        means.put(&layer.to_string(), m);
+        means.put(layer.to_string(), m);
     }
     let mut e = Evidence::new();
     e.put("rules", "sway");

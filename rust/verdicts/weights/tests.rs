@@ -134,7 +134,7 @@ fn healthy_adapter_passes_with_a_summary() {
         j.message,
         "4 LoRA modules in 4 layers, ||dW|| 4.243, rank used 4-4 of 8"
     );
-    let keys: Vec<&str> = j.evidence.0.iter().map(|(k, _)| k.as_str()).collect();
+    let keys: Vec<&str> = j.evidence.0.iter().map(|(k, _)| k.as_ref()).collect();
     assert_eq!(
         keys,
         [
