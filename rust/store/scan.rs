@@ -254,11 +254,21 @@ impl Walk {
             };
             let hidden = entry.file_name().to_string_lossy().starts_with('.');
             let path = entry.path();
-            let meta = match fs::metadata(&path) {
+            // The listing's own type (no syscall where the file system gives
+            // it): a file is passed over unstated, a folder is stated from
+            // the listed folder (not a link, so as if followed), and only a
+            // link, or an entry of unknown type, is stated by its path.
+            let file_type = entry.file_type();
+            let meta = match &file_type {
+                Ok(t) if t.is_file() => continue,
+                Ok(t) if t.is_dir() => entry.metadata(),
+                _ => fs::metadata(&path),
+            };
+            let meta = match meta {
                 Ok(m) if m.is_dir() => m,
                 _ => continue,
             };
-            let is_link = entry.file_type().is_ok_and(|t| t.is_symlink());
+            let is_link = file_type.is_ok_and(|t| t.is_symlink());
             if hidden {
                 self.skip(&path, || "hidden directory: not searched".into());
             } else if let Some(pattern) = self.exclude.matching(&path, root_dir) {
