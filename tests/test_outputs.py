@@ -468,3 +468,27 @@ def test_a_drift_annotation_of_an_hf_run_points_at_its_newest_checkpoints_state(
     assert source_file(Drift()) == str(run / "checkpoint-100" / "trainer_state.json")
     (run / "trainer_state.json").write_text("{}")  # a state of its own wins
     assert source_file(Drift()) == str(run / "trainer_state.json")
+
+
+@given(st.lists(st.text(max_size=40), max_size=60), st.integers(1, 100))
+def test_pieces_are_written_whole_in_bounded_writes(pieces: list[str], limit: int) -> None:
+    from adapterprobe.cli import render
+
+    writes: list[str] = []
+
+    class Out(io.StringIO):
+        def write(self, s: str) -> int:
+            writes.append(s)
+            return super().write(s)
+
+    out = Out()
+    old = render.WRITE_CHARS
+    render.WRITE_CHARS = limit
+    try:
+        render.write_in_parts(out, iter(pieces))
+    finally:
+        render.WRITE_CHARS = old
+    assert out.getvalue() == "".join(pieces)
+    # Each write stops at the first piece that reaches the limit.
+    assert all(len(w) < limit + 40 for w in writes)
+    assert len(writes) >= len("".join(pieces)) // (limit + 40)

@@ -494,11 +494,12 @@ def run_scan(roots: list[str], args: argparse.Namespace) -> int:
 def saving_json(batches: Iterable[list[Any]], out: IO[str]) -> Iterator[list[Any]]:
     """The batches unchanged, each also written to `out` as ``--format json``
     writes it (``--save-json``: every record, whatever ``--only`` shows)."""
+    from adapterprobe.cli.render import write_in_parts
     from adapterprobe.records import json_chunks
 
     first = True
     for batch in batches:
-        out.write("".join(json_chunks(batch, first=first, last=False)))
+        write_in_parts(out, json_chunks(batch, first=first, last=False))
         first = False
         yield batch
     out.write("[\n]\n" if first else "\n]\n")
