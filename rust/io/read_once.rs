@@ -225,6 +225,15 @@ impl Sequential {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// All of the file's bytes, when it was read whole (see [`content`]):
+    /// a reader may go through them in place rather than copy them out.
+    pub fn whole(&self) -> Option<&[u8]> {
+        match &self.source {
+            Content::Whole(bytes) => Some(bytes.as_slice()),
+            Content::Open(_) => None,
+        }
+    }
 }
 
 impl std::io::Read for Sequential {

@@ -63,9 +63,13 @@ fn wanted(key: &str) -> bool {
     key.starts_with("gap/summary/") || (key.starts_with("gap/") && key.ends_with("/nonfinite"))
 }
 
+/// Text every gap record holds (its `"type": "gap"`): a line without it
+/// is not one.
+const GAP_TYPE: &[u8] = b"\"gap\"";
+
 /// A gap record from one line; None for any other line.
 pub fn parse_gap_line(line: &[u8]) -> Option<GapRecord> {
-    memchr::memmem::find(line, b"\"gap\"")?;
+    memchr::memmem::find(line, GAP_TYPE)?;
     let text = std::str::from_utf8(line).ok()?;
     let mut s = Scanner::new(text);
     s.ws();
@@ -189,13 +193,37 @@ fn for_each_line(mut reader: impl Read, mut each: impl FnMut(&[u8])) -> std::io:
 pub fn read_gap_file(path: &Path) -> Result<Vec<GapRecord>> {
     let file = read_once::sequential(path, Area::LogFormat)?;
     let mut out = Vec::new();
-    for_each_line(file, |line| {
+    let mut keep = |line: &[u8]| {
         if let Some(record) = parse_gap_line(line) {
             out.push(record);
         }
-    })
-    .map_err(|e| Error::io(Area::LogFormat, path, &e))?;
+    };
+    match file.whole() {
+        // A small file is the store's shared bytes (shorter than `MAX_LINE`,
+        // so no line is cut): its lines are read in place, and a file that
+        // names no gap record anywhere (a training log the drift probe
+        // reads too) is passed over in one search.
+        Some(bytes) => {
+            if memchr::memmem::find(bytes, GAP_TYPE).is_some() {
+                each_line(bytes, keep);
+            }
+        }
+        None => for_each_line(file, &mut keep).map_err(|e| Error::io(Area::LogFormat, path, &e))?,
+    }
     Ok(out)
+}
+
+/// Call `each` on every line of `bytes`: each `\n`-terminated one, then
+/// the unterminated rest when there is one (as [`for_each_line`] does).
+fn each_line(bytes: &[u8], mut each: impl FnMut(&[u8])) {
+    let mut start = 0;
+    for newline in memchr::memchr_iter(b'\n', bytes) {
+        each(&bytes[start..newline]);
+        start = newline + 1;
+    }
+    if start < bytes.len() {
+        each(&bytes[start..]);
+    }
 }
 
 /// The gap records of a run's logs (in the order given), sorted by step,
@@ -244,6 +272,38 @@ pub fn assemble(records: Vec<GapRecord>, files: Vec<PathBuf>) -> GapLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// A small file's lines read in place are the records the streaming
+        /// reader finds in the same bytes.
+        #[test]
+        fn whole_files_read_in_place_as_streamed(
+            lines in proptest::collection::vec((0u8..4, 0i64..50, "[ a-z\"{}:,]{0,12}"), 0..30),
+            final_newline: bool,
+        ) {
+            let text: Vec<String> = lines
+                .iter()
+                .map(|(kind, step, noise)| match kind {
+                    0 => format!(r#"{{"type": "gap", "step": {step}, "stats": {{"gap/summary/grads/l2_norm": 1.5}}}}"#),
+                    1 => format!(r#"{{"step": {step}, "loss": 2.0}}{noise}"#),
+                    2 => format!(r#"{{"type": "gap", {noise}"#),
+                    _ => noise.clone(),
+                })
+                .collect();
+            let mut bytes = text.join("\n").into_bytes();
+            if final_newline {
+                bytes.push(b'\n');
+            }
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("train.jsonl");
+            std::fs::write(&path, &bytes).unwrap();
+            let read = read_gap_file(&path).unwrap();
+            let mut streamed = vec![];
+            for_each_line(&bytes[..], |l| streamed.extend(parse_gap_line(l))).unwrap();
+            let steps = |rs: &[GapRecord]| rs.iter().map(|r| (r.step, r.stats.len())).collect::<Vec<_>>();
+            proptest::prop_assert_eq!(steps(&read), steps(&streamed));
+        }
+    }
 
     #[test]
     fn reads_a_sink_line_and_keeps_only_what_the_rules_read() {
