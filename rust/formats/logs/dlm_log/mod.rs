@@ -362,30 +362,11 @@ pub fn read_steps_from<R: Read + Send, S: StepSink>(
             }
         }
         if !first_line_seen && !discarding && from < end {
-            let region = &buf[from..end];
-            let first_end = memchr::memchr2(b'\n', b'\r', region).unwrap_or(region.len());
-            match line_kind(&region[..first_end]) {
-                Some((LineKind::Invalid, _)) => {
-                    // A Git LFS pointer is small: this batch holds all of it.
-                    return Err(lfs::describe_pointer(region)
-                        .unwrap_or_else(|| "first line is not valid JSON".into()));
-                }
-                line => take_line(line, out),
-            }
+            from += first_line(&buf[from..end], out)?;
             first_line_seen = true;
-            from += first_end;
         }
         if eof {
-            // A last line with no line end is the record a crashed or
-            // still-running writer was writing: unreadable, it is a torn
-            // tail, not damage.
-            let whole =
-                memchr::memrchr2(b'\n', b'\r', &buf[from..end]).map_or(from, |p| from + p + 1);
-            steps_in_parallel(&buf[from..whole], out);
-            match line_kind(&buf[whole..end]) {
-                Some((LineKind::Invalid, _)) => out.torn_tail(),
-                line => take_line(line, out),
-            }
+            last_lines(&buf[from..end], out);
             if blank_first && !carry.is_empty() {
                 return Err(format!("first line is longer than {MAX_LINE} bytes"));
             }
@@ -413,11 +394,61 @@ pub fn read_steps_from<R: Read + Send, S: StepSink>(
     }
 }
 
+/// Take the first line of `region` (a log's bytes from its start); the
+/// length of that line. A first line that is not JSON makes the file no
+/// log of this kind (a Git LFS pointer says so in its own words).
+fn first_line<S: StepSink>(region: &[u8], out: &mut S) -> std::result::Result<usize, String> {
+    let first_end = memchr::memchr2(b'\n', b'\r', region).unwrap_or(region.len());
+    match line_kind(&region[..first_end]) {
+        Some((LineKind::Invalid, _)) => {
+            // A Git LFS pointer is small: this batch holds all of it.
+            Err(lfs::describe_pointer(region)
+                .unwrap_or_else(|| "first line is not valid JSON".into()))
+        }
+        line => {
+            take_line(line, out);
+            Ok(first_end)
+        }
+    }
+}
+
+/// Take the lines of `region`, a log's last bytes: its whole lines, then a
+/// last line with no line end. That one is the record a crashed or
+/// still-running writer was writing: unreadable, it is a torn tail, not
+/// damage.
+fn last_lines<S: StepSink>(region: &[u8], out: &mut S) {
+    let whole = memchr::memrchr2(b'\n', b'\r', region).map_or(0, |p| p + 1);
+    steps_in_parallel(&region[..whole], out);
+    match line_kind(&region[whole..]) {
+        Some((LineKind::Invalid, _)) => out.torn_tail(),
+        line => take_line(line, out),
+    }
+}
+
+/// Append the step records of a log held whole in memory (shorter than a
+/// batch and than `MAX_LINE`), read in place: what [`read_steps_from`]
+/// finds in the same bytes, without copying them into its buffers.
+pub fn read_steps_whole<S: StepSink>(bytes: &[u8], out: &mut S) -> std::result::Result<(), String> {
+    debug_assert!(bytes.len() < BATCH.min(MAX_LINE));
+    let from = if bytes.is_empty() {
+        0
+    } else {
+        first_line(bytes, out)?
+    };
+    last_lines(&bytes[from..], out);
+    Ok(())
+}
+
 /// Append the step records of the log at `path` to `out` in file order.
 pub fn read_steps<S: StepSink>(path: &Path, out: &mut S) -> Result<()> {
     let file = read_once::sequential(path, Area::LogFormat)?;
     let size = file.len().min(BATCH as u64) as usize;
-    read_steps_from(file, size, out).map_err(|msg| {
+    // A small log is the store's shared bytes (see `read_once`).
+    let read = match file.whole() {
+        Some(bytes) if bytes.len() < BATCH.min(MAX_LINE) => read_steps_whole(bytes, out),
+        _ => read_steps_from(file, size, out),
+    };
+    read.map_err(|msg| {
         if let Some(e) = lfs::pointer_error_in(Area::LogFormat, path) {
             return e; // with its oid and size as details
         }

@@ -213,3 +213,56 @@ fn records_across_many_batches_are_all_read_in_order_while_the_next_batch_is_rea
             .all(|(i, r)| r.0 == i as i64 && r.1 == (i % 7) as f64 + 0.5));
     }
 }
+
+/// Everything a reader hands its sink, to compare two readers by.
+#[derive(Default, Debug, PartialEq)]
+struct Seen {
+    steps: Vec<(i64, u64)>,
+    lines: Vec<bool>,
+    torn: u32,
+}
+impl StepSink for Seen {
+    fn push_step(&mut self, step: i64, loss: f64, _: StepExtras) {
+        self.steps.push((step, loss.to_bits()));
+    }
+    fn append(&mut self, mut other: Self) {
+        self.steps.append(&mut other.steps);
+        self.lines.append(&mut other.lines);
+        self.torn += other.torn;
+    }
+    fn count_line(&mut self, readable: bool) {
+        self.lines.push(readable);
+    }
+    fn torn_tail(&mut self) {
+        self.torn += 1;
+    }
+}
+
+proptest::proptest! {
+    /// A small log read in place gives its sink what the streaming reader
+    /// gives from the same bytes, errors included.
+    #[test]
+    fn a_whole_log_read_in_place_reads_as_streamed(
+        lines in proptest::collection::vec((0u8..5, 0i64..40), 0..25),
+        ends in proptest::collection::vec(0u8..3, 25),
+        cut in 0usize..40,
+    ) {
+        let mut text = String::new();
+        for (i, (kind, s)) in lines.iter().enumerate() {
+            text.push_str(&match kind {
+                0 | 1 => step(*s, *s as f64 / 4.0),
+                2 => "   ".to_string(),
+                3 => "{\"type\": \"step\", \"step\"".to_string(),
+                _ => "version https://git-lfs.github.com/spec/v1".to_string(),
+            });
+            text.push_str(["\n", "\r\n", "\r"][ends[i] as usize]);
+        }
+        // Any cut: a torn last record, or none.
+        let bytes = &text.as_bytes()[..text.len().saturating_sub(cut)];
+        let (mut whole, mut streamed) = (Seen::default(), Seen::default());
+        let a = read_steps_whole(bytes, &mut whole);
+        let b = read_steps_from(bytes, 0, &mut streamed);
+        proptest::prop_assert_eq!(a, b);
+        proptest::prop_assert_eq!(whole, streamed);
+    }
+}
