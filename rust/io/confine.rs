@@ -35,7 +35,9 @@ struct RealPaths {
     cwd: Option<PathBuf>,
     /// The root in force, opened once (see `open_beneath`).
     #[cfg(target_os = "linux")]
-    root_dir: Option<(Arc<PathBuf>, Arc<std::os::fd::OwnedFd>)>,
+    /// None beside the root when it cannot be walked beneath (it holds the
+    /// kernel's pseudo-files, or it does not open as a folder): asked once.
+    root_dir: Option<(Arc<PathBuf>, Option<Arc<std::os::fd::OwnedFd>>)>,
 }
 
 /// The root a scan stays in: None when nothing is confined.
@@ -273,34 +275,38 @@ fn beneath(
 
 /// `f(root's descriptor, path relative to the root)` on a thread that holds
 /// the root open (see [`root_dir`]), for a path spelled plainly under the
-/// root (no `..`, not the root itself), where the root does not hold the
-/// kernel's pseudo-files; None elsewhere (see [`open_beneath`]).
+/// root (see [`plainly_beneath`]); None elsewhere (see [`open_beneath`]).
 #[cfg(target_os = "linux")]
 fn from_root<R>(path: &Path, f: impl FnOnce(&std::os::fd::OwnedFd, &Path) -> R) -> Option<R> {
-    use std::path::Component;
-    let root = current()?;
-    // A root at or above `/proc` or `/sys` (a scan of `/`) holds the kernel's
-    // pseudo-files beneath it: those opens need the checked open's refusal.
-    let holds_pseudo = ["/proc", "/sys"]
-        .iter()
-        .any(|top| Path::new(top).starts_with(&*root));
-    if is_pseudo(&root) || holds_pseudo {
-        return None;
-    }
-    let dir = root_dir(&root)?;
-    let made_absolute;
-    let absolute = if path.is_absolute() {
-        path
-    } else {
-        made_absolute = absolute(path).ok()?;
-        &made_absolute
-    };
-    let rel = absolute.strip_prefix(root.as_path()).ok()?;
-    let plain = rel.components().all(|c| matches!(c, Component::Normal(_)));
-    if !plain || rel.as_os_str().is_empty() {
-        return None;
-    }
-    Some(f(&dir, rel))
+    use std::os::unix::ffi::OsStrExt;
+    ROOT.with(|r| {
+        let root = r.borrow();
+        let root = root.as_ref()?;
+        let dir = root_dir(root)?;
+        let made_absolute;
+        let absolute = if path.is_absolute() {
+            path
+        } else {
+            made_absolute = absolute(path).ok()?;
+            &made_absolute
+        };
+        let rel = plainly_beneath(absolute.as_os_str().as_bytes(), root.as_os_str().as_bytes())?;
+        Some(f(&dir, Path::new(std::ffi::OsStr::from_bytes(rel))))
+    })
+}
+
+/// `path` relative to `root` (both absolute, `root` as the kernel resolved
+/// it, with no trailing `/`) when it is spelled plainly beneath it: `root`,
+/// one `/`, then names, none of them `..` and the first not `.`. Anything
+/// else (the root itself, `//`, `..`) is left to the checked open.
+fn plainly_beneath<'a>(path: &'a [u8], root: &[u8]) -> Option<&'a [u8]> {
+    let rel = path.strip_prefix(root)?.strip_prefix(b"/")?;
+    let first = rel.split(|&b| b == b'/').next()?;
+    let plain = !rel.is_empty()
+        && !first.is_empty()
+        && first != b"."
+        && !rel.split(|&b| b == b'/').any(|name| name == b"..");
+    plain.then_some(rel)
 }
 
 /// What `path` is, links followed as `std::fs::metadata` follows them,
@@ -355,21 +361,33 @@ pub fn open_beneath(_path: &Path) -> Option<std::io::Result<File>> {
 }
 
 /// The root in force opened as a directory descriptor, once per scan call
-/// on a thread that keeps a cache (see `cache_real_paths`); None elsewhere.
+/// on a thread that keeps a cache (see `cache_real_paths`); None elsewhere,
+/// and for a root at or above `/proc` or `/sys` (a scan of `/`), whose
+/// pseudo-files need the checked open's refusal, or one that does not open
+/// as a folder (a scan of one file): both known after the first ask.
 #[cfg(target_os = "linux")]
 fn root_dir(root: &Arc<PathBuf>) -> Option<Arc<std::os::fd::OwnedFd>> {
     use rustix::fs::{open, Mode, OFlags};
     let held = with_cache(|m| match &m.root_dir {
-        Some((path, fd)) if path == root => Some(fd.clone()),
+        Some((path, fd)) if Arc::ptr_eq(path, root) || path == root => Some(fd.clone()),
         _ => None,
     })?;
-    if held.is_some() {
-        return held;
+    if let Some(known) = held {
+        return known;
     }
+    let holds_pseudo = ["/proc", "/sys"]
+        .iter()
+        .any(|top| Path::new(top).starts_with(&**root));
     let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
-    let fd = Arc::new(open(root.as_path(), flags, Mode::empty()).ok()?);
+    let fd = if is_pseudo(root) || holds_pseudo {
+        None
+    } else {
+        open(root.as_path(), flags, Mode::empty())
+            .ok()
+            .map(Arc::new)
+    };
     with_cache(|m| m.root_dir = Some((root.clone(), fd.clone())));
-    Some(fd)
+    fd
 }
 
 /// Check an opened file against the root in force (and the pseudo-file rule).
@@ -446,6 +464,34 @@ pub fn list_dir(dir: &Path, area: Area) -> Result<Vec<(String, PathBuf)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_plain_spellings_are_walked_beneath_the_root() {
+        let beneath = |p: &str| plainly_beneath(p.as_bytes(), b"/r/oot").map(|r| r.to_vec());
+        for (path, rel) in [
+            ("/r/oot/a", "a"),
+            ("/r/oot/a/b.txt", "a/b.txt"),
+            ("/r/oot/a/./b", "a/./b"),
+            ("/r/oot/..a/b..", "..a/b.."),
+        ] {
+            assert_eq!(beneath(path), Some(rel.as_bytes().to_vec()), "{path}");
+        }
+        for path in [
+            "/r/oot",
+            "/r/oot/",
+            "/r/ootx/a",
+            "/r/oot//a",
+            "/r/oot/./a",
+            "/r/oot/.",
+            "/r/oot/..",
+            "/r/oot/a/../b",
+            "/r/oot/a/..",
+            "/r/oo",
+            "r/oot/a",
+        ] {
+            assert_eq!(beneath(path), None, "{path}");
+        }
+    }
 
     /// `tmp/root/sub/inside` (holding `i`) and, outside the root,
     /// `tmp/secret` (holding `s`).
