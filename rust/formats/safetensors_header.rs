@@ -5,6 +5,7 @@
 //! file, and check every tensor's offsets against the data section.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
@@ -67,7 +68,20 @@ pub fn dtype_bits(dtype: &str) -> Option<u64> {
 
 /// Read and validate the header of the safetensors file at `path`.
 pub fn read_header(path: &Path) -> Result<Header> {
-    header_of(path, &read_once::content(path, Area::Header)?)
+    let content = read_once::content(path, Area::Header)?;
+    Ok(Header::clone(&*shared_header_of(path, &content)?))
+}
+
+/// [`header_of`], parsed once per store for a small file (see
+/// `io::read_once`): the weights and gradient probes both read an adapter's
+/// header.
+pub fn shared_header_of(path: &Path, content: &Content) -> Result<Arc<Header>> {
+    match content {
+        Content::Whole(_) => {
+            read_once::derived("safetensors header", path, || header_of(path, content))
+        }
+        Content::Open(_) => header_of(path, content).map(Arc::new),
+    }
 }
 
 /// Read and validate the header of the safetensors file at `path` from its

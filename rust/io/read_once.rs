@@ -14,6 +14,7 @@
 //! file is never served from another scan. Confinement is unchanged: the
 //! first read opens the file through `files::open_sized`, which checks it.
 
+use std::any::Any;
 use std::cell::RefCell;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -45,6 +46,9 @@ struct Memo {
     listings: FxHashMap<(&'static str, OsString), Vec<PathBuf>>,
     /// What each path asked about was, by its first `stat`.
     kinds: FxHashMap<OsString, Kind>,
+    /// Values made from a file's bytes (its parsed header), by (what,
+    /// path): see [`derived`].
+    derived: FxHashMap<(&'static str, OsString), Arc<dyn Any + Send + Sync>>,
 }
 
 /// Most listings one store's memo holds.
@@ -185,6 +189,34 @@ pub fn content(path: &Path, area: Area) -> Result<Content> {
     Ok(Content::Whole(bytes))
 }
 
+/// What `make` builds from the file at `path` (`what` names it: a parsed
+/// header), made once per store and shared with its later readers on this
+/// thread, as the file's bytes are (see the module). An error is not kept:
+/// the next reader makes it again.
+pub fn derived<T: Send + Sync + 'static>(
+    what: &'static str,
+    path: &Path,
+    make: impl FnOnce() -> Result<T>,
+) -> Result<Arc<T>> {
+    let key = (what, path.as_os_str().to_owned());
+    let known = MEMO.with(|m| m.borrow().as_ref()?.derived.get(&key).cloned());
+    if let Some(made) = known.and_then(|any| any.downcast::<T>().ok()) {
+        return Ok(made);
+    }
+    let made = Arc::new(make()?);
+    MEMO.with(|m| {
+        if let Some(memo) = m.borrow_mut().as_mut() {
+            if memo.derived.len() < DERIVED_MAX {
+                memo.derived.insert(key, made.clone());
+            }
+        }
+    });
+    Ok(made)
+}
+
+/// Most values one store's memo holds (see [`derived`]).
+const DERIVED_MAX: usize = 64;
+
 /// The files `list` finds in `dir` (`what` names the kind looked for),
 /// listed once per store: the training-drift and GAP readers both look for
 /// a run's logs.
@@ -313,6 +345,35 @@ mod tests {
         assert_eq!(calls.get(), 1);
         listing("logs", Path::new("d"), list).unwrap();
         assert_eq!(calls.get(), 2);
+    }
+
+    #[test]
+    fn a_value_made_from_a_file_is_made_once_per_store() {
+        let calls = std::cell::Cell::new(0);
+        let make = |fail: bool| {
+            calls.set(calls.get() + 1);
+            if fail {
+                Err(crate::error::Error::new(
+                    Area::Header,
+                    Path::new("f"),
+                    "bad",
+                ))
+            } else {
+                Ok(7u32)
+            }
+        };
+        for_one_store(|| {
+            assert!(derived("n", Path::new("f"), || make(true)).is_err());
+            for _ in 0..3 {
+                assert_eq!(*derived("n", Path::new("f"), || make(false)).unwrap(), 7);
+            }
+            // Another kind of value of the same file is its own.
+            assert_eq!(*derived("m", Path::new("f"), || make(false)).unwrap(), 7);
+        });
+        // The error was not kept; the value was made once, then once more.
+        assert_eq!(calls.get(), 3);
+        derived("n", Path::new("f"), || make(false)).unwrap();
+        assert_eq!(calls.get(), 4);
     }
 
     #[test]

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use nalgebra::DMatrix;
 
 use crate::error::{Area, Error, Result};
-use crate::formats::safetensors_header::{header_of, Header, TensorInfo};
+use crate::formats::safetensors_header::{shared_header_of, Header, TensorInfo};
 use crate::io::files::{open_sized, Opened};
 use crate::io::read_once::{self, Content};
 use crate::io::staged;
@@ -385,7 +385,7 @@ pub struct SafetensorsData {
     /// ranges.
     file: Option<File>,
     whole: Option<Arc<Vec<u8>>>,
-    header: Header,
+    header: Arc<Header>,
     /// Absolute offset of the data section (8 + header length).
     data_start: u64,
     #[cfg(not(unix))]
@@ -399,7 +399,7 @@ impl SafetensorsData {
     pub fn open(path: &Path) -> Result<SafetensorsData> {
         // One open (or one whole read) serves the header and the data.
         let content = read_once::content(path, Area::Header)?;
-        let header = header_of(path, &content)?;
+        let header = shared_header_of(path, &content)?;
         let (file, whole, file_len) = match content {
             Content::Whole(bytes) => (None, Some(bytes.clone()), bytes.len() as u64),
             Content::Open(opened) => (Some(opened.file), None, opened.len),
@@ -442,11 +442,11 @@ impl SafetensorsData {
             path: path.to_path_buf(),
             file: Some(file),
             whole: None,
-            header: Header {
+            header: Arc::new(Header {
                 tensors,
                 metadata: None,
                 data_len: file_len,
-            },
+            }),
             data_start: 0,
             #[cfg(not(unix))]
             lock: std::sync::Mutex::new(()),
