@@ -119,6 +119,15 @@ fn tensor<'g>(ts: &'g TorchSave, slot: Id, key: &str) -> Option<&'g Tensor> {
 /// multiple of 8, so the second moment's lane sums line up).
 const PIECE: u64 = 1 << 16;
 
+/// Most moment pairs a state may hold and still be checked on one thread
+/// (see `check_adam`): a LoRA adapter's state (a store scan's usual one)
+/// holds a few thousand to a few hundred thousand.
+#[cfg(not(test))]
+const SERIAL_PAIRS: u64 = 1 << 16;
+/// Small in unit tests, so their states take both ways.
+#[cfg(test)]
+const SERIAL_PAIRS: u64 = 64;
+
 /// One parameter whose moments are checked.
 struct Pair<'a> {
     param_id: i64,
@@ -225,12 +234,24 @@ pub fn check_adam(
             })
         })
         .collect();
-    let outs: Vec<StretchOut> = stretches
-        .par_iter()
-        .map_init(Buffers::default, |bufs, s| {
-            check_stretch(ts, &pairs[s.pair], s, bufs)
-        })
-        .collect::<Result<_>>()?;
+    // A state of a few stretches (a LoRA adapter's, most of a store scan)
+    // is checked on this thread: shared out, its stretches cost more in
+    // buffers and hand-offs than in checking. The outcome is the same.
+    let total: u64 = stretches.iter().map(|s| s.count).sum();
+    let outs: Vec<StretchOut> = if total <= SERIAL_PAIRS {
+        let mut bufs = Buffers::default();
+        stretches
+            .iter()
+            .map(|s| check_stretch(ts, &pairs[s.pair], s, &mut bufs))
+            .collect::<Result<_>>()?
+    } else {
+        stretches
+            .par_iter()
+            .map_init(Buffers::default, |bufs, s| {
+                check_stretch(ts, &pairs[s.pair], s, bufs)
+            })
+            .collect::<Result<_>>()?
+    };
     let mut reduced = HashMap::new();
     let mut outs = stretches.iter().zip(outs).peekable();
     for (i, p) in pairs.iter().enumerate() {
