@@ -363,7 +363,7 @@ mod fused_tests {
     #[test]
     fn the_fused_pass_reduces_exp_avg_sq_as_the_reducer_does() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rust/testdata/optim");
-        let mut checked = 0;
+        let (mut checked, mut serial) = (0, 0);
         for name in ["hf_gpt2", "hf_lora", "hf_bias_all", "hf_modules_to_save"] {
             let file = root.join(name).join("checkpoint-3/optimizer.pt");
             let ts = TorchSave::open(&file, UnknownGlobals::Refuse).unwrap();
@@ -387,12 +387,24 @@ mod fused_tests {
             for (id, slot) in &by_id {
                 let t = tensor(&ts, *slot, "exp_avg_sq").unwrap();
                 let want = reduce_tensor(&ts, t, "v", &mut Vec::new(), &mut budget).unwrap();
-                let got = reduced[id];
-                assert_eq!((got.numel, got.nonfinite), (want.numel, want.nonfinite));
-                assert_eq!(got.sum.to_bits(), want.sum.to_bits(), "{name} param {id}");
+                // The whole state, shared out over the pool, and the
+                // parameter alone: at most `SERIAL_PAIRS` (64 in unit
+                // tests) are checked on this thread.
+                let one = BTreeMap::from([(*id, *slot)]);
+                let alone = check_adam(&ts, sd, &one, &HashMap::new(), &mut findings).unwrap();
+                serial += usize::from(want.numel <= SERIAL_PAIRS);
+                for got in [reduced[id], alone[id]] {
+                    assert_eq!((got.numel, got.nonfinite), (want.numel, want.nonfinite));
+                    assert_eq!(got.sum.to_bits(), want.sum.to_bits(), "{name} param {id}");
+                }
+                assert!(findings.sentences.is_empty(), "{:?}", findings.sentences);
                 checked += 1;
             }
         }
         assert!(checked > 10, "{checked}");
+        assert!(
+            0 < serial && serial < checked,
+            "{serial} of {checked} on one thread"
+        );
     }
 }
