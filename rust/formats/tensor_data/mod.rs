@@ -392,6 +392,16 @@ pub struct SafetensorsData {
     lock: std::sync::Mutex<()>,
 }
 
+/// What a tensor's read names in its errors, spelled only when one is
+/// made (a scan reads thousands of tensors without one).
+struct DataOf<'a>(&'a str);
+
+impl std::fmt::Display for DataOf<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the data of tensor {:?}", self.0)
+    }
+}
+
 impl SafetensorsData {
     /// Open `path`, read its header (errors there are `Area::Header`) and
     /// check that the tensors' byte ranges do not overlap, so that reading
@@ -534,7 +544,7 @@ impl SafetensorsData {
         })
     }
 
-    fn read_at(&self, buf: &mut [u8], offset: u64, what: &str) -> Result<()> {
+    fn read_at(&self, buf: &mut [u8], offset: u64, what: impl std::fmt::Display) -> Result<()> {
         let res = match (&self.whole, &self.file) {
             (Some(whole), _) => {
                 let start = usize::try_from(offset).unwrap_or(usize::MAX);
@@ -650,7 +660,7 @@ impl TensorReader<'_> {
     ) -> Result<()> {
         let per_read = self.chunk_elems * t.kind.size();
         let buf = grown(&mut self.raw, bounded(t.byte_len, per_read));
-        let what = format!("the data of tensor {:?}", t.name);
+        let what = DataOf(&t.name);
         let mut done = 0u64;
         while done < t.byte_len {
             let n = bounded(t.byte_len - done, per_read);
@@ -683,7 +693,7 @@ impl TensorReader<'_> {
         }
         let n = bounded(t.byte_len - start, per_read as usize);
         let buf = grown(&mut self.raw, n);
-        let what = format!("the data of tensor {:?}", t.name);
+        let what = DataOf(&t.name);
         self.data.read_at(buf, t.offset + start, &what)?;
         Ok(moments_of_bytes(t.kind, buf))
     }
@@ -715,7 +725,7 @@ impl TensorReader<'_> {
         let first = rows_per.min(rows);
         let raw = grown(&mut self.raw, first * cols * es);
         let vals = grown(&mut self.vals, first * cols);
-        let what = format!("the data of tensor {:?}", t.name);
+        let what = DataOf(&t.name);
         let mut moments = Moments::default();
         let mut row = 0usize;
         while row < rows {
@@ -749,7 +759,7 @@ impl TensorReader<'_> {
         let width_per = (self.chunk_elems / rows).max(1).min(cols);
         let raw = grown(&mut self.raw, rows * width_per * es);
         let vals = grown(&mut self.vals, rows * width_per);
-        let what = format!("the data of tensor {:?}", t.name);
+        let what = DataOf(&t.name);
         let mut moments = Moments::default();
         let mut col = 0usize;
         while col < cols {
