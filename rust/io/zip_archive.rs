@@ -292,7 +292,11 @@ impl Archive {
 }
 
 fn parse_central_dir(cd: &[u8], total: u64) -> std::result::Result<HashMap<String, Entry>, String> {
-    let mut entries = HashMap::new();
+    // Sized once for the entries the directory can hold (each takes at
+    // least 46 bytes of it), not grown a rehash at a time; never by what
+    // the count field alone claims.
+    let room = usize::try_from(total).map_or(0, |n| n.min(cd.len() / 46));
+    let mut entries = HashMap::with_capacity(room);
     let mut at = 0usize;
     for _ in 0..total {
         let fixed = cd
