@@ -301,11 +301,9 @@ fn from_root<R>(path: &Path, f: impl FnOnce(&std::os::fd::OwnedFd, &Path) -> R) 
 /// else (the root itself, `//`, `..`) is left to the checked open.
 fn plainly_beneath<'a>(path: &'a [u8], root: &[u8]) -> Option<&'a [u8]> {
     let rel = path.strip_prefix(root)?.strip_prefix(b"/")?;
-    let first = rel.split(|&b| b == b'/').next()?;
-    let plain = !rel.is_empty()
-        && !first.is_empty()
-        && first != b"."
-        && !rel.split(|&b| b == b'/').any(|name| name == b"..");
+    let mut names = rel.split(|&b| b == b'/');
+    let first = names.next()?;
+    let plain = !matches!(first, b"" | b"." | b"..") && names.all(|name| name != b"..");
     plain.then_some(rel)
 }
 
