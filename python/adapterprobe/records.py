@@ -307,30 +307,30 @@ class ScanRecord:
 
     def to_json(self) -> str:
         """One compact JSON object (NaN and infinities as null)."""
+        return "".join(self._json_pieces())
+
+    def _json_pieces(self) -> tuple[str, ...]:
+        """The record's JSON text as pieces that join to it: a writer joining
+        many records then copies each record's text once. Text the scan pass
+        wrote gets the JSON-only fields before its closing brace."""
         made = None if self._core is None else self._core.json
         if made is not None:
-            return "".join(self._json_pieces(made))
+            if self._root is None and self._baseline is None:
+                return (made,)
+            return (made[:-1], self._json_tail(), "}")
         # The common case, plain values only, is written by the Rust core
         # (the same text as json.dumps, several times faster on the float-heavy
         # evidence); anything else is cleaned by json_safe first.
         try:
-            return json_dumps(self._plain())
+            return (json_dumps(self._plain()),)
         except (ValueError, TypeError):
-            return json.dumps(self.to_dict(), allow_nan=False)
+            return (json.dumps(self.to_dict(), allow_nan=False),)
 
     def _evidence_json(self) -> str:
         """The evidence as ASCII JSON (from the core when it is still there)."""
         if self._evidence is None:
             return self._core.evidence_json()  # type: ignore[no-any-return]
         return _evidence_json(self._evidence)
-
-    def _json_pieces(self, made: str) -> tuple[str, ...]:
-        """The record's JSON text, from the pass's text `made`, as pieces that
-        join to it: a writer joining many records then copies each record's
-        text once. The JSON-only fields go before its closing brace."""
-        if self._root is None and self._baseline is None:
-            return (made,)
-        return (made[:-1], self._json_tail(), "}")
 
     def _tag_root(self, root: str) -> None:
         """Set the root in place: only for a record fresh from the scan pass
@@ -380,11 +380,7 @@ def json_chunks(
     for record in records:
         yield ",\n" if opened else "\n"
         opened = True
-        made = None if record._core is None else record._core.json
-        if made is None:
-            yield record.to_json()
-        else:
-            yield from record._json_pieces(made)
+        yield from record._json_pieces()
     if last:
         yield "\n]" if opened else "]"
 
