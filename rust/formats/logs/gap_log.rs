@@ -273,6 +273,25 @@ pub fn assemble(records: Vec<GapRecord>, files: Vec<PathBuf>) -> GapLog {
 mod tests {
     use super::*;
 
+    #[test]
+    fn lines_past_max_line_are_passed_over_whole() {
+        // Longer than MAX_LINE once a batch ends inside it: dropped to its
+        // line end, and the lines around it are read.
+        let long = vec![b'x'; 3 * BATCH + 5];
+        let mut text = b"a\n".to_vec();
+        text.extend_from_slice(&long);
+        text.extend_from_slice(b"\nb\nc");
+        let mut lines: Vec<Vec<u8>> = vec![];
+        for_each_line(&text[..], |l| lines.push(l.to_vec())).unwrap();
+        assert_eq!(lines, [b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]);
+        // An over-long last line, with no line end, is dropped too.
+        let mut text = b"a\n".to_vec();
+        text.extend_from_slice(&long);
+        lines.clear();
+        for_each_line(&text[..], |l| lines.push(l.to_vec())).unwrap();
+        assert_eq!(lines, [b"a".to_vec()]);
+    }
+
     proptest::proptest! {
         /// A small file's lines read in place are the records the streaming
         /// reader finds in the same bytes.
