@@ -168,16 +168,15 @@ fn for_each_line(mut reader: impl Read, mut each: impl FnMut(&[u8])) -> std::io:
             memchr::memrchr(b'\n', &buf).map_or(0, |p| p + 1)
         };
         let mut start = 0;
-        for newline in memchr::memchr_iter(b'\n', &buf[..end]) {
-            if !discarding {
-                each(&buf[start..newline]);
+        if discarding {
+            // The rest of an over-long line ends at the next line end.
+            match memchr::memchr(b'\n', &buf[..end]) {
+                Some(p) => (start, discarding) = (p + 1, false),
+                None => start = end,
             }
-            discarding = false; // the rest of an over-long line ends here
-            start = newline + 1;
         }
-        if eof && start < end && !discarding {
-            each(&buf[start..end]);
-        }
+        // `end` is just past a line end unless the file ended there.
+        each_line(&buf[start..end], &mut each);
         buf.drain(..end);
         if buf.len() > MAX_LINE {
             buf.clear();
