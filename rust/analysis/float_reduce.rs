@@ -8,7 +8,9 @@
 
 use crate::error::{Error, Result};
 use crate::formats::pickle::Tensor;
-use crate::formats::tensor_data::{dec_bf16, dec_f16, dec_f32, dec_f64, f16_to_f32, FloatKind};
+use crate::formats::tensor_data::{
+    dec_bf16, dec_f16, dec_f32, dec_f64, f16_to_f32, widest, FloatKind,
+};
 use crate::formats::tensor_view::{for_each_run, ViewPlan};
 use crate::formats::torch_save::{float_kind, TorchSave, WorkBudget, STREAM_CHUNK_BYTES};
 
@@ -176,6 +178,14 @@ fn sum_contig<const N: usize>(bytes: &[u8], dec: impl Fn([u8; N]) -> (f64, bool)
 }
 
 fn reduce_run(bytes: &[u8], kind: FloatKind) -> (f64, u64) {
+    widest(
+        #[inline(always)]
+        || reduce_run_here(bytes, kind),
+    )
+}
+
+#[inline(always)]
+fn reduce_run_here(bytes: &[u8], kind: FloatKind) -> (f64, u64) {
     match kind {
         FloatKind::F32 => sum_contig::<4>(bytes, dec_f32),
         FloatKind::F64 => sum_contig::<8>(bytes, dec_f64),
@@ -186,6 +196,7 @@ fn reduce_run(bytes: &[u8], kind: FloatKind) -> (f64, u64) {
 
 /// Half floats in two passes per block: decode 64 values to f32 (a simple
 /// loop the compiler vectorizes), then sum them as f32 runs do.
+#[inline(always)]
 fn sum_f16(bytes: &[u8]) -> (f64, u64) {
     const BLOCK: usize = 64;
     let mut sum = 0.0f64;
@@ -387,5 +398,24 @@ mod tests {
         )
         .unwrap();
         assert_eq!(r.mean(), f64::INFINITY);
+    }
+
+    proptest::proptest! {
+        /// A run summed through `widest` (AVX2 or AVX-512 where the CPU has
+        /// them) is bit for bit the baseline build's sum of the same bytes.
+        #[test]
+        fn the_widest_kernels_sum_as_the_baseline_does(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..3000),
+            kind in 0usize..4,
+        ) {
+            let kind = [FloatKind::F32, FloatKind::F64, FloatKind::F16, FloatKind::BF16][kind];
+            let (sum, bad) = reduce_bytes(&bytes, kind);
+            let (want, want_bad) = reduce_run_here(&bytes, kind);
+            proptest::prop_assert_eq!(bad, want_bad);
+            proptest::prop_assert!(
+                sum.to_bits() == want.to_bits() || (sum.is_nan() && want.is_nan()),
+                "{} vs {}", sum, want
+            );
+        }
     }
 }

@@ -20,6 +20,9 @@
 //! The float decoders are shared with `torch_state` (same bytes, same IEEE
 //! formats) so there is one copy of them in the crate.
 
+mod widest;
+pub(crate) use widest::widest;
+
 use std::fs::File;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
@@ -259,9 +262,18 @@ pub fn decode_with_moments(kind: FloatKind, bytes: &[u8], out: &mut [f64]) -> Mo
 /// block and taking [`moments_of`] gives.
 pub fn moments_of_bytes(kind: FloatKind, bytes: &[u8]) -> Moments {
     match kind {
-        FloatKind::F32 => moments_of_narrow::<4>(bytes, narrow_f32),
-        FloatKind::BF16 => moments_of_narrow::<2>(bytes, narrow_bf16),
-        FloatKind::F16 => moments_of_narrow::<2>(bytes, narrow_f16),
+        FloatKind::F32 => widest(
+            #[inline(always)]
+            || moments_of_narrow::<4>(bytes, narrow_f32),
+        ),
+        FloatKind::BF16 => widest(
+            #[inline(always)]
+            || moments_of_narrow::<2>(bytes, narrow_bf16),
+        ),
+        FloatKind::F16 => widest(
+            #[inline(always)]
+            || moments_of_narrow::<2>(bytes, narrow_f16),
+        ),
         FloatKind::F64 => moments_of_decoded(kind, bytes),
     }
 }
