@@ -437,7 +437,7 @@ NAN_AFTER = 10  # the step after whose update a weight is set to NaN
 SAVE_EVERY = 4  # checkpoints at 4 and 8 hold good weights; 12 would not
 
 
-def nan_weight_run(out: Path, *, monitor_interval: int | None):
+def nan_weight_run(out: Path, *, monitor_interval: int | None, save_every: int = SAVE_EVERY):
     """A tiny Llama in the real Trainer whose first weight of layer 1 is set
     to NaN after step NAN_AFTER's update; with ``monitor_interval`` a GAP
     monitor samples every that many steps and the guard judges its
@@ -469,7 +469,7 @@ def nan_weight_run(out: Path, *, monitor_interval: int | None):
             logging_steps=1,
             learning_rate=1e-3,
             save_strategy="steps",
-            save_steps=SAVE_EVERY,
+            save_steps=save_every,
             report_to=[],
             use_cpu=True,
             disable_tqdm=True,
@@ -482,17 +482,30 @@ def nan_weight_run(out: Path, *, monitor_interval: int | None):
     return guard, trainer.state.log_history
 
 
+#: Non-finite losses in a row that make `nonfinite_loss` a stop (the guard's
+#: `FINAL_NONFINITE_RUN`).
+NONFINITE_RUN_TO_STOP = 3
+
+
 def first_record_showing_nan(history: list[dict]) -> int | None:
-    """The first step after the NaN whose logged record shows it, as the
-    Trainer logs it: a non-finite gradient norm (with the loss masked to 0.0)
-    or a non-finite loss. Which step that is depends on the machine's float
-    path, so the tests derive it from the run's own log."""
+    """The first step after the NaN whose logged record shows it to the loss
+    rules, as the Trainer logs it: the loss masked to exactly 0.0 beside a
+    non-finite gradient norm (`nan_masked`), or the last of a run of
+    non-finite losses long enough to stop on. A non-finite gradient norm
+    beside a finite loss is no stop (fp16 loss scaling logs one whenever it
+    skips a step). Which step shows it depends on the machine's float path
+    (on one CPU step 11's loss is masked, on another step 11 logs a NaN
+    gradient norm beside a finite loss and step 12 the masked one), so the
+    tests derive it from the run's own log."""
+    nonfinite_run = 0
     for record in history:
         step = record.get("step", 0)
         if step <= NAN_AFTER or "loss" not in record:
             continue
-        values = [record["loss"], record.get("grad_norm", 0.0)]
-        if any(not math.isfinite(v) for v in values if isinstance(v, int | float)):
+        loss, grad_norm = record["loss"], record.get("grad_norm", 0.0)
+        nonfinite_run = 0 if math.isfinite(loss) else nonfinite_run + 1
+        masked = loss == 0.0 and not math.isfinite(grad_norm)
+        if masked or nonfinite_run >= NONFINITE_RUN_TO_STOP:
             return step
     return None
 
@@ -505,9 +518,9 @@ def first_failure(guard) -> dict:
 def test_the_guard_stops_at_the_first_step_that_shows_the_nan_weights(tmp_path, interval):
     """A weight goes NaN after step 10's update. The guard stops the run at
     the first step whose record or monitor sample shows it, whichever rule
-    sees it first (on one CPU the masked loss of step 11 does, on another the
-    monitor's sample of step 12); when the monitor sees it, its ``nonfinite``
-    finding names the layer.
+    sees it first (on one CPU the masked loss of step 11 does, on others the
+    monitor's sample or the masked loss of step 12); when the monitor sees it,
+    its ``nonfinite`` finding names the layer.
 
     With a sample at every step the monitor's statistics of step 11 see the
     NaN on every machine, whatever that step's record shows."""
@@ -536,6 +549,19 @@ def test_the_guard_stops_at_the_first_step_that_shows_the_nan_weights(tmp_path, 
     newest_before = max(s for s in range(SAVE_EVERY, 31, SAVE_EVERY) if s < watched.stopped_at)
     assert written["last_good_checkpoint"] == f"checkpoint-{newest_before}"
     assert (out / written["last_good_checkpoint"]).is_dir()
+
+
+def test_no_checkpoint_of_nan_weights_is_saved_where_the_trainer_has_one_due(tmp_path):
+    """The Trainer saves every step here, so it has a save due at the step the
+    guard stops on (step 11: with a sample at every step the monitor sees the
+    NaN there on every machine). The guard calls that save off: a checkpoint of
+    NaN weights would be the newest, the one a resume picks."""
+    guard, _ = nan_weight_run(tmp_path / "run", monitor_interval=1, save_every=1)
+    stop = guard.stopped_at
+    assert stop == NAN_AFTER + 1, guard.guard.findings
+    assert not (tmp_path / "run" / f"checkpoint-{stop}").exists()
+    assert (tmp_path / "run" / f"checkpoint-{stop - 1}").is_dir()
+    assert guard.last_good_checkpoint == f"checkpoint-{stop - 1}"
 
 
 def test_a_warn_is_said_once_in_the_log_while_the_run_goes_on(caplog):

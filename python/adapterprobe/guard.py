@@ -479,19 +479,24 @@ class GuardCallbackBase:
         steps = fails or [f["step"] for f in findings]
         return min(steps) if steps else None
 
-    def _saves_at_stop(self, share: Callable[[bool], bool] | None = None) -> bool:
-        """Whether to save a checkpoint at the stop: ``save_on_stop``, unless
-        what stopped the run says the weights are NaN/inf (a checkpoint of
-        them would be of no use; said in the log). Saving is a collective
-        under DDP, so every rank takes rank 0's answer (``share``)."""
+    def _saves_at_stop(self, share: Callable[[bool], bool] | None = None) -> bool | None:
+        """Whether a checkpoint is saved at the stop: True with
+        ``save_on_stop``; False where what stopped the run says the weights
+        are NaN/inf, so that no save is made, not even one the trainer's own
+        schedule has due at this step (a checkpoint of NaN weights is of no
+        use, and it would be the newest, the one a resume picks; said in the
+        log); None otherwise (no save of ours; the trainer's schedule
+        stands). Saving is a collective under DDP, so every rank takes rank
+        0's answer (``share``)."""
         nan_weights = self.guard is not None and any(
             f["verdict"] == "fail" and f["rule"] in NAN_WEIGHT_RULES for f in self.guard.findings
         )
         if share is not None:
             nan_weights = share(nan_weights)
-        if self.save_on_stop and nan_weights:
+        if nan_weights:
             say("adapterprobe guard: not saving a checkpoint at the stop: the weights are NaN/inf")
-        return self.save_on_stop and not nan_weights
+            return False
+        return True if self.save_on_stop else None
 
     def _must_stop(
         self,

@@ -413,8 +413,9 @@ class GuardCallback(GuardCallbackBase, TrainerCallback):
                 first_fault,
                 terminal(self.last_good_checkpoint or "none"),
             )
-        if self._saves_at_stop(share):
-            control.should_save = True
+        saves = self._saves_at_stop(share)
+        if saves is not None:  # False also calls off a save the Trainer has due now
+            control.should_save = saves
         self._write(args.output_dir, main_process=state.is_world_process_zero)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
