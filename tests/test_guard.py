@@ -220,7 +220,7 @@ def test_the_trainer_callback_lets_a_healthy_run_finish(tmp_path):
 # -- the Lightning callback, in the real Trainer ------------------------------------
 
 
-def lightning_run(tmp_path: Path, lr: float):
+def lightning_run(tmp_path: Path, lr: float, *, checkpointing: bool = False):
     L = pytest.importorskip("lightning")
     torch = pytest.importorskip("torch")
     from torch import nn
@@ -242,13 +242,17 @@ def lightning_run(tmp_path: Path, lr: float):
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(256, 8, generator=generator)
     data = TensorDataset(x, x.sum(dim=1, keepdim=True))
-    return fit_guarded(L, tmp_path, Regression(), DataLoader(data, batch_size=8), 200)
+    loader = DataLoader(data, batch_size=8)
+    return fit_guarded(L, tmp_path, Regression(), loader, 200, checkpointing=checkpointing)
 
 
-def fit_guarded(L, tmp_path: Path, module, loader, max_steps: int, **callback_args):
+def fit_guarded(
+    L, tmp_path: Path, module, loader, max_steps: int, *, checkpointing=False, **callback_args
+):
     """``module`` trained on CPU by the real Lightning Trainer for ``max_steps``
-    with a GuardCallback (``callback_args``) and nothing else; the trainer and
-    the callback."""
+    with a GuardCallback (``callback_args``) and nothing else (with
+    ``checkpointing``, Lightning's default ``ModelCheckpoint`` too); the
+    trainer and the callback."""
     import warnings
 
     from adapterprobe.integrations.lightning import GuardCallback
@@ -259,7 +263,7 @@ def fit_guarded(L, tmp_path: Path, module, loader, max_steps: int, **callback_ar
         accelerator="cpu",
         devices=1,
         logger=False,
-        enable_checkpointing=False,
+        enable_checkpointing=checkpointing,
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=str(tmp_path),
@@ -282,6 +286,18 @@ def test_the_lightning_callback_stops_a_run_whose_loss_went_nan(tmp_path):
     assert not (tmp_path / f"guard-stop-step{callback.stopped_at}.ckpt").exists()
     written = json.loads((tmp_path / "adapterprobe-guard.json").read_text())
     assert written["verdict"] == "fail" and written["stopped_at"] == callback.stopped_at
+
+
+def test_no_model_checkpoint_saves_the_nan_weights_at_the_stop(tmp_path):
+    """Lightning's default ``ModelCheckpoint`` saves at each epoch's end, the
+    stopped epoch's too. The run goes NaN within its first epoch, so the guard
+    holds that save and no checkpoint is written (one was, of the NaN
+    weights: ``epoch=0-step=10.ckpt``)."""
+    trainer, callback = lightning_run(tmp_path, lr=50.0, checkpointing=True)
+    assert callback.stopped_at is not None and trainer.checkpoint_callbacks
+    assert trainer.global_step < len(trainer.train_dataloader), "stopped in the first epoch"
+    saved = sorted(p.name for p in tmp_path.rglob("*.ckpt"))
+    assert not saved, saved
 
 
 def test_the_lightning_callback_lets_a_healthy_run_finish(tmp_path):

@@ -200,6 +200,22 @@ def last_ckpt_before(trainer: Any, step: int) -> str | None:
     return best[1] if best else None
 
 
+def hold_checkpoints(trainer: Any) -> bool:
+    """Keep Lightning's ``ModelCheckpoint`` callbacks from saving at this
+    global step (after the batch, at the epoch's end, after validation): the
+    weights are NaN/inf, and such a checkpoint would be the newest, the one a
+    resume picks. Each callback skips a step it has saved at already, so each
+    is told it has. False where a callback keeps that elsewhere (a Lightning
+    this was not written against): nothing is held then."""
+    held = True
+    for callback in getattr(trainer, "checkpoint_callbacks", None) or []:
+        if hasattr(callback, "_last_global_step_saved"):
+            callback._last_global_step_saved = trainer.global_step
+        else:
+            held = False
+    return held
+
+
 class GuardCallback(GuardCallbackBase, Callback):
     """Judge a Lightning run online and stop it when the verdict reaches
     ``stop_on`` (``"fail"``: only what no later record can undo; ``"warn"``).
@@ -207,7 +223,9 @@ class GuardCallback(GuardCallbackBase, Callback):
     Each finished optimizer step hands its loss (the last micro-batch's, as
     Lightning returns it) and the first optimizer's learning rate to the
     :class:`~adapterprobe.Guard`; each validation run hands ``val_loss``.
-    A checkpoint is saved at the stop unless the weights are NaN/inf then.
+    A checkpoint is saved at the stop unless the weights are NaN/inf then;
+    then no ``ModelCheckpoint`` saves at that step either
+    (:func:`hold_checkpoints`).
     K, what the loss is a cross-entropy over, is ``output_classes=`` where
     given, else what the module says (:func:`module_output_classes`), so a
     loss far above ln K stops the run at its first record. On
@@ -355,11 +373,17 @@ class GuardCallback(GuardCallbackBase, Callback):
             return
         self._stop_now(step)
         root = Path(trainer.default_root_dir)
-        if self._saves_at_stop(share):
+        saves = self._saves_at_stop(share)
+        if saves:
             checkpoint = root / f"guard-stop-step{step}.ckpt"
             if trainer.is_global_zero:  # the rank that writes it; Lightning follows a link
                 remove_link(checkpoint)
             trainer.save_checkpoint(str(checkpoint))
+        elif saves is False and not hold_checkpoints(trainer):
+            say(
+                "adapterprobe guard: a ModelCheckpoint callback may still save the NaN/inf "
+                "weights at this step"
+            )
         trainer.should_stop = True
         first_fault = self._first_fault_step()
         if first_fault is not None:
