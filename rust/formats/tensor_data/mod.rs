@@ -261,21 +261,15 @@ pub fn decode_with_moments(kind: FloatKind, bytes: &[u8], out: &mut [f64]) -> Mo
 /// decoded first. Either way the result is bit for bit what decoding each
 /// block and taking [`moments_of`] gives.
 pub fn moments_of_bytes(kind: FloatKind, bytes: &[u8]) -> Moments {
-    match kind {
-        FloatKind::F32 => widest(
-            #[inline(always)]
-            || moments_of_narrow::<4>(bytes, narrow_f32),
-        ),
-        FloatKind::BF16 => widest(
-            #[inline(always)]
-            || moments_of_narrow::<2>(bytes, narrow_bf16),
-        ),
-        FloatKind::F16 => widest(
-            #[inline(always)]
-            || moments_of_narrow::<2>(bytes, narrow_f16),
-        ),
-        FloatKind::F64 => moments_of_decoded(kind, bytes),
-    }
+    widest(
+        #[inline(always)]
+        || match kind {
+            FloatKind::F32 => moments_of_narrow::<4>(bytes, narrow_f32),
+            FloatKind::BF16 => moments_of_narrow::<2>(bytes, narrow_bf16),
+            FloatKind::F16 => moments_of_narrow::<2>(bytes, narrow_f16),
+            FloatKind::F64 => moments_of_decoded(kind, bytes),
+        },
+    )
 }
 
 /// [`moments_of_bytes`] by decoding each block to f64 first.
